@@ -1,0 +1,17 @@
+//! smcr's RDMA device: a userspace soft-RoCE engine.
+//!
+//! RoCE v2 reliable connections over UDP, with a verbs-like API whose names RDMA people know:
+//! [`Device`], [`ProtectionDomain`], [`MemoryRegion`], [`CompletionQueue`], [`QueuePair`],
+//! `post_send`, `post_recv` and `poll_cq`. Packets are real RoCE v2 (BTH, RETH, AETH, ImmDt,
+//! ICRC), so Wireshark decodes them.
+//!
+//! Layers, bottom up:
+//! * [`wire`]: packet codecs, the ICRC and PSN arithmetic. Pure.
+//! * [`rc`]: the reliable-connection transport as sans-IO state machines (requester,
+//!   responder, completer): segmentation, ACK/NAK, go-back-N, timers, RNR, access checks.
+//! * [`verbs`] and the engine: the objects applications use, one engine thread per device that
+//!   receives UDP and runs timers, and the UDP transport with its test middleware (fault
+//!   injection, pcap capture).
+#![warn(missing_docs)]
+
+pub mod wire;
