@@ -14,4 +14,8 @@
 //!   injection, pcap capture).
 #![warn(missing_docs)]
 
+pub mod mr;
+pub mod rc;
 pub mod wire;
+
+pub use mr::{Access, AccessError, MrTable, Region};

@@ -490,9 +490,15 @@ impl<'a> PacketRepr<'a> {
     /// caller (see [`Packet::payload_mut`]), except that the pad bytes are zeroed.
     /// `buf` must be at least [`Self::buffer_len`] long; only that prefix is used.
     pub fn emit_headers(&self, buf: &mut [u8]) {
+        self.emit_headers_for(self.payload.len(), buf);
+    }
+
+    /// Like [`Self::emit_headers`], for a packet that will carry `payload_len` bytes (the
+    /// `payload` field is ignored): lets a sender copy the payload straight into `buf`.
+    pub fn emit_headers_for(&self, payload_len: usize, buf: &mut [u8]) {
         let op = self.bth.opcode;
-        let total = self.buffer_len();
-        let pad = Self::pad(self.payload.len());
+        let total = Self::len_for(op, payload_len);
+        let pad = Self::pad(payload_len);
         let b = &mut buf[..total];
         b[0] = op.0;
         b[1] = (u8::from(self.bth.solicited) << 7)

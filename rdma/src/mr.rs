@@ -1,0 +1,376 @@
+//! Memory regions: registered memory, its keys, access rights and bounds.
+//!
+//! Every access the engine makes on behalf of a peer goes through [`MrTable::remote`], which
+//! checks the rkey (index *and* the random key byte), the protection domain, the access rights
+//! and the address range before handing out the region. Nothing outside a region is ever
+//! touched. Regions are reference counted, so deregistering one while a packet is being placed
+//! into it cannot free memory under the engine.
+
+use bitflags::bitflags;
+use parking_lot::RwLock;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+bitflags! {
+    /// Access rights of a memory region (`IBV_ACCESS_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Access: u32 {
+        /// The local side may write (receive buffers, RDMA READ targets).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA WRITE into the region.
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA READ from the region.
+        const REMOTE_READ = 4;
+        /// Peers may run atomics on the region.
+        const REMOTE_ATOMIC = 8;
+    }
+}
+
+/// Why an access to registered memory was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// No region has this key (or the key byte does not match).
+    BadKey(u32),
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The region lacks the access right the operation needs.
+    NotPermitted {
+        /// The right that was needed.
+        need: Access,
+    },
+    /// The address range is not inside the region.
+    OutOfBounds {
+        /// Start address of the access.
+        addr: u64,
+        /// Length of the access.
+        len: u64,
+    },
+}
+
+impl core::fmt::Display for AccessError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Self::BadKey(k) => write!(f, "no memory region has key {k:#010x}"),
+            Self::WrongPd => f.write_str("memory region belongs to another protection domain"),
+            Self::NotPermitted { need } => write!(f, "memory region lacks {need:?} access"),
+            Self::OutOfBounds { addr, len } => {
+                write!(f, "range {addr:#x}+{len} is outside the memory region")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AccessError {}
+
+/// Page-aligned, zeroed anonymous memory owned by a region.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; concurrent access is coordinated by the RDMA protocol
+// (as with DMA memory) and all copies go through raw pointers, never through references.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(len: usize) -> std::io::Result<Self> {
+        let map_len = len.max(1);
+        // SAFETY: a fresh private anonymous mapping, not aliasing anything.
+        let ptr = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                map_len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        }?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(std::io::ErrorKind::OutOfMemory)?;
+        Ok(Self { ptr, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping and nobody can reach it any more.
+        unsafe {
+            let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len.max(1));
+        }
+    }
+}
+
+/// A registered region: memory, key, protection domain, address and rights. Shared by the
+/// application's [`MemoryRegion`](crate::MemoryRegion) handle and the engine.
+pub struct Region {
+    pub(crate) key: u32,
+    pub(crate) pd: u32,
+    pub(crate) iova: u64,
+    pub(crate) access: Access,
+    mem: Mapping,
+}
+
+impl core::fmt::Debug for Region {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Region")
+            .field("key", &format_args!("{:#010x}", self.key))
+            .field("pd", &self.pd)
+            .field("addr", &format_args!("{:#x}", self.iova))
+            .field("len", &self.mem.len)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// The region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// The key (local and remote keys are the same number, as in rxe).
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+
+    /// The address of the region's first byte in the addresses work requests use.
+    pub fn addr(&self) -> u64 {
+        self.iova
+    }
+
+    /// The access rights.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Offset of `[addr, addr + len)` inside the region, if it lies entirely inside.
+    pub fn offset_of(&self, addr: u64, len: u64) -> Result<usize, AccessError> {
+        let off = addr.checked_sub(self.iova);
+        match off {
+            Some(off)
+                if off
+                    .checked_add(len)
+                    .is_some_and(|end| end <= self.len() as u64) =>
+            {
+                Ok(off as usize)
+            }
+            _ => Err(AccessError::OutOfBounds { addr, len }),
+        }
+    }
+
+    /// Copies `data` into the region at byte `offset`.
+    ///
+    /// Panics if the range is outside the region: callers check with [`Self::offset_of`] first.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|e| e <= self.len())
+        );
+        // SAFETY: in bounds (checked above); raw copies, no reference to the shared memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.mem.ptr.as_ptr().add(offset),
+                data.len(),
+            );
+        }
+    }
+
+    /// Copies bytes from the region at `offset` into `out`. Panics if out of bounds.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(out.len())
+                .is_some_and(|e| e <= self.len())
+        );
+        // SAFETY: as in `write`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mem.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+
+    /// Pointer to the first byte. The memory may be written by the engine at any time while
+    /// the region is registered; access it only through raw pointers or the copy methods.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.mem.ptr.as_ptr()
+    }
+}
+
+/// All memory regions of a device, indexed by key.
+///
+/// A key is `index << 8 | tag`, where the tag is a per-registration pseudo-random byte (as in
+/// Linux rxe), so a stale or guessed key is refused even when its index is reused.
+pub struct MrTable {
+    slots: RwLock<Vec<Option<Arc<Region>>>>,
+    tag_seed: AtomicU32,
+}
+
+impl MrTable {
+    /// An empty table; `seed` varies the key tags.
+    pub fn new(seed: u32) -> Self {
+        Self {
+            slots: RwLock::new(vec![None]),
+            tag_seed: AtomicU32::new(seed | 1),
+        }
+    }
+
+    fn next_tag(&self) -> u8 {
+        // xorshift32 stepped atomically; tags only need to differ between registrations.
+        let mut x = self.tag_seed.load(Ordering::Relaxed);
+        loop {
+            let mut y = x;
+            y ^= y << 13;
+            y ^= y >> 17;
+            y ^= y << 5;
+            match self
+                .tag_seed
+                .compare_exchange_weak(x, y, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return (y >> 8) as u8,
+                Err(cur) => x = cur,
+            }
+        }
+    }
+
+    /// Allocates and registers `len` bytes of zeroed memory in protection domain `pd`.
+    pub fn register(&self, pd: u32, len: usize, access: Access) -> std::io::Result<Arc<Region>> {
+        let mem = Mapping::new(len)?;
+        let tag = self.next_tag();
+        let mut slots = self.slots.write();
+        let index = match slots.iter().skip(1).position(Option::is_none) {
+            Some(i) => i + 1,
+            None => {
+                if slots.len() >= 1 << 24 {
+                    return Err(std::io::ErrorKind::OutOfMemory.into());
+                }
+                slots.push(None);
+                slots.len() - 1
+            }
+        };
+        let key = ((index as u32) << 8) | u32::from(tag);
+        // The IOVA peers see: a per-region base that reveals nothing about our address space.
+        let iova = (u64::from(key) << 32) | 0x1000_0000;
+        let mr = Arc::new(Region {
+            key,
+            pd,
+            iova,
+            access,
+            mem,
+        });
+        slots[index] = Some(mr.clone());
+        Ok(mr)
+    }
+
+    /// Removes a region; in-flight users keep it alive until they finish.
+    pub fn deregister(&self, key: u32) -> bool {
+        let mut slots = self.slots.write();
+        match slots.get_mut((key >> 8) as usize) {
+            Some(slot) if slot.as_ref().is_some_and(|m| m.key == key) => {
+                *slot = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The region with this key.
+    pub fn get(&self, key: u32) -> Option<Arc<Region>> {
+        let slots = self.slots.read();
+        slots
+            .get((key >> 8) as usize)?
+            .as_ref()
+            .filter(|m| m.key == key)
+            .cloned()
+    }
+
+    /// Looks up a region for an access of `len` bytes at `addr` needing `need`, in `pd`.
+    /// Returns the region and the byte offset of `addr` inside it.
+    pub fn check(
+        &self,
+        key: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(Arc<Region>, usize), AccessError> {
+        let mr = self.get(key).ok_or(AccessError::BadKey(key))?;
+        if mr.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(AccessError::NotPermitted { need });
+        }
+        let off = mr.offset_of(addr, len)?;
+        Ok((mr, off))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_bounds_rights_and_pd_are_checked() {
+        let t = MrTable::new(7);
+        let mr = t
+            .register(1, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let base = mr.iova;
+        assert!(t.check(mr.key, 1, base, 4096, Access::REMOTE_WRITE).is_ok());
+        assert_eq!(
+            t.check(mr.key, 1, base + 4000, 97, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            AccessError::OutOfBounds {
+                addr: base + 4000,
+                len: 97
+            }
+        );
+        assert!(matches!(
+            t.check(mr.key, 1, base - 1, 1, Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            t.check(mr.key, 1, u64::MAX, 2, Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds { .. })
+        ));
+        assert_eq!(
+            t.check(mr.key, 2, base, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            AccessError::WrongPd
+        );
+        assert_eq!(
+            t.check(mr.key, 1, base, 1, Access::REMOTE_READ)
+                .unwrap_err(),
+            AccessError::NotPermitted {
+                need: Access::REMOTE_READ
+            }
+        );
+        assert_eq!(
+            t.check(mr.key ^ 1, 1, base, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            AccessError::BadKey(mr.key ^ 1)
+        );
+        assert!(t.deregister(mr.key));
+        assert!(t.get(mr.key).is_none());
+        let again = t.register(1, 16, Access::REMOTE_WRITE).unwrap();
+        assert_eq!(again.key >> 8, mr.key >> 8, "index reused");
+        assert_ne!(
+            again.key, mr.key,
+            "tag differs, so the old key stays invalid"
+        );
+        mr.write(4090, &[1, 2, 3, 4, 5, 6]);
+        let mut out = [0u8; 6];
+        mr.read(4090, &mut out);
+        assert_eq!(out, [1, 2, 3, 4, 5, 6]);
+    }
+}

@@ -1,0 +1,449 @@
+//! A reliable-connection queue pair without I/O: the state machine RESET → INIT → RTR → RTS
+//! (→ ERR), and the routing of packets, posts and timers to the requester and responder.
+
+use super::requester::{ReqParams, Requester};
+use super::responder::{RecvWqe, RespParams, Responder, ResponderStats};
+use super::{
+    CqSide, Mtu, PostError, RecvWr, SendFlags, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode, timeout_duration,
+};
+use crate::mr::{Access, MrTable};
+use crate::wire::{Kind, PacketRepr, Psn};
+use std::collections::VecDeque;
+use std::net::SocketAddrV4;
+use std::time::Instant;
+
+/// Queue pair states (`IBV_QPS_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpState {
+    /// Just created or reset: nothing is accepted.
+    Reset,
+    /// Receive requests may be posted; no traffic.
+    Init,
+    /// Ready to receive: the responder runs.
+    Rtr,
+    /// Ready to send: both halves run.
+    Rts,
+    /// Failed: every request is flushed with `WR_FLUSH_ERR`.
+    Error,
+}
+
+/// Queue sizes of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Maximum outstanding send requests.
+    pub max_send_wr: u32,
+    /// Maximum posted receive requests.
+    pub max_recv_wr: u32,
+    /// Maximum scatter/gather elements per send request.
+    pub max_send_sge: u32,
+    /// Maximum scatter/gather elements per receive request.
+    pub max_recv_sge: u32,
+    /// Largest send window in packets (our extension: the congestion window grows up to this).
+    pub max_inflight: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        Self {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inflight: 512,
+        }
+    }
+}
+
+/// Attributes for [`RcQp::modify`] (`struct ibv_qp_attr`); `None` leaves a value unset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    /// The state to move to.
+    pub qp_state: QpState,
+    /// Path MTU (required for INIT → RTR).
+    pub path_mtu: Option<Mtu>,
+    /// The peer's QP number (required for INIT → RTR).
+    pub dest_qp_num: Option<u32>,
+    /// The peer's initial PSN: our expected PSN (required for INIT → RTR).
+    pub rq_psn: Option<Psn>,
+    /// Where the peer's engine listens (required for INIT → RTR by the device layer).
+    pub av: Option<SocketAddrV4>,
+    /// RNR timer code we put in RNR NAKs (default 12, 0.64 ms).
+    pub min_rnr_timer: Option<u8>,
+    /// Our initial PSN (required for RTR → RTS).
+    pub sq_psn: Option<Psn>,
+    /// Local ACK timeout code, 4.096 µs × 2^n, 0 = infinite (default 15, ≈134 ms, as Linux SMC).
+    pub timeout: Option<u8>,
+    /// Retransmissions on timeout before failing (default 7).
+    pub retry_cnt: Option<u8>,
+    /// Retransmissions after RNR NAKs before failing; 7 = infinite (default 7).
+    pub rnr_retry: Option<u8>,
+}
+
+impl QpAttr {
+    /// Attributes that only change the state.
+    pub const fn state(qp_state: QpState) -> Self {
+        Self {
+            qp_state,
+            path_mtu: None,
+            dest_qp_num: None,
+            rq_psn: None,
+            av: None,
+            min_rnr_timer: None,
+            sq_psn: None,
+            timeout: None,
+            retry_cnt: None,
+            rnr_retry: None,
+        }
+    }
+}
+
+/// Why a state change was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModifyError {
+    /// The transition is not allowed from the current state.
+    InvalidTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// A required attribute is missing.
+    MissingAttr(&'static str),
+}
+
+impl core::fmt::Display for ModifyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::InvalidTransition { from, to } => {
+                write!(f, "cannot move a QP from {from:?} to {to:?}")
+            }
+            Self::MissingAttr(a) => write!(f, "attribute {a} is required for this transition"),
+        }
+    }
+}
+
+impl std::error::Error for ModifyError {}
+
+/// A reliable-connection queue pair, sans I/O.
+pub struct RcQp {
+    qp_num: u32,
+    pd: u32,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    state: QpState,
+    pending_rq: VecDeque<RecvWqe>,
+    resp: Option<Responder>,
+    req: Option<Requester>,
+    mtu: Option<Mtu>,
+    dest_qp: u32,
+    rq_psn: Psn,
+    min_rnr_timer: u8,
+    flushed: VecDeque<(CqSide, WorkCompletion)>,
+}
+
+impl RcQp {
+    /// A new QP in the RESET state.
+    pub fn new(qp_num: u32, pd: u32, caps: QpCaps, sq_sig_all: bool) -> Self {
+        Self {
+            qp_num,
+            pd,
+            caps,
+            sq_sig_all,
+            state: QpState::Reset,
+            pending_rq: VecDeque::new(),
+            resp: None,
+            req: None,
+            mtu: None,
+            dest_qp: 0,
+            rq_psn: Psn::new(0),
+            min_rnr_timer: 12,
+            flushed: VecDeque::new(),
+        }
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The path MTU, once set.
+    pub fn path_mtu(&self) -> Option<Mtu> {
+        self.mtu
+    }
+
+    /// The peer's QP number, once set.
+    pub fn dest_qp_num(&self) -> u32 {
+        self.dest_qp
+    }
+
+    /// What the responder refused so far.
+    pub fn responder_stats(&self) -> ResponderStats {
+        self.resp.as_ref().map(|r| r.stats).unwrap_or_default()
+    }
+
+    /// Changes state (`ibv_modify_qp`).
+    pub fn modify(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
+        use QpState::*;
+        let to = attr.qp_state;
+        match (self.state, to) {
+            (_, Reset) => {
+                let caps = self.caps;
+                *self = Self::new(self.qp_num, self.pd, caps, self.sq_sig_all);
+            }
+            (_, Error) => self.enter_error(),
+            (Reset, Init) | (Init, Init) => self.state = Init,
+            (Init, Rtr) => {
+                let mtu = attr.path_mtu.ok_or(ModifyError::MissingAttr("path_mtu"))?;
+                self.dest_qp = attr
+                    .dest_qp_num
+                    .ok_or(ModifyError::MissingAttr("dest_qp_num"))?;
+                self.rq_psn = attr.rq_psn.ok_or(ModifyError::MissingAttr("rq_psn"))?;
+                self.min_rnr_timer = attr.min_rnr_timer.unwrap_or(12) & 0x1F;
+                self.mtu = Some(mtu);
+                let rq = std::mem::take(&mut self.pending_rq);
+                self.resp = Some(Responder::new(
+                    self.qp_num,
+                    self.pd,
+                    RespParams {
+                        mtu: mtu.bytes(),
+                        dest_qp: self.dest_qp,
+                        rq_psn: self.rq_psn,
+                        min_rnr_timer: self.min_rnr_timer,
+                    },
+                    rq,
+                ));
+                self.state = Rtr;
+            }
+            (Rtr, Rts) => {
+                let sq_psn = attr.sq_psn.ok_or(ModifyError::MissingAttr("sq_psn"))?;
+                let mtu = self.mtu.ok_or(ModifyError::MissingAttr("path_mtu"))?;
+                self.req = Some(Requester::new(
+                    self.qp_num,
+                    ReqParams {
+                        mtu: mtu.bytes(),
+                        dest_qp: self.dest_qp,
+                        sq_psn,
+                        timeout: timeout_duration(attr.timeout.unwrap_or(15)),
+                        retry_cnt: attr.retry_cnt.unwrap_or(7).min(7),
+                        rnr_retry: attr.rnr_retry.unwrap_or(7).min(7),
+                        max_window: self.caps.max_inflight.max(1),
+                    },
+                ));
+                self.state = Rts;
+            }
+            (Rts, Rts) => {}
+            (from, to) => return Err(ModifyError::InvalidTransition { from, to }),
+        }
+        Ok(())
+    }
+
+    fn enter_error(&mut self) {
+        if let Some(r) = &mut self.req {
+            r.flush();
+        }
+        if let Some(r) = &mut self.resp {
+            r.flush();
+        }
+        while let Some(w) = self.pending_rq.pop_front() {
+            self.flushed
+                .push_back((CqSide::Recv, flush_wc(self.qp_num, w.wr_id, WcOpcode::Recv)));
+        }
+        self.state = QpState::Error;
+    }
+
+    fn check_failed(&mut self) {
+        let failed = self.req.as_ref().is_some_and(|r| r.failed)
+            || self.resp.as_ref().is_some_and(|r| r.failed);
+        if failed && self.state != QpState::Error {
+            self.enter_error();
+        }
+    }
+
+    /// Posts a send request (`ibv_post_send`).
+    pub fn post_send(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostError> {
+        let opcode = match wr.opcode {
+            WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+            WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            _ => WcOpcode::Send,
+        };
+        match self.state {
+            QpState::Rts => {}
+            QpState::Error => {
+                self.flushed
+                    .push_back((CqSide::Send, flush_wc(self.qp_num, wr.wr_id, opcode)));
+                return Ok(());
+            }
+            s => return Err(PostError::InvalidState(s)),
+        }
+        let req = self.req.as_mut().expect("RTS has a requester");
+        if req.outstanding() >= self.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let need = if opcode == WcOpcode::RdmaRead {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
+        let sgl = SgList::resolve(
+            mrs,
+            self.pd,
+            wr.sg_list,
+            self.caps.max_send_sge as usize,
+            need,
+        )?;
+        let mut flags = wr.flags;
+        if self.sq_sig_all {
+            flags |= SendFlags::SIGNALED;
+        }
+        req.push(wr.wr_id, wr.opcode, flags, sgl);
+        Ok(())
+    }
+
+    /// Posts a receive request (`ibv_post_recv`).
+    pub fn post_recv(&mut self, wr: &RecvWr<'_>, mrs: &MrTable) -> Result<(), PostError> {
+        let queued = match self.state {
+            QpState::Init => self.pending_rq.len(),
+            QpState::Rtr | QpState::Rts => self.resp.as_ref().map_or(0, |r| r.rq.len()),
+            QpState::Error => {
+                self.flushed.push_back((
+                    CqSide::Recv,
+                    flush_wc(self.qp_num, wr.wr_id, WcOpcode::Recv),
+                ));
+                return Ok(());
+            }
+            s => return Err(PostError::InvalidState(s)),
+        };
+        if queued >= self.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let sgl = SgList::resolve(
+            mrs,
+            self.pd,
+            wr.sg_list,
+            self.caps.max_recv_sge as usize,
+            Access::LOCAL_WRITE,
+        )?;
+        let wqe = RecvWqe {
+            wr_id: wr.wr_id,
+            sgl,
+        };
+        match &mut self.resp {
+            Some(r) => r.rq.push_back(wqe),
+            None => self.pending_rq.push_back(wqe),
+        }
+        Ok(())
+    }
+
+    /// Feeds a received packet addressed to this QP (its ICRC already checked).
+    pub fn handle_packet(&mut self, now: Instant, pkt: &PacketRepr<'_>, mrs: &MrTable) {
+        let op = pkt.bth.opcode;
+        let Some(kind) = op.kind() else { return };
+        // rxe accepts the default and the limited-membership default P_Key.
+        if pkt.bth.pkey & 0x7FFF != 0x7FFF {
+            return;
+        }
+        match kind {
+            Kind::Send | Kind::Write | Kind::ReadRequest | Kind::Atomic => {
+                if matches!(self.state, QpState::Rtr | QpState::Rts) {
+                    if let Some(r) = &mut self.resp {
+                        r.handle_request(pkt, mrs);
+                    }
+                }
+            }
+            Kind::Acknowledge | Kind::ReadResponse | Kind::AtomicAcknowledge => {
+                if self.state != QpState::Rts {
+                    return;
+                }
+                let Some(r) = &mut self.req else { return };
+                match (kind, pkt.aeth) {
+                    (Kind::Acknowledge, Some(aeth)) => r.handle_ack(now, pkt.bth.psn, aeth),
+                    (Kind::ReadResponse, aeth) => {
+                        // An error AETH on a read response is handled as the NAK it is.
+                        if let Some(a) = aeth
+                            .filter(|a| !matches!(a.syndrome, crate::wire::Syndrome::Ack { .. }))
+                        {
+                            r.handle_ack(now, pkt.bth.psn, a);
+                        } else if let Some(pos) = op.position() {
+                            r.handle_read_response(now, pkt.bth.psn, pos, pkt.payload);
+                        }
+                    }
+                    _ => r.fail(WcStatus::BadRespErr),
+                }
+            }
+        }
+        self.check_failed();
+    }
+
+    /// Writes the next outgoing packet (BTH … pad; the 4 ICRC bytes are zeroed for the driver
+    /// to fill) into `buf`, which must hold 64 + MTU bytes. Returns its length.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if let Some(r) = &mut self.resp {
+            if let Some(n) = r.poll_transmit(buf) {
+                return Some(n);
+            }
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        self.req.as_mut()?.poll_transmit(now, buf)
+    }
+
+    /// The responder has something to send (an ACK, NAK or READ response).
+    pub fn has_response(&self) -> bool {
+        self.resp.as_ref().is_some_and(Responder::has_output)
+    }
+
+    /// When [`Self::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state != QpState::Rts {
+            return None;
+        }
+        self.req.as_ref()?.poll_timeout()
+    }
+
+    /// Runs the timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == QpState::Rts {
+            if let Some(r) = &mut self.req {
+                r.handle_timeout(now);
+            }
+            self.check_failed();
+        }
+    }
+
+    /// The next completion and the queue it belongs to.
+    pub fn poll_completion(&mut self) -> Option<(CqSide, WorkCompletion)> {
+        if let Some(c) = self.flushed.pop_front() {
+            return Some(c);
+        }
+        if let Some(c) = self.req.as_mut().and_then(|r| r.completions.pop_front()) {
+            return Some((CqSide::Send, c));
+        }
+        self.resp
+            .as_mut()
+            .and_then(|r| r.completions.pop_front())
+            .map(|c| (CqSide::Recv, c))
+    }
+
+    /// Send requests not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.req.as_ref().map_or(0, Requester::outstanding)
+    }
+}
+
+fn flush_wc(qp_num: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode,
+        byte_len: 0,
+        imm_data: None,
+        qp_num,
+    }
+}

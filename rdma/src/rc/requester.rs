@@ -1,0 +1,542 @@
+//! The requester half of an RC queue pair: our outgoing requests.
+//!
+//! Each posted work request gets its PSN range at post time (one PSN per packet; an RDMA READ
+//! takes as many PSNs as response packets). `snd_psn` is the next PSN to transmit and `una` the
+//! oldest unacknowledged one; go-back-N simply moves `snd_psn` back. Completions are produced
+//! strictly in posting order.
+
+use super::{SendFlags, SgList, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+use crate::wire::{
+    Aeth, BthRepr, Kind, NakCode, Opcode, Packet, PacketRepr, Position, Psn, Reth, Syndrome,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// rnr_retry / retry_cnt value that means "retry for ever" for RNR (IBA).
+const INFINITE_RNR: u8 = 7;
+/// Ceiling of the exponential backoff of the retransmission timer, in multiples of the timeout.
+const MAX_BACKOFF: u32 = 8;
+/// Smallest congestion window, in packets.
+const MIN_CWND: u32 = 8;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum WqeKind {
+    Send,
+    Write,
+    Read,
+}
+
+pub(crate) struct SendWqe {
+    wr_id: u64,
+    kind: WqeKind,
+    imm: Option<u32>,
+    remote_addr: u64,
+    rkey: u32,
+    signaled: bool,
+    solicited: bool,
+    sgl: SgList,
+    first_psn: Psn,
+    npkts: u32,
+    /// READ only: response packets received in order so far.
+    read_done: u32,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts - 1)
+    }
+    fn contains(&self, psn: Psn) -> bool {
+        psn.in_window(self.first_psn, self.npkts)
+    }
+    fn wc_opcode(&self) -> WcOpcode {
+        match self.kind {
+            WqeKind::Send => WcOpcode::Send,
+            WqeKind::Write => WcOpcode::RdmaWrite,
+            WqeKind::Read => WcOpcode::RdmaRead,
+        }
+    }
+}
+
+/// Static parameters of the requester, set when the QP moves to RTS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReqParams {
+    pub(crate) mtu: usize,
+    pub(crate) dest_qp: u32,
+    pub(crate) sq_psn: Psn,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) max_window: u32,
+}
+
+pub(crate) struct Requester {
+    qp_num: u32,
+    p: ReqParams,
+    wqes: VecDeque<SendWqe>,
+    /// Index in `wqes` of the request holding `snd_psn` (== len when none).
+    snd_idx: usize,
+    next_psn: Psn,
+    snd_psn: Psn,
+    una: Psn,
+    max_sent: Psn,
+    last_ackreq: Psn,
+    cwnd: u32,
+    cwnd_acc: u32,
+    ssthresh: u32,
+    retries_left: u8,
+    rnr_left: u8,
+    backoff: u32,
+    rtx_deadline: Option<Instant>,
+    rnr_until: Option<Instant>,
+    /// The PSN we last went back to on a sequence-error NAK (a duplicate NAK is ignored).
+    gobackn_from: Option<Psn>,
+    pub(crate) completions: VecDeque<WorkCompletion>,
+    /// Set when a fatal error puts the QP into the error state.
+    pub(crate) failed: bool,
+}
+
+impl Requester {
+    pub(crate) fn new(qp_num: u32, p: ReqParams) -> Self {
+        Self {
+            qp_num,
+            p,
+            wqes: VecDeque::new(),
+            snd_idx: 0,
+            next_psn: p.sq_psn,
+            snd_psn: p.sq_psn,
+            una: p.sq_psn,
+            max_sent: p.sq_psn,
+            last_ackreq: p.sq_psn.sub(1),
+            cwnd: p.max_window.clamp(MIN_CWND, 64),
+            cwnd_acc: 0,
+            ssthresh: p.max_window,
+            retries_left: p.retry_cnt,
+            rnr_left: p.rnr_retry,
+            backoff: 1,
+            rtx_deadline: None,
+            rnr_until: None,
+            gobackn_from: None,
+            completions: VecDeque::new(),
+            failed: false,
+        }
+    }
+
+    pub(crate) fn outstanding(&self) -> usize {
+        self.wqes.len()
+    }
+
+    /// Queues a request whose memory was already resolved.
+    pub(crate) fn push(&mut self, wr_id: u64, op: WrOpcode, flags: SendFlags, sgl: SgList) {
+        let len = sgl.len();
+        let npkts = (len.div_ceil(self.p.mtu)).max(1) as u32;
+        let (kind, imm, remote_addr, rkey) = match op {
+            WrOpcode::Send => (WqeKind::Send, None, 0, 0),
+            WrOpcode::SendWithImm(i) => (WqeKind::Send, Some(i), 0, 0),
+            WrOpcode::RdmaWrite { remote_addr, rkey } => (WqeKind::Write, None, remote_addr, rkey),
+            WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (WqeKind::Write, Some(imm), remote_addr, rkey),
+            WrOpcode::RdmaRead { remote_addr, rkey } => (WqeKind::Read, None, remote_addr, rkey),
+        };
+        self.wqes.push_back(SendWqe {
+            wr_id,
+            kind,
+            imm,
+            remote_addr,
+            rkey,
+            signaled: flags.contains(SendFlags::SIGNALED),
+            solicited: flags.contains(SendFlags::SOLICITED),
+            sgl,
+            first_psn: self.next_psn,
+            npkts,
+            read_done: 0,
+        });
+        self.next_psn = self.next_psn.add(npkts);
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.snd_psn.diff(self.una).max(0) as u32
+    }
+
+    fn rto(&self) -> Option<Duration> {
+        self.p.timeout.map(|t| t * self.backoff)
+    }
+
+    /// Points `snd_idx` at the request holding `snd_psn`.
+    fn seek(&mut self) {
+        self.snd_idx = self
+            .wqes
+            .iter()
+            .position(|w| w.contains(self.snd_psn) || w.first_psn.is_after(self.snd_psn))
+            .unwrap_or(self.wqes.len());
+    }
+
+    fn go_back_to(&mut self, psn: Psn) {
+        self.snd_psn = psn;
+        self.seek();
+    }
+
+    /// Writes the next packet (BTH … pad, ICRC zeroed) into `buf`; returns its length.
+    pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if self.failed || self.snd_psn == self.next_psn {
+            return None;
+        }
+        if let Some(t) = self.rnr_until {
+            if t > now {
+                return None;
+            }
+            self.rnr_until = None;
+        }
+        if self.in_flight() >= self.cwnd {
+            return None;
+        }
+        let w = self.wqes.get(self.snd_idx)?;
+        let k = self.snd_psn.diff(w.first_psn) as u32;
+        let mtu = self.p.mtu;
+        let len = match w.kind {
+            WqeKind::Read => {
+                let done = (k as usize * mtu).min(w.sgl.len());
+                let repr = PacketRepr {
+                    bth: BthRepr {
+                        ack_req: true,
+                        ..BthRepr::new(Opcode::RDMA_READ_REQUEST, self.p.dest_qp, self.snd_psn)
+                    },
+                    reth: Some(Reth {
+                        va: w.remote_addr.wrapping_add(done as u64),
+                        rkey: w.rkey,
+                        len: (w.sgl.len() - done) as u32,
+                    }),
+                    atomic_eth: None,
+                    aeth: None,
+                    atomic_ack_eth: None,
+                    imm: None,
+                    ieth: None,
+                    payload: &[],
+                };
+                repr.emit(buf);
+                self.last_ackreq = self.snd_psn;
+                self.snd_psn = w.first_psn.add(w.npkts);
+                self.snd_idx += 1;
+                repr.buffer_len()
+            }
+            WqeKind::Send | WqeKind::Write => {
+                let offset = k as usize * mtu;
+                let plen = (w.sgl.len() - offset).min(mtu);
+                let position = match (w.npkts, k) {
+                    (1, _) => Position::Only,
+                    (_, 0) => Position::First,
+                    (n, k) if k + 1 == n => Position::Last,
+                    _ => Position::Middle,
+                };
+                let kind = if w.kind == WqeKind::Send {
+                    Kind::Send
+                } else {
+                    Kind::Write
+                };
+                let opcode = Opcode::for_request(kind, position, w.imm.is_some());
+                let ends = position.ends();
+                let since = self.snd_psn.diff(self.last_ackreq).max(0) as u32;
+                let ack_req =
+                    ends || since >= (self.cwnd / 4).max(1) || self.in_flight() + 1 >= self.cwnd;
+                let solicited = ends && w.solicited && (kind == Kind::Send || w.imm.is_some());
+                let repr = PacketRepr {
+                    bth: BthRepr {
+                        solicited,
+                        ack_req,
+                        ..BthRepr::new(opcode, self.p.dest_qp, self.snd_psn)
+                    },
+                    reth: opcode.has_reth().then_some(Reth {
+                        va: w.remote_addr,
+                        rkey: w.rkey,
+                        len: w.sgl.len() as u32,
+                    }),
+                    atomic_eth: None,
+                    aeth: None,
+                    atomic_ack_eth: None,
+                    imm: if opcode.has_imm() { w.imm } else { None },
+                    ieth: None,
+                    payload: &[],
+                };
+                let total = PacketRepr::len_for(opcode, plen);
+                // Headers first, then the payload gathered straight from the registered memory.
+                repr.emit_headers_for(plen, buf);
+                let mut pkt = Packet::new_unchecked(&mut buf[..total]);
+                w.sgl.gather(offset, pkt.payload_mut());
+                if ack_req {
+                    self.last_ackreq = self.snd_psn;
+                }
+                self.snd_psn = self.snd_psn.add(1);
+                if k + 1 == w.npkts {
+                    self.snd_idx += 1;
+                }
+                total
+            }
+        };
+        if self.snd_psn.is_after(self.max_sent) {
+            self.max_sent = self.snd_psn;
+        }
+        if self.rtx_deadline.is_none() {
+            self.rtx_deadline = self.rto().map(|d| now + d);
+        }
+        Some(len)
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match (self.rtx_deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if self.rnr_until.is_some_and(|t| t <= now) {
+            self.rnr_until = None;
+        }
+        let Some(deadline) = self.rtx_deadline else {
+            return;
+        };
+        if deadline > now || self.failed {
+            return;
+        }
+        if self.una == self.max_sent {
+            self.rtx_deadline = None;
+            return;
+        }
+        if self.rnr_until.is_some() {
+            // Waiting out an RNR NAK is not a lost ACK.
+            self.rtx_deadline = self.rto().map(|d| now + d);
+            return;
+        }
+        if self.retries_left == 0 {
+            self.fail(WcStatus::RetryExcErr);
+            return;
+        }
+        self.retries_left -= 1;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.on_loss();
+        self.gobackn_from = None;
+        let una = self.una;
+        self.go_back_to(una);
+        self.rtx_deadline = self.rto().map(|d| now + d);
+    }
+
+    fn on_loss(&mut self) {
+        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.cwnd = self.ssthresh;
+        self.cwnd_acc = 0;
+    }
+
+    fn on_progress(&mut self, now: Instant, acked: u32) {
+        self.retries_left = self.p.retry_cnt;
+        self.rnr_left = self.p.rnr_retry;
+        self.backoff = 1;
+        if self.cwnd < self.ssthresh {
+            self.cwnd = (self.cwnd + acked).min(self.p.max_window);
+        } else {
+            self.cwnd_acc += acked;
+            if self.cwnd_acc >= self.cwnd {
+                self.cwnd_acc -= self.cwnd;
+                self.cwnd = (self.cwnd + 1).min(self.p.max_window);
+            }
+        }
+        self.rtx_deadline = if self.una == self.max_sent {
+            None
+        } else {
+            self.rto().map(|d| now + d)
+        };
+    }
+
+    /// A PSN the peer may legitimately acknowledge: in `[una - 1, max_sent - 1]`.
+    fn ackable(&self, psn: Psn) -> bool {
+        psn.in_window(self.una.sub(1), self.max_sent.diff(self.una) as u32 + 1)
+    }
+
+    fn complete_front(&mut self, status: WcStatus) {
+        if let Some(w) = self.wqes.pop_front() {
+            if self.snd_idx > 0 {
+                self.snd_idx -= 1;
+            }
+            if w.signaled || status != WcStatus::Success {
+                self.completions.push_back(WorkCompletion {
+                    wr_id: w.wr_id,
+                    status,
+                    opcode: w.wc_opcode(),
+                    byte_len: w.sgl.len() as u32,
+                    imm_data: None,
+                    qp_num: self.qp_num,
+                });
+            }
+        }
+    }
+
+    /// Everything up to and including `psn` is acknowledged.
+    fn ack_through(&mut self, now: Instant, psn: Psn) {
+        let target = psn.add(1);
+        if !target.is_after(self.una) {
+            return;
+        }
+        let before = self.una;
+        let mut new_una = target;
+        while let Some(w) = self.wqes.front() {
+            if w.kind == WqeKind::Read && w.read_done < w.npkts {
+                if !psn.is_before(w.first_psn) {
+                    // The peer acknowledged past a READ whose responses we lack: they were
+                    // lost (IBA "implied NAK"). Ask again for the rest.
+                    let resume = w.first_psn.add(w.read_done);
+                    new_una = resume;
+                    if self.snd_psn.is_after(resume) {
+                        self.go_back_to(resume);
+                    }
+                }
+                break;
+            }
+            if w.last_psn().is_after(psn) {
+                break;
+            }
+            self.complete_front(WcStatus::Success);
+        }
+        if new_una.is_after(self.una) {
+            self.una = new_una;
+        }
+        if self.una.is_after(self.snd_psn) {
+            self.go_back_to(self.una);
+        }
+        if self.gobackn_from.is_some_and(|g| self.una.is_after(g)) {
+            self.gobackn_from = None;
+        }
+        let acked = self.una.diff(before).max(0) as u32;
+        if acked > 0 {
+            self.on_progress(now, acked);
+        }
+    }
+
+    /// Handles an ACKNOWLEDGE packet.
+    pub(crate) fn handle_ack(&mut self, now: Instant, psn: Psn, aeth: Aeth) {
+        if self.failed || !self.ackable(psn) {
+            return;
+        }
+        match aeth.syndrome {
+            Syndrome::Ack { .. } => self.ack_through(now, psn),
+            Syndrome::RnrNak { timer } => {
+                self.ack_through(now, psn.sub(1));
+                if psn != self.una {
+                    return;
+                }
+                if self.p.rnr_retry != INFINITE_RNR {
+                    if self.rnr_left == 0 {
+                        self.fail(WcStatus::RnrRetryExcErr);
+                        return;
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.rnr_until = Some(now + super::rnr_timer_duration(timer));
+                self.go_back_to(psn);
+                self.rtx_deadline = self.rto().map(|d| now + d);
+            }
+            Syndrome::Nak(NakCode::PsnSequenceError) => {
+                self.ack_through(now, psn.sub(1));
+                if psn != self.una || self.gobackn_from == Some(psn) || self.rnr_until.is_some() {
+                    return;
+                }
+                self.gobackn_from = Some(psn);
+                self.on_loss();
+                self.go_back_to(psn);
+            }
+            Syndrome::Nak(code) => {
+                self.ack_through(now, psn.sub(1));
+                self.fail(match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                });
+            }
+        }
+    }
+
+    /// Handles an RDMA READ response packet.
+    pub(crate) fn handle_read_response(
+        &mut self,
+        now: Instant,
+        psn: Psn,
+        position: Position,
+        payload: &[u8],
+    ) {
+        if self.failed || !self.ackable(psn) {
+            return;
+        }
+        let Some(idx) = self.wqes.iter().position(|w| w.contains(psn)) else {
+            return;
+        };
+        if self.wqes[idx].kind != WqeKind::Read {
+            // A read response for a SEND/WRITE PSN: the peer is confused.
+            self.fail(WcStatus::BadRespErr);
+            return;
+        }
+        let first = self.wqes[idx].first_psn;
+        // A response implicitly acknowledges every earlier request.
+        self.ack_through(now, first.sub(1));
+        let Some(w) = self.wqes.front_mut() else {
+            return;
+        };
+        if w.first_psn != first {
+            return; // an earlier request is still incomplete (cannot happen in order)
+        }
+        let expected = w.first_psn.add(w.read_done);
+        if psn != expected {
+            if psn.is_after(expected) && self.snd_psn.is_after(expected) {
+                // Responses went missing: re-request the remainder.
+                self.on_loss();
+                self.go_back_to(expected);
+            }
+            return;
+        }
+        let mtu = self.p.mtu;
+        let offset = w.read_done as usize * mtu;
+        let remaining = w.sgl.len() - offset;
+        let ok = match position {
+            Position::First | Position::Middle => payload.len() == mtu && remaining > mtu,
+            Position::Last => payload.len() == remaining && w.read_done > 0,
+            Position::Only => payload.len() == remaining && w.read_done == 0,
+        };
+        if !ok {
+            self.fail(WcStatus::BadRespErr);
+            return;
+        }
+        w.sgl.scatter(offset, payload);
+        w.read_done += 1;
+        let before = self.una;
+        self.una = expected.add(1);
+        if w.read_done == w.npkts {
+            self.complete_front(WcStatus::Success);
+        }
+        if self.una.is_after(self.snd_psn) {
+            self.go_back_to(self.una);
+        }
+        let acked = self.una.diff(before).max(0) as u32;
+        self.on_progress(now, acked.max(1));
+    }
+
+    /// Fails the oldest request with `status` and flushes the rest.
+    pub(crate) fn fail(&mut self, status: WcStatus) {
+        if self.failed {
+            return;
+        }
+        self.failed = true;
+        if !self.wqes.is_empty() {
+            self.complete_front(status);
+        }
+        self.flush();
+    }
+
+    /// Completes every queued request with `WR_FLUSH_ERR`.
+    pub(crate) fn flush(&mut self) {
+        self.failed = true;
+        while !self.wqes.is_empty() {
+            self.complete_front(WcStatus::WrFlushErr);
+        }
+        self.rtx_deadline = None;
+        self.rnr_until = None;
+    }
+}

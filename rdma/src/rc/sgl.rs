@@ -1,0 +1,96 @@
+//! Resolved scatter/gather lists: the memory a work request reads or writes.
+
+use super::{PostError, Sge};
+use crate::mr::{Access, MrTable, Region};
+use std::sync::Arc;
+
+#[derive(Clone)]
+struct Seg {
+    mr: Arc<Region>,
+    offset: usize,
+    len: usize,
+}
+
+/// A scatter/gather list whose regions were checked when the request was posted. It keeps the
+/// regions alive until the request completes.
+#[derive(Clone, Default)]
+pub(crate) struct SgList {
+    segs: Vec<Seg>,
+    len: usize,
+}
+
+impl SgList {
+    /// Resolves `sges` against `mrs`, requiring `need` on each region.
+    pub(crate) fn resolve(
+        mrs: &MrTable,
+        pd: u32,
+        sges: &[Sge],
+        max_sge: usize,
+        need: Access,
+    ) -> Result<Self, PostError> {
+        if sges.len() > max_sge {
+            return Err(PostError::TooManySge {
+                given: sges.len(),
+                max: max_sge,
+            });
+        }
+        let mut segs = Vec::with_capacity(sges.len());
+        let mut len = 0usize;
+        for (index, sge) in sges.iter().enumerate() {
+            if sge.length == 0 {
+                continue;
+            }
+            let (mr, offset) = mrs
+                .check(sge.lkey, pd, sge.addr, u64::from(sge.length), need)
+                .map_err(|error| PostError::BadSge { index, error })?;
+            len += sge.length as usize;
+            segs.push(Seg {
+                mr,
+                offset,
+                len: sge.length as usize,
+            });
+        }
+        if len > i32::MAX as usize {
+            return Err(PostError::MessageTooLong);
+        }
+        Ok(Self { segs, len })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Visits the pieces of `[at, at + n)` as (region, offset in region, length).
+    fn pieces(&self, mut at: usize, mut n: usize, mut f: impl FnMut(&Region, usize, usize, usize)) {
+        let mut done = 0;
+        for s in &self.segs {
+            if n == 0 {
+                break;
+            }
+            if at >= s.len {
+                at -= s.len;
+                continue;
+            }
+            let take = (s.len - at).min(n);
+            f(&s.mr, s.offset + at, take, done);
+            done += take;
+            n -= take;
+            at = 0;
+        }
+    }
+
+    /// Copies `out.len()` bytes starting at message offset `at` into `out`.
+    pub(crate) fn gather(&self, at: usize, out: &mut [u8]) {
+        let n = out.len();
+        self.pieces(at, n, |mr, off, take, done| {
+            mr.read(off, &mut out[done..done + take])
+        });
+    }
+
+    /// Copies `data` into the list at message offset `at`. Callers ensure it fits.
+    pub(crate) fn scatter(&self, at: usize, data: &[u8]) {
+        self.pieces(at, data.len(), |mr, off, take, done| {
+            mr.write(off, &data[done..done + take])
+        });
+    }
+}

@@ -1,0 +1,908 @@
+//! Two RC queue pairs joined by an in-memory lossy link with a virtual clock (quinn's `Pair`
+//! idea): no sockets, no sleeping.
+
+use super::*;
+use crate::mr::{Access, MrTable, Region};
+use crate::wire::{Opcode, PacketRepr, Psn};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Faults {
+    drop: f64,
+    dup: f64,
+    reorder: f64,
+}
+
+struct Host {
+    qp: RcQp,
+    mrs: MrTable,
+    sent: Vec<Vec<u8>>,
+    completions: Vec<(CqSide, WorkCompletion)>,
+}
+
+struct Pair {
+    a: Host,
+    b: Host,
+    now: Instant,
+    rng: Rng,
+    faults: Faults,
+    /// When set, everything sent by the side is dropped.
+    blackhole_a: bool,
+    blackhole_b: bool,
+    delivered: usize,
+}
+
+const PD: u32 = 1;
+
+fn host(qpn: u32, caps: QpCaps) -> Host {
+    Host {
+        qp: RcQp::new(qpn, PD, caps, false),
+        mrs: MrTable::new(qpn),
+        sent: vec![],
+        completions: vec![],
+    }
+}
+
+impl Pair {
+    fn new(mtu: Mtu, a_psn: u32, b_psn: u32) -> Self {
+        Self::with(
+            mtu,
+            a_psn,
+            b_psn,
+            QpCaps::default(),
+            QpAttr::state(QpState::Rts),
+        )
+    }
+
+    fn with(mtu: Mtu, a_psn: u32, b_psn: u32, caps: QpCaps, rts: QpAttr) -> Self {
+        let mut p = Self {
+            a: host(0x11, caps),
+            b: host(0x12, caps),
+            now: Instant::now(),
+            rng: Rng(42),
+            faults: Faults::default(),
+            blackhole_a: false,
+            blackhole_b: false,
+            delivered: 0,
+        };
+        for (me, peer, my_psn, peer_psn) in [
+            (&mut p.a, 0x12, a_psn, b_psn),
+            (&mut p.b, 0x11, b_psn, a_psn),
+        ] {
+            me.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+            me.qp
+                .modify(&QpAttr {
+                    path_mtu: Some(mtu),
+                    dest_qp_num: Some(peer),
+                    rq_psn: Some(Psn::new(peer_psn)),
+                    min_rnr_timer: Some(1),
+                    ..QpAttr::state(QpState::Rtr)
+                })
+                .unwrap();
+            me.qp
+                .modify(&QpAttr {
+                    sq_psn: Some(Psn::new(my_psn)),
+                    timeout: Some(rts.timeout.unwrap_or(12)),
+                    ..rts
+                })
+                .unwrap();
+        }
+        p
+    }
+
+    fn mr(h: &Host, len: usize) -> Arc<Region> {
+        h.mrs
+            .register(
+                PD,
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap()
+    }
+
+    /// Moves packets until both sides are quiet and no timer is pending (or `limit` steps).
+    fn run(&mut self, limit: usize) {
+        let mut buf = vec![0u8; 8192];
+        let mut wire: VecDeque<(bool, Vec<u8>)> = VecDeque::new();
+        for _ in 0..limit {
+            let mut progressed = false;
+            for from_a in [true, false] {
+                let h = if from_a { &mut self.a } else { &mut self.b };
+                while let Some(n) = h.qp.poll_transmit(self.now, &mut buf) {
+                    progressed = true;
+                    h.sent.push(buf[..n].to_vec());
+                    let black = if from_a {
+                        self.blackhole_a
+                    } else {
+                        self.blackhole_b
+                    };
+                    if black || self.rng.chance(self.faults.drop) {
+                        continue;
+                    }
+                    if self.rng.chance(self.faults.dup) {
+                        wire.push_back((from_a, buf[..n].to_vec()));
+                    }
+                    if self.rng.chance(self.faults.reorder) && !wire.is_empty() {
+                        let at = (self.rng.next() as usize) % wire.len();
+                        wire.insert(at, (from_a, buf[..n].to_vec()));
+                    } else {
+                        wire.push_back((from_a, buf[..n].to_vec()));
+                    }
+                }
+            }
+            while let Some((from_a, bytes)) = wire.pop_front() {
+                progressed = true;
+                self.delivered += 1;
+                let to = if from_a { &mut self.b } else { &mut self.a };
+                let pkt = PacketRepr::parse_bytes(&bytes).expect("engine emits valid packets");
+                to.qp.handle_packet(self.now, &pkt, &to.mrs);
+            }
+            for h in [&mut self.a, &mut self.b] {
+                while let Some(c) = h.qp.poll_completion() {
+                    h.completions.push(c);
+                }
+            }
+            if !progressed {
+                let next = [self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                match next {
+                    Some(t) => {
+                        self.now = self.now.max(t);
+                        self.a.qp.handle_timeout(self.now);
+                        self.b.qp.handle_timeout(self.now);
+                    }
+                    None => return,
+                }
+            } else {
+                self.now += Duration::from_micros(10);
+            }
+        }
+        panic!("did not settle in {limit} steps");
+    }
+}
+
+fn sge(mr: &Region, off: usize, len: usize) -> Sge {
+    Sge {
+        addr: mr.addr() + off as u64,
+        length: len as u32,
+        lkey: mr.key(),
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn contents(mr: &Region, off: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    mr.read(off, &mut v);
+    v
+}
+
+#[test]
+fn send_small_message() {
+    let mut p = Pair::new(Mtu::Mtu1024, 100, 200);
+    let src = Pair::mr(&p.a, 64);
+    let dst = Pair::mr(&p.b, 64);
+    src.write(0, b"hello, world");
+    p.b.qp
+        .post_recv(
+            &RecvWr {
+                wr_id: 7,
+                sg_list: &[sge(&dst, 0, 64)],
+            },
+            &p.b.mrs,
+        )
+        .unwrap();
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, 0, 12)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.run(100);
+    assert_eq!(contents(&dst, 0, 12), b"hello, world");
+    assert_eq!(
+        p.b.completions,
+        vec![(
+            CqSide::Recv,
+            WorkCompletion {
+                wr_id: 7,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: 12,
+                imm_data: None,
+                qp_num: 0x12
+            }
+        )]
+    );
+    assert_eq!(p.a.completions.len(), 1);
+    assert_eq!(p.a.completions[0].1.status, WcStatus::Success);
+    // One SEND_ONLY with AckReq, one ACK back.
+    assert_eq!(p.a.sent.len(), 1);
+    assert_eq!(p.a.sent[0][0], Opcode::SEND_ONLY.0);
+    assert_eq!(p.b.sent.len(), 1);
+    assert_eq!(p.b.sent[0][0], Opcode::ACKNOWLEDGE.0);
+}
+
+#[test]
+fn multi_packet_write_segments_at_the_mtu_and_psns_wrap() {
+    let mut p = Pair::new(Mtu::Mtu256, 0xFF_FFFE, 5);
+    let len = 256 * 5 + 17;
+    let src = Pair::mr(&p.a, len);
+    let dst = Pair::mr(&p.b, 4096);
+    let data = pattern(3, len);
+    src.write(0, &data);
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 9,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: dst.addr() + 100,
+                    rkey: dst.key(),
+                },
+                sg_list: &[sge(&src, 0, len)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.run(100);
+    assert_eq!(contents(&dst, 100, len), data);
+    assert_eq!(
+        contents(&dst, 0, 100),
+        vec![0; 100],
+        "nothing before the target range"
+    );
+    assert_eq!(
+        contents(&dst, 100 + len, 50),
+        vec![0; 50],
+        "nothing after it"
+    );
+    let ops: Vec<u8> = p.a.sent.iter().map(|s| s[0]).collect();
+    assert_eq!(ops, [6, 7, 7, 7, 7, 8]);
+    let psns: Vec<u32> =
+        p.a.sent
+            .iter()
+            .map(|s| crate::wire::Packet::new_unchecked(&s[..]).psn().value())
+            .collect();
+    assert_eq!(psns, [0xFF_FFFE, 0xFF_FFFF, 0, 1, 2, 3]);
+    assert_eq!(p.a.completions.len(), 1);
+    assert!(
+        p.b.completions.is_empty(),
+        "a plain WRITE consumes no receive"
+    );
+}
+
+#[test]
+fn sges_gather_and_scatter_across_regions() {
+    let mut p = Pair::new(Mtu::Mtu256, 1, 1);
+    let s1 = Pair::mr(&p.a, 300);
+    let s2 = Pair::mr(&p.a, 300);
+    s1.write(0, &pattern(1, 300));
+    s2.write(0, &pattern(2, 300));
+    let d1 = Pair::mr(&p.b, 100);
+    let d2 = Pair::mr(&p.b, 1000);
+    p.b.qp
+        .post_recv(
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&d1, 0, 100), sge(&d2, 0, 1000)],
+            },
+            &p.b.mrs,
+        )
+        .unwrap();
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 2,
+                opcode: WrOpcode::SendWithImm(0xabcd),
+                sg_list: &[sge(&s1, 50, 250), sge(&s2, 0, 300)],
+                flags: SendFlags::empty(),
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.run(100);
+    let mut expect = pattern(1, 300)[50..].to_vec();
+    expect.extend(pattern(2, 300));
+    let mut got = contents(&d1, 0, 100);
+    got.extend(contents(&d2, 0, 450));
+    assert_eq!(got, expect);
+    assert_eq!(p.b.completions[0].1.imm_data, Some(0xabcd));
+    assert_eq!(p.b.completions[0].1.byte_len, 550);
+    assert!(p.a.completions.is_empty(), "unsignaled send: no completion");
+    assert_eq!(p.a.qp.send_queue_len(), 0, "but it was retired");
+}
+
+#[test]
+fn rdma_read_multi_packet() {
+    let mut p = Pair::new(Mtu::Mtu512, 10, 20);
+    let remote = Pair::mr(&p.b, 5000);
+    let data = pattern(9, 5000);
+    remote.write(0, &data);
+    let local = Pair::mr(&p.a, 5000);
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 3,
+                opcode: WrOpcode::RdmaRead {
+                    remote_addr: remote.addr(),
+                    rkey: remote.key(),
+                },
+                sg_list: &[sge(&local, 0, 5000)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.run(100);
+    assert_eq!(contents(&local, 0, 5000), data);
+    assert_eq!(p.a.completions[0].1.opcode, WcOpcode::RdmaRead);
+    assert_eq!(p.a.completions[0].1.status, WcStatus::Success);
+}
+
+#[test]
+fn lossy_link_delivers_everything_in_order() {
+    for seed in 0..4 {
+        let mut p = Pair::new(Mtu::Mtu256, 0xFF_FF00, 0x7F_FFF0);
+        p.rng = Rng(seed);
+        p.faults = Faults {
+            drop: 0.1,
+            dup: 0.05,
+            reorder: 0.1,
+        };
+        let n = 40;
+        let len = 1000;
+        let src = Pair::mr(&p.a, n * len);
+        let dst = Pair::mr(&p.b, n * len);
+        let recv = Pair::mr(&p.b, n * 64);
+        let data = pattern(seed as u8, n * len);
+        src.write(0, &data);
+        for i in 0..n {
+            p.b.qp
+                .post_recv(
+                    &RecvWr {
+                        wr_id: 1000 + i as u64,
+                        sg_list: &[sge(&recv, i * 64, 64)],
+                    },
+                    &p.b.mrs,
+                )
+                .unwrap();
+        }
+        for i in 0..n {
+            let w = SendWr {
+                wr_id: i as u64,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: dst.addr() + (i * len) as u64,
+                    rkey: dst.key(),
+                },
+                sg_list: &[sge(&src, i * len, len)],
+                flags: if i % 3 == 0 {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
+                },
+            };
+            p.a.qp.post_send(&w, &p.a.mrs).unwrap();
+            // A SEND after each WRITE, as SMC-R's CDC follows its data.
+            let s = SendWr {
+                wr_id: 5000 + i as u64,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, i * len, 8)],
+                flags: SendFlags::SIGNALED,
+            };
+            p.a.qp.post_send(&s, &p.a.mrs).unwrap();
+        }
+        p.run(100_000);
+        assert_eq!(contents(&dst, 0, n * len), data, "seed {seed}");
+        let send_ids: Vec<u64> = p.a.completions.iter().map(|c| c.1.wr_id).collect();
+        let mut expect = vec![];
+        for i in 0..n as u64 {
+            if i % 3 == 0 {
+                expect.push(i);
+            }
+            expect.push(5000 + i);
+        }
+        assert_eq!(send_ids, expect, "completions in posting order");
+        assert!(
+            p.a.completions
+                .iter()
+                .all(|c| c.1.status == WcStatus::Success)
+        );
+        let recv_ids: Vec<u64> = p.b.completions.iter().map(|c| c.1.wr_id).collect();
+        assert_eq!(
+            recv_ids,
+            (1000..1000 + n as u64).collect::<Vec<_>>(),
+            "each SEND delivered once"
+        );
+        for i in 0..n {
+            assert_eq!(contents(&recv, i * 64, 8), data[i * len..i * len + 8]);
+        }
+        let st = p.b.qp.responder_stats();
+        eprintln!("seed {seed}: delivered {} packets, {st:?}", p.delivered);
+        assert!(st.nak_seq > 0 && st.duplicates > 0);
+    }
+}
+
+#[test]
+fn lost_acks_are_recovered_by_timeout_and_duplicates_reacked() {
+    let mut p = Pair::new(Mtu::Mtu1024, 1, 1);
+    let src = Pair::mr(&p.a, 100);
+    let dst = Pair::mr(&p.b, 100);
+    p.blackhole_b = true; // every ACK is lost
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: dst.addr(),
+                    rkey: dst.key(),
+                },
+                sg_list: &[sge(&src, 0, 100)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    let start = p.now;
+    // Let two retransmissions happen, then heal the link.
+    let mut buf = vec![0u8; 2048];
+    while p.a.sent.len() < 3 {
+        if let Some(n) = p.a.qp.poll_transmit(p.now, &mut buf) {
+            p.a.sent.push(buf[..n].to_vec());
+            let pkt = PacketRepr::parse_bytes(&buf[..n]).unwrap();
+            p.b.qp.handle_packet(p.now, &pkt, &p.b.mrs);
+            while p.b.qp.poll_transmit(p.now, &mut buf).is_some() {}
+        } else {
+            p.now = p.a.qp.poll_timeout().unwrap();
+            p.a.qp.handle_timeout(p.now);
+        }
+    }
+    assert_eq!(p.b.qp.responder_stats().duplicates, 2);
+    // Backoff: the second retransmission waited twice as long as the first.
+    assert!(p.now - start >= timeout_duration(12).unwrap() * 3);
+    p.blackhole_b = false;
+    p.run(100);
+    assert_eq!(p.a.completions.len(), 1);
+    assert_eq!(p.a.completions[0].1.status, WcStatus::Success);
+}
+
+#[test]
+fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
+    let rts = QpAttr {
+        retry_cnt: Some(3),
+        ..QpAttr::state(QpState::Rts)
+    };
+    let mut p = Pair::with(Mtu::Mtu1024, 1, 1, QpCaps::default(), rts);
+    let src = Pair::mr(&p.a, 100);
+    p.blackhole_a = true;
+    for id in 1..=3 {
+        p.a.qp
+            .post_send(
+                &SendWr {
+                    wr_id: id,
+                    opcode: WrOpcode::Send,
+                    sg_list: &[sge(&src, 0, 10)],
+                    flags: SendFlags::SIGNALED,
+                },
+                &p.a.mrs,
+            )
+            .unwrap();
+    }
+    p.run(1000);
+    let st: Vec<(u64, WcStatus)> =
+        p.a.completions
+            .iter()
+            .map(|c| (c.1.wr_id, c.1.status))
+            .collect();
+    assert_eq!(
+        st,
+        [
+            (1, WcStatus::RetryExcErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(p.a.qp.state(), QpState::Error);
+    // 3 packets, then 3 retransmission rounds of all 3.
+    assert_eq!(p.a.sent.len(), 3 * 4);
+    // Posting in the error state completes at once with a flush error.
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 4,
+                opcode: WrOpcode::Send,
+                sg_list: &[],
+                flags: SendFlags::empty(),
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    assert_eq!(
+        p.a.qp.poll_completion().unwrap().1.status,
+        WcStatus::WrFlushErr
+    );
+}
+
+#[test]
+fn rnr_nak_then_recv_posted_completes() {
+    let mut p = Pair::new(Mtu::Mtu1024, 1, 1);
+    let src = Pair::mr(&p.a, 100);
+    let dst = Pair::mr(&p.b, 100);
+    src.write(0, b"late");
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, 0, 4)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    let mut buf = vec![0u8; 2048];
+    let n = p.a.qp.poll_transmit(p.now, &mut buf).unwrap();
+    p.b.qp.handle_packet(
+        p.now,
+        &PacketRepr::parse_bytes(&buf[..n]).unwrap(),
+        &p.b.mrs,
+    );
+    let n = p.b.qp.poll_transmit(p.now, &mut buf).unwrap();
+    let nak = PacketRepr::parse_bytes(&buf[..n]).unwrap();
+    assert_eq!(
+        nak.aeth.unwrap().syndrome,
+        crate::wire::Syndrome::RnrNak { timer: 1 }
+    );
+    p.a.qp.handle_packet(p.now, &nak, &p.a.mrs);
+    assert!(
+        p.a.qp.poll_transmit(p.now, &mut buf).is_none(),
+        "waits out the RNR timer"
+    );
+    assert_eq!(p.b.qp.responder_stats().rnr_nak, 1);
+    p.b.qp
+        .post_recv(
+            &RecvWr {
+                wr_id: 2,
+                sg_list: &[sge(&dst, 0, 100)],
+            },
+            &p.b.mrs,
+        )
+        .unwrap();
+    p.run(100);
+    assert_eq!(contents(&dst, 0, 4), b"late");
+    assert_eq!(p.a.completions[0].1.status, WcStatus::Success);
+}
+
+#[test]
+fn rnr_retry_exhaustion() {
+    let rts = QpAttr {
+        rnr_retry: Some(2),
+        ..QpAttr::state(QpState::Rts)
+    };
+    let mut p = Pair::with(Mtu::Mtu1024, 1, 1, QpCaps::default(), rts);
+    let src = Pair::mr(&p.a, 100);
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, 0, 4)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.run(1000);
+    assert_eq!(p.a.completions[0].1.status, WcStatus::RnrRetryExcErr);
+    assert_eq!(p.b.qp.responder_stats().rnr_nak, 3);
+    assert_eq!(p.a.qp.state(), QpState::Error);
+}
+
+fn write_expecting_access_error(
+    remote_addr: impl Fn(&Region) -> u64,
+    rkey: impl Fn(&Region) -> u32,
+    access: Access,
+) {
+    let mut p = Pair::new(Mtu::Mtu256, 1, 1);
+    let src = Pair::mr(&p.a, 1000);
+    src.write(0, &[0xEE; 1000]);
+    let victim = p.b.mrs.register(PD, 4096, Access::LOCAL_WRITE).unwrap();
+    let target = p.b.mrs.register(PD, 512, access).unwrap();
+    p.b.qp
+        .post_recv(
+            &RecvWr {
+                wr_id: 5,
+                sg_list: &[sge(&victim, 0, 64)],
+            },
+            &p.b.mrs,
+        )
+        .unwrap();
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: remote_addr(&target),
+                    rkey: rkey(&target),
+                },
+                sg_list: &[sge(&src, 0, 1000)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 2,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, 0, 4)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    p.run(1000);
+    let st: Vec<(u64, WcStatus)> =
+        p.a.completions
+            .iter()
+            .map(|c| (c.1.wr_id, c.1.status))
+            .collect();
+    assert_eq!(st, [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(contents(&target, 0, 512), vec![0; 512], "target untouched");
+    assert_eq!(
+        contents(&victim, 0, 4096),
+        vec![0; 4096],
+        "neighbour untouched"
+    );
+    assert_eq!(p.b.qp.state(), QpState::Error);
+    assert_eq!(
+        p.b.completions,
+        vec![(
+            CqSide::Recv,
+            WorkCompletion {
+                wr_id: 5,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm_data: None,
+                qp_num: 0x12
+            }
+        )]
+    );
+    assert_eq!(p.b.qp.responder_stats().access_errors, 1);
+    // The NAK was the remote-access-error syndrome.
+    let nak =
+        p.b.sent
+            .iter()
+            .map(|s| PacketRepr::parse_bytes(s).unwrap())
+            .find(|r| {
+                r.aeth
+                    .is_some_and(|a| a.syndrome != crate::wire::Syndrome::ACK)
+            })
+            .unwrap();
+    assert_eq!(
+        nak.aeth.unwrap().syndrome,
+        crate::wire::Syndrome::Nak(crate::wire::NakCode::RemoteAccessError)
+    );
+}
+
+#[test]
+fn wrong_rkey_write_is_refused() {
+    write_expecting_access_error(|m| m.addr(), |m| m.key() ^ 0x80, Access::REMOTE_WRITE);
+}
+
+#[test]
+fn out_of_bounds_write_is_refused() {
+    // 1000 bytes at offset 0 of a 512-byte region: the first packet would fit, the message not.
+    write_expecting_access_error(|m| m.addr(), |m| m.key(), Access::REMOTE_WRITE);
+}
+
+#[test]
+fn write_before_region_start_is_refused() {
+    write_expecting_access_error(|m| m.addr() - 256, |m| m.key(), Access::REMOTE_WRITE);
+}
+
+#[test]
+fn write_without_remote_write_right_is_refused() {
+    write_expecting_access_error(
+        |m| m.addr(),
+        |m| m.key(),
+        Access::LOCAL_WRITE | Access::REMOTE_READ,
+    );
+}
+
+#[test]
+fn duplicate_read_is_reexecuted() {
+    let mut p = Pair::new(Mtu::Mtu256, 1, 1);
+    let remote = Pair::mr(&p.b, 600);
+    remote.write(0, &pattern(4, 600));
+    let local = Pair::mr(&p.a, 600);
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::RdmaRead {
+                    remote_addr: remote.addr(),
+                    rkey: remote.key(),
+                },
+                sg_list: &[sge(&local, 0, 600)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    // Deliver the request twice; lose the first set of responses.
+    let mut buf = vec![0u8; 2048];
+    let n = p.a.qp.poll_transmit(p.now, &mut buf).unwrap();
+    let req = buf[..n].to_vec();
+    p.b.qp
+        .handle_packet(p.now, &PacketRepr::parse_bytes(&req).unwrap(), &p.b.mrs);
+    let mut first = 0;
+    while p.b.qp.poll_transmit(p.now, &mut buf).is_some() {
+        first += 1;
+    }
+    assert_eq!(first, 3);
+    p.b.qp
+        .handle_packet(p.now, &PacketRepr::parse_bytes(&req).unwrap(), &p.b.mrs);
+    assert_eq!(p.b.qp.responder_stats().duplicates, 1);
+    p.run(100);
+    assert_eq!(contents(&local, 0, 600), pattern(4, 600));
+    assert_eq!(p.a.completions[0].1.status, WcStatus::Success);
+}
+
+#[test]
+fn gap_gets_one_nak_and_go_back_n() {
+    let mut p = Pair::new(Mtu::Mtu256, 1, 1);
+    let src = Pair::mr(&p.a, 256 * 6);
+    let dst = Pair::mr(&p.b, 256 * 6);
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: dst.addr(),
+                    rkey: dst.key(),
+                },
+                sg_list: &[sge(&src, 0, 256 * 6)],
+                flags: SendFlags::SIGNALED,
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    let mut buf = vec![0u8; 2048];
+    let mut pkts = vec![];
+    while let Some(n) = p.a.qp.poll_transmit(p.now, &mut buf) {
+        pkts.push(buf[..n].to_vec());
+    }
+    assert_eq!(pkts.len(), 6);
+    for (i, pk) in pkts.iter().enumerate() {
+        if i != 2 {
+            p.b.qp
+                .handle_packet(p.now, &PacketRepr::parse_bytes(pk).unwrap(), &p.b.mrs);
+        }
+    }
+    let mut out = vec![];
+    while let Some(n) = p.b.qp.poll_transmit(p.now, &mut buf) {
+        out.push(PacketRepr::parse_bytes(&buf[..n]).unwrap().aeth.unwrap());
+    }
+    // Packets 0 and 1 had no AckReq (the window is large); the gap at 2 gives one NAK.
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].syndrome,
+        crate::wire::Syndrome::Nak(crate::wire::NakCode::PsnSequenceError)
+    );
+    p.a.qp.handle_packet(
+        p.now,
+        &PacketRepr {
+            bth: crate::wire::BthRepr::new(Opcode::ACKNOWLEDGE, 0x11, Psn::new(3)),
+            aeth: Some(out[0]),
+            ..PacketRepr::parse_bytes(&pkts[0]).unwrap()
+        },
+        &p.a.mrs,
+    );
+    let mut resent = vec![];
+    while let Some(n) = p.a.qp.poll_transmit(p.now, &mut buf) {
+        resent.push(crate::wire::Packet::new_unchecked(&buf[..n]).psn().value());
+    }
+    assert_eq!(resent, [3, 4, 5, 6], "go back to the NAKed PSN");
+}
+
+#[test]
+fn state_machine_rules() {
+    let mut qp = RcQp::new(5, PD, QpCaps::default(), false);
+    let mrs = MrTable::new(1);
+    assert_eq!(
+        qp.modify(&QpAttr::state(QpState::Rts)),
+        Err(ModifyError::InvalidTransition {
+            from: QpState::Reset,
+            to: QpState::Rts
+        })
+    );
+    assert_eq!(
+        qp.post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::Send,
+                sg_list: &[],
+                flags: SendFlags::empty()
+            },
+            &mrs
+        ),
+        Err(PostError::InvalidState(QpState::Reset))
+    );
+    qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+    assert_eq!(
+        qp.modify(&QpAttr::state(QpState::Rtr)),
+        Err(ModifyError::MissingAttr("path_mtu"))
+    );
+    let m = mrs.register(PD, 10, Access::empty()).unwrap();
+    assert!(matches!(
+        qp.post_recv(
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&m, 0, 10)]
+            },
+            &mrs
+        ),
+        Err(PostError::BadSge {
+            index: 0,
+            error: crate::AccessError::NotPermitted { .. }
+        })
+    ));
+    let other_pd = mrs.register(PD + 1, 10, Access::LOCAL_WRITE).unwrap();
+    assert!(matches!(
+        qp.post_recv(
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&other_pd, 0, 10)]
+            },
+            &mrs
+        ),
+        Err(PostError::BadSge {
+            error: crate::AccessError::WrongPd,
+            ..
+        })
+    ));
+    let ok = mrs.register(PD, 10, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(
+        &RecvWr {
+            wr_id: 9,
+            sg_list: &[sge(&ok, 0, 10)],
+        },
+        &mrs,
+    )
+    .unwrap();
+    qp.modify(&QpAttr::state(QpState::Error)).unwrap();
+    assert_eq!(qp.poll_completion().unwrap().1.status, WcStatus::WrFlushErr);
+    qp.modify(&QpAttr::state(QpState::Reset)).unwrap();
+    assert_eq!(qp.state(), QpState::Reset);
+}
