@@ -14,8 +14,19 @@
 //!   injection, pcap capture).
 #![warn(missing_docs)]
 
+mod device;
 pub mod mr;
 pub mod rc;
+pub mod transport;
+mod verbs;
 pub mod wire;
 
+pub use device::{DeviceConfig, DeviceStats, gid_of};
 pub use mr::{Access, AccessError, MrTable, Region};
+pub use rc::{
+    ModifyError, Mtu, PostError, QpAttr, QpCaps, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
+};
+pub use transport::fault::{FaultConfig, FaultStats};
+pub use verbs::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair};
+pub use wire::Psn;

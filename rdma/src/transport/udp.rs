@@ -1,0 +1,252 @@
+//! The engine's UDP socket: GSO batches on send, GRO and recvmmsg batches on receive.
+
+use super::sys;
+use rustix::fd::{AsRawFd, OwnedFd};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+const SOL_UDP: i32 = 17;
+const UDP_SEGMENT: i32 = 103;
+const UDP_GRO: i32 = 104;
+/// Most segments Linux accepts in one GSO send (`UDP_MAX_SEGMENTS`).
+pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
+/// Largest UDP payload of one datagram (or GSO/GRO batch).
+pub(crate) const MAX_DATAGRAM: usize = 65507;
+
+/// Socket options.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UdpOptions {
+    pub(crate) rcvbuf: usize,
+    pub(crate) sndbuf: usize,
+    pub(crate) gro: bool,
+    pub(crate) ttl: u8,
+}
+
+pub(crate) struct UdpSocket {
+    fd: OwnedFd,
+    local: SocketAddrV4,
+    gro: bool,
+}
+
+fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(a.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+fn from_sockaddr(s: &libc::sockaddr_in) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(s.sin_addr.s_addr.to_ne_bytes()),
+        u16::from_be(s.sin_port),
+    )
+}
+
+impl UdpSocket {
+    /// A blocking, close-on-exec UDP socket bound to `addr`, with DF set on every datagram
+    /// (`IP_PMTUDISC_DO`) so that Linux sends identification 0, as the ICRC assumes.
+    pub(crate) fn bind(addr: SocketAddrV4, o: UdpOptions) -> io::Result<Self> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::INET,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let raw = fd.as_raw_fd();
+        sys::setsockopt_int(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?;
+        sys::setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_TTL, i32::from(o.ttl.max(1)))?;
+        for (force, plain, size) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, o.rcvbuf),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, o.sndbuf),
+        ] {
+            let size = size.min(i32::MAX as usize / 2) as i32;
+            // FORCE needs CAP_NET_ADMIN; otherwise the kernel caps at net.core.[rw]mem_max.
+            if sys::setsockopt_int(raw, libc::SOL_SOCKET, force, size).is_err() {
+                sys::setsockopt_int(raw, libc::SOL_SOCKET, plain, size)?;
+            }
+        }
+        let gro = o.gro && sys::setsockopt_int(raw, SOL_UDP, UDP_GRO, 1).is_ok();
+        rustix::net::bind(&fd, &std::net::SocketAddr::V4(addr))?;
+        let local = match rustix::net::getsockname(&fd)? {
+            a => match std::net::SocketAddr::try_from(a) {
+                Ok(std::net::SocketAddr::V4(v4)) => v4,
+                _ => return Err(io::ErrorKind::InvalidInput.into()),
+            },
+        };
+        Ok(Self { fd, local, gro })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    pub(crate) fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Sends `buf` to `dst`; with `segment` set, as a GSO batch of `segment`-byte datagrams
+    /// (the last may be shorter).
+    pub(crate) fn send(
+        &self,
+        dst: SocketAddrV4,
+        buf: &[u8],
+        segment: Option<u16>,
+    ) -> io::Result<()> {
+        let mut name = sockaddr(dst);
+        let mut iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut _,
+            iov_len: buf.len(),
+        };
+        let mut cmsg = [0u64; 4]; // 8-byte aligned control buffer
+        // SAFETY: zeroed msghdr is a valid empty header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(seg) = segment.filter(|&s| (s as usize) < buf.len()) {
+            let bytes = cmsg.as_mut_ptr().cast::<u8>();
+            // cmsghdr { len: usize, level: i32, type: i32 } followed by a u16.
+            // SAFETY: the 32-byte buffer holds the 16-byte header and 2 data bytes.
+            unsafe {
+                (bytes as *mut usize).write(16 + 2);
+                (bytes.add(8) as *mut i32).write(SOL_UDP);
+                (bytes.add(12) as *mut i32).write(UDP_SEGMENT);
+                (bytes.add(16) as *mut u16).write(seg);
+            }
+            msg.msg_control = bytes.cast();
+            msg.msg_controllen = 24;
+        }
+        loop {
+            // SAFETY: every pointer in `msg` refers to live locals or `buf`.
+            match unsafe { sys::sendmsg(self.raw_fd(), &msg, libc::MSG_NOSIGNAL) } {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Receive buffers for recvmmsg, reused across calls.
+pub(crate) struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    names: Vec<libc::sockaddr_in>,
+    iovs: Vec<libc::iovec>,
+    cmsgs: Vec<[u64; 8]>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers inside point into the batch's own heap buffers.
+unsafe impl Send for RecvBatch {}
+
+/// One received datagram (possibly a GRO batch of equal-sized segments).
+pub(crate) struct Datagram<'a> {
+    pub(crate) from: SocketAddrV4,
+    pub(crate) data: &'a [u8],
+    /// Segment size when GRO coalesced several datagrams.
+    pub(crate) segment: Option<usize>,
+}
+
+impl RecvBatch {
+    pub(crate) fn new(count: usize) -> Self {
+        let mut b = Self {
+            bufs: (0..count).map(|_| vec![0u8; MAX_DATAGRAM + 1]).collect(),
+            // SAFETY: all-zero sockaddr_in / mmsghdr are valid values.
+            names: vec![unsafe { std::mem::zeroed() }; count],
+            iovs: Vec::with_capacity(count),
+            cmsgs: vec![[0u64; 8]; count],
+            hdrs: Vec::with_capacity(count),
+        };
+        for i in 0..count {
+            b.iovs.push(libc::iovec {
+                iov_base: b.bufs[i].as_mut_ptr().cast(),
+                iov_len: b.bufs[i].len(),
+            });
+        }
+        for i in 0..count {
+            // SAFETY: zeroed is valid; pointers are filled in below and stay valid because the
+            // vectors are never resized.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_name = (&mut b.names[i] as *mut libc::sockaddr_in).cast();
+            h.msg_hdr.msg_iov = &mut b.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = b.cmsgs[i].as_mut_ptr().cast();
+            b.hdrs.push(h);
+        }
+        b
+    }
+
+    /// Receives up to the batch size without blocking; returns how many arrived.
+    pub(crate) fn recv(&mut self, sock: &UdpSocket) -> io::Result<usize> {
+        for h in &mut self.hdrs {
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_hdr.msg_controllen = 64;
+            h.msg_len = 0;
+        }
+        loop {
+            // SAFETY: headers point at our own live buffers.
+            match unsafe { sys::recvmmsg(sock.raw_fd(), &mut self.hdrs, libc::MSG_DONTWAIT) } {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// The `i`-th datagram of the last `recv`.
+    pub(crate) fn get(&self, i: usize, gro: bool) -> Datagram<'_> {
+        let h = &self.hdrs[i];
+        let len = (h.msg_len as usize).min(MAX_DATAGRAM);
+        let mut segment = None;
+        if gro && h.msg_hdr.msg_controllen >= 20 {
+            let c = self.cmsgs[i].as_ptr().cast::<u8>();
+            let mut at = 0usize;
+            while at + 16 <= h.msg_hdr.msg_controllen {
+                // SAFETY: within the 64-byte control buffer, as bounded by msg_controllen.
+                let (clen, level, ty) = unsafe {
+                    (
+                        (c.add(at) as *const usize).read(),
+                        (c.add(at + 8) as *const i32).read(),
+                        (c.add(at + 12) as *const i32).read(),
+                    )
+                };
+                if clen < 16 || at + clen > 64 {
+                    break;
+                }
+                if level == SOL_UDP && ty == UDP_GRO && clen >= 20 {
+                    // SAFETY: the 4 data bytes are inside the cmsg just checked.
+                    let s = unsafe { (c.add(at + 16) as *const i32).read() };
+                    if s > 0 && (s as usize) < len {
+                        segment = Some(s as usize);
+                    }
+                }
+                at += (clen + 7) & !7;
+            }
+        }
+        Datagram {
+            from: from_sockaddr(&self.names[i]),
+            data: &self.bufs[i][..len],
+            segment,
+        }
+    }
+}
+
+impl UdpSocket {
+    pub(crate) fn gro(&self) -> bool {
+        self.gro
+    }
+}

@@ -1,0 +1,348 @@
+//! The objects applications use, named as in libibverbs: [`Device`], [`ProtectionDomain`],
+//! [`MemoryRegion`], [`CompletionQueue`] and [`QueuePair`].
+//!
+//! ```no_run
+//! use rdma::*;
+//! let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap()))?;
+//! let pd = dev.alloc_pd();
+//! let mr = pd.reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! let cq = dev.create_cq()?;
+//! let qp = pd.create_qp(&cq, &cq, QpCaps::default(), false)?;
+//! # let (peer_qpn, peer_psn, peer_addr) = (0, Psn::new(0), "127.0.0.1:4791".parse().unwrap());
+//! qp.modify(&QpAttr::state(QpState::Init))?;
+//! qp.modify(&QpAttr { path_mtu: Some(Mtu::Mtu1024), dest_qp_num: Some(peer_qpn),
+//!     rq_psn: Some(peer_psn), av: Some(peer_addr), ..QpAttr::state(QpState::Rtr) })?;
+//! qp.modify(&QpAttr { sq_psn: Some(Psn::new(1)), ..QpAttr::state(QpState::Rts) })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::device::{
+    CqShared, DeviceConfig, DeviceStats, EngineGuard, QpShared, Shared, run_engine, wait_readable,
+};
+use crate::mr::{Access, Region};
+use crate::rc::{
+    ModifyError, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWr, SendWr, Sge, WorkCompletion,
+};
+use crate::transport::fault::FaultStats;
+use parking_lot::Mutex;
+use rustix::fd::{AsFd, BorrowedFd};
+use std::io;
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// An RDMA device: a UDP socket and the engine thread serving it.
+#[derive(Clone)]
+pub struct Device {
+    guard: Arc<EngineGuard>,
+}
+
+impl Device {
+    /// Opens a device and starts its engine thread.
+    pub fn open(cfg: DeviceConfig) -> io::Result<Self> {
+        let shared = Shared::open(cfg)?;
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("smcr-rdma".into())
+            .spawn(move || run_engine(s2))?;
+        Ok(Self {
+            guard: Arc::new(EngineGuard {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.guard.shared
+    }
+
+    /// The IPv4 address and UDP port peers send to.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.shared().local
+    }
+
+    /// The device's GID (`::ffff:` + its IPv4 address), as SMC-R puts it in CLC messages.
+    pub fn gid(&self) -> [u8; 16] {
+        crate::device::gid_of(*self.local_addr().ip())
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        let id = self.shared().next_pd.fetch_add(1, Ordering::Relaxed);
+        ProtectionDomain {
+            guard: self.guard.clone(),
+            id,
+        }
+    }
+
+    /// Creates a completion queue.
+    pub fn create_cq(&self) -> io::Result<CompletionQueue> {
+        Ok(CompletionQueue {
+            shared: Arc::new(CqShared::new()?),
+            _guard: self.guard.clone(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DeviceStats {
+        self.shared().stats()
+    }
+
+    /// Counters of the fault injector, when one is configured.
+    pub fn fault_stats(&self) -> Option<FaultStats> {
+        self.shared().fault_stats()
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("addr", &self.local_addr())
+            .finish()
+    }
+}
+
+/// A protection domain: memory regions and queue pairs of one domain only work together.
+pub struct ProtectionDomain {
+    guard: Arc<EngineGuard>,
+    id: u32,
+}
+
+impl ProtectionDomain {
+    /// Allocates `len` bytes of zeroed, page-aligned memory and registers it (`ibv_reg_mr`).
+    pub fn reg_mr(&self, len: usize, access: Access) -> io::Result<MemoryRegion> {
+        let region = self.guard.shared.mrs.register(self.id, len, access)?;
+        Ok(MemoryRegion {
+            region,
+            guard: self.guard.clone(),
+        })
+    }
+
+    /// Creates an RC queue pair in the RESET state (`ibv_create_qp`). With `sq_sig_all`, every
+    /// send request produces a completion.
+    pub fn create_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        sq_sig_all: bool,
+    ) -> io::Result<QueuePair> {
+        let shared = &self.guard.shared;
+        let qpn = loop {
+            let n = shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
+            if n >= 2 && !shared.qps.read().contains_key(&n) {
+                break n;
+            }
+        };
+        let rc = RcQp::new(qpn, self.id, caps, sq_sig_all);
+        let qp = Arc::new(QpShared::new(
+            rc,
+            send_cq.shared.clone(),
+            recv_cq.shared.clone(),
+        ));
+        shared.qps.write().insert(qpn, qp.clone());
+        Ok(QueuePair {
+            qp,
+            guard: self.guard.clone(),
+        })
+    }
+}
+
+/// Registered memory. Peers reach it through [`Self::rkey`] and [`Self::addr`]; local work
+/// requests through [`Self::lkey`]. Deregistered when dropped.
+pub struct MemoryRegion {
+    region: Arc<Region>,
+    guard: Arc<EngineGuard>,
+}
+
+impl MemoryRegion {
+    /// The address of the first byte, in the address space work requests and peers use.
+    pub fn addr(&self) -> u64 {
+        self.region.addr()
+    }
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.region.key()
+    }
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        self.region.key()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+    /// The region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+    /// A scatter/gather element for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len as u32,
+            lkey: self.lkey(),
+        }
+    }
+    /// Copies `data` into the region at `offset`. Panics if it does not fit.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.region.write(offset, data)
+    }
+    /// Copies from the region at `offset` into `out`. Panics if out of range.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.region.read(offset, out)
+    }
+    /// Pointer to the first byte (see [`Region::as_ptr`] for the rules).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.region.as_ptr()
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.guard.shared.mrs.deregister(self.region.key());
+    }
+}
+
+/// A completion queue. Poll it with [`Self::poll`]; to sleep until completions arrive, call
+/// [`Self::req_notify`], poll once more, then wait for [`Self::fd`] to become readable (or just
+/// call [`Self::wait`]).
+pub struct CompletionQueue {
+    shared: Arc<CqShared>,
+    _guard: Arc<EngineGuard>,
+}
+
+impl CompletionQueue {
+    /// Takes up to `out.len()` completions (`ibv_poll_cq`).
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut q = self.shared.queue.lock();
+        let n = out.len().min(q.len());
+        for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Arms the notification: the next completion makes [`Self::fd`] readable
+    /// (`ibv_req_notify_cq`).
+    pub fn req_notify(&self) {
+        self.shared.armed.store(true, Ordering::Release);
+    }
+
+    /// The notification file descriptor, for poll/epoll.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.event.as_fd()
+    }
+
+    /// Clears the notification fd after it fired (`ibv_get_cq_event` + `ibv_ack_cq_events`).
+    pub fn ack_events(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.shared.event, &mut b);
+    }
+
+    /// Polls, sleeping until at least one completion arrives or `timeout` passes.
+    pub fn wait(&self, out: &mut [WorkCompletion], timeout: Option<Duration>) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let n = self.poll(out);
+            if n > 0 {
+                return Ok(n);
+            }
+            self.req_notify();
+            let n = self.poll(out);
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(0);
+            }
+            if wait_readable(&self.shared.event, left)? {
+                self.ack_events();
+            }
+        }
+    }
+}
+
+/// A reliable-connection queue pair.
+pub struct QueuePair {
+    qp: Arc<QpShared>,
+    guard: Arc<EngineGuard>,
+}
+
+impl QueuePair {
+    /// The QP number peers address.
+    pub fn qp_num(&self) -> u32 {
+        self.qp.qpn
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.qp.core.lock().rc.state()
+    }
+
+    /// Changes state and attributes (`ibv_modify_qp`). INIT → RTR needs `av`, the peer
+    /// engine's address.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
+        let mut core = self.qp.core.lock();
+        if attr.qp_state == QpState::Rtr && core.rc.state() == QpState::Init && attr.av.is_none() {
+            return Err(ModifyError::MissingAttr("av"));
+        }
+        core.rc.modify(attr)?;
+        if let Some(av) = attr.av {
+            core.av = Some(av);
+        }
+        self.guard.shared.drive(&mut core, Instant::now());
+        Ok(())
+    }
+
+    /// Posts send requests and starts transmitting them on the calling thread
+    /// (`ibv_post_send`). Stops at the first request that cannot be posted.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let shared = &self.guard.shared;
+        let mut core = self.qp.core.lock();
+        let mut res = Ok(());
+        for wr in wrs {
+            if let Err(e) = core.rc.post_send(wr, &shared.mrs) {
+                res = Err(e);
+                break;
+            }
+        }
+        shared.drive(&mut core, Instant::now());
+        res
+    }
+
+    /// Posts receive requests (`ibv_post_recv`).
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let shared = &self.guard.shared;
+        let mut core = self.qp.core.lock();
+        let mut res = Ok(());
+        for wr in wrs {
+            if let Err(e) = core.rc.post_recv(wr, &shared.mrs) {
+                res = Err(e);
+                break;
+            }
+        }
+        shared.drive(&mut core, Instant::now());
+        res
+    }
+
+    /// What the responder refused so far (sequence errors, RNR, access errors…).
+    pub fn responder_stats(&self) -> crate::rc::ResponderStats {
+        self.qp.core.lock().rc.responder_stats()
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.guard.shared.qps.write().remove(&self.qp.qpn);
+        let _ = self
+            .qp
+            .core
+            .lock()
+            .rc
+            .modify(&QpAttr::state(QpState::Reset));
+    }
+}
