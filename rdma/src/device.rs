@@ -10,6 +10,7 @@ use crate::transport::fault::{FaultConfig, FaultInjector, FaultStats, Release};
 use crate::transport::pcap::PcapWriter;
 use crate::transport::udp::{MAX_DATAGRAM, MAX_GSO_SEGMENTS, RecvBatch, UdpOptions, UdpSocket};
 use crate::wire::{IcrcHeaders, Packet, PacketRepr, verify_icrc};
+
 use parking_lot::{Mutex, RwLock};
 use rustix::event::{EventfdFlags, epoll};
 use rustix::fd::{AsFd, OwnedFd};
@@ -165,6 +166,51 @@ struct Middleware {
     released: Vec<Release>,
 }
 
+/// Room after each packet's head in the scratch buffer for pad bytes and the ICRC.
+const TRAILER: usize = 8;
+
+struct Pending {
+    head: usize,
+    parts: crate::rc::TxParts,
+}
+
+/// Scratch space for one transmit pass: packet heads and trailers, and the iovecs of a batch.
+struct TxScratch {
+    buf: Box<[u8]>,
+    used: usize,
+    bytes: usize,
+    pkts: Vec<Pending>,
+    iov: Vec<libc::iovec>,
+}
+
+// SAFETY: the raw pointers inside are only used while the owning thread holds the QP lock.
+unsafe impl Send for TxScratch {}
+
+impl TxScratch {
+    fn new() -> Self {
+        Self {
+            buf: vec![0u8; TX_BUF].into_boxed_slice(),
+            used: 0,
+            bytes: 0,
+            pkts: Vec::with_capacity(MAX_GSO_SEGMENTS),
+            iov: Vec::with_capacity(MAX_GSO_SEGMENTS * 7),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.used = 0;
+        self.bytes = 0;
+        self.pkts.clear();
+    }
+
+    /// Another packet (of at most 64 + 4096 bytes, and its head in the buffer) fits the batch.
+    fn has_room(&self) -> bool {
+        self.bytes + 4096 + 64 + TRAILER <= MAX_DATAGRAM
+            && self.pkts.len() < MAX_GSO_SEGMENTS
+            && self.used + 4096 + 64 + TRAILER <= self.buf.len()
+    }
+}
+
 /// Pseudo QP number used for the fault injector's timer.
 const FAULT_TIMER: u32 = u32::MAX;
 /// Size of a transmit scratch buffer: a full GSO batch plus one packet.
@@ -185,7 +231,10 @@ pub(crate) struct Shared {
     kick: OwnedFd,
     stop: AtomicBool,
     mw: Option<Mutex<Middleware>>,
-    tx_bufs: Mutex<Vec<Box<[u8]>>>,
+    tx_bufs: Mutex<Vec<TxScratch>>,
+    rx: Mutex<RxState>,
+    /// The engine thread's epoll set (socket and kick eventfd).
+    epoll: OwnedFd,
     stats: AtomicStats,
 }
 
@@ -240,6 +289,20 @@ impl Shared {
         )?;
         let local = sock.local_addr();
         let seed = (std::process::id() ^ (local.port() as u32) << 16) | 1;
+        let kick = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(
+            &ep,
+            sock.fd().as_fd(),
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )?;
+        epoll::add(
+            &ep,
+            kick.as_fd(),
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::IN,
+        )?;
         Ok(Arc::new(Self {
             cfg,
             sock,
@@ -251,10 +314,15 @@ impl Shared {
             timers: Mutex::new(BinaryHeap::new()),
             sleep_until: AtomicU64::new(0),
             base: Instant::now(),
-            kick: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            kick,
             stop: AtomicBool::new(false),
             mw,
             tx_bufs: Mutex::new(Vec::new()),
+            rx: Mutex::new(RxState {
+                batch: RecvBatch::new(RX_BATCH),
+                dirty: Vec::new(),
+            }),
+            epoll: ep,
             stats: AtomicStats::default(),
         }))
     }
@@ -323,44 +391,37 @@ impl Shared {
     }
 
     fn transmit(&self, core: &mut QpCore, dst: SocketAddrV4, now: Instant) {
-        let mut buf = self
-            .tx_bufs
-            .lock()
-            .pop()
-            .unwrap_or_else(|| vec![0u8; TX_BUF].into_boxed_slice());
-        let mut used = 0;
+        let mut tx = self.tx_bufs.lock().pop().unwrap_or_else(TxScratch::new);
+        tx.reset();
         let mut seg = 0;
-        let mut count = 0;
         loop {
-            let room = used + 8192 <= MAX_DATAGRAM && count < MAX_GSO_SEGMENTS;
-            if !room {
-                self.flush(&mut buf[..used], seg, count, dst, now);
-                (used, seg, count) = (0, 0, 0);
+            if !tx.has_room() {
+                self.flush(&mut tx, seg, dst, now);
             }
-            let Some(n) = core.rc.poll_transmit(now, &mut buf[used..]) else {
+            let at = tx.used;
+            let Some(parts) = core.rc.poll_transmit_parts(now, &mut tx.buf[at..]) else {
                 break;
             };
-            if count > 0 && n > seg {
+            let len = parts.len();
+            if !tx.pkts.is_empty() && len > seg {
                 // A longer packet cannot follow in the same GSO batch: send the batch first.
-                self.flush(&mut buf[..used], seg, count, dst, now);
-                buf.copy_within(used..used + n, 0);
-                (used, seg, count) = (0, n, 0);
+                self.flush(&mut tx, seg, dst, now);
             }
-            if count == 0 {
-                seg = n;
+            tx.used = at + parts.head + TRAILER;
+            if tx.pkts.is_empty() {
+                seg = len;
             }
-            used += n;
-            count += 1;
-            if n < seg {
+            tx.bytes += len;
+            tx.pkts.push(Pending { head: at, parts });
+            if len < seg {
                 // A shorter packet ends a GSO batch.
-                self.flush(&mut buf[..used], seg, count, dst, now);
-                (used, seg, count) = (0, 0, 0);
+                self.flush(&mut tx, seg, dst, now);
             }
         }
-        if count > 0 {
-            self.flush(&mut buf[..used], seg, count, dst, now);
+        if !tx.pkts.is_empty() {
+            self.flush(&mut tx, seg, dst, now);
         }
-        self.tx_bufs.lock().push(buf);
+        self.tx_bufs.lock().push(tx);
     }
 
     fn icrc_headers(&self, dst: SocketAddrV4, ip_id: u16) -> IcrcHeaders {
@@ -374,25 +435,69 @@ impl Shared {
         }
     }
 
-    /// Sends `count` packets of `seg` bytes (the last may be shorter) laid out back to back.
-    fn flush(&self, buf: &mut [u8], seg: usize, count: usize, dst: SocketAddrV4, now: Instant) {
-        let gso =
-            self.cfg.gso && count > 1 && self.mw.as_ref().is_none_or(|m| m.lock().faults.is_none());
-        // Linux numbers the identification of GSO segments 0, 1, 2, …; a lone datagram from our
-        // unconnected DF socket gets 0. The ICRC covers it, so compute it per segment.
-        for (i, pkt) in buf.chunks_mut(seg).enumerate() {
+    /// Sends the pending packets (all `seg` bytes long but the last) and empties the batch.
+    /// Must be called with the QP still locked: payloads point into its registered memory.
+    fn flush(&self, tx: &mut TxScratch, seg: usize, dst: SocketAddrV4, now: Instant) {
+        let count = tx.pkts.len();
+        let faults = self.mw.as_ref().is_some_and(|m| m.lock().faults.is_some());
+        let gso = self.cfg.gso && count > 1 && !faults;
+        tx.iov.clear();
+        let buf_ptr = tx.buf.as_mut_ptr();
+        for (i, p) in tx.pkts.iter().enumerate() {
+            // Linux numbers the identification of GSO segments 0, 1, 2, …; a lone datagram from
+            // our unconnected DF socket gets 0. The ICRC covers it, so compute it per segment.
             let id = if gso { i as u16 } else { 0 };
-            let icrc = crate::wire::compute_icrc(&self.icrc_headers(dst, id), pkt);
-            Packet::new_unchecked(&mut *pkt).set_icrc(icrc);
+            let head_end = p.head + p.parts.head;
+            // SAFETY: head and trailer areas are disjoint parts of `tx.buf`; payload pieces point
+            // into registered memory kept alive by the (locked) QP's outstanding request.
+            let (head, trailer) = unsafe {
+                (
+                    std::slice::from_raw_parts(buf_ptr.add(p.head), p.parts.head),
+                    std::slice::from_raw_parts_mut(buf_ptr.add(head_end), TRAILER),
+                )
+            };
+            let mut parts: [&[u8]; 6] = [&[]; 6];
+            parts[0] = head;
+            let mut n = 1;
+            // SAFETY: as above.
+            for s in unsafe { p.parts.payload.slices() } {
+                parts[n] = s;
+                n += 1;
+            }
+            parts[n] = &[0u8; 3][..p.parts.pad];
+            let icrc =
+                crate::wire::compute_icrc_vectored(&self.icrc_headers(dst, id), &parts[..=n]);
+            trailer[..p.parts.pad].fill(0);
+            trailer[p.parts.pad..p.parts.pad + 4].copy_from_slice(&icrc.to_le_bytes());
+            parts[n] = &trailer[..p.parts.pad + 4];
+            for s in &parts[..=n] {
+                if !s.is_empty() {
+                    tx.iov.push(libc::iovec {
+                        iov_base: s.as_ptr() as *mut _,
+                        iov_len: s.len(),
+                    });
+                }
+            }
         }
         bump(&self.stats.tx_packets, count as u64);
         if let Some(mw) = &self.mw {
+            // Capture and fault injection work on contiguous copies of each packet.
+            let mut flat = Vec::with_capacity(tx.bytes);
+            for v in &tx.iov {
+                // SAFETY: the iovecs were built above from live memory.
+                flat.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
             let mut mw = mw.lock();
             let mw = &mut *mw;
-            for (i, pkt) in buf.chunks(seg).enumerate() {
+            let mut at = 0;
+            for (i, p) in tx.pkts.iter().enumerate() {
+                let pkt = &flat[at..at + p.parts.len()];
+                at += p.parts.len();
                 let id = if gso { i as u16 } else { 0 };
-                if let Some(p) = &mut mw.pcap {
-                    let _ = p.write_packet(&self.icrc_headers(dst, id), self.cfg.ttl, pkt);
+                if let Some(pc) = &mut mw.pcap {
+                    let _ = pc.write_packet(&self.icrc_headers(dst, id), self.cfg.ttl, pkt);
                 }
                 if let Some(f) = &mut mw.faults {
                     f.process(now, dst, pkt.to_vec(), &mut mw.released);
@@ -405,10 +510,16 @@ impl Shared {
                 if let Some(t) = mw.faults.as_ref().and_then(FaultInjector::next_due) {
                     self.schedule(t, FAULT_TIMER);
                 }
+                tx.reset();
                 return;
             }
         }
-        self.send_raw(dst, buf, gso.then_some(seg as u16));
+        bump(&self.stats.tx_syscalls, 1);
+        // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
+        if unsafe { self.sock.send_iov(dst, &tx.iov, gso.then_some(seg as u16)) }.is_err() {
+            bump(&self.stats.tx_errors, 1);
+        }
+        tx.reset();
     }
 
     fn send_raw(&self, dst: SocketAddrV4, bytes: &[u8], gso: Option<u16>) {
@@ -444,32 +555,135 @@ impl Shared {
     }
 }
 
-/// The engine thread's loop.
-pub(crate) fn run_engine(shared: Arc<Shared>) {
-    let Ok(ep) = epoll::create(epoll::CreateFlags::CLOEXEC) else {
-        return;
-    };
-    let ok = epoll::add(
-        &ep,
-        shared.sock.fd().as_fd(),
-        epoll::EventData::new_u64(0),
-        epoll::EventFlags::IN,
-    )
-    .is_ok()
-        && epoll::add(
-            &ep,
-            shared.kick.as_fd(),
-            epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN,
-        )
-        .is_ok();
-    if !ok {
-        return;
+/// Receive state: whoever holds it (the engine thread, or an application thread waiting for
+/// completions) reads the socket.
+pub(crate) struct RxState {
+    batch: RecvBatch,
+    dirty: Vec<Arc<QpShared>>,
+}
+
+const RX_BATCH: usize = 8;
+
+impl Shared {
+    /// Reads and handles what waits on the socket, up to `rounds` recvmmsg calls; returns how
+    /// many datagrams were handled.
+    fn rx_drain(&self, rx: &mut RxState, rounds: usize) -> usize {
+        let gro = self.sock.gro();
+        let mut total = 0;
+        for _ in 0..rounds {
+            let n = match rx.batch.recv(&self.sock) {
+                Ok(n) if n > 0 => n,
+                _ => break,
+            };
+            total += n;
+            bump(&self.stats.rx_syscalls, 1);
+            let now = Instant::now();
+            let mut current: Option<Arc<QpShared>> = None;
+            let RxState { batch, dirty } = rx;
+            for i in 0..n {
+                let d = batch.get(i, gro);
+                let seg = d.segment.unwrap_or(d.data.len()).max(1);
+                for (k, chunk) in d.data.chunks(seg).enumerate() {
+                    receive(self, now, d.from, chunk, k as u16, &mut current, dirty);
+                }
+            }
+            for qp in dirty.drain(..) {
+                let mut core = qp.core.lock();
+                self.drive(&mut core, now);
+            }
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        total
     }
-    let mut batch = RecvBatch::new(16);
-    let mut dirty: Vec<Arc<QpShared>> = Vec::new();
+
+    /// Turns the engine thread's interest in the socket on or off. An application thread that
+    /// receives for itself turns it off, so that the engine is not woken (on the other core) by
+    /// packets the application thread handles anyway.
+    fn engine_rx_interest(&self, on: bool) {
+        let flags = if on {
+            epoll::EventFlags::IN
+        } else {
+            epoll::EventFlags::empty()
+        };
+        let _ = epoll::modify(
+            &self.epoll,
+            self.sock.fd().as_fd(),
+            epoll::EventData::new_u64(0),
+            flags,
+        );
+    }
+
+    /// Blocks the calling thread until `cq` has a completion or `timeout` passes. If no other
+    /// thread is receiving, the caller receives and handles packets itself, so the packet that
+    /// completes its request costs one wake-up (its own), not two (engine, then caller).
+    pub(crate) fn wait_cq(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let Some(mut rx) = self.rx.try_lock() else {
+            cq.armed.store(true, Ordering::Release);
+            if cq.queue.lock().is_empty() && wait_readable(&cq.event, timeout)? {
+                drain_eventfd(&cq.event);
+            }
+            return Ok(());
+        };
+        self.engine_rx_interest(false);
+        let res = loop {
+            // Armed only while asleep: completions this thread produces itself need no signal.
+            cq.armed.store(true, Ordering::Release);
+            if !cq.queue.lock().is_empty() {
+                break Ok(());
+            }
+            // Sleep first: poll returns at once if a packet is already waiting, which saves
+            // a receive call that would find nothing.
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let mut fds = [
+                rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
+            ];
+            let ts = left.map(timespec);
+            let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => 0,
+                Err(e) => break Err(e.into()),
+            };
+            cq.armed.store(false, Ordering::Release);
+            if fds[1].revents().contains(rustix::event::PollFlags::IN) {
+                drain_eventfd(&cq.event);
+            }
+            if fds[0].revents().contains(rustix::event::PollFlags::IN) {
+                self.rx_drain(&mut rx, 64);
+            }
+            if !cq.queue.lock().is_empty() {
+                break Ok(());
+            }
+            if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+        };
+        cq.armed.store(false, Ordering::Release);
+        // Hand receiving back to the engine thread (it wakes at once if data is waiting).
+        self.engine_rx_interest(true);
+        drop(rx);
+        res
+    }
+}
+
+fn drain_eventfd(fd: &OwnedFd) {
+    let mut b = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut b);
+}
+
+fn timespec(d: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
+/// The engine thread's loop: timers, and receiving while no application thread does.
+pub(crate) fn run_engine(shared: Arc<Shared>) {
     let mut evbuf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
-    let gro = shared.sock.gro();
     while !shared.stop.load(Ordering::Acquire) {
         run_timers(&shared, Instant::now());
         // Decide how long to sleep, under the timer lock so that `schedule` sees a consistent
@@ -483,50 +697,23 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             );
             next.map(|t| t.saturating_duration_since(Instant::now()))
         };
-        let ts = timeout.map(|d| rustix::time::Timespec {
-            tv_sec: d.as_secs() as i64,
-            tv_nsec: i64::from(d.subsec_nanos()),
-        });
-        let kicked = match epoll::wait(&ep, &mut evbuf, ts.as_ref()) {
-            Ok((evs, _)) => evs.iter().any(|ev| ev.data.u64() == 1),
-            Err(_) => false,
+        let ts = timeout.map(timespec);
+        let (kicked, readable) = match epoll::wait(&shared.epoll, &mut evbuf, ts.as_ref()) {
+            Ok((evs, _)) => (
+                evs.iter().any(|ev| ev.data.u64() == 1),
+                evs.iter().any(|ev| ev.data.u64() == 0),
+            ),
+            Err(_) => (false, false),
         };
         shared.sleep_until.store(0, Ordering::Release);
         if kicked {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(&shared.kick, &mut b);
+            drain_eventfd(&shared.kick);
         }
-        // Receive until the socket is empty (bounded, so timers still run under load).
-        for _ in 0..64 {
-            let n = match batch.recv(&shared.sock) {
-                Ok(n) if n > 0 => n,
-                _ => break,
-            };
-            bump(&shared.stats.rx_syscalls, 1);
-            let now = Instant::now();
-            let mut current: Option<Arc<QpShared>> = None;
-            for i in 0..n {
-                let d = batch.get(i, gro);
-                let seg = d.segment.unwrap_or(d.data.len()).max(1);
-                for (k, chunk) in d.data.chunks(seg).enumerate() {
-                    receive(
-                        &shared,
-                        now,
-                        d.from,
-                        chunk,
-                        k as u16,
-                        &mut current,
-                        &mut dirty,
-                    );
-                }
-            }
-            for qp in dirty.drain(..) {
-                let mut core = qp.core.lock();
-                shared.drive(&mut core, now);
-            }
-            if n < 16 {
-                break;
-            }
+        if readable {
+            // Blocks only in the short window where an application thread still holds the
+            // receive state after re-enabling our interest.
+            let mut rx = shared.rx.lock();
+            shared.rx_drain(&mut rx, 64);
         }
     }
 }

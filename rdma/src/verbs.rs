@@ -17,7 +17,7 @@
 //! ```
 
 use crate::device::{
-    CqShared, DeviceConfig, DeviceStats, EngineGuard, QpShared, Shared, run_engine, wait_readable,
+    CqShared, DeviceConfig, DeviceStats, EngineGuard, QpShared, Shared, run_engine,
 };
 use crate::mr::{Access, Region};
 use crate::rc::{
@@ -81,7 +81,7 @@ impl Device {
     pub fn create_cq(&self) -> io::Result<CompletionQueue> {
         Ok(CompletionQueue {
             shared: Arc::new(CqShared::new()?),
-            _guard: self.guard.clone(),
+            guard: self.guard.clone(),
         })
     }
 
@@ -211,7 +211,7 @@ impl Drop for MemoryRegion {
 /// call [`Self::wait`]).
 pub struct CompletionQueue {
     shared: Arc<CqShared>,
-    _guard: Arc<EngineGuard>,
+    guard: Arc<EngineGuard>,
 }
 
 impl CompletionQueue {
@@ -242,15 +242,12 @@ impl CompletionQueue {
         let _ = rustix::io::read(&self.shared.event, &mut b);
     }
 
-    /// Polls, sleeping until at least one completion arrives or `timeout` passes.
+    /// Polls, sleeping until at least one completion arrives or `timeout` passes. While it
+    /// sleeps, the calling thread receives and handles the device's packets itself when no other
+    /// thread does (so no hand-off between threads is paid per completion).
     pub fn wait(&self, out: &mut [WorkCompletion], timeout: Option<Duration>) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            let n = self.poll(out);
-            if n > 0 {
-                return Ok(n);
-            }
-            self.req_notify();
             let n = self.poll(out);
             if n > 0 {
                 return Ok(n);
@@ -259,9 +256,7 @@ impl CompletionQueue {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(0);
             }
-            if wait_readable(&self.shared.event, left)? {
-                self.ack_events();
-            }
+            self.guard.shared.wait_cq(&self.shared, left)?;
         }
     }
 }

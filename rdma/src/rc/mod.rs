@@ -22,6 +22,7 @@ mod responder;
 mod sgl;
 
 pub use qp::{ModifyError, QpAttr, QpCaps, QpState, RcQp};
+
 pub use responder::ResponderStats;
 pub(crate) use sgl::SgList;
 
@@ -289,6 +290,80 @@ impl core::fmt::Display for PostError {
 }
 
 impl std::error::Error for PostError {}
+
+/// The payload of an outgoing packet as pieces of registered memory, so that a driver can hand
+/// it to the kernel without copying (zero-copy transmit).
+///
+/// The pointers stay valid while the QP is not touched otherwise: a driver must finish sending
+/// (and stop using them) before it releases the QP for other calls. The application must not
+/// modify a buffer while a request that reads it is outstanding (the verbs rule).
+#[derive(Debug, Clone, Copy)]
+pub struct PayloadRef {
+    pieces: [(*const u8, usize); 4],
+    n: usize,
+}
+
+impl Default for PayloadRef {
+    fn default() -> Self {
+        Self {
+            pieces: [(std::ptr::null(), 0); 4],
+            n: 0,
+        }
+    }
+}
+
+impl PayloadRef {
+    /// The pieces, in order.
+    ///
+    /// # Safety
+    /// Only while the pointers are valid, as described on the type.
+    pub unsafe fn slices(&self) -> impl Iterator<Item = &[u8]> {
+        // SAFETY: per the function contract.
+        self.pieces[..self.n]
+            .iter()
+            .map(|&(p, l)| unsafe { std::slice::from_raw_parts(p, l) })
+    }
+
+    /// Total length.
+    pub fn len(&self) -> usize {
+        self.pieces[..self.n].iter().map(|p| p.1).sum()
+    }
+
+    /// No bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of pieces.
+    pub fn count(&self) -> usize {
+        self.n
+    }
+}
+
+/// One outgoing packet from [`RcQp::poll_transmit_parts`]: `head` bytes written at the start of
+/// the caller's buffer (headers, or a whole small packet), then `payload`, then `pad` zero bytes,
+/// then the 4-byte ICRC the driver computes.
+#[derive(Debug, Clone, Copy)]
+pub struct TxParts {
+    /// Bytes written into the buffer.
+    pub head: usize,
+    /// Payload still in registered memory.
+    pub payload: PayloadRef,
+    /// Pad bytes after the payload.
+    pub pad: usize,
+}
+
+impl TxParts {
+    /// Total packet length, ICRC included.
+    pub fn len(&self) -> usize {
+        self.head + self.payload.len() + self.pad + crate::wire::ICRC_LEN
+    }
+
+    /// Never true: a packet has at least a BTH and an ICRC.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
 
 /// Which completion queue a completion belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! A reliable-connection queue pair without I/O: the state machine RESET → INIT → RTR → RTS
 //! (→ ERR), and the routing of packets, posts and timers to the requester and responder.
 
+use super::TxParts;
 use super::requester::{ReqParams, Requester};
 use super::responder::{RecvWqe, RespParams, Responder, ResponderStats};
 use super::{
@@ -392,6 +393,25 @@ impl RcQp {
             return None;
         }
         self.req.as_mut()?.poll_transmit(now, buf)
+    }
+
+    /// Like [`Self::poll_transmit`], but leaves the payload of SEND/WRITE packets in registered
+    /// memory (see [`TxParts`]), for zero-copy transmission.
+    pub fn poll_transmit_parts(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxParts> {
+        if let Some(r) = &mut self.resp {
+            if let Some(n) = r.poll_transmit(buf) {
+                let pad = usize::from((buf[1] >> 4) & 3);
+                return Some(TxParts {
+                    head: n - pad - crate::wire::ICRC_LEN,
+                    payload: super::PayloadRef::default(),
+                    pad,
+                });
+            }
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        self.req.as_mut()?.poll_transmit_parts(now, buf)
     }
 
     /// The responder has something to send (an ACK, NAK or READ response).

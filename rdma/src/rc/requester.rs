@@ -5,7 +5,7 @@
 //! oldest unacknowledged one; go-back-N simply moves `snd_psn` back. Completions are produced
 //! strictly in posting order.
 
-use super::{SendFlags, SgList, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+use super::{PayloadRef, SendFlags, SgList, TxParts, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
 use crate::wire::{
     Aeth, BthRepr, Kind, NakCode, Opcode, Packet, PacketRepr, Position, Psn, Reth, Syndrome,
 };
@@ -180,6 +180,29 @@ impl Requester {
 
     /// Writes the next packet (BTH … pad, ICRC zeroed) into `buf`; returns its length.
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.next_packet(now, buf, None)
+    }
+
+    /// Writes the next packet's headers into `buf` and describes its payload in place.
+    pub(crate) fn poll_transmit_parts(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxParts> {
+        let mut payload = PayloadRef::default();
+        let total = self.next_packet(now, buf, Some(&mut payload))?;
+        let pad = PacketRepr::pad(payload.len());
+        Some(TxParts {
+            head: total - payload.len() - pad - crate::wire::ICRC_LEN,
+            payload,
+            pad,
+        })
+    }
+
+    /// The next packet: headers into `buf`, and the payload either copied after them or, with
+    /// `zero_copy`, described there. Returns the total packet length.
+    fn next_packet(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        zero_copy: Option<&mut PayloadRef>,
+    ) -> Option<usize> {
         if self.failed || self.snd_psn == self.next_psn {
             return None;
         }
@@ -261,9 +284,18 @@ impl Requester {
                 };
                 let total = PacketRepr::len_for(opcode, plen);
                 // Headers first, then the payload gathered straight from the registered memory.
-                repr.emit_headers_for(plen, buf);
-                let mut pkt = Packet::new_unchecked(&mut buf[..total]);
-                w.sgl.gather(offset, pkt.payload_mut());
+                match zero_copy {
+                    Some(out) => {
+                        repr.emit_headers_for(0, buf);
+                        buf[1] = (buf[1] & !0x30) | ((PacketRepr::pad(plen) as u8) << 4);
+                        w.sgl.slices(offset, plen, out);
+                    }
+                    None => {
+                        repr.emit_headers_for(plen, buf);
+                        let mut pkt = Packet::new_unchecked(&mut buf[..total]);
+                        w.sgl.gather(offset, pkt.payload_mut());
+                    }
+                }
                 if ack_req {
                     self.last_ackreq = self.snd_psn;
                 }

@@ -79,6 +79,19 @@ impl SgList {
         }
     }
 
+    /// Describes `[at, at + n)` as pieces of registered memory, for zero-copy transmission.
+    pub(crate) fn slices(&self, at: usize, n: usize, out: &mut super::PayloadRef) {
+        out.n = 0;
+        self.pieces(at, n, |mr, off, take, _| {
+            // SAFETY: `off + take` lies inside the region (checked at post time).
+            let ptr = unsafe { mr.as_ptr().add(off) };
+            if out.n < out.pieces.len() {
+                out.pieces[out.n] = (ptr.cast_const(), take);
+                out.n += 1;
+            }
+        });
+    }
+
     /// Copies `out.len()` bytes starting at message offset `at` into `out`.
     pub(crate) fn gather(&self, at: usize, out: &mut [u8]) {
         let n = out.len();

@@ -106,19 +106,35 @@ impl UdpSocket {
         buf: &[u8],
         segment: Option<u16>,
     ) -> io::Result<()> {
-        let mut name = sockaddr(dst);
-        let mut iov = libc::iovec {
+        let iov = [libc::iovec {
             iov_base: buf.as_ptr() as *mut _,
             iov_len: buf.len(),
-        };
+        }];
+        // SAFETY: the iovec points at `buf`, alive for the call.
+        unsafe { self.send_iov(dst, &iov, segment) }
+    }
+
+    /// Sends the concatenation of `iov` to `dst`, as a GSO batch of `segment`-byte datagrams
+    /// when `segment` is set.
+    ///
+    /// # Safety
+    /// Every iovec must point at readable memory for the duration of the call.
+    pub(crate) unsafe fn send_iov(
+        &self,
+        dst: SocketAddrV4,
+        iov: &[libc::iovec],
+        segment: Option<u16>,
+    ) -> io::Result<()> {
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        let mut name = sockaddr(dst);
         let mut cmsg = [0u64; 4]; // 8-byte aligned control buffer
         // SAFETY: zeroed msghdr is a valid empty header.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
         msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if let Some(seg) = segment.filter(|&s| (s as usize) < buf.len()) {
+        msg.msg_iov = iov.as_ptr().cast_mut();
+        msg.msg_iovlen = iov.len();
+        if let Some(seg) = segment.filter(|&s| (s as usize) < total) {
             let bytes = cmsg.as_mut_ptr().cast::<u8>();
             // cmsghdr { len: usize, level: i32, type: i32 } followed by a u16.
             // SAFETY: the 32-byte buffer holds the 16-byte header and 2 data bytes.
@@ -132,7 +148,7 @@ impl UdpSocket {
             msg.msg_controllen = 24;
         }
         loop {
-            // SAFETY: every pointer in `msg` refers to live locals or `buf`.
+            // SAFETY: every pointer in `msg` refers to live locals or the caller's iovecs.
             match unsafe { sys::sendmsg(self.raw_fd(), &msg, libc::MSG_NOSIGNAL) } {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

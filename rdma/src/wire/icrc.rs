@@ -74,6 +74,27 @@ pub fn compute_icrc(headers: &IcrcHeaders, roce: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// Computes the ICRC of a packet given as pieces: their concatenation is the packet from the
+/// BTH up to (not including) the 4 ICRC bytes, and the first piece holds at least the BTH.
+pub fn compute_icrc_vectored(headers: &IcrcHeaders, parts: &[&[u8]]) -> u32 {
+    let body: usize = parts.iter().map(|p| p.len()).sum();
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xFF; 8]);
+    h.update(&headers.masked(body + ICRC_LEN));
+    let first = parts.first().copied().unwrap_or(&[]);
+    debug_assert!(first.len() >= BTH_LEN);
+    let mut bth = [0u8; BTH_LEN];
+    let n = first.len().min(BTH_LEN);
+    bth[..n].copy_from_slice(&first[..n]);
+    bth[4] = 0xFF;
+    h.update(&bth);
+    h.update(&first[n..]);
+    for p in parts.iter().skip(1) {
+        h.update(p);
+    }
+    h.finalize()
+}
+
 /// Checks a packet's ICRC. `roce` must already have passed [`Packet::check_len`].
 pub fn verify_icrc(headers: &IcrcHeaders, roce: &[u8]) -> Result<(), Error> {
     let found = Packet::new_unchecked(roce).icrc();
@@ -187,6 +208,13 @@ mod tests {
             dport: 4791,
         };
         assert_eq!(compute_icrc(&h, &p[28..]), 0x50B6A79B);
+        let body = &p[28..p.len() - 4];
+        for cut in [12, 13, 20, 40, body.len()] {
+            assert_eq!(
+                compute_icrc_vectored(&h, &[&body[..cut], &body[cut..]]),
+                0x50B6A79B
+            );
+        }
         assert!(matches!(
             verify_icrc(&h, &p[28..]),
             Err(Error::BadIcrc { .. })
