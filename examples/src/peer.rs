@@ -220,7 +220,13 @@ impl Conn {
     pub fn recv_msgs(&self, out: &mut Vec<[u32; 8]>, timeout: Duration) -> Result<()> {
         let mut wcs = [zero_wc(); 32];
         let n = self.rcq.wait(&mut wcs, Some(timeout))?;
-        ensure!(n > 0, "no message from the peer within {timeout:?}");
+        ensure!(
+            n > 0,
+            "no message from the peer within {timeout:?}\n  {}\n  device {:?}\n  faults {:?}",
+            self.qp.summary(),
+            self.dev.stats(),
+            self.dev.fault_stats()
+        );
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 bail!("receive completion failed: {}", wc.status.name());

@@ -662,9 +662,10 @@ impl Shared {
             }
         };
         cq.armed.store(false, Ordering::Release);
-        // Hand receiving back to the engine thread (it wakes at once if data is waiting).
-        self.engine_rx_interest(true);
+        // Hand receiving back to the engine thread (it wakes at once if data is waiting):
+        // release first, so that the engine never finds the socket readable and the state held.
         drop(rx);
+        self.engine_rx_interest(true);
         res
     }
 }
@@ -710,10 +711,12 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             drain_eventfd(&shared.kick);
         }
         if readable {
-            // Blocks only in the short window where an application thread still holds the
-            // receive state after re-enabling our interest.
-            let mut rx = shared.rx.lock();
-            shared.rx_drain(&mut rx, 64);
+            // Never block here: an application thread may hold the receive state while it
+            // sleeps, and timers must keep running. It has turned our socket interest off (or
+            // is about to), so a failed attempt does not repeat.
+            if let Some(mut rx) = shared.rx.try_lock() {
+                shared.rx_drain(&mut rx, 64);
+            }
         }
     }
 }

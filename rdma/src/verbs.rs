@@ -324,6 +324,11 @@ impl QueuePair {
         res
     }
 
+    /// A summary of the transport state (PSNs, window, timers), for diagnostics.
+    pub fn summary(&self) -> String {
+        self.qp.core.lock().rc.summary(Instant::now())
+    }
+
     /// What the responder refused so far (sequence errors, RNR, access errors…).
     pub fn responder_stats(&self) -> crate::rc::ResponderStats {
         self.qp.core.lock().rc.responder_stats()

@@ -451,6 +451,21 @@ impl RcQp {
             .map(|c| (CqSide::Recv, c))
     }
 
+    /// A summary of the QP's transport state, for diagnostics and logs.
+    pub fn summary(&self, now: Instant) -> String {
+        format!(
+            "qp {:#x} {:?} | {} | {}",
+            self.qp_num,
+            self.state,
+            self.req
+                .as_ref()
+                .map_or_else(|| "req: -".into(), |r| r.summary(now)),
+            self.resp
+                .as_ref()
+                .map_or_else(|| "resp: -".into(), Responder::summary)
+        )
+    }
+
     /// Send requests not yet completed.
     pub fn send_queue_len(&self) -> usize {
         self.req.as_ref().map_or(0, Requester::outstanding)

@@ -88,8 +88,19 @@ pub(crate) struct Requester {
     backoff: u32,
     rtx_deadline: Option<Instant>,
     rnr_until: Option<Instant>,
-    /// The PSN we last went back to on a sequence-error NAK (a duplicate NAK is ignored).
+    /// The PSN we last went back to on a sequence-error NAK, and when: a repeat of that NAK
+    /// sooner than a round trip later is a duplicate and is ignored.
     gobackn_from: Option<Psn>,
+    gobackn_at: Option<Instant>,
+    /// Early retransmission ("probe") timer, from the measured round-trip time.
+    probe_at: Option<Instant>,
+    probe_backoff: u32,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The AckReq packet being timed: its PSN and when it was first sent.
+    rtt_sample: Option<(Psn, Instant)>,
+    /// `max_sent` when the window was last reduced: one reduction per window of data.
+    recovery: Option<Psn>,
     pub(crate) completions: VecDeque<WorkCompletion>,
     /// Set when a fatal error puts the QP into the error state.
     pub(crate) failed: bool,
@@ -116,9 +127,37 @@ impl Requester {
             rtx_deadline: None,
             rnr_until: None,
             gobackn_from: None,
+            gobackn_at: None,
+            probe_at: None,
+            probe_backoff: 1,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_sample: None,
+            recovery: None,
             completions: VecDeque::new(),
             failed: false,
         }
+    }
+
+    /// A one-line summary of the sender state, for diagnostics.
+    pub(crate) fn summary(&self, now: Instant) -> String {
+        format!(
+            "req: wqes={} next={} snd={} una={} max_sent={} cwnd={} retries_left={} backoff={} rtx_in={:?} rnr_in={:?} probe_in={:?} srtt={:?} gobackn={:?} failed={}",
+            self.wqes.len(),
+            self.next_psn,
+            self.snd_psn,
+            self.una,
+            self.max_sent,
+            self.cwnd,
+            self.retries_left,
+            self.backoff,
+            self.rtx_deadline.map(|t| t.saturating_duration_since(now)),
+            self.rnr_until.map(|t| t.saturating_duration_since(now)),
+            self.probe_at.map(|t| t.saturating_duration_since(now)),
+            self.srtt,
+            self.gobackn_from,
+            self.failed
+        )
     }
 
     pub(crate) fn outstanding(&self) -> usize {
@@ -175,7 +214,32 @@ impl Requester {
 
     fn go_back_to(&mut self, psn: Psn) {
         self.snd_psn = psn;
+        self.rtt_sample = None; // Karn: never time a retransmitted packet
         self.seek();
+    }
+
+    /// The early-retransmission interval: smoothed RTT plus four deviations, at least 500 µs
+    /// (so that jitter alone rarely triggers it) and at most the QP's local ACK timeout. None
+    /// until a round trip was measured: then only the local ACK timeout applies.
+    fn probe_interval(&self) -> Option<Duration> {
+        let cap = self.p.timeout;
+        let est = (self.srtt? + 4 * self.rttvar).max(Duration::from_micros(500));
+        let est = est * self.probe_backoff;
+        Some(cap.map_or(est, |c| est.min(c)))
+    }
+
+    fn rtt_update(&mut self, sample: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(sample);
+                self.rttvar = sample / 2;
+            }
+            Some(s) => {
+                let diff = if s > sample { s - sample } else { sample - s };
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((s * 7 + sample) / 8);
+            }
+        }
     }
 
     /// Writes the next packet (BTH … pad, ICRC zeroed) into `buf`; returns its length.
@@ -216,6 +280,8 @@ impl Requester {
             return None;
         }
         let w = self.wqes.get(self.snd_idx)?;
+        let psn0 = self.snd_psn;
+        let fresh = !psn0.is_before(self.max_sent);
         let k = self.snd_psn.diff(w.first_psn) as u32;
         let mtu = self.p.mtu;
         let len = match w.kind {
@@ -298,6 +364,9 @@ impl Requester {
                 }
                 if ack_req {
                     self.last_ackreq = self.snd_psn;
+                    if fresh && self.rtt_sample.is_none() {
+                        self.rtt_sample = Some((psn0, now));
+                    }
                 }
                 self.snd_psn = self.snd_psn.add(1);
                 if k + 1 == w.npkts {
@@ -312,19 +381,37 @@ impl Requester {
         if self.rtx_deadline.is_none() {
             self.rtx_deadline = self.rto().map(|d| now + d);
         }
+        if self.probe_at.is_none() {
+            self.probe_at = self.probe_interval().map(|d| now + d);
+        }
         Some(len)
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        match (self.rtx_deadline, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.rtx_deadline, self.rnr_until, self.probe_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
+        }
+        if self.probe_at.is_some_and(|t| t <= now) && !self.failed {
+            if self.una == self.max_sent || self.rnr_until.is_some() {
+                self.probe_at = None;
+            } else {
+                // No progress for a few round trips: the tail of the window (or a NAK, or our
+                // retransmission) was lost. Resend from the oldest unacknowledged packet now
+                // rather than waiting for the local ACK timeout; this spends no retry.
+                self.on_loss();
+                self.gobackn_from = None;
+                let una = self.una;
+                self.go_back_to(una);
+                self.probe_backoff = (self.probe_backoff * 2).min(64);
+                self.probe_at = self.probe_interval().map(|d| now + d);
+            }
         }
         let Some(deadline) = self.rtx_deadline else {
             return;
@@ -355,6 +442,10 @@ impl Requester {
     }
 
     fn on_loss(&mut self) {
+        if self.recovery.is_some_and(|r| self.una.is_before(r)) {
+            return; // already reduced for this window
+        }
+        self.recovery = Some(self.max_sent);
         self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
         self.cwnd = self.ssthresh;
         self.cwnd_acc = 0;
@@ -373,10 +464,17 @@ impl Requester {
                 self.cwnd = (self.cwnd + 1).min(self.p.max_window);
             }
         }
-        self.rtx_deadline = if self.una == self.max_sent {
-            None
-        } else {
+        self.probe_backoff = 1;
+        let busy = self.una != self.max_sent;
+        self.rtx_deadline = if busy {
             self.rto().map(|d| now + d)
+        } else {
+            None
+        };
+        self.probe_at = if busy {
+            self.probe_interval().map(|d| now + d)
+        } else {
+            None
         };
     }
 
@@ -438,6 +536,12 @@ impl Requester {
         if self.gobackn_from.is_some_and(|g| self.una.is_after(g)) {
             self.gobackn_from = None;
         }
+        if let Some((p, t)) = self.rtt_sample {
+            if !psn.is_before(p) {
+                self.rtt_sample = None;
+                self.rtt_update(now.saturating_duration_since(t));
+            }
+        }
         let acked = self.una.diff(before).max(0) as u32;
         if acked > 0 {
             self.on_progress(now, acked);
@@ -469,10 +573,21 @@ impl Requester {
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
                 self.ack_through(now, psn.sub(1));
-                if psn != self.una || self.gobackn_from == Some(psn) || self.rnr_until.is_some() {
+                if psn != self.una || self.rnr_until.is_some() {
+                    return;
+                }
+                // The same NAK again within a round trip is a duplicate of the one we acted on;
+                // later, it means our retransmission was lost too.
+                let rtt = self
+                    .srtt
+                    .unwrap_or(Duration::from_millis(1))
+                    .max(Duration::from_micros(100));
+                if self.gobackn_from == Some(psn) && self.gobackn_at.is_some_and(|t| now < t + rtt)
+                {
                     return;
                 }
                 self.gobackn_from = Some(psn);
+                self.gobackn_at = Some(now);
                 self.on_loss();
                 self.go_back_to(psn);
             }
@@ -570,5 +685,6 @@ impl Requester {
         }
         self.rtx_deadline = None;
         self.rnr_until = None;
+        self.probe_at = None;
     }
 }

@@ -172,7 +172,9 @@ impl Responder {
         let psn = pkt.bth.psn;
         let d = psn.diff(self.epsn);
         if d > 0 {
-            if !self.nak_sent {
+            // One NAK per gap, repeated on packets that ask for an acknowledgement: if the
+            // requester's retransmission was lost as well, this tells it again.
+            if !self.nak_sent || pkt.bth.ack_req {
                 self.nak_sent = true;
                 self.stats.nak_seq += 1;
                 self.ack(self.epsn, Syndrome::Nak(NakCode::PsnSequenceError));
@@ -435,6 +437,21 @@ impl Responder {
                 Some(total)
             }
         }
+    }
+
+    /// A one-line summary of the receiver state, for diagnostics.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "resp: epsn={} msn={} rq={} nak_sent={} out={} in_progress={} failed={} {:?}",
+            self.epsn,
+            self.msn,
+            self.rq.len(),
+            self.nak_sent,
+            self.out.len(),
+            !matches!(self.cur, Current::Idle),
+            self.failed,
+            self.stats
+        )
     }
 
     pub(crate) fn has_output(&self) -> bool {
