@@ -21,6 +21,10 @@ fn side(faults: Option<FaultConfig>) -> Side {
 }
 
 fn connect(a: &Side, b: &Side, mtu: Mtu, timeout: u8) {
+    connect_with(a, b, mtu, timeout, 7);
+}
+
+fn connect_with(a: &Side, b: &Side, mtu: Mtu, timeout: u8, retry_cnt: u8) {
     for (me, peer, my_psn, peer_psn) in [(a, b, 0xFF_FFF0, 77), (b, a, 77, 0xFF_FFF0)] {
         me.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
         me.qp
@@ -36,6 +40,7 @@ fn connect(a: &Side, b: &Side, mtu: Mtu, timeout: u8) {
             .modify(&QpAttr {
                 sq_psn: Some(Psn::new(my_psn)),
                 timeout: Some(timeout),
+                retry_cnt: Some(retry_cnt),
                 ..QpAttr::state(QpState::Rts)
             })
             .unwrap();
@@ -105,4 +110,121 @@ fn send_and_write_over_udp() {
     assert_eq!(st.rx_icrc_errors, 0);
     assert_eq!(st.rx_malformed, 0);
     assert!(a.dev.stats().tx_packets >= 1024);
+}
+
+#[test]
+fn bad_rkey_and_out_of_bounds_writes_are_refused_over_udp() {
+    for case in ["wrong rkey", "out of bounds"] {
+        let a = side(None);
+        let b = side(None);
+        connect(&a, &b, Mtu::Mtu1024, 14);
+        let src = a.pd.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+        src.write(0, &[0xEE; 8192]);
+        let guard =
+            b.pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let rmb =
+            b.pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let (addr, rkey, len) = match case {
+            "wrong rkey" => (rmb.addr(), rmb.rkey() ^ 0x01, 100),
+            _ => (rmb.addr() + 4000, rmb.rkey(), 200), // crosses the end of the region
+        };
+        a.qp.post_send(&[SendWr {
+            wr_id: 7,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: addr,
+                rkey,
+            },
+            sg_list: &[src.sge(0, len)],
+            flags: SendFlags::SIGNALED,
+        }])
+        .unwrap();
+        let wc = wait_one(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::RemAccessErr), "{case}");
+        assert_eq!(a.qp.state(), QpState::Error, "{case}");
+        assert_eq!(
+            b.qp.state(),
+            QpState::Error,
+            "the responder stops too, as rxe does ({case})"
+        );
+        assert_eq!(b.qp.responder_stats().access_errors, 1, "{case}");
+        let mut got = vec![1u8; 4096];
+        for mr in [&rmb, &guard] {
+            mr.read(0, &mut got);
+            assert!(got.iter().all(|&x| x == 0), "memory was touched ({case})");
+        }
+    }
+}
+
+#[test]
+fn retry_exhaustion_when_the_peer_is_gone() {
+    let a = side(None);
+    let b = side(None);
+    connect_with(&a, &b, Mtu::Mtu1024, 10, 2); // 4 ms local ACK timeout, 2 retries
+    assert_eq!(
+        a.qp.modify(&QpAttr {
+            retry_cnt: Some(5),
+            ..QpAttr::state(QpState::Rts)
+        }),
+        Err(ModifyError::NotModifiable("retry_cnt"))
+    );
+    drop(b); // its engine stops: nothing will ever answer
+    let src = a.pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let t = std::time::Instant::now();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 8)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let wc = wait_one(&a.cq);
+    assert_eq!(
+        a.dev.stats().tx_packets,
+        3,
+        "one send and two retransmissions"
+    );
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    // 3 timeouts with doubling intervals (4 + 8 + 16 ms) before giving up; never hangs.
+    // (retry_cnt 7 would take ~190 ms.)
+    let el = t.elapsed();
+    assert!(
+        el >= Duration::from_millis(25) && el < Duration::from_millis(150),
+        "{el:?}"
+    );
+    assert_eq!(a.qp.state(), QpState::Error);
+}
+
+#[test]
+fn rnr_then_receive_posted_over_udp() {
+    let a = side(None);
+    let b = side(None);
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    let src = a.pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    src.write(0, b"ready?");
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 6)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    // No receive is posted yet: the responder answers RNR NAKs until one is.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while b.qp.responder_stats().rnr_nak == 0 {
+        assert!(std::time::Instant::now() < deadline, "no RNR NAK");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let dst = b.pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: &[dst.sge(0, 64)],
+    }])
+    .unwrap();
+    assert_eq!(wait_one(&b.cq).byte_len, 6);
+    assert_eq!(wait_one(&a.cq).status, WcStatus::Success);
+    let mut got = [0u8; 6];
+    dst.read(0, &mut got);
+    assert_eq!(&got, b"ready?");
 }

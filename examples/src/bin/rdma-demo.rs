@@ -23,6 +23,9 @@ fn main() -> Result<()> {
             s.rx_icrc_errors,
             s.rx_malformed
         );
+        if let Some(f) = c.dev.fault_stats() {
+            println!("sink   faults injected on its sends: {f:?}");
+        }
         return Ok(());
     }
     let total: u64 = args
@@ -62,6 +65,12 @@ fn main() -> Result<()> {
         s.tx_packets,
         s.tx_syscalls
     );
+    if let Some(f) = c.dev.fault_stats() {
+        println!(
+            "source faults injected on its sends: {f:?}; retransmission state: {}",
+            c.qp.summary()
+        );
+    }
     let status = child.wait()?;
     if !status.success() {
         bail!("sink process failed: {status}");

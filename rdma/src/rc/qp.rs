@@ -111,6 +111,9 @@ pub enum ModifyError {
     },
     /// A required attribute is missing.
     MissingAttr(&'static str),
+    /// The attribute cannot be changed in this transition (IBA: e.g. `retry_cnt` is set only
+    /// on the way from RTR to RTS).
+    NotModifiable(&'static str),
 }
 
 impl core::fmt::Display for ModifyError {
@@ -120,6 +123,9 @@ impl core::fmt::Display for ModifyError {
                 write!(f, "cannot move a QP from {from:?} to {to:?}")
             }
             Self::MissingAttr(a) => write!(f, "attribute {a} is required for this transition"),
+            Self::NotModifiable(a) => {
+                write!(f, "attribute {a} cannot be changed in this transition")
+            }
         }
     }
 }
@@ -238,7 +244,20 @@ impl RcQp {
                 ));
                 self.state = Rts;
             }
-            (Rts, Rts) => {}
+            (Rts, Rts) => {
+                let fixed = [
+                    ("path_mtu", attr.path_mtu.is_some()),
+                    ("dest_qp_num", attr.dest_qp_num.is_some()),
+                    ("rq_psn", attr.rq_psn.is_some()),
+                    ("sq_psn", attr.sq_psn.is_some()),
+                    ("timeout", attr.timeout.is_some()),
+                    ("retry_cnt", attr.retry_cnt.is_some()),
+                    ("rnr_retry", attr.rnr_retry.is_some()),
+                ];
+                if let Some((name, _)) = fixed.iter().find(|(_, set)| *set) {
+                    return Err(ModifyError::NotModifiable(name));
+                }
+            }
             (from, to) => return Err(ModifyError::InvalidTransition { from, to }),
         }
         Ok(())

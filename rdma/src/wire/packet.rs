@@ -825,3 +825,76 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn exercise(bytes: &[u8]) {
+        // Every accessor of a checked view, and parse, must not panic.
+        if let Ok(p) = Packet::new_checked(bytes) {
+            let _ = (
+                p.opcode(),
+                p.solicited(),
+                p.pkey(),
+                p.dest_qp(),
+                p.psn(),
+                p.reth(),
+                p.aeth(),
+            );
+            let _ = (
+                p.atomic_eth(),
+                p.atomic_ack_eth(),
+                p.imm(),
+                p.ieth(),
+                p.payload(),
+                p.icrc(),
+            );
+            let r = PacketRepr::parse(&p).expect("a checked view parses");
+            let mut out = vec![0u8; r.buffer_len()];
+            r.emit(&mut out);
+            let again = PacketRepr::parse_bytes(&out).expect("emitted packets parse");
+            assert_eq!(again.payload, r.payload);
+            assert_eq!(again.bth.psn, r.bth.psn);
+        } else {
+            assert!(PacketRepr::parse_bytes(bytes).is_err());
+        }
+        let _ = PacketRepr::parse_bytes(bytes).map_err(|e| e.to_string());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            exercise(&bytes);
+        }
+
+        #[test]
+        fn mutated_valid_packets_never_panic(op in 0u8..0x18, len in 0usize..64, flips in proptest::collection::vec((0usize..128, any::<u8>()), 1..6), cut in 0usize..140) {
+            let opcode = Opcode(op);
+            prop_assume!(opcode.is_supported());
+            let payload = vec![0x5a; if opcode.has_payload() { len } else { 0 }];
+            let r = PacketRepr {
+                bth: BthRepr::new(opcode, 0x123, Psn::new(7)),
+                reth: opcode.has_reth().then_some(Reth { va: 1, rkey: 2, len: 3 }),
+                atomic_eth: opcode.has_atomic_eth().then_some(AtomicEth::default()),
+                aeth: opcode.has_aeth().then_some(Aeth { syndrome: Syndrome::ACK, msn: 1 }),
+                atomic_ack_eth: opcode.has_atomic_ack_eth().then_some(9),
+                imm: opcode.has_imm().then_some(4),
+                ieth: opcode.has_ieth().then_some(5),
+                payload: &payload,
+            };
+            let mut b = vec![0u8; r.buffer_len()];
+            r.emit(&mut b);
+            prop_assert_eq!(PacketRepr::parse_bytes(&b).unwrap(), r);
+            for (at, x) in flips {
+                if let Some(byte) = b.get_mut(at) {
+                    *byte ^= x;
+                }
+            }
+            b.truncate(cut.max(1));
+            exercise(&b);
+        }
+    }
+}
