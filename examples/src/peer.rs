@@ -294,7 +294,7 @@ pub struct StreamReport {
 pub fn run_source(c: &mut Conn, total: u64, chunk: usize, verify: bool) -> Result<StreamReport> {
     let ring = c.peer.rlen as u64;
     ensure!(
-        chunk as u64 <= ring && ring % chunk as u64 == 0,
+        chunk as u64 <= ring && ring.is_multiple_of(chunk as u64),
         "chunk must divide the ring"
     );
     let mut stream = crc32fast::Hasher::new();

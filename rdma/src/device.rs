@@ -246,15 +246,15 @@ impl Shared {
                 "an RDMA device binds to a specific local IPv4 address (its GID), not 0.0.0.0",
             ));
         }
-        if cfg.faults.is_none() {
-            if let Some(f) = FaultConfig::from_env() {
-                cfg.faults = Some(f.map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("SMCR_RDMA_FAULTS: {e}"),
-                    )
-                })?);
-            }
+        if cfg.faults.is_none()
+            && let Some(f) = FaultConfig::from_env()
+        {
+            cfg.faults = Some(f.map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("SMCR_RDMA_FAULTS: {e}"),
+                )
+            })?);
         }
         if cfg.pcap.is_none() {
             cfg.pcap = std::env::var_os("SMCR_RDMA_PCAP")
@@ -382,11 +382,11 @@ impl Shared {
                 CqSide::Recv => core.recv_cq.push(wc),
             }
         }
-        if let Some(t) = core.rc.poll_timeout() {
-            if core.timer_at.is_none_or(|old| t < old) {
-                core.timer_at = Some(t);
-                self.schedule(t, core.rc.qp_num());
-            }
+        if let Some(t) = core.rc.poll_timeout()
+            && core.timer_at.is_none_or(|old| t < old)
+        {
+            core.timer_at = Some(t);
+            self.schedule(t, core.rc.qp_num());
         }
     }
 
@@ -758,18 +758,18 @@ fn receive(
 ) {
     let st = &shared.stats;
     bump(&st.rx_packets, 1);
-    if let Some(mw) = &shared.mw {
-        if let Some(p) = &mut mw.lock().pcap {
-            let h = IcrcHeaders {
-                src: *from.ip(),
-                dst: *shared.local.ip(),
-                ip_id,
-                df: true,
-                sport: from.port(),
-                dport: shared.local.port(),
-            };
-            let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
-        }
+    if let Some(mw) = &shared.mw
+        && let Some(p) = &mut mw.lock().pcap
+    {
+        let h = IcrcHeaders {
+            src: *from.ip(),
+            dst: *shared.local.ip(),
+            ip_id,
+            df: true,
+            sport: from.port(),
+            dport: shared.local.port(),
+        };
+        let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
     }
     let Ok(pkt) = Packet::new_checked(bytes) else {
         bump(&st.rx_malformed, 1);
@@ -821,15 +821,15 @@ pub(crate) struct EngineGuard {
 impl Drop for EngineGuard {
     fn drop(&mut self) {
         self.shared.stop();
-        if let Some(t) = self.thread.lock().take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+        if let Some(t) = self.thread.lock().take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
         }
-        if let Some(mw) = &self.shared.mw {
-            if let Some(p) = &mut mw.lock().pcap {
-                let _ = p.flush();
-            }
+        if let Some(mw) = &self.shared.mw
+            && let Some(p) = &mut mw.lock().pcap
+        {
+            let _ = p.flush();
         }
     }
 }

@@ -370,10 +370,10 @@ impl RcQp {
         }
         match kind {
             Kind::Send | Kind::Write | Kind::ReadRequest | Kind::Atomic => {
-                if matches!(self.state, QpState::Rtr | QpState::Rts) {
-                    if let Some(r) = &mut self.resp {
-                        r.handle_request(pkt, mrs);
-                    }
+                if matches!(self.state, QpState::Rtr | QpState::Rts)
+                    && let Some(r) = &mut self.resp
+                {
+                    r.handle_request(pkt, mrs);
                 }
             }
             Kind::Acknowledge | Kind::ReadResponse | Kind::AtomicAcknowledge => {
@@ -403,10 +403,10 @@ impl RcQp {
     /// Writes the next outgoing packet (BTH … pad; the 4 ICRC bytes are zeroed for the driver
     /// to fill) into `buf`, which must hold 64 + MTU bytes. Returns its length.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if let Some(r) = &mut self.resp {
-            if let Some(n) = r.poll_transmit(buf) {
-                return Some(n);
-            }
+        if let Some(r) = &mut self.resp
+            && let Some(n) = r.poll_transmit(buf)
+        {
+            return Some(n);
         }
         if self.state != QpState::Rts {
             return None;
@@ -417,15 +417,15 @@ impl RcQp {
     /// Like [`Self::poll_transmit`], but leaves the payload of SEND/WRITE packets in registered
     /// memory (see [`TxParts`]), for zero-copy transmission.
     pub fn poll_transmit_parts(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxParts> {
-        if let Some(r) = &mut self.resp {
-            if let Some(n) = r.poll_transmit(buf) {
-                let pad = usize::from((buf[1] >> 4) & 3);
-                return Some(TxParts {
-                    head: n - pad - crate::wire::ICRC_LEN,
-                    payload: super::PayloadRef::default(),
-                    pad,
-                });
-            }
+        if let Some(r) = &mut self.resp
+            && let Some(n) = r.poll_transmit(buf)
+        {
+            let pad = usize::from((buf[1] >> 4) & 3);
+            return Some(TxParts {
+                head: n - pad - crate::wire::ICRC_LEN,
+                payload: super::PayloadRef::default(),
+                pad,
+            });
         }
         if self.state != QpState::Rts {
             return None;

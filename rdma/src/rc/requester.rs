@@ -235,7 +235,7 @@ impl Requester {
                 self.rttvar = sample / 2;
             }
             Some(s) => {
-                let diff = if s > sample { s - sample } else { sample - s };
+                let diff = s.abs_diff(sample);
                 self.rttvar = (self.rttvar * 3 + diff) / 4;
                 self.srtt = Some((s * 7 + sample) / 8);
             }
@@ -536,11 +536,11 @@ impl Requester {
         if self.gobackn_from.is_some_and(|g| self.una.is_after(g)) {
             self.gobackn_from = None;
         }
-        if let Some((p, t)) = self.rtt_sample {
-            if !psn.is_before(p) {
-                self.rtt_sample = None;
-                self.rtt_update(now.saturating_duration_since(t));
-            }
+        if let Some((p, t)) = self.rtt_sample
+            && !psn.is_before(p)
+        {
+            self.rtt_sample = None;
+            self.rtt_update(now.saturating_duration_since(t));
         }
         let acked = self.una.diff(before).max(0) as u32;
         if acked > 0 {

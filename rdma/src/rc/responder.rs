@@ -345,14 +345,11 @@ impl Responder {
         let psn = pkt.bth.psn;
         let Some(reth) = pkt.reth else { return };
         let len = reth.len as usize;
-        let mr = match self.check_remote(mrs, reth.rkey, reth.va, len, Access::REMOTE_READ) {
-            Ok(m) => m,
-            Err(_) => {
-                if !duplicate {
-                    self.fatal(psn, NakCode::RemoteAccessError);
-                }
-                return;
+        let Ok(mr) = self.check_remote(mrs, reth.rkey, reth.va, len, Access::REMOTE_READ) else {
+            if !duplicate {
+                self.fatal(psn, NakCode::RemoteAccessError);
             }
+            return;
         };
         let npkts = len.div_ceil(self.p.mtu).max(1) as u32;
         if !duplicate {

@@ -77,11 +77,10 @@ impl UdpSocket {
         }
         let gro = o.gro && sys::setsockopt_int(raw, SOL_UDP, UDP_GRO, 1).is_ok();
         rustix::net::bind(&fd, &std::net::SocketAddr::V4(addr))?;
-        let local = match rustix::net::getsockname(&fd)? {
-            a => match std::net::SocketAddr::try_from(a) {
-                Ok(std::net::SocketAddr::V4(v4)) => v4,
-                _ => return Err(io::ErrorKind::InvalidInput.into()),
-            },
+        let Ok(std::net::SocketAddr::V4(local)) =
+            std::net::SocketAddr::try_from(rustix::net::getsockname(&fd)?)
+        else {
+            return Err(io::ErrorKind::InvalidInput.into());
         };
         Ok(Self { fd, local, gro })
     }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian 12 machine (idempotent). Needs root for apt;
+# without root it only reports what is missing.
+set -euo pipefail
+packages=(tshark tcpdump iproute2 nftables ethtool python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all test dependencies present (${packages[*]})"
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing ${missing[*]}; run as root: apt-get install -y ${missing[*]}" >&2
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# tshark asks whether non-root users may capture; the non-interactive default (no) is right here.
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"
