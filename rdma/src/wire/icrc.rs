@@ -95,6 +95,20 @@ pub fn compute_icrc_vectored(headers: &IcrcHeaders, parts: &[&[u8]]) -> u32 {
     h.finalize()
 }
 
+/// How the ICRC of a RoCE packet of `roce_len` bytes (BTH … ICRC) changes when bit `bit` of the
+/// IPv4 identification flips. The ICRC is affine in its input, so for any identification `id`:
+/// `icrc(id) = icrc(0) ^ XOR{ ip_id_delta(len, i) : bit i set in id }`. A receiver that cannot see
+/// the identification uses this to recognise segments of a GSO batch that arrive one by one.
+pub fn ip_id_delta(roce_len: usize, bit: u32) -> u32 {
+    let covered = 8 + IPV4_HEADER_LEN + UDP_HEADER_LEN + roce_len - ICRC_LEN;
+    let mut msg = vec![0u8; covered];
+    let zero = crc32fast::hash(&msg);
+    let v = (1u16 << (bit & 15)).to_be_bytes();
+    msg[8 + 4] = v[0];
+    msg[8 + 5] = v[1];
+    crc32fast::hash(&msg) ^ zero
+}
+
 /// Checks a packet's ICRC. `roce` must already have passed [`Packet::check_len`].
 pub fn verify_icrc(headers: &IcrcHeaders, roce: &[u8]) -> Result<(), Error> {
     let found = Packet::new_unchecked(roce).icrc();

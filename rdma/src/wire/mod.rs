@@ -18,7 +18,7 @@ mod opcode;
 mod packet;
 mod psn;
 
-pub use icrc::{IcrcHeaders, compute_icrc, compute_icrc_vectored, verify_icrc};
+pub use icrc::{IcrcHeaders, compute_icrc, compute_icrc_vectored, ip_id_delta, verify_icrc};
 pub use ip::{IPV4_HEADER_LEN, ROCE_V2_PORT, UDP_HEADER_LEN, emit_ipv4_udp, ipv4_checksum};
 pub use opcode::{Kind, Opcode, Position};
 pub use packet::{
