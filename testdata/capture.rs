@@ -12,8 +12,12 @@ pub(crate) enum Item {
         sport: u16,
         payload: Vec<u8>,
     },
-    /// The payload of an RC SEND_ONLY (frame number, bytes without pad and ICRC).
-    Send { frame: usize, payload: Vec<u8> },
+    /// The payload of an RC SEND_ONLY (frame number, IPv4 source, bytes without pad and ICRC).
+    Send {
+        frame: usize,
+        src: [u8; 4],
+        payload: Vec<u8>,
+    },
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -64,7 +68,12 @@ pub(crate) fn read(path: &str) -> Vec<Item> {
                 if bth[0] == 0x04 {
                     let pad = usize::from((bth[1] >> 4) & 3);
                     let payload = bth[12..bth.len() - 4 - pad].to_vec();
-                    out.push(Item::Send { frame, payload });
+                    let src = [ip[12], ip[13], ip[14], ip[15]];
+                    out.push(Item::Send {
+                        frame,
+                        src,
+                        payload,
+                    });
                 }
             }
             _ => {}

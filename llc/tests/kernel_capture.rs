@@ -12,7 +12,7 @@ fn llc_messages() -> Vec<(usize, Vec<u8>)> {
     capture::read(capture::REFERENCE)
         .into_iter()
         .filter_map(|i| match i {
-            capture::Item::Send { frame, payload } if payload[0] != CDC_TYPE => {
+            capture::Item::Send { frame, payload, .. } if payload[0] != CDC_TYPE => {
                 Some((frame, payload))
             }
             _ => None,
