@@ -11,3 +11,5 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --profile ci --locked
+# Bounded fuzz smoke run of every wire decoder (scripts/fuzz.sh runs longer on demand).
+bash scripts/fuzz.sh "${SMCR_FUZZ_SECS:-15}"
