@@ -1,0 +1,890 @@
+//! The CLC handshake, sans-IO: what a client and a server send and decide, as Linux does it.
+//!
+//! Both roles are driven the same way (quinn style): feed the TCP bytes the handshake asks for
+//! ([`Client::wants`] / [`Client::handle_data`] — never more than one message, so application
+//! bytes after a Decline stay in the socket), write whatever [`Client::poll_transmit`] returns,
+//! call `handle_timeout` at [`Client::poll_timeout`], and act on [`Event`]s. Time is always a
+//! parameter.
+//!
+//! Negotiation (wire spec §2.5): we speak SMC-Rv2 only (RoCE v2 GIDs, like rxe), so the client
+//! proposes v2 SMC-R with an empty v1 area, its user EIDs and SMC release 1 (v2.1) with
+//! `max_conns` / `max_links`; the server needs a common UEID, takes the minimum of both sides'
+//! release and limits, and refuses what Linux refuses, with Linux's decline codes. Outcomes
+//! follow Linux's rules: a positive reason is a Decline and a fallback to TCP agreed by both
+//! sides; a timeout or a malformed/unexpected message fails the connection (Linux: `ETIMEDOUT`,
+//! `EPROTO`) because falling back then could put CLC bytes into the application's stream.
+
+use clc::{
+    AcceptBody, AcceptConfirm, Decline, DeclineReason, Eid, FirstContactExt, Gid, Hostname, Mac,
+    Message, MsgType, PeerId, Proposal, QpMtu, RmbSize, Role, SmcType, SmcdInfo, SmcrAcceptConfirm,
+    SmcrV2, V2Extension,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Linux's `CLC_WAIT_TIME`: how long each side waits for the peer's next CLC message.
+pub const CLC_WAIT_TIME: Duration = Duration::from_secs(6);
+/// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`).
+pub const MIN_CONNS_PER_LGR: u8 = 16;
+/// Most links per link group (`SMC_LINKS_ADD_LNK_MAX`).
+pub const MAX_LINKS_PER_LGR: u8 = 2;
+/// The SMC release we implement (v2.1).
+pub const SMC_RELEASE: u8 = 1;
+/// OS type sent in first-contact extensions (2 = Linux: we interoperate as one).
+pub const OS_TYPE_LINUX: u8 = 2;
+
+/// Local settings for the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Our system ID (sent in Accept/Confirm/Decline; peers use it to find link groups).
+    pub peer_id: PeerId,
+    /// User EIDs; SMC-Rv2 needs one in common with the peer (Linux: `smcr ueid add`).
+    pub ueids: Vec<Eid>,
+    /// Highest SMC release offered (1 = v2.1).
+    pub release: u8,
+    /// Connections per link group we support (16..=255).
+    pub max_conns: u8,
+    /// Links per link group we support (1..=2). We default to 1: with a single path, a Linux
+    /// peer then skips the ADD LINK exchange it would otherwise wait seconds for.
+    pub max_links: u8,
+    /// Feature mask offered.
+    pub feature_mask: u16,
+    /// Host name for first-contact extensions.
+    pub hostname: Hostname,
+    /// How long to wait for each peer message.
+    pub timeout: Duration,
+}
+
+impl Config {
+    /// Linux-like defaults with the given identity and user EIDs.
+    pub fn new(peer_id: PeerId, ueids: Vec<Eid>, hostname: &str) -> Self {
+        Self {
+            peer_id,
+            ueids,
+            release: SMC_RELEASE,
+            max_conns: 255,
+            max_links: 1,
+            feature_mask: 0,
+            hostname: Hostname::truncated(hostname),
+            timeout: CLC_WAIT_TIME,
+        }
+    }
+}
+
+/// One side's link endpoint and RMB, as carried in Accept/Confirm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    /// RoCE v2 GID of the link's port.
+    pub gid: Gid,
+    /// MAC of that port.
+    pub mac: Mac,
+    /// QP number of the link (first contact: the new QP).
+    pub qpn: u32,
+    /// First PSN this side sends with.
+    pub initial_psn: u32,
+    /// Active path MTU.
+    pub mtu: QpMtu,
+    /// rkey of the RMB.
+    pub rmb_rkey: u32,
+    /// Address the peer writes to.
+    pub rmb_vaddr: u64,
+    /// RMB size.
+    pub rmb_size: RmbSize,
+    /// Alert token the peer must put into its CDCs.
+    pub token: u32,
+}
+
+/// What the two sides agreed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// SMC version (2).
+    pub version: u8,
+    /// The common user EID.
+    pub eid: Eid,
+    /// SMC release.
+    pub release: u8,
+    /// Connections per link group.
+    pub max_conns: u8,
+    /// Links per link group.
+    pub max_links: u8,
+    /// Common features.
+    pub feature_mask: u16,
+}
+
+/// The peer's side of an Accept or Confirm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Peer's system ID.
+    pub peer_id: PeerId,
+    /// Peer's endpoint (its QP, RMB and token).
+    pub endpoint: Endpoint,
+    /// A new link group (first contact) or an existing one.
+    pub first_contact: bool,
+    /// Peer's host name (first contact only).
+    pub hostname: Option<Hostname>,
+    /// Client's GID list (Confirm, first contact).
+    pub gids: Vec<Gid>,
+}
+
+/// Why a handshake failed without falling back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The peer's next message did not come in time.
+    #[error("timed out after {waited:?} waiting for the CLC {waiting_for}")]
+    Timeout {
+        /// What was expected.
+        waiting_for: MsgType,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The peer sent bytes that are not a valid CLC message.
+    #[error("malformed CLC message: {0}")]
+    Malformed(clc::Error),
+    /// The peer sent a valid message of the wrong type.
+    #[error("expected a CLC {expected} (or Decline), received a {got}")]
+    Unexpected {
+        /// What was expected.
+        expected: MsgType,
+        /// What came.
+        got: MsgType,
+    },
+    /// The TCP connection closed during the handshake.
+    #[error("the TCP connection closed during the CLC handshake")]
+    PeerClosed,
+}
+
+/// Misuse of the API (calling `accept` before a Proposal, for instance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("handshake step not allowed now: {0}")]
+pub struct StateError(&'static str);
+
+/// What the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Client: the server accepted. Set up the link (first contact) or find the link group
+    /// (check `server.peer_id`, `server.endpoint.gid` and QPN; none → decline `SYNCERR`),
+    /// then call [`Client::confirm`] or [`Client::decline`].
+    Accepted {
+        /// Agreed parameters (from the first-contact extension, or ours for a reused group).
+        negotiated: Negotiated,
+        /// The server's side.
+        server: PeerInfo,
+    },
+    /// Client: Confirm sent; the connection is SMC-R (first contact: LLC CONFIRM LINK next).
+    Confirmed,
+    /// Server: the client's Proposal is acceptable. Find or create the link group, then call
+    /// [`Server::accept`] or [`Server::decline`].
+    Proposed {
+        /// Agreed parameters.
+        negotiated: Negotiated,
+        /// The client's RoCE v2 GID.
+        client_gid: Gid,
+    },
+    /// Server: the client confirmed; the connection is SMC-R.
+    Established {
+        /// Agreed parameters.
+        negotiated: Negotiated,
+        /// The client's side.
+        client: PeerInfo,
+    },
+    /// Both: the connection continues as plain TCP.
+    Fallback {
+        /// The reason (ours if we declined, the peer's diagnosis otherwise).
+        reason: DeclineReason,
+        /// Whether the peer declined (else we did).
+        by_peer: bool,
+        /// Decline's out-of-sync flag: the link group in use must be terminated.
+        out_of_sync: bool,
+    },
+    /// Both: the connection fails; no fallback (Linux behaves the same).
+    Failed(Error),
+}
+
+/// Reads exactly one CLC message at a time from the TCP stream.
+#[derive(Debug, Default)]
+struct Framer {
+    buf: Vec<u8>,
+}
+
+impl Framer {
+    /// Bytes still needed for the current message.
+    fn wants(&self) -> usize {
+        if self.buf.len() < clc::HEADER_LEN {
+            return clc::HEADER_LEN - self.buf.len();
+        }
+        match clc::message_len(&self.buf) {
+            Ok(len) => len - self.buf.len(),
+            Err(_) => 0,
+        }
+    }
+
+    /// Takes up to `wants()` bytes; returns bytes taken and a message once complete.
+    fn push(&mut self, data: &[u8]) -> (usize, Option<Result<Message, clc::Error>>) {
+        let n = self.wants().min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= clc::HEADER_LEN {
+            if let Err(e) = clc::message_len(&self.buf) {
+                self.buf.clear();
+                return (n, Some(Err(e)));
+            }
+            if self.wants() == 0 {
+                let msg = Message::parse(&self.buf);
+                self.buf.clear();
+                return (n, Some(msg));
+            }
+        }
+        (n, None)
+    }
+}
+
+/// State shared by both roles.
+#[derive(Debug)]
+struct Common {
+    cfg: Config,
+    framer: Framer,
+    out: VecDeque<Vec<u8>>,
+    events: VecDeque<Event>,
+    deadline: Option<(Instant, MsgType)>,
+    done: bool,
+}
+
+impl Common {
+    fn new(cfg: Config) -> Self {
+        Self {
+            cfg,
+            framer: Framer::default(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            deadline: None,
+            done: false,
+        }
+    }
+
+    fn send(&mut self, m: &Message) {
+        self.out.push_back(m.to_vec());
+    }
+
+    fn wait_for(&mut self, what: MsgType, now: Instant) {
+        self.deadline = Some((now + self.cfg.timeout, what));
+    }
+
+    fn finish(&mut self, ev: Event) {
+        self.done = true;
+        self.deadline = None;
+        self.events.push_back(ev);
+    }
+
+    fn fail(&mut self, e: Error) {
+        self.finish(Event::Failed(e));
+    }
+
+    fn decline(&mut self, version: u8, reason: DeclineReason) {
+        let d = Decline::linux(version.max(1), self.cfg.peer_id, reason);
+        self.send(&Message::Decline(d));
+        self.finish(Event::Fallback {
+            reason,
+            by_peer: false,
+            out_of_sync: d.out_of_sync,
+        });
+    }
+
+    fn peer_declined(&mut self, d: &Decline) {
+        self.finish(Event::Fallback {
+            reason: d.reason,
+            by_peer: true,
+            out_of_sync: d.out_of_sync,
+        });
+    }
+
+    fn wants(&self) -> usize {
+        if self.done || self.deadline.is_none() {
+            0
+        } else {
+            self.framer.wants()
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if let Some((at, what)) = self.deadline
+            && now >= at
+            && !self.done
+        {
+            let waited = self.cfg.timeout;
+            self.fail(Error::Timeout {
+                waiting_for: what,
+                waited,
+            });
+        }
+    }
+
+    /// Feeds bytes; returns bytes consumed and a parsed message, or handles a framing error.
+    fn take(&mut self, data: &[u8]) -> (usize, Option<Message>) {
+        let mut used = 0;
+        // Header first, then exactly the rest of that one message.
+        while self.wants() > 0 && used < data.len() {
+            match self.framer.push(&data[used..]) {
+                (n, Some(Ok(m))) => return (used + n, Some(m)),
+                (n, Some(Err(e))) => {
+                    self.fail(Error::Malformed(e));
+                    return (used + n, None);
+                }
+                (n, None) => used += n,
+            }
+        }
+        (used, None)
+    }
+}
+
+fn endpoint_of(r: &SmcrAcceptConfirm) -> Endpoint {
+    Endpoint {
+        gid: r.gid,
+        mac: r.mac,
+        qpn: r.qpn,
+        initial_psn: r.initial_psn,
+        mtu: r.qp_mtu,
+        rmb_rkey: r.rmb_rkey,
+        rmb_vaddr: r.rmb_vaddr,
+        rmb_size: r.rmbe_size,
+        token: r.rmbe_alert_token,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn accept_confirm(
+    role: Role,
+    cfg: &Config,
+    ep: &Endpoint,
+    mtu: QpMtu,
+    neg: &Negotiated,
+    first_contact: bool,
+    gids: Option<Vec<Gid>>,
+) -> Message {
+    Message::AcceptConfirm(AcceptConfirm {
+        role,
+        eyecatcher: clc::Eyecatcher::SmcR,
+        version: neg.version,
+        first_contact,
+        body: AcceptBody::SmcR(SmcrAcceptConfirm {
+            peer_id: cfg.peer_id,
+            gid: ep.gid,
+            mac: ep.mac,
+            qpn: ep.qpn,
+            rmb_rkey: ep.rmb_rkey,
+            rmbe_idx: 1,
+            rmbe_alert_token: ep.token,
+            rmbe_size: ep.rmb_size,
+            qp_mtu: mtu,
+            rmb_vaddr: ep.rmb_vaddr,
+            initial_psn: ep.initial_psn,
+            v2: Some(SmcrV2 {
+                eid: neg.eid,
+                fce: first_contact.then_some(FirstContactExt {
+                    v2_direct: true,
+                    os_type: OS_TYPE_LINUX,
+                    release: neg.release,
+                    hostname: cfg.hostname,
+                    max_conns: neg.max_conns,
+                    max_links: neg.max_links,
+                    feature_mask: neg.feature_mask,
+                    vendor_options: 0,
+                }),
+                gids: if first_contact { gids } else { None },
+            }),
+        }),
+    })
+}
+
+/// The client side of the handshake.
+#[derive(Debug)]
+pub struct Client {
+    c: Common,
+    state: ClientState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ClientState {
+    AwaitAccept,
+    AwaitLocal {
+        negotiated: Negotiated,
+        server: PeerInfo,
+    },
+    Done,
+}
+
+impl Client {
+    /// Starts a handshake on a TCP connection whose peer advertised SMC-R: queues the Proposal.
+    pub fn new(cfg: Config, roce_gid: Gid, now: Instant) -> Self {
+        let mut c = Common::new(cfg);
+        let p = Proposal {
+            eyecatcher: clc::Eyecatcher::SmcR,
+            version: 2,
+            typev1: SmcType::None,
+            typev2: SmcType::R,
+            peer_id: PeerId::default(),
+            gid: Gid::default(),
+            mac: Mac::default(),
+            smcd: Some(SmcdInfo::default()),
+            prefix: None,
+            v2: Some(V2Extension {
+                release: c.cfg.release,
+                seid: false,
+                roce_gid,
+                max_conns: c.cfg.max_conns,
+                max_links: c.cfg.max_links,
+                feature_mask: c.cfg.feature_mask,
+                eids: c.cfg.ueids.clone(),
+                smcd_v2: None,
+            }),
+        };
+        c.send(&Message::Proposal(p));
+        c.wait_for(MsgType::Accept, now);
+        Self {
+            c,
+            state: ClientState::AwaitAccept,
+        }
+    }
+
+    /// Bytes to read from the TCP socket next (0: read nothing; the rest is application data).
+    pub fn wants(&self) -> usize {
+        self.c.wants()
+    }
+
+    /// Feeds bytes read from the TCP socket; returns how many were used (at most `wants()`).
+    pub fn handle_data(&mut self, data: &[u8], now: Instant) -> usize {
+        let (n, msg) = self.c.take(data);
+        if let Some(m) = msg {
+            self.on_message(m, now);
+        }
+        n
+    }
+
+    /// The TCP connection reached EOF.
+    pub fn handle_eof(&mut self) {
+        if !self.c.done {
+            self.state = ClientState::Done;
+            self.c.fail(Error::PeerClosed);
+        }
+    }
+
+    /// Call at (or after) [`Client::poll_timeout`].
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.c.handle_timeout(now);
+        if self.c.done {
+            self.state = ClientState::Done;
+        }
+    }
+
+    /// When `handle_timeout` must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.c.deadline.filter(|_| !self.c.done).map(|(at, _)| at)
+    }
+
+    /// Next bytes to write to the TCP socket.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        self.c.out.pop_front()
+    }
+
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.c.events.pop_front()
+    }
+
+    fn on_message(&mut self, m: Message, now: Instant) {
+        let _ = now;
+        if self.state != ClientState::AwaitAccept {
+            return;
+        }
+        let a = match m {
+            Message::Decline(d) => {
+                self.state = ClientState::Done;
+                return self.c.peer_declined(&d);
+            }
+            Message::AcceptConfirm(a) if a.role == Role::Accept => a,
+            other => {
+                self.state = ClientState::Done;
+                return self.c.fail(Error::Unexpected {
+                    expected: MsgType::Accept,
+                    got: other.msg_type(),
+                });
+            }
+        };
+        match self.check_accept(&a) {
+            Ok((negotiated, server)) => {
+                self.c.deadline = None;
+                self.c.events.push_back(Event::Accepted {
+                    negotiated,
+                    server: server.clone(),
+                });
+                self.state = ClientState::AwaitLocal { negotiated, server };
+            }
+            Err(reason) => {
+                self.state = ClientState::Done;
+                self.c.decline(a.version.min(2), reason);
+            }
+        }
+    }
+
+    /// Linux's client checks of an Accept (`smc_connect_rdma_v2_prepare`,
+    /// `smc_clc_clnt_v2x_features_validate`), plus what we cannot do.
+    fn check_accept(&self, a: &AcceptConfirm) -> Result<(Negotiated, PeerInfo), DeclineReason> {
+        let cfg = &self.c.cfg;
+        // We offered SMC-R v2 only.
+        let (AcceptBody::SmcR(r), 2..) = (&a.body, a.version) else {
+            return Err(DeclineReason::MODEUNSUPP);
+        };
+        let v2 = r.v2.as_ref().ok_or(DeclineReason::MODEUNSUPP)?;
+        if !cfg.ueids.contains(&v2.eid) {
+            return Err(DeclineReason::NOUEID);
+        }
+        if r.qp_mtu.bytes().is_none() {
+            return Err(DeclineReason::ERR_RDYLNK);
+        }
+        let mut neg = Negotiated {
+            version: 2,
+            eid: v2.eid,
+            release: cfg.release,
+            max_conns: cfg.max_conns,
+            max_links: cfg.max_links,
+            feature_mask: cfg.feature_mask,
+        };
+        if let Some(fce) = &v2.fce {
+            // Only direct (same subnet) SMC-Rv2: we do no route lookups.
+            if !fce.v2_direct {
+                return Err(DeclineReason::NOINDIRECT);
+            }
+            if fce.release > cfg.release {
+                return Err(DeclineReason::RELEASEERR);
+            }
+            neg.release = fce.release;
+            if fce.release >= 1 {
+                if fce.max_conns < MIN_CONNS_PER_LGR || fce.max_conns > cfg.max_conns {
+                    return Err(DeclineReason::MAXCONNERR);
+                }
+                if !(1..=cfg.max_links.min(MAX_LINKS_PER_LGR)).contains(&fce.max_links) {
+                    return Err(DeclineReason::MAXLINKERR);
+                }
+                neg.max_conns = fce.max_conns;
+                neg.max_links = fce.max_links;
+            }
+            neg.feature_mask &= fce.feature_mask;
+        } else if a.first_contact {
+            return Err(DeclineReason::MODEUNSUPP);
+        }
+        let server = PeerInfo {
+            peer_id: r.peer_id,
+            endpoint: endpoint_of(r),
+            first_contact: a.first_contact,
+            hostname: v2.fce.map(|f| f.hostname),
+            gids: Vec::new(),
+        };
+        Ok((neg, server))
+    }
+
+    /// Sends the Confirm with our endpoint (after the link is set up or found). `alt_gids` are
+    /// further RoCE v2 GIDs of ours (first contact only; Linux lists the link GID first).
+    pub fn confirm(&mut self, local: &Endpoint, alt_gids: &[Gid]) -> Result<(), StateError> {
+        let ClientState::AwaitLocal { negotiated, server } = &self.state else {
+            return Err(StateError("confirm needs an Accept first"));
+        };
+        let mtu = if local.mtu.code() < server.endpoint.mtu.code() {
+            local.mtu
+        } else {
+            server.endpoint.mtu
+        };
+        let mut gids = vec![local.gid];
+        gids.extend_from_slice(alt_gids);
+        let m = accept_confirm(
+            Role::Confirm,
+            &self.c.cfg,
+            local,
+            mtu,
+            negotiated,
+            server.first_contact,
+            Some(gids),
+        );
+        self.c.send(&m);
+        self.state = ClientState::Done;
+        self.c.finish(Event::Confirmed);
+        Ok(())
+    }
+
+    /// Declines after an Accept (no resources, link group not found → `SYNCERR`, …).
+    pub fn decline(&mut self, reason: DeclineReason) -> Result<(), StateError> {
+        if !matches!(self.state, ClientState::AwaitLocal { .. }) {
+            return Err(StateError("the client declines only after an Accept"));
+        }
+        self.state = ClientState::Done;
+        self.c.decline(2, reason);
+        Ok(())
+    }
+}
+
+/// The server side of the handshake.
+#[derive(Debug)]
+pub struct Server {
+    c: Common,
+    state: ServerState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ServerState {
+    AwaitProposal,
+    AwaitLocal {
+        negotiated: Negotiated,
+        version: u8,
+    },
+    AwaitConfirm {
+        negotiated: Negotiated,
+        first_contact: bool,
+        mtu: QpMtu,
+    },
+    Done,
+}
+
+impl Server {
+    /// Starts waiting for the client's Proposal on an accepted TCP connection whose SYN
+    /// carried the SMC-R option.
+    pub fn new(cfg: Config, now: Instant) -> Self {
+        let mut c = Common::new(cfg);
+        c.wait_for(MsgType::Proposal, now);
+        Self {
+            c,
+            state: ServerState::AwaitProposal,
+        }
+    }
+
+    /// Bytes to read from the TCP socket next (0: read nothing).
+    pub fn wants(&self) -> usize {
+        self.c.wants()
+    }
+
+    /// Feeds bytes read from the TCP socket; returns how many were used.
+    pub fn handle_data(&mut self, data: &[u8], now: Instant) -> usize {
+        let (n, msg) = self.c.take(data);
+        if let Some(m) = msg {
+            self.on_message(m, now);
+        }
+        n
+    }
+
+    /// The TCP connection reached EOF.
+    pub fn handle_eof(&mut self) {
+        if !self.c.done {
+            self.state = ServerState::Done;
+            self.c.fail(Error::PeerClosed);
+        }
+    }
+
+    /// Call at (or after) [`Server::poll_timeout`].
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.c.handle_timeout(now);
+        if self.c.done {
+            self.state = ServerState::Done;
+        }
+    }
+
+    /// When `handle_timeout` must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.c.deadline.filter(|_| !self.c.done).map(|(at, _)| at)
+    }
+
+    /// Next bytes to write to the TCP socket.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        self.c.out.pop_front()
+    }
+
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.c.events.pop_front()
+    }
+
+    fn on_message(&mut self, m: Message, _now: Instant) {
+        let expected = match self.state {
+            ServerState::AwaitProposal => MsgType::Proposal,
+            ServerState::AwaitConfirm { .. } => MsgType::Confirm,
+            _ => return,
+        };
+        if let Message::Decline(d) = &m {
+            self.state = ServerState::Done;
+            return self.c.peer_declined(d);
+        }
+        if m.msg_type() != expected {
+            self.state = ServerState::Done;
+            return self.c.fail(Error::Unexpected {
+                expected,
+                got: m.msg_type(),
+            });
+        }
+        match (m, self.state.clone()) {
+            (Message::Proposal(p), _) => match self.check_proposal(&p) {
+                Ok((negotiated, client_gid)) => {
+                    self.c.deadline = None;
+                    self.state = ServerState::AwaitLocal {
+                        negotiated,
+                        version: 2,
+                    };
+                    self.c.events.push_back(Event::Proposed {
+                        negotiated,
+                        client_gid,
+                    });
+                }
+                Err(reason) => {
+                    self.state = ServerState::Done;
+                    // Linux declines with the Proposal's header version.
+                    self.c.decline(p.version.min(2), reason);
+                }
+            },
+            (
+                Message::AcceptConfirm(c),
+                ServerState::AwaitConfirm {
+                    negotiated,
+                    first_contact,
+                    mtu,
+                },
+            ) => match Self::check_confirm(&c, &negotiated, first_contact, mtu) {
+                Ok(client) => {
+                    self.state = ServerState::Done;
+                    self.c.finish(Event::Established { negotiated, client });
+                }
+                Err(reason) => {
+                    self.state = ServerState::Done;
+                    self.c.decline(2, reason);
+                }
+            },
+            _ => {}
+        }
+    }
+
+    /// Linux's server-side choice (`smc_listen_v2_check`, `smc_find_rdma_v2_device_serv`,
+    /// `smc_clc_srv_v2x_features_validate`) for a server with SMC-Rv2 only.
+    fn check_proposal(&self, p: &Proposal) -> Result<(Negotiated, Gid), DeclineReason> {
+        let cfg = &self.c.cfg;
+        let v2_r = p.version >= 2 && p.typev2.has_r();
+        if !v2_r {
+            // Only v1 or SMC-D offered: we have no device for either.
+            return Err(if p.typev1.has_r() || p.typev2.has_r() {
+                DeclineReason::NOSMCRDEV
+            } else {
+                DeclineReason::NOSMCDEV
+            });
+        }
+        let Some(v2) = &p.v2 else {
+            return Err(DeclineReason::NOV2EXT);
+        };
+        // The first of the client's UEIDs that we share (Linux walks the client's list).
+        let eid = v2
+            .eids
+            .iter()
+            .find(|e| cfg.ueids.contains(e))
+            .copied()
+            .ok_or(DeclineReason::NOUEID)?;
+        let release = v2.release.min(cfg.release);
+        let mut neg = Negotiated {
+            version: 2,
+            eid,
+            release,
+            max_conns: cfg.max_conns,
+            max_links: cfg.max_links,
+            feature_mask: cfg.feature_mask & v2.feature_mask,
+        };
+        if release >= 1 {
+            neg.max_conns = v2.max_conns.min(cfg.max_conns);
+            if neg.max_conns < MIN_CONNS_PER_LGR {
+                return Err(DeclineReason::MAXCONNERR);
+            }
+            neg.max_links = v2.max_links.min(cfg.max_links).min(MAX_LINKS_PER_LGR);
+            if neg.max_links < 1 {
+                return Err(DeclineReason::MAXLINKERR);
+            }
+        }
+        if v2.roce_gid.to_ipv4().is_none() {
+            // SMC-Rv2 is IPv4 only: the client's RoCE v2 GID must be IPv4-mapped.
+            return Err(DeclineReason::NOROUTE);
+        }
+        Ok((neg, v2.roce_gid))
+    }
+
+    /// Accepts the Proposal with our endpoint: `first_contact` when a new link group was
+    /// created for this client.
+    pub fn accept(
+        &mut self,
+        local: &Endpoint,
+        first_contact: bool,
+        now: Instant,
+    ) -> Result<(), StateError> {
+        let ServerState::AwaitLocal { negotiated, .. } = self.state.clone() else {
+            return Err(StateError("accept needs an acceptable Proposal first"));
+        };
+        let m = accept_confirm(
+            Role::Accept,
+            &self.c.cfg,
+            local,
+            local.mtu,
+            &negotiated,
+            first_contact,
+            None,
+        );
+        self.c.send(&m);
+        self.c.wait_for(MsgType::Confirm, now);
+        self.state = ServerState::AwaitConfirm {
+            negotiated,
+            first_contact,
+            mtu: local.mtu,
+        };
+        Ok(())
+    }
+
+    /// Declines after a Proposal (no memory, too many connections, …).
+    pub fn decline(&mut self, reason: DeclineReason) -> Result<(), StateError> {
+        let ServerState::AwaitLocal { version, .. } = self.state else {
+            return Err(StateError("the server declines only after a Proposal"));
+        };
+        self.state = ServerState::Done;
+        self.c.decline(version, reason);
+        Ok(())
+    }
+
+    /// Linux's checks of a Confirm (`smc_clc_v2x_features_confirm_check`).
+    fn check_confirm(
+        c: &AcceptConfirm,
+        neg: &Negotiated,
+        first_contact: bool,
+        our_mtu: QpMtu,
+    ) -> Result<PeerInfo, DeclineReason> {
+        let (AcceptBody::SmcR(r), 2..) = (&c.body, c.version) else {
+            return Err(DeclineReason::MODEUNSUPP);
+        };
+        if c.first_contact != first_contact {
+            return Err(DeclineReason::SYNCERR);
+        }
+        let v2 = r.v2.as_ref().ok_or(DeclineReason::MODEUNSUPP)?;
+        if let Some(fce) = &v2.fce {
+            if fce.release != neg.release {
+                return Err(DeclineReason::RELEASEERR);
+            }
+            if neg.release >= 1 {
+                if fce.max_conns != neg.max_conns {
+                    return Err(DeclineReason::MAXCONNERR);
+                }
+                if fce.max_links != neg.max_links {
+                    return Err(DeclineReason::MAXLINKERR);
+                }
+            }
+        } else if first_contact {
+            return Err(DeclineReason::MODEUNSUPP);
+        }
+        if r.qp_mtu.bytes().is_none() || r.qp_mtu.code() > our_mtu.code() {
+            return Err(DeclineReason::ERR_RDYLNK);
+        }
+        Ok(PeerInfo {
+            peer_id: r.peer_id,
+            endpoint: endpoint_of(r),
+            first_contact,
+            hostname: v2.fce.map(|f| f.hostname),
+            gids: v2.gids.clone().unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
