@@ -2,9 +2,12 @@
 //! links on the `rdma` engine, the RDMA WRITE data path with CDC cursor updates, close and
 //! fallback to TCP, with a Rust socket API (`SmcStream`/`SmcListener`).
 //!
-//! Built so far: [`handshake`], the sans-IO CLC handshake of both roles (Proposal, Accept,
+//! Built so far, both sans-IO: [`handshake`], the CLC handshake of both roles (Proposal, Accept,
 //! Confirm, Decline; version, UEID and v2.1 feature negotiation as Linux does it; Linux's
-//! timeouts). Link groups, connections and the socket API follow.
+//! timeouts), and [`conn`], a connection's cursors and flow control (where RDMA WRITEs go, the
+//! CDC after them, Linux's consumer-update rule, rejection of hostile cursors). Link groups,
+//! the drivers and the socket API follow.
 #![warn(missing_docs)]
 
+pub mod conn;
 pub mod handshake;

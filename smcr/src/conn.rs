@@ -1,0 +1,265 @@
+//! The data path of one SMC-R connection, sans-IO: cursors and flow control on both rings.
+//!
+//! We write into the peer's RMB with RDMA WRITE and tell it with a CDC message; the peer does
+//! the same into ours. [`ConnCore`] keeps the four cursors and decides, exactly as Linux does
+//! (wire spec §4.2–§4.4):
+//!
+//! * how much may be written now ([`ConnCore::space`]), where the bytes go in the peer RMB
+//!   (one or two RDMA WRITEs, split at the ring's end) and the CDC that follows them
+//!   ([`ConnCore::prepare_write`]), with "writing blocked" set when more data waits than fits;
+//! * what a received CDC means ([`ConnCore::on_cdc`]): stale sequence numbers and backwards
+//!   cursors are ignored as Linux ignores them; a peer that claims to have written more than our
+//!   RMB holds, or to have consumed more than we wrote, is a protocol violation that ends the
+//!   connection;
+//! * when reading must return a consumer-cursor update to the peer ([`ConnCore::consume`]):
+//!   only when the peer asked, or when enough was consumed (`rmbe_update_limit`) and the peer is
+//!   short of space or blocked — no CDC per read.
+
+use cdc::{CdcMessage, ConnStateFlags, Cursor, ProducerFlags, seq_before};
+
+/// Linux's `SOCK_MIN_SNDBUF / 2` on x86-64, the floor of `rmbe_update_limit`.
+pub const MIN_UPDATE_LIMIT: u32 = 2304;
+
+/// Why a peer's CDC ends the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// The producer cursor claims more unread data than our RMB holds.
+    #[error("peer's producer cursor {prod} overruns our {size}-byte RMB (consumed up to {cons})")]
+    ProducerOverrun {
+        /// Cursor received.
+        prod: Cursor,
+        /// Our consumer cursor.
+        cons: Cursor,
+        /// RMB size.
+        size: u32,
+    },
+    /// The consumer cursor claims the peer read more than we wrote.
+    #[error("peer's consumer cursor {cons} is beyond what we wrote ({written})")]
+    ConsumerBeyondWritten {
+        /// Cursor received.
+        cons: Cursor,
+        /// Our producer cursor.
+        written: Cursor,
+    },
+    /// A cursor count outside the ring.
+    #[error("cursor {0} is outside the ring")]
+    CursorOutOfRange(Cursor),
+}
+
+/// Where a write goes: up to two pieces of the peer's RMB (split at the end of the ring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritePlan {
+    /// (offset in the peer RMB, length) pieces; the second is empty unless the ring wraps.
+    pub pieces: [(u32, u32); 2],
+    /// The CDC to send after the RDMA WRITEs (on the same QP, so it lands after the data).
+    pub cdc: CdcMessage,
+}
+
+/// What a received CDC changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RxUpdate {
+    /// New bytes readable in our RMB.
+    pub new_data: u32,
+    /// Space freed in the peer's RMB.
+    pub freed: u32,
+    /// The CDC was older than one already taken and was ignored.
+    pub stale: bool,
+    /// The peer wants a consumer-cursor update now.
+    pub update_requested: bool,
+}
+
+/// Cursors and flags of one connection.
+#[derive(Debug, Clone)]
+pub struct ConnCore {
+    token_peer: u32,
+    peer_rmb: u32,
+    rmb: u32,
+    /// How far we wrote into the peer's RMB.
+    tx_prod: Cursor,
+    /// How far the peer says it consumed (frees our space).
+    peer_cons: Cursor,
+    /// How far the peer wrote into our RMB.
+    rx_prod: Cursor,
+    /// How far our application read.
+    rx_cons: Cursor,
+    /// The consumer cursor we last told the peer.
+    cons_sent: Cursor,
+    seq_tx: u16,
+    seq_rx: Option<u16>,
+    peer_blocked: bool,
+    peer_wants_update: bool,
+    local_flags: ConnStateFlags,
+    peer_flags: ConnStateFlags,
+}
+
+impl ConnCore {
+    /// A connection whose peer gave `token_peer` (it goes into our CDCs), with the peer's RMB
+    /// of `peer_rmb` bytes and ours of `rmb` bytes.
+    pub fn new(token_peer: u32, peer_rmb: u32, rmb: u32) -> Self {
+        Self {
+            token_peer,
+            peer_rmb,
+            rmb,
+            tx_prod: Cursor::default(),
+            peer_cons: Cursor::default(),
+            rx_prod: Cursor::default(),
+            rx_cons: Cursor::default(),
+            cons_sent: Cursor::default(),
+            seq_tx: 0,
+            seq_rx: None,
+            peer_blocked: false,
+            peer_wants_update: false,
+            local_flags: ConnStateFlags::empty(),
+            peer_flags: ConnStateFlags::empty(),
+        }
+    }
+
+    /// Linux's `rmbe_update_limit` for our RMB.
+    pub fn update_limit(&self) -> u32 {
+        (self.rmb / 10).max(MIN_UPDATE_LIMIT)
+    }
+
+    /// Bytes we may write into the peer's RMB now.
+    pub fn space(&self) -> u32 {
+        self.peer_rmb - Cursor::diff(self.peer_rmb, self.peer_cons, self.tx_prod).min(self.peer_rmb)
+    }
+
+    /// Bytes readable in our RMB.
+    pub fn readable(&self) -> u32 {
+        Cursor::diff(self.rmb, self.rx_cons, self.rx_prod)
+    }
+
+    /// The peer's close flags seen so far.
+    pub fn peer_flags(&self) -> ConnStateFlags {
+        self.peer_flags
+    }
+
+    fn next_cdc(&mut self, prod_flags: ProducerFlags) -> CdcMessage {
+        self.seq_tx = self.seq_tx.wrapping_add(1);
+        self.cons_sent = self.rx_cons;
+        self.peer_wants_update = false;
+        CdcMessage {
+            seq: self.seq_tx,
+            token: self.token_peer,
+            prod: self.tx_prod,
+            cons: self.rx_cons,
+            prod_flags,
+            conn_flags: self.local_flags,
+        }
+    }
+
+    /// Plans writing `len` bytes (at most [`ConnCore::space`]) when `pending` bytes wait in
+    /// total (`pending >= len`): where they go and the CDC announcing them.
+    pub fn prepare_write(&mut self, len: u32, pending: u32) -> WritePlan {
+        let space = self.space();
+        let len = len.min(space);
+        let off = self.tx_prod.count;
+        let first = len.min(self.peer_rmb - off);
+        let pieces = [(off, first), (0, len - first)];
+        self.tx_prod = self.tx_prod.advance(len, self.peer_rmb);
+        let flags = if pending >= space {
+            ProducerFlags::WRITE_BLOCKED
+        } else {
+            ProducerFlags::empty()
+        };
+        WritePlan {
+            pieces,
+            cdc: self.next_cdc(flags),
+        }
+    }
+
+    /// Where the next `n` readable bytes are in our RMB: up to two (offset, length) pieces.
+    pub fn read_pieces(&self, n: u32) -> [(u32, u32); 2] {
+        let n = n.min(self.readable());
+        let off = self.rx_cons.count;
+        let first = n.min(self.rmb - off);
+        [(off, first), (0, n - first)]
+    }
+
+    /// The application read `n` bytes; returns the CDC to send if Linux's rule says the peer
+    /// must hear about it now.
+    pub fn consume(&mut self, n: u32) -> Option<CdcMessage> {
+        let n = n.min(self.readable());
+        self.rx_cons = self.rx_cons.advance(n, self.rmb);
+        let to_confirm = Cursor::diff(self.rmb, self.cons_sent, self.rx_cons);
+        // Space the peer believes it has: our RMB minus what it wrote and we have not confirmed.
+        let peer_space =
+            self.rmb - Cursor::diff(self.rmb, self.cons_sent, self.rx_prod).min(self.rmb);
+        let send = self.peer_wants_update
+            || (to_confirm > self.update_limit()
+                && (peer_space <= self.rmb / 2 || self.peer_blocked));
+        send.then(|| self.next_cdc(ProducerFlags::empty()))
+    }
+
+    /// A CDC with only our current state (close flags, cursors), e.g. on shutdown or when the
+    /// peer asked for an update.
+    pub fn control_cdc(&mut self) -> CdcMessage {
+        self.next_cdc(ProducerFlags::empty())
+    }
+
+    /// Sets sticky close flags for our next CDCs (`PEER_DONE_WRITING` after shutdown(SHUT_WR),
+    /// `PEER_CONN_CLOSED` on close, `PEER_CONN_ABORT` on abort) and returns the CDC to send.
+    pub fn close_flags(&mut self, f: ConnStateFlags) -> CdcMessage {
+        self.local_flags |= f;
+        self.next_cdc(ProducerFlags::empty())
+    }
+
+    /// Takes a CDC from the peer.
+    pub fn on_cdc(&mut self, m: &CdcMessage) -> Result<RxUpdate, ConnError> {
+        if let Some(last) = self.seq_rx
+            && seq_before(m.seq, last)
+        {
+            return Ok(RxUpdate {
+                stale: true,
+                ..Default::default()
+            });
+        }
+        if m.prod.count >= self.rmb {
+            return Err(ConnError::CursorOutOfRange(m.prod));
+        }
+        if m.cons.count >= self.peer_rmb {
+            return Err(ConnError::CursorOutOfRange(m.cons));
+        }
+        let mut up = RxUpdate::default();
+        if !Cursor::moved_backwards(self.rx_prod, m.prod) {
+            let new_data = Cursor::diff(self.rmb, self.rx_prod, m.prod);
+            if self.readable() + new_data > self.rmb {
+                return Err(ConnError::ProducerOverrun {
+                    prod: m.prod,
+                    cons: self.rx_cons,
+                    size: self.rmb,
+                });
+            }
+            up.new_data = new_data;
+        }
+        if !Cursor::moved_backwards(self.peer_cons, m.cons) {
+            let freed = Cursor::diff(self.peer_rmb, self.peer_cons, m.cons);
+            if freed > Cursor::diff(self.peer_rmb, self.peer_cons, self.tx_prod)
+                && !(freed == self.peer_rmb && self.space() == 0)
+            {
+                return Err(ConnError::ConsumerBeyondWritten {
+                    cons: m.cons,
+                    written: self.tx_prod,
+                });
+            }
+            up.freed = freed;
+        }
+        if up.new_data > 0 {
+            self.rx_prod = m.prod;
+        }
+        if up.freed > 0 {
+            self.peer_cons = m.cons;
+        }
+        self.seq_rx = Some(m.seq);
+        self.peer_blocked = m.prod_flags.contains(ProducerFlags::WRITE_BLOCKED);
+        if m.prod_flags.contains(ProducerFlags::CONS_CURS_UPD_REQ) {
+            self.peer_wants_update = true;
+            up.update_requested = true;
+        }
+        self.peer_flags |= m.conn_flags;
+        Ok(up)
+    }
+}
+
+#[cfg(test)]
+mod tests;
