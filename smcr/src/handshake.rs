@@ -394,6 +394,59 @@ fn accept_confirm(
     })
 }
 
+/// The driver-facing methods both roles share; `on_message` is each role's own.
+macro_rules! driver_methods {
+    ($ty:ident) => {
+        impl $ty {
+            /// Bytes to read from the TCP socket next (0: read nothing; what follows is
+            /// application data).
+            pub fn wants(&self) -> usize {
+                self.c.wants()
+            }
+
+            /// Feeds bytes read from the TCP socket; returns how many were used (at most
+            /// `wants()`).
+            pub fn handle_data(&mut self, data: &[u8]) -> usize {
+                let (n, msg) = self.c.take(data);
+                if let Some(m) = msg {
+                    self.on_message(m);
+                }
+                n
+            }
+
+            /// The TCP connection reached EOF.
+            pub fn handle_eof(&mut self) {
+                if !self.c.done {
+                    self.c.fail(Error::PeerClosed);
+                }
+            }
+
+            /// Call at (or after) `poll_timeout()`.
+            pub fn handle_timeout(&mut self, now: Instant) {
+                self.c.handle_timeout(now);
+            }
+
+            /// When `handle_timeout` must be called next.
+            pub fn poll_timeout(&self) -> Option<Instant> {
+                self.c.deadline.filter(|_| !self.c.done).map(|(at, _)| at)
+            }
+
+            /// Next bytes to write to the TCP socket.
+            pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+                self.c.out.pop_front()
+            }
+
+            /// Next event.
+            pub fn poll_event(&mut self) -> Option<Event> {
+                self.c.events.pop_front()
+            }
+        }
+    };
+}
+
+driver_methods!(Client);
+driver_methods!(Server);
+
 /// The client side of the handshake.
 #[derive(Debug)]
 pub struct Client {
@@ -408,7 +461,6 @@ enum ClientState {
         negotiated: Negotiated,
         server: PeerInfo,
     },
-    Done,
 }
 
 impl Client {
@@ -444,64 +496,16 @@ impl Client {
         }
     }
 
-    /// Bytes to read from the TCP socket next (0: read nothing; the rest is application data).
-    pub fn wants(&self) -> usize {
-        self.c.wants()
-    }
-
-    /// Feeds bytes read from the TCP socket; returns how many were used (at most `wants()`).
-    pub fn handle_data(&mut self, data: &[u8], now: Instant) -> usize {
-        let (n, msg) = self.c.take(data);
-        if let Some(m) = msg {
-            self.on_message(m, now);
-        }
-        n
-    }
-
-    /// The TCP connection reached EOF.
-    pub fn handle_eof(&mut self) {
-        if !self.c.done {
-            self.state = ClientState::Done;
-            self.c.fail(Error::PeerClosed);
-        }
-    }
-
-    /// Call at (or after) [`Client::poll_timeout`].
-    pub fn handle_timeout(&mut self, now: Instant) {
-        self.c.handle_timeout(now);
-        if self.c.done {
-            self.state = ClientState::Done;
-        }
-    }
-
-    /// When `handle_timeout` must be called next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.c.deadline.filter(|_| !self.c.done).map(|(at, _)| at)
-    }
-
-    /// Next bytes to write to the TCP socket.
-    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-        self.c.out.pop_front()
-    }
-
-    /// Next event.
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.c.events.pop_front()
-    }
-
-    fn on_message(&mut self, m: Message, now: Instant) {
-        let _ = now;
+    fn on_message(&mut self, m: Message) {
         if self.state != ClientState::AwaitAccept {
             return;
         }
         let a = match m {
             Message::Decline(d) => {
-                self.state = ClientState::Done;
                 return self.c.peer_declined(&d);
             }
             Message::AcceptConfirm(a) if a.role == Role::Accept => a,
             other => {
-                self.state = ClientState::Done;
                 return self.c.fail(Error::Unexpected {
                     expected: MsgType::Accept,
                     got: other.msg_type(),
@@ -518,7 +522,6 @@ impl Client {
                 self.state = ClientState::AwaitLocal { negotiated, server };
             }
             Err(reason) => {
-                self.state = ClientState::Done;
                 self.c.decline(a.version.min(2), reason);
             }
         }
@@ -583,7 +586,8 @@ impl Client {
     /// Sends the Confirm with our endpoint (after the link is set up or found). `alt_gids` are
     /// further RoCE v2 GIDs of ours (first contact only; Linux lists the link GID first).
     pub fn confirm(&mut self, local: &Endpoint, alt_gids: &[Gid]) -> Result<(), StateError> {
-        let ClientState::AwaitLocal { negotiated, server } = &self.state else {
+        let (ClientState::AwaitLocal { negotiated, server }, false) = (&self.state, self.c.done)
+        else {
             return Err(StateError("confirm needs an Accept first"));
         };
         let mtu = if local.mtu.code() < server.endpoint.mtu.code() {
@@ -603,17 +607,15 @@ impl Client {
             Some(gids),
         );
         self.c.send(&m);
-        self.state = ClientState::Done;
         self.c.finish(Event::Confirmed);
         Ok(())
     }
 
     /// Declines after an Accept (no resources, link group not found → `SYNCERR`, …).
     pub fn decline(&mut self, reason: DeclineReason) -> Result<(), StateError> {
-        if !matches!(self.state, ClientState::AwaitLocal { .. }) {
+        if self.c.done || !matches!(self.state, ClientState::AwaitLocal { .. }) {
             return Err(StateError("the client declines only after an Accept"));
         }
-        self.state = ClientState::Done;
         self.c.decline(2, reason);
         Ok(())
     }
@@ -627,18 +629,18 @@ pub struct Server {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// What the server waits for.
 enum ServerState {
-    AwaitProposal,
-    AwaitLocal {
+    Proposal,
+    LocalDecision {
         negotiated: Negotiated,
         version: u8,
     },
-    AwaitConfirm {
+    Confirm {
         negotiated: Negotiated,
         first_contact: bool,
         mtu: QpMtu,
     },
-    Done,
 }
 
 impl Server {
@@ -649,67 +651,20 @@ impl Server {
         c.wait_for(MsgType::Proposal, now);
         Self {
             c,
-            state: ServerState::AwaitProposal,
+            state: ServerState::Proposal,
         }
     }
 
-    /// Bytes to read from the TCP socket next (0: read nothing).
-    pub fn wants(&self) -> usize {
-        self.c.wants()
-    }
-
-    /// Feeds bytes read from the TCP socket; returns how many were used.
-    pub fn handle_data(&mut self, data: &[u8], now: Instant) -> usize {
-        let (n, msg) = self.c.take(data);
-        if let Some(m) = msg {
-            self.on_message(m, now);
-        }
-        n
-    }
-
-    /// The TCP connection reached EOF.
-    pub fn handle_eof(&mut self) {
-        if !self.c.done {
-            self.state = ServerState::Done;
-            self.c.fail(Error::PeerClosed);
-        }
-    }
-
-    /// Call at (or after) [`Server::poll_timeout`].
-    pub fn handle_timeout(&mut self, now: Instant) {
-        self.c.handle_timeout(now);
-        if self.c.done {
-            self.state = ServerState::Done;
-        }
-    }
-
-    /// When `handle_timeout` must be called next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.c.deadline.filter(|_| !self.c.done).map(|(at, _)| at)
-    }
-
-    /// Next bytes to write to the TCP socket.
-    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-        self.c.out.pop_front()
-    }
-
-    /// Next event.
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.c.events.pop_front()
-    }
-
-    fn on_message(&mut self, m: Message, _now: Instant) {
+    fn on_message(&mut self, m: Message) {
         let expected = match self.state {
-            ServerState::AwaitProposal => MsgType::Proposal,
-            ServerState::AwaitConfirm { .. } => MsgType::Confirm,
+            ServerState::Proposal => MsgType::Proposal,
+            ServerState::Confirm { .. } => MsgType::Confirm,
             _ => return,
         };
         if let Message::Decline(d) = &m {
-            self.state = ServerState::Done;
             return self.c.peer_declined(d);
         }
         if m.msg_type() != expected {
-            self.state = ServerState::Done;
             return self.c.fail(Error::Unexpected {
                 expected,
                 got: m.msg_type(),
@@ -719,7 +674,7 @@ impl Server {
             (Message::Proposal(p), _) => match self.check_proposal(&p) {
                 Ok((negotiated, client_gid)) => {
                     self.c.deadline = None;
-                    self.state = ServerState::AwaitLocal {
+                    self.state = ServerState::LocalDecision {
                         negotiated,
                         version: 2,
                     };
@@ -729,25 +684,22 @@ impl Server {
                     });
                 }
                 Err(reason) => {
-                    self.state = ServerState::Done;
                     // Linux declines with the Proposal's header version.
                     self.c.decline(p.version.min(2), reason);
                 }
             },
             (
                 Message::AcceptConfirm(c),
-                ServerState::AwaitConfirm {
+                ServerState::Confirm {
                     negotiated,
                     first_contact,
                     mtu,
                 },
             ) => match Self::check_confirm(&c, &negotiated, first_contact, mtu) {
                 Ok(client) => {
-                    self.state = ServerState::Done;
                     self.c.finish(Event::Established { negotiated, client });
                 }
                 Err(reason) => {
-                    self.state = ServerState::Done;
                     self.c.decline(2, reason);
                 }
             },
@@ -812,7 +764,9 @@ impl Server {
         first_contact: bool,
         now: Instant,
     ) -> Result<(), StateError> {
-        let ServerState::AwaitLocal { negotiated, .. } = self.state.clone() else {
+        let (ServerState::LocalDecision { negotiated, .. }, false) =
+            (self.state.clone(), self.c.done)
+        else {
             return Err(StateError("accept needs an acceptable Proposal first"));
         };
         let m = accept_confirm(
@@ -826,7 +780,7 @@ impl Server {
         );
         self.c.send(&m);
         self.c.wait_for(MsgType::Confirm, now);
-        self.state = ServerState::AwaitConfirm {
+        self.state = ServerState::Confirm {
             negotiated,
             first_contact,
             mtu: local.mtu,
@@ -836,11 +790,10 @@ impl Server {
 
     /// Declines after a Proposal (no memory, too many connections, …).
     pub fn decline(&mut self, reason: DeclineReason) -> Result<(), StateError> {
-        let ServerState::AwaitLocal { version, .. } = self.state else {
+        let (ServerState::LocalDecision { version, .. }, false) = (&self.state, self.c.done) else {
             return Err(StateError("the server declines only after a Proposal"));
         };
-        self.state = ServerState::Done;
-        self.c.decline(version, reason);
+        self.c.decline(*version, reason);
         Ok(())
     }
 

@@ -43,22 +43,22 @@ fn endpoint(last: u8, token: u32) -> Endpoint {
 
 /// Moves every pending transmission of one side into the other, byte by byte when `trickle`,
 /// and returns the sizes of the CLC messages moved.
-fn deliver_to_server(c: &mut Client, s: &mut Server, now: Instant, sizes: &mut Vec<usize>) {
+fn deliver_to_server(c: &mut Client, s: &mut Server, sizes: &mut Vec<usize>) {
     while let Some(b) = c.poll_transmit() {
         sizes.push(b.len());
         let mut off = 0;
         while off < b.len() {
-            let n = s.handle_data(&b[off..off + 1], now);
+            let n = s.handle_data(&b[off..off + 1]);
             assert_eq!(n, 1, "server takes the whole message, byte by byte");
             off += n;
         }
     }
 }
 
-fn deliver_to_client(s: &mut Server, c: &mut Client, now: Instant, sizes: &mut Vec<usize>) {
+fn deliver_to_client(s: &mut Server, c: &mut Client, sizes: &mut Vec<usize>) {
     while let Some(b) = s.poll_transmit() {
         sizes.push(b.len());
-        assert_eq!(c.handle_data(&b, now), b.len());
+        assert_eq!(c.handle_data(&b), b.len());
     }
 }
 
@@ -68,7 +68,7 @@ fn test_first_contact_like_linux() {
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
     let mut sizes = vec![];
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     let Some(Event::Proposed {
         negotiated,
         client_gid,
@@ -87,7 +87,7 @@ fn test_first_contact_like_linux() {
     );
     assert_eq!(negotiated.eid, ueid());
     s.accept(&endpoint(2, 1), true, t0).unwrap();
-    deliver_to_client(&mut s, &mut c, t0, &mut sizes);
+    deliver_to_client(&mut s, &mut c, &mut sizes);
     let Some(Event::Accepted {
         negotiated: n2,
         server,
@@ -101,7 +101,7 @@ fn test_first_contact_like_linux() {
     assert_eq!(server.hostname.unwrap().to_string(), "A");
     c.confirm(&endpoint(3, 1), &[]).unwrap();
     assert_eq!(c.poll_event(), Some(Event::Confirmed));
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     let Some(Event::Established {
         negotiated: n3,
         client,
@@ -128,16 +128,16 @@ fn test_reused_link_group() {
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
     let mut sizes = vec![];
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     assert!(matches!(s.poll_event(), Some(Event::Proposed { .. })));
     s.accept(&endpoint(2, 2), false, t0).unwrap();
-    deliver_to_client(&mut s, &mut c, t0, &mut sizes);
+    deliver_to_client(&mut s, &mut c, &mut sizes);
     let Some(Event::Accepted { server, .. }) = c.poll_event() else {
         panic!()
     };
     assert!(!server.first_contact);
     c.confirm(&endpoint(3, 2), &[]).unwrap();
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     assert!(
         matches!(s.poll_event(), Some(Event::Established { client, .. }) if !client.first_contact)
     );
@@ -164,7 +164,7 @@ fn test_server_accepts_a_linux_proposal() {
     let t0 = Instant::now();
     let mut s = Server::new(cfg(2, "A"), t0);
     let p = hex(LINUX_PROPOSAL);
-    assert_eq!(s.handle_data(&p, t0), 156);
+    assert_eq!(s.handle_data(&p), 156);
     let Some(Event::Proposed {
         negotiated,
         client_gid,
@@ -193,7 +193,7 @@ fn test_client_takes_a_linux_accept() {
     let mut c = Client::new(cf, gid(3), t0);
     c.poll_transmit().unwrap();
     let a = hex(LINUX_ACCEPT);
-    assert_eq!(c.handle_data(&a, t0), 160);
+    assert_eq!(c.handle_data(&a), 160);
     let Some(Event::Accepted { negotiated, server }) = c.poll_event() else {
         panic!()
     };
@@ -211,7 +211,7 @@ fn test_client_takes_a_linux_accept() {
     // A client that supports one link refuses the Linux server's max_links 2.
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     c.poll_transmit().unwrap();
-    c.handle_data(&a, t0);
+    c.handle_data(&a);
     assert_eq!(
         c.poll_event(),
         Some(Event::Fallback {
@@ -232,7 +232,7 @@ fn test_no_common_ueid_falls_back_on_both_sides() {
     let mut c = Client::new(other, gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
     let mut sizes = vec![];
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     assert_eq!(
         s.poll_event(),
         Some(Event::Fallback {
@@ -246,7 +246,7 @@ fn test_no_common_ueid_falls_back_on_both_sides() {
     let mut stream = s.poll_transmit().unwrap();
     let decline_len = stream.len();
     stream.extend_from_slice(b"+OK application data\r\n");
-    let used = c.handle_data(&stream, t0);
+    let used = c.handle_data(&stream);
     assert_eq!(used, decline_len);
     assert_eq!(
         c.poll_event(),
@@ -257,7 +257,7 @@ fn test_no_common_ueid_falls_back_on_both_sides() {
         })
     );
     assert_eq!(c.wants(), 0);
-    assert_eq!(c.handle_data(b"more", t0), 0);
+    assert_eq!(c.handle_data(b"more"), 0);
 }
 
 #[test]
@@ -266,14 +266,14 @@ fn test_server_declines_after_proposal() {
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
     let mut sizes = vec![];
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     s.poll_event().unwrap();
     s.decline(DeclineReason::MEM).unwrap();
     assert!(
         s.accept(&endpoint(2, 1), true, t0).is_err(),
         "no accept after a decline"
     );
-    deliver_to_client(&mut s, &mut c, t0, &mut sizes);
+    deliver_to_client(&mut s, &mut c, &mut sizes);
     assert_eq!(
         c.poll_event(),
         Some(Event::Fallback {
@@ -290,14 +290,14 @@ fn test_client_syncerr_terminates_server_link_group() {
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
     let mut sizes = vec![];
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     s.poll_event().unwrap();
     s.accept(&endpoint(2, 2), false, t0).unwrap();
-    deliver_to_client(&mut s, &mut c, t0, &mut sizes);
+    deliver_to_client(&mut s, &mut c, &mut sizes);
     c.poll_event().unwrap();
     // The client has no such link group.
     c.decline(DeclineReason::SYNCERR).unwrap();
-    deliver_to_server(&mut c, &mut s, t0, &mut sizes);
+    deliver_to_server(&mut c, &mut s, &mut sizes);
     assert_eq!(
         s.poll_event(),
         Some(Event::Fallback {
@@ -329,7 +329,7 @@ fn test_timeouts_fail_without_fallback() {
     // Server waiting for the Confirm.
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
-    deliver_to_server(&mut c, &mut s, t0, &mut vec![]);
+    deliver_to_server(&mut c, &mut s, &mut vec![]);
     s.poll_event().unwrap();
     let t1 = t0 + Duration::from_secs(1);
     s.accept(&endpoint(2, 1), true, t1).unwrap();
@@ -348,7 +348,7 @@ fn test_protocol_errors_fail() {
     let t0 = Instant::now();
     // Not CLC at all.
     let mut s = Server::new(cfg(2, "A"), t0);
-    assert_eq!(s.handle_data(b"GET / HTTP/1.1\r\n", t0), 8);
+    assert_eq!(s.handle_data(b"GET / HTTP/1.1\r\n"), 8);
     assert!(matches!(
         s.poll_event(),
         Some(Event::Failed(Error::Malformed(clc::Error::BadEyecatcher(
@@ -358,12 +358,12 @@ fn test_protocol_errors_fail() {
     // A Confirm where a Proposal belongs.
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s0 = Server::new(cfg(2, "A"), t0);
-    deliver_to_server(&mut c, &mut s0, t0, &mut vec![]);
+    deliver_to_server(&mut c, &mut s0, &mut vec![]);
     s0.poll_event().unwrap();
     s0.accept(&endpoint(2, 1), true, t0).unwrap();
     let accept = s0.poll_transmit().unwrap();
     let mut s = Server::new(cfg(2, "A"), t0);
-    s.handle_data(&accept, t0);
+    s.handle_data(&accept);
     assert_eq!(
         s.poll_event(),
         Some(Event::Failed(Error::Unexpected {
@@ -382,11 +382,11 @@ fn test_confirm_feature_mismatch_is_declined() {
     let t0 = Instant::now();
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
-    deliver_to_server(&mut c, &mut s, t0, &mut vec![]);
+    deliver_to_server(&mut c, &mut s, &mut vec![]);
     s.poll_event().unwrap();
     s.accept(&endpoint(2, 1), true, t0).unwrap();
     let accept = s.poll_transmit().unwrap();
-    c.handle_data(&accept, t0);
+    c.handle_data(&accept);
     c.poll_event().unwrap();
     c.confirm(&endpoint(3, 1), &[]).unwrap();
     let confirm = c.poll_transmit().unwrap();
@@ -397,7 +397,7 @@ fn test_confirm_feature_mismatch_is_declined() {
     {
         r.v2.as_mut().unwrap().fce.as_mut().unwrap().max_conns = 100;
     }
-    s.handle_data(&m.to_vec(), t0);
+    s.handle_data(&m.to_vec());
     assert_eq!(
         s.poll_event(),
         Some(Event::Fallback {
@@ -415,7 +415,7 @@ fn test_unsupported_proposals_get_linux_codes() {
     let Message::Proposal(p) = base else { panic!() };
     let run = |p: &Proposal| {
         let mut s = Server::new(cfg(2, "A"), t0);
-        s.handle_data(&Message::Proposal(p.clone()).to_vec(), t0);
+        s.handle_data(&Message::Proposal(p.clone()).to_vec());
         match s.poll_event() {
             Some(Event::Fallback {
                 reason,
@@ -449,7 +449,7 @@ fn test_unsupported_proposals_get_linux_codes() {
     r0.v2.as_mut().unwrap().release = 0;
     r0.v2.as_mut().unwrap().max_conns = 0;
     let mut s = Server::new(cfg(2, "A"), t0);
-    s.handle_data(&Message::Proposal(r0).to_vec(), t0);
+    s.handle_data(&Message::Proposal(r0).to_vec());
     assert!(
         matches!(s.poll_event(), Some(Event::Proposed { negotiated, .. }) if negotiated.release == 0)
     );
