@@ -1,0 +1,387 @@
+//! SMC-R capability signalling: TCP option 254 (`fe 06 e2 d4 c3 d9`) in SYN and SYN-ACK, written
+//! by a sock_ops eBPF program for the sockets we mark, exactly where Linux writes it.
+//!
+//! Two sides:
+//! * [`install`] (root, once per machine, done by the launcher or a test): loads the program and
+//!   its per-socket storage map, attaches it to the cgroup v2 root through a bpf link, and pins
+//!   map, program and link under a bpffs directory ([`DEFAULT_DIR`]) so they outlive the loader.
+//!   The map pin is made world-writable: marking needs no capability, and a process can only
+//!   name its own sockets (the key is a file descriptor of the caller).
+//! * [`OptionMap`] (every process using SMC-R): opens the pinned map, [`OptionMap::mark`]s a
+//!   socket before `connect`/`listen`, and reads [`OptionMap::state`] after the handshake to learn
+//!   whether the peer sent the option.
+//!
+//! Programs in other cgroup hierarchies or network namespaces are covered: the attachment is at
+//! the cgroup v2 root, and sock_ops programs run for every TCP socket in the cgroup whatever its
+//! namespace.
+
+mod asm;
+mod prog;
+mod sys;
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+pub use prog::{ESTABLISHED, MARKED, OPTION, PEER};
+
+/// Where [`install`] pins by default.
+pub const DEFAULT_DIR: &str = "/sys/fs/bpf/smcr";
+
+/// Pin names (bpffs refuses names with a dot); the suffix changes whenever the program or the value layout does, so an old pin
+/// is never used with a new layout.
+const MAP_PIN: &str = "sk_opt_map_v1";
+const PROG_PIN: &str = "sk_opt_prog_v1";
+const LINK_PIN: &str = "sk_opt_link_v1";
+
+/// Name of the program and map as `bpftool` shows them.
+const PROG_NAME: &str = "smcr_sk_opt";
+const MAP_NAME: &str = "smcr_sk_opt";
+/// The program is our own code; this licence string lets it use every helper it calls.
+const LICENSE: &str = "Dual MIT/GPL";
+
+/// Why the option machinery is unavailable. Each maps to a local fallback reason.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionError {
+    /// The caller may not use bpf(2) for this (`EPERM`/`EACCES`): not root for [`install`], or
+    /// the map pin's permissions for [`OptionMap::open`].
+    #[error("no permission to use BPF ({what}): {source}")]
+    NoPermission {
+        /// The step that was refused.
+        what: &'static str,
+        /// The kernel's error.
+        source: io::Error,
+    },
+    /// The program is not installed: no pinned map at the path.
+    #[error(
+        "the SMC-R option program is not installed (no pin at {path}); run `smcr bpf install` as root"
+    )]
+    NotInstalled {
+        /// The pin that is missing.
+        path: PathBuf,
+    },
+    /// No cgroup v2 hierarchy is mounted, so there is nothing to attach to.
+    #[error("no cgroup v2 hierarchy is mounted")]
+    NoCgroup2,
+    /// Another kernel error, with the step that failed (and the verifier log for a load).
+    #[error("{what}: {source}")]
+    Kernel {
+        /// The step that failed.
+        what: &'static str,
+        /// The kernel's error.
+        source: io::Error,
+    },
+}
+
+impl OptionError {
+    fn from_io(what: &'static str, source: io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => Self::NoPermission { what, source },
+            _ => Self::Kernel { what, source },
+        }
+    }
+}
+
+/// What [`install`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Installed {
+    /// Loaded, attached to `cgroup` and pinned now.
+    Fresh {
+        /// The cgroup v2 directory the program is attached to.
+        cgroup: PathBuf,
+    },
+    /// Already installed (by us earlier or by a concurrent installer); nothing changed.
+    Present,
+}
+
+/// The program's record for one socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SockOption(pub u32);
+
+impl SockOption {
+    /// We marked this socket (or the listener it was accepted from).
+    pub fn marked(self) -> bool {
+        self.0 & MARKED != 0
+    }
+    /// The program saw the handshake of this marked socket complete.
+    pub fn established(self) -> bool {
+        self.0 & ESTABLISHED != 0
+    }
+    /// The peer's SYN or SYN-ACK carried the SMC-R option.
+    pub fn peer(self) -> bool {
+        self.0 & PEER != 0
+    }
+    /// The verdict after the TCP handshake.
+    pub fn capability(self) -> Capability {
+        match (self.marked(), self.established(), self.peer()) {
+            (true, true, true) => Capability::PeerCapable,
+            (true, true, false) => Capability::PeerNotCapable,
+            (true, false, _) => Capability::NotObserved,
+            (false, ..) => Capability::NotMarked,
+        }
+    }
+}
+
+/// Whether SMC-R may be tried on an established TCP connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// Both ends sent the option: the CLC handshake follows.
+    PeerCapable,
+    /// The peer did not send the option (Linux: fallback `PEERNOSMC`, no CLC bytes).
+    PeerNotCapable,
+    /// The socket was marked but the program never saw its handshake: it is not attached for
+    /// this socket's cgroup, or was removed meanwhile.
+    NotObserved,
+    /// The socket was not marked.
+    NotMarked,
+}
+
+/// The pinned per-socket map, as each process using SMC-R opens it.
+#[derive(Debug)]
+pub struct OptionMap {
+    map: OwnedFd,
+}
+
+impl OptionMap {
+    /// Opens the map pinned under `dir` (normally [`DEFAULT_DIR`]).
+    pub fn open(dir: &Path) -> Result<Self, OptionError> {
+        let path = dir.join(MAP_PIN);
+        match sys::obj_get(&path.to_string_lossy()) {
+            Ok(map) => Ok(Self { map }),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                Err(OptionError::NotInstalled { path })
+            }
+            Err(e) => Err(OptionError::from_io("open the pinned map", e)),
+        }
+    }
+
+    /// Marks `sock` (before `connect` or `listen`) so the program writes the option for it.
+    pub fn mark(&self, sock: BorrowedFd<'_>) -> Result<(), OptionError> {
+        let mut v = [0u8; 8];
+        v[..4].copy_from_slice(&MARKED.to_ne_bytes());
+        sys::sk_storage_update(self.map.as_raw_fd(), sock.as_raw_fd(), &v)
+            .map_err(|e| OptionError::from_io("mark the socket", e))
+    }
+
+    /// Removes the mark (and any record) from `sock`.
+    pub fn unmark(&self, sock: BorrowedFd<'_>) -> Result<(), OptionError> {
+        sys::sk_storage_delete(self.map.as_raw_fd(), sock.as_raw_fd())
+            .map_err(|e| OptionError::from_io("unmark the socket", e))
+    }
+
+    /// The program's record for `sock` (all flags clear when it has none).
+    pub fn state(&self, sock: BorrowedFd<'_>) -> Result<SockOption, OptionError> {
+        let v = sys::sk_storage_lookup(self.map.as_raw_fd(), sock.as_raw_fd())
+            .map_err(|e| OptionError::from_io("read the socket's record", e))?;
+        Ok(SockOption(v.map_or(0, |v| {
+            u32::from_ne_bytes(v[..4].try_into().expect("4 bytes"))
+        })))
+    }
+}
+
+/// Loads, attaches and pins the option program under `dir` unless it is already there. Needs
+/// root (CAP_BPF + CAP_NET_ADMIN and write access to bpffs). Mounts bpffs on `/sys/fs/bpf` when
+/// `dir` is below it and nothing is mounted there.
+pub fn install(dir: &Path) -> Result<Installed, OptionError> {
+    if is_installed(dir) {
+        return Ok(Installed::Present);
+    }
+    ensure_bpffs(dir)?;
+    let cgroup = cgroup2_root()?.ok_or(OptionError::NoCgroup2)?;
+
+    let btf = sys::btf_load(&prog::btf()).map_err(|e| OptionError::from_io("load BTF", e))?;
+    let map = sys::sk_storage_create(
+        MAP_NAME,
+        prog::VALUE_SIZE,
+        btf.as_raw_fd(),
+        prog::BTF_KEY_TYPE,
+        prog::BTF_VALUE_TYPE,
+    )
+    .map_err(|e| OptionError::from_io("create the sk_storage map", e))?;
+    let program = sys::prog_load_sock_ops(PROG_NAME, &prog::program(map.as_raw_fd()), LICENSE)
+        .map_err(|e| OptionError::from_io("load the sock_ops program", e))?;
+    let cg = fs::File::open(&cgroup).map_err(|e| OptionError::from_io("open the cgroup", e))?;
+    let link = sys::link_create_cgroup_sock_ops(program.as_raw_fd(), cg.as_raw_fd())
+        .map_err(|e| OptionError::from_io("attach to the cgroup", e))?;
+
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(OptionError::from_io("create the pin directory", e)),
+    }
+    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o755));
+    // Remove leftovers of an interrupted install; the link pin is written last and marks a
+    // complete one, and it is absent here.
+    for name in [MAP_PIN, PROG_PIN] {
+        let _ = fs::remove_file(dir.join(name));
+    }
+    let pin =
+        |fd: &OwnedFd, name: &str| sys::obj_pin(fd.as_raw_fd(), &dir.join(name).to_string_lossy());
+    pin(&map, MAP_PIN).map_err(|e| OptionError::from_io("pin the map", e))?;
+    fs::set_permissions(dir.join(MAP_PIN), fs::Permissions::from_mode(0o666))
+        .map_err(|e| OptionError::from_io("open the map pin to all users", e))?;
+    pin(&program, PROG_PIN).map_err(|e| OptionError::from_io("pin the program", e))?;
+    match pin(&link, LINK_PIN) {
+        Ok(()) => Ok(Installed::Fresh { cgroup }),
+        // A concurrent installer won; dropping our link detaches our copy.
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(Installed::Present),
+        Err(e) => Err(OptionError::from_io("pin the link", e)),
+    }
+}
+
+/// Whether a complete install is pinned under `dir`.
+pub fn is_installed(dir: &Path) -> bool {
+    dir.join(LINK_PIN).exists() && dir.join(MAP_PIN).exists()
+}
+
+/// Removes the pins under `dir`; the program is detached once no process holds the link.
+/// Sockets that were marked keep working as plain TCP sockets.
+pub fn uninstall(dir: &Path) -> Result<(), OptionError> {
+    for name in [LINK_PIN, PROG_PIN, MAP_PIN] {
+        match fs::remove_file(dir.join(name)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(OptionError::from_io("remove a pin", e)),
+        }
+    }
+    // Only ours lived there; leave the directory if someone else put something in it.
+    let _ = fs::remove_dir(dir);
+    Ok(())
+}
+
+/// Mount points of `fstype` from /proc/self/mountinfo (field 5 is the mount point; the
+/// filesystem type follows the ` - ` separator).
+fn mounts_of(fstype: &str) -> io::Result<Vec<PathBuf>> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(parse_mounts(&info, fstype))
+}
+
+fn parse_mounts(info: &str, fstype: &str) -> Vec<PathBuf> {
+    info.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let ty = right.split_whitespace().next()?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            (ty == fstype).then(|| PathBuf::from(unescape_mount(mount_point)))
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal `\ooo`.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup v2 root: the first cgroup2 mount (on hybrid systems it is `/sys/fs/cgroup/unified`).
+fn cgroup2_root() -> Result<Option<PathBuf>, OptionError> {
+    let mounts =
+        mounts_of("cgroup2").map_err(|e| OptionError::from_io("read /proc/self/mountinfo", e))?;
+    Ok(mounts.into_iter().next())
+}
+
+fn ensure_bpffs(dir: &Path) -> Result<(), OptionError> {
+    let mounts =
+        mounts_of("bpf").map_err(|e| OptionError::from_io("read /proc/self/mountinfo", e))?;
+    let parent = dir.parent().unwrap_or(dir);
+    if mounts.iter().any(|m| parent.starts_with(m)) {
+        return Ok(());
+    }
+    let default = Path::new("/sys/fs/bpf");
+    if !parent.starts_with(default) {
+        return Err(OptionError::Kernel {
+            what: "find a bpffs for the pins",
+            source: io::Error::other(format!("{} is not on a bpf filesystem", parent.display())),
+        });
+    }
+    let target = c"/sys/fs/bpf";
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
+    let r = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(OptionError::from_io(
+            "mount bpffs on /sys/fs/bpf",
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_verdicts() {
+        assert_eq!(
+            SockOption(MARKED | ESTABLISHED | PEER).capability(),
+            Capability::PeerCapable
+        );
+        assert_eq!(
+            SockOption(MARKED | ESTABLISHED).capability(),
+            Capability::PeerNotCapable
+        );
+        assert_eq!(SockOption(MARKED).capability(), Capability::NotObserved);
+        assert_eq!(SockOption(0).capability(), Capability::NotMarked);
+    }
+
+    #[test]
+    fn missing_install_is_a_clear_error() {
+        let dir = Path::new("/nonexistent/smcr-bpf");
+        let e = OptionMap::open(dir).unwrap_err();
+        assert!(matches!(e, OptionError::NotInstalled { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("not installed") && text.contains("smcr bpf install"),
+            "{text}"
+        );
+        assert!(!is_installed(dir));
+    }
+
+    #[test]
+    fn mountinfo_parsing() {
+        let info = "\
+24 1 0:22 / /sys rw,nosuid - sysfs sysfs rw
+35 24 0:30 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+40 24 0:33 / /sys/fs/bpf rw - bpf bpf rw,mode=700
+41 24 0:34 / /mnt/with\\040space rw - bpf bpf rw
+";
+        assert_eq!(
+            parse_mounts(info, "cgroup2"),
+            vec![PathBuf::from("/sys/fs/cgroup/unified")]
+        );
+        assert_eq!(
+            parse_mounts(info, "bpf"),
+            vec![
+                PathBuf::from("/sys/fs/bpf"),
+                PathBuf::from("/mnt/with space")
+            ]
+        );
+        assert!(parse_mounts(info, "nfs").is_empty());
+        assert!(parse_mounts("garbage\n\n - \n", "bpf").is_empty());
+    }
+}

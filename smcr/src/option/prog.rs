@@ -1,0 +1,294 @@
+//! The sock_ops program that puts the SMC-R capability option into SYN and SYN-ACK, and the BTF
+//! describing its per-socket storage. Pure: builds bytes, loads nothing.
+//!
+//! What it does, by `skops->op` (include/uapi/linux/bpf.h):
+//! * `TCP_CONNECT_CB` (a socket connects) and `TCP_LISTEN_CB` (a socket listens): when the
+//!   socket's storage says [`MARKED`], turn on the header-option callbacks for it. A marked
+//!   listener also gets `TCP_SAVE_SYN`, so the SYN is still readable when the child is
+//!   established and when a SYN-ACK is retransmitted.
+//! * `HDR_OPT_LEN_CB` / `WRITE_HDR_OPT_CB`: reserve and write `fe 06 e2 d4 c3 d9` into a SYN, and
+//!   into a SYN-ACK only when the SYN carried those bytes and the SYN-ACK is not a SYN cookie —
+//!   what Linux does (wire-spec §1.2). Callbacks only run for sockets whose flag was turned on.
+//! * `ACTIVE_ESTABLISHED_CB` / `PASSIVE_ESTABLISHED_CB`: for marked sockets, record
+//!   [`ESTABLISHED`] and, when the SYN-ACK (client) or the SYN (server) carried the option,
+//!   [`PEER`]; then turn the header callbacks off so data packets pay nothing.
+//!
+//! Listener marks reach accepted sockets because the map is created with `BPF_F_CLONE`.
+
+use super::asm::{Asm, Insn, R0, R1, R2, R3, R4, R5, R6, R7, R8, R10};
+
+/// Storage flag set by the application: this socket takes part in SMC-R negotiation.
+pub const MARKED: u32 = 1 << 0;
+/// Set by the program: the peer's SYN (we listen) or SYN-ACK (we connect) carried the option.
+pub const PEER: u32 = 1 << 1;
+/// Set by the program: it saw this marked socket's handshake complete.
+pub const ESTABLISHED: u32 = 1 << 2;
+
+/// The option: kind 254, length 6, magic `E2 D4 C3 D9` (wire-spec §1.1). Linux puts its two
+/// padding NOPs before it; `bpf_store_hdr_opt` only stores whole options and the kernel pads
+/// after the last one, so ours arrive as `fe 06 e2 d4 c3 d9 01 01` — the same option to any
+/// receiver (docs/protocol.md).
+pub const OPTION: [u8; 6] = [0xfe, 0x06, 0xe2, 0xd4, 0xc3, 0xd9];
+
+// `struct bpf_sock_ops` offsets (checked against the UAPI header with offsetof).
+const CTX_OP: i16 = 0;
+const CTX_ARGS0: i16 = 4;
+const CTX_CB_FLAGS: i16 = 84;
+const CTX_SK: i16 = 184;
+const CTX_SKB_TCP_FLAGS: i16 = 212;
+
+// `enum bpf_sock_ops_op`.
+const OP_TCP_CONNECT_CB: i32 = 3;
+const OP_ACTIVE_ESTABLISHED_CB: i32 = 4;
+const OP_PASSIVE_ESTABLISHED_CB: i32 = 5;
+const OP_TCP_LISTEN_CB: i32 = 11;
+const OP_HDR_OPT_LEN_CB: i32 = 14;
+const OP_WRITE_HDR_OPT_CB: i32 = 15;
+
+const CB_FLAG_WRITE_HDR_OPT: i32 = 1 << 6;
+const WRITE_HDR_SYNACK_COOKIE: i32 = 2;
+const LOAD_HDR_OPT_TCP_SYN: i32 = 1;
+const TCPHDR_SYN: i32 = 0x02;
+const TCPHDR_ACK: i32 = 0x10;
+const SOL_TCP: i32 = 6;
+const TCP_SAVE_SYN: i32 = 27;
+
+// Helper function numbers (`___BPF_FUNC_MAPPER`).
+const HELPER_SETSOCKOPT: i32 = 49;
+const HELPER_SOCK_OPS_CB_FLAGS_SET: i32 = 59;
+const HELPER_SK_STORAGE_GET: i32 = 107;
+const HELPER_LOAD_HDR_OPT: i32 = 142;
+const HELPER_STORE_HDR_OPT: i32 = 143;
+const HELPER_RESERVE_HDR_OPT: i32 = 144;
+
+// Stack slots.
+const STACK_OPTION: i16 = -8;
+const STACK_ONE: i16 = -16;
+
+/// Emits: r0 = this socket's storage, or jump to `out` when the socket is not a full socket or
+/// has no storage or is not marked. Clobbers r1-r5.
+fn storage_or(a: &mut Asm, map_fd: i32, out: &str) {
+    a.ldx_dw(R2, R6, CTX_SK)
+        .jeq_imm(R2, 0, out)
+        .ld_map_fd(R1, map_fd)
+        .mov_imm(R3, 0)
+        .mov_imm(R4, 0)
+        .call(HELPER_SK_STORAGE_GET)
+        .jeq_imm(R0, 0, out)
+        .ldx_w(R1, R0, 0)
+        .and_imm(R1, MARKED as i32)
+        .jeq_imm(R1, 0, out);
+}
+
+/// Emits: for a SYN-ACK, jump to `out` unless it may carry the option (not a cookie, and the SYN
+/// carried it); for anything but a SYN or SYN-ACK, jump to `out`; else fall through.
+fn only_syn_or_echo(a: &mut Asm, out: &str, go: &str) {
+    a.ldx_w(R1, R6, CTX_SKB_TCP_FLAGS)
+        .mov(R2, R1)
+        .and_imm(R2, TCPHDR_SYN)
+        .jeq_imm(R2, 0, out)
+        .and_imm(R1, TCPHDR_ACK)
+        .jeq_imm(R1, 0, go)
+        .ldx_w(R1, R6, CTX_ARGS0)
+        .jeq_imm(R1, WRITE_HDR_SYNACK_COOKIE, out)
+        .mov(R1, R6)
+        .mov(R2, R10)
+        .add_imm(R2, STACK_OPTION as i32)
+        .mov_imm(R3, OPTION.len() as i32)
+        .mov_imm(R4, LOAD_HDR_OPT_TCP_SYN)
+        .call(HELPER_LOAD_HDR_OPT)
+        .jslt_imm(R0, 0, out);
+}
+
+/// Emits the established handler: record the peer's option and turn the callbacks off.
+fn established(a: &mut Asm, map_fd: i32, load_flags: i32, name: &str) {
+    let clear = format!("{name}_clear");
+    storage_or(a, map_fd, "out");
+    a.mov(R8, R0)
+        .ldx_w(R1, R8, 0)
+        .or_imm(R1, ESTABLISHED as i32)
+        .stx_w(R8, 0, R1)
+        .mov(R1, R6)
+        .mov(R2, R10)
+        .add_imm(R2, STACK_OPTION as i32)
+        .mov_imm(R3, OPTION.len() as i32)
+        .mov_imm(R4, load_flags)
+        .call(HELPER_LOAD_HDR_OPT)
+        .jslt_imm(R0, 0, &clear)
+        .ldx_w(R1, R8, 0)
+        .or_imm(R1, PEER as i32)
+        .stx_w(R8, 0, R1)
+        .label(&clear)
+        .ldx_w(R2, R6, CTX_CB_FLAGS)
+        .and_imm(R2, !CB_FLAG_WRITE_HDR_OPT)
+        .mov(R1, R6)
+        .call(HELPER_SOCK_OPS_CB_FLAGS_SET)
+        .ja("out");
+}
+
+/// The program's instructions, with `map_fd` (the sk_storage map) built in.
+pub(crate) fn program(map_fd: i32) -> Vec<Insn> {
+    let option = u64::from_le_bytes([
+        OPTION[0], OPTION[1], OPTION[2], OPTION[3], OPTION[4], OPTION[5], 0, 0,
+    ]);
+    let mut a = Asm::default();
+    a.mov(R6, R1)
+        .ldx_w(R7, R6, CTX_OP)
+        .ld_imm64(R1, option)
+        .stx_dw(R10, STACK_OPTION, R1)
+        .jeq_imm(R7, OP_TCP_CONNECT_CB, "connect")
+        .jeq_imm(R7, OP_TCP_LISTEN_CB, "listen")
+        .jeq_imm(R7, OP_HDR_OPT_LEN_CB, "hdr_len")
+        .jeq_imm(R7, OP_WRITE_HDR_OPT_CB, "hdr_write")
+        .jeq_imm(R7, OP_ACTIVE_ESTABLISHED_CB, "active")
+        .jeq_imm(R7, OP_PASSIVE_ESTABLISHED_CB, "passive")
+        .ja("out");
+
+    a.label("listen");
+    storage_or(&mut a, map_fd, "out");
+    a.st_w(R10, STACK_ONE, 1)
+        .mov(R1, R6)
+        .mov_imm(R2, SOL_TCP)
+        .mov_imm(R3, TCP_SAVE_SYN)
+        .mov(R4, R10)
+        .add_imm(R4, STACK_ONE as i32)
+        .mov_imm(R5, 4)
+        .call(HELPER_SETSOCKOPT)
+        .ja("enable");
+
+    a.label("connect");
+    storage_or(&mut a, map_fd, "out");
+    a.label("enable")
+        .ldx_w(R2, R6, CTX_CB_FLAGS)
+        .or_imm(R2, CB_FLAG_WRITE_HDR_OPT)
+        .mov(R1, R6)
+        .call(HELPER_SOCK_OPS_CB_FLAGS_SET)
+        .ja("out");
+
+    a.label("hdr_len");
+    only_syn_or_echo(&mut a, "out", "reserve");
+    a.label("reserve")
+        .mov(R1, R6)
+        .mov_imm(R2, OPTION.len() as i32)
+        .mov_imm(R3, 0)
+        .call(HELPER_RESERVE_HDR_OPT)
+        .ja("out");
+
+    a.label("hdr_write");
+    only_syn_or_echo(&mut a, "out", "store");
+    a.label("store")
+        .mov(R1, R6)
+        .mov(R2, R10)
+        .add_imm(R2, STACK_OPTION as i32)
+        .mov_imm(R3, OPTION.len() as i32)
+        .mov_imm(R4, 0)
+        .call(HELPER_STORE_HDR_OPT)
+        .ja("out");
+
+    a.label("active");
+    established(&mut a, map_fd, 0, "active");
+    a.label("passive");
+    established(&mut a, map_fd, LOAD_HDR_OPT_TCP_SYN, "passive");
+
+    a.label("out").mov_imm(R0, 1).exit();
+    a.finish()
+        .expect("the option program's labels are consistent")
+}
+
+/// BTF type id of the map key (`int`, a socket fd).
+pub(crate) const BTF_KEY_TYPE: u32 = 1;
+/// BTF type id of the map value (`struct smcr_sk_opt`).
+pub(crate) const BTF_VALUE_TYPE: u32 = 3;
+/// Size of the map value: `{ u32 flags; u32 reserved; }`.
+pub(crate) const VALUE_SIZE: u32 = 8;
+
+/// The BTF blob sk_storage maps require (the kernel checks the key is a 32-bit int):
+/// `[1] int`, `[2] unsigned int`, `[3] struct smcr_sk_opt { flags; reserved; }`.
+pub(crate) fn btf() -> Vec<u8> {
+    const KIND_INT: u32 = 1;
+    const KIND_STRUCT: u32 = 4;
+    const INT_SIGNED: u32 = 1;
+    let strings = b"\0int\0unsigned int\0smcr_sk_opt\0flags\0reserved\0";
+    let name = |s: &str| -> u32 {
+        let needle = format!("\0{s}\0");
+        let pos = strings
+            .windows(needle.len())
+            .position(|w| w == needle.as_bytes())
+            .expect("name is in the string table");
+        pos as u32 + 1
+    };
+    let mut types: Vec<u32> = Vec::new();
+    // [1] int: name, info, size, encoding|offset|bits.
+    types.extend([name("int"), KIND_INT << 24, 4, (INT_SIGNED << 24) | 32]);
+    // [2] unsigned int.
+    types.extend([name("unsigned int"), KIND_INT << 24, 4, 32]);
+    // [3] struct smcr_sk_opt, 2 members of type [2] at bit offsets 0 and 32.
+    types.extend([name("smcr_sk_opt"), (KIND_STRUCT << 24) | 2, VALUE_SIZE]);
+    types.extend([name("flags"), 2, 0]);
+    types.extend([name("reserved"), 2, 32]);
+    let type_bytes: Vec<u8> = types.iter().flat_map(|w| w.to_le_bytes()).collect();
+
+    let mut out = Vec::new();
+    out.extend(0xeb9f_u16.to_le_bytes()); // magic
+    out.push(1); // version
+    out.push(0); // flags
+    out.extend(24u32.to_le_bytes()); // hdr_len
+    out.extend(0u32.to_le_bytes()); // type_off
+    out.extend((type_bytes.len() as u32).to_le_bytes());
+    out.extend((type_bytes.len() as u32).to_le_bytes()); // str_off
+    out.extend((strings.len() as u32).to_le_bytes());
+    out.extend(type_bytes);
+    out.extend(strings);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_builds_and_ends_with_exit() {
+        let p = program(42);
+        eprintln!("{} instructions", p.len());
+        assert!(p.len() < 200, "{} instructions", p.len());
+        assert_eq!(p.last().unwrap().code, 0x95);
+        // Every map load names our fd.
+        let map_loads: Vec<_> = p.iter().filter(|i| i.code == 0x18 && i.src == 1).collect();
+        assert!(!map_loads.is_empty());
+        assert!(map_loads.iter().all(|i| i.imm == 42));
+        // No jump leaves the program.
+        for (pc, i) in p.iter().enumerate() {
+            if i.code & 0x07 == 0x05 && i.code != 0x85 && i.code != 0x95 {
+                let target = pc as i64 + 1 + i.off as i64;
+                assert!((0..p.len() as i64).contains(&target), "pc {pc}");
+            }
+        }
+    }
+
+    #[test]
+    fn option_constant_in_the_program_is_the_linux_option() {
+        let p = program(3);
+        // ld_imm64 r1: low word, then high word.
+        let lo = p[2].imm as u32;
+        let hi = p[3].imm as u32;
+        let v = (u64::from(hi) << 32) | u64::from(lo);
+        assert_eq!(&v.to_le_bytes()[..6], &OPTION);
+    }
+
+    #[test]
+    fn btf_layout() {
+        let b = btf();
+        assert_eq!(&b[..4], &[0x9f, 0xeb, 1, 0]);
+        let type_len = u32::from_le_bytes(b[12..16].try_into().unwrap()) as usize;
+        let str_off = u32::from_le_bytes(b[16..20].try_into().unwrap()) as usize;
+        let str_len = u32::from_le_bytes(b[20..24].try_into().unwrap()) as usize;
+        assert_eq!(type_len, 4 * (4 + 4 + 3 + 3 + 3));
+        assert_eq!(str_off, type_len);
+        assert_eq!(b.len(), 24 + type_len + str_len);
+        assert_eq!(
+            b[24 + str_off],
+            0,
+            "string table starts with the empty name"
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! The handful of bpf(2) commands the option program needs, over `libc::syscall`.
+//!
+//! `union bpf_attr` is passed as a zeroed 144-byte buffer with the fields of one command written
+//! at their UAPI offsets (checked with offsetof against /usr/include/linux/bpf.h); the kernel
+//! accepts a larger buffer as long as the bytes it does not know are zero.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use super::asm::Insn;
+
+const ATTR_SIZE: usize = 144;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_BTF_LOAD: libc::c_long = 18;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
+const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
+const BPF_CGROUP_SOCK_OPS: u32 = 3;
+const BPF_F_NO_PREALLOC: u32 = 1;
+const BPF_F_CLONE: u32 = 1 << 9;
+
+struct Attr([u8; ATTR_SIZE]);
+
+impl Attr {
+    fn new() -> Self {
+        Self([0; ATTR_SIZE])
+    }
+    fn u32(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u64(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn bytes(&mut self, off: usize, v: &[u8]) -> &mut Self {
+        self.0[off..off + v.len()].copy_from_slice(v);
+        self
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: attr is a valid, writable buffer of ATTR_SIZE bytes for the whole call; every
+    // pointer stored in it by the callers points to memory that outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.0.as_mut_ptr(),
+            ATTR_SIZE as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
+    // SAFETY: these commands return a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Loads BTF; on failure the kernel's log is returned in the error.
+pub(crate) fn btf_load(blob: &[u8]) -> io::Result<OwnedFd> {
+    let mut log = vec![0u8; 4096];
+    let mut a = Attr::new();
+    a.u64(0, blob.as_ptr() as u64)
+        .u64(8, log.as_mut_ptr() as u64)
+        .u32(16, blob.len() as u32)
+        .u32(20, log.len() as u32)
+        .u32(24, 1);
+    bpf_fd(BPF_BTF_LOAD, &mut a).map_err(|e| with_log(e, &log))
+}
+
+/// Creates the sk_storage map: key a socket fd, value `value_size` bytes, cloned to accepted
+/// sockets.
+pub(crate) fn sk_storage_create(
+    name: &str,
+    value_size: u32,
+    btf_fd: RawFd,
+    key_type: u32,
+    value_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, BPF_MAP_TYPE_SK_STORAGE)
+        .u32(4, 4)
+        .u32(8, value_size)
+        .u32(12, 0)
+        .u32(16, BPF_F_NO_PREALLOC | BPF_F_CLONE)
+        .bytes(28, &name16(name))
+        .u32(48, btf_fd as u32)
+        .u32(52, key_type)
+        .u32(56, value_type);
+    bpf_fd(BPF_MAP_CREATE, &mut a)
+}
+
+/// Loads a sock_ops program; on failure the verifier's log is returned in the error.
+pub(crate) fn prog_load_sock_ops(name: &str, insns: &[Insn], license: &str) -> io::Result<OwnedFd> {
+    let code: Vec<u8> = insns.iter().flat_map(|i| i.encode()).collect();
+    let license = CString::new(license).expect("license has no NUL");
+    let mut log = vec![0u8; 256 * 1024];
+    let mut a = Attr::new();
+    a.u32(0, BPF_PROG_TYPE_SOCK_OPS)
+        .u32(4, insns.len() as u32)
+        .u64(8, code.as_ptr() as u64)
+        .u64(16, license.as_ptr() as u64)
+        .u32(24, 1)
+        .u32(28, log.len() as u32)
+        .u64(32, log.as_mut_ptr() as u64)
+        .bytes(48, &name16(name));
+    bpf_fd(BPF_PROG_LOAD, &mut a).map_err(|e| with_log(e, &log))
+}
+
+/// Attaches a sock_ops program to a cgroup through a bpf link (multi-attach: other sock_ops
+/// programs keep running).
+pub(crate) fn link_create_cgroup_sock_ops(prog: RawFd, cgroup: RawFd) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, prog as u32)
+        .u32(4, cgroup as u32)
+        .u32(8, BPF_CGROUP_SOCK_OPS);
+    bpf_fd(BPF_LINK_CREATE, &mut a)
+}
+
+/// Pins a bpf object at `path` on a bpffs.
+pub(crate) fn obj_pin(fd: RawFd, path: &str) -> io::Result<()> {
+    let path = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut a = Attr::new();
+    a.u64(0, path.as_ptr() as u64).u32(8, fd as u32);
+    bpf(BPF_OBJ_PIN, &mut a).map(drop)
+}
+
+/// Opens a pinned bpf object.
+pub(crate) fn obj_get(path: &str) -> io::Result<OwnedFd> {
+    let path = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut a = Attr::new();
+    a.u64(0, path.as_ptr() as u64);
+    bpf_fd(BPF_OBJ_GET, &mut a)
+}
+
+/// Writes `value` for the socket `sock` into the sk_storage map `map`.
+pub(crate) fn sk_storage_update(map: RawFd, sock: RawFd, value: &[u8; 8]) -> io::Result<()> {
+    let key: i32 = sock;
+    let mut a = Attr::new();
+    a.u32(0, map as u32)
+        .u64(8, &key as *const i32 as u64)
+        .u64(16, value.as_ptr() as u64)
+        .u64(24, 0);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
+}
+
+/// Reads the value for socket `sock`; `None` when the socket has none.
+pub(crate) fn sk_storage_lookup(map: RawFd, sock: RawFd) -> io::Result<Option<[u8; 8]>> {
+    let key: i32 = sock;
+    let mut value = [0u8; 8];
+    let mut a = Attr::new();
+    a.u32(0, map as u32)
+        .u64(8, &key as *const i32 as u64)
+        .u64(16, value.as_mut_ptr() as u64);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
+        Ok(_) => Ok(Some(value)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the value for socket `sock` (no error when there is none).
+pub(crate) fn sk_storage_delete(map: RawFd, sock: RawFd) -> io::Result<()> {
+    let key: i32 = sock;
+    let mut a = Attr::new();
+    a.u32(0, map as u32).u64(8, &key as *const i32 as u64);
+    match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn name16(name: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let n = name.len().min(15);
+    out[..n].copy_from_slice(&name.as_bytes()[..n]);
+    out
+}
+
+fn with_log(e: io::Error, log: &[u8]) -> io::Error {
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    let text = String::from_utf8_lossy(&log[..end]);
+    if text.trim().is_empty() {
+        e
+    } else {
+        // Keep the tail: the verifier's reason is at the end of its log.
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        io::Error::new(e.kind(), format!("{e}; kernel log (last lines):\n{tail}"))
+    }
+}

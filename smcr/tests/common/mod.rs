@@ -1,0 +1,273 @@
+//! Shared by smcr's integration tests: privilege checks, two network namespaces joined by a veth
+//! pair, running code inside a namespace, and reading TCP options out of a pcap.
+#![allow(dead_code, unreachable_pub)]
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader};
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// True when the test may run privileged steps. Otherwise prints why it skips, or panics when
+/// the environment promises the tools (SMCR_REQUIRE_TOOLS=1, set by scripts/test.sh as root).
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("SMCR_REQUIRE_TOOLS").as_deref() == Ok("1") {
+        panic!("{test}: needs root (network namespaces, BPF) but SMCR_REQUIRE_TOOLS=1");
+    }
+    eprintln!("SKIP {test}: needs root for network namespaces and BPF");
+    false
+}
+
+/// Whether `tool` is on PATH; panics under SMCR_REQUIRE_TOOLS=1 when it is not.
+pub fn have_tool(test: &str, tool: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var("SMCR_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("{test}: {tool} is missing (scripts/setup.sh installs it)");
+        }
+        eprintln!("SKIP {test}: {tool} is not installed (scripts/setup.sh installs it)");
+    }
+    found
+}
+
+fn run(args: &[&str]) -> io::Result<()> {
+    let out = Command::new(args[0]).args(&args[1..]).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Two network namespaces, `a` and `b`, joined by a veth pair: `a` has 10.77.0.1/24 on
+/// `veth_a`, `b` has 10.77.0.2/24 on `veth_b`. Both are deleted on drop.
+pub struct NetPair {
+    pub a: String,
+    pub b: String,
+    pub veth_a: String,
+    pub veth_b: String,
+    pub addr_a: Ipv4Addr,
+    pub addr_b: Ipv4Addr,
+}
+
+impl NetPair {
+    pub fn new() -> io::Result<Self> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let pair = Self {
+            a: format!("smcr-{pid}-{n}-a"),
+            b: format!("smcr-{pid}-{n}-b"),
+            // Interface names are at most 15 bytes.
+            veth_a: format!("v{pid}a{n}"),
+            veth_b: format!("v{pid}b{n}"),
+            addr_a: Ipv4Addr::new(10, 77, 0, 1),
+            addr_b: Ipv4Addr::new(10, 77, 0, 2),
+        };
+        run(&["ip", "netns", "add", &pair.a])?;
+        run(&["ip", "netns", "add", &pair.b])?;
+        run(&[
+            "ip",
+            "link",
+            "add",
+            &pair.veth_a,
+            "netns",
+            &pair.a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &pair.veth_b,
+            "netns",
+            &pair.b,
+        ])?;
+        for (ns, dev, addr) in [
+            (&pair.a, &pair.veth_a, pair.addr_a),
+            (&pair.b, &pair.veth_b, pair.addr_b),
+        ] {
+            let cidr = format!("{addr}/24");
+            run(&["ip", "-n", ns, "addr", "add", &cidr, "dev", dev])?;
+            run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(pair)
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "netns", "del", &self.a]);
+        let _ = run(&["ip", "netns", "del", &self.b]);
+    }
+}
+
+/// Runs `f` on a new thread that has entered network namespace `ns` (setns affects only the
+/// calling thread, so the test's other threads stay where they are).
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: a valid namespace fd; CLONE_NEWNET only switches this thread's namespace.
+        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", io::Error::last_os_error());
+        f()
+    })
+}
+
+/// tcpdump writing a pcap; stopped (and flushed) by [`Capture::stop`].
+pub struct Capture {
+    child: Child,
+}
+
+impl Capture {
+    /// Starts `tcpdump -i dev -w file filter` inside `ns` and waits until it listens.
+    pub fn start(ns: &str, dev: &str, file: &Path, filter: &str) -> io::Result<Self> {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "tcpdump",
+                "-n",
+                "-U",
+                "--immediate-mode",
+                "-i",
+                dev,
+                "-w",
+            ])
+            .arg(file)
+            .arg(filter)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().expect("piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l.contains("listening on") => break,
+                Some(Ok(_)) if Instant::now() < deadline => continue,
+                other => {
+                    let _ = child.kill();
+                    return Err(io::Error::other(format!(
+                        "tcpdump did not start: {other:?}"
+                    )));
+                }
+            }
+        }
+        // Drain the rest so tcpdump never blocks on a full pipe; its summary goes to the log.
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                eprintln!("tcpdump: {l}");
+            }
+        });
+        Ok(Self { child })
+    }
+
+    /// Stops tcpdump with SIGINT (it writes what it has) and waits for it.
+    pub fn stop(mut self) -> io::Result<()> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.child.wait().map(drop)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP segment from a pcap: ports, flags and the raw option bytes.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub sport: u16,
+    pub dport: u16,
+    pub flags: u8,
+    pub options: Vec<u8>,
+    pub payload_len: usize,
+}
+
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+
+/// TCP segments of an Ethernet (or Linux cooked) pcap written by tcpdump.
+pub fn tcp_segments(path: &Path) -> io::Result<Vec<Segment>> {
+    let data = std::fs::read(path)?;
+    if data.len() < 24 {
+        return Err(io::Error::other("pcap too short"));
+    }
+    let magic = u32::from_le_bytes(data[0..4].try_into().unwrap());
+    if magic != 0xa1b2_c3d4 && magic != 0xa1b2_3c4d {
+        return Err(io::Error::other(format!(
+            "not a little-endian pcap: {magic:#x}"
+        )));
+    }
+    let linktype = u32::from_le_bytes(data[20..24].try_into().unwrap());
+    let l2 = match linktype {
+        1 => 14,
+        113 => 16,
+        other => return Err(io::Error::other(format!("linktype {other}"))),
+    };
+    let mut out = Vec::new();
+    let mut off = 24;
+    while off + 16 <= data.len() {
+        let incl = u32::from_le_bytes(data[off + 8..off + 12].try_into().unwrap()) as usize;
+        let frame = &data[off + 16..(off + 16 + incl).min(data.len())];
+        off += 16 + incl;
+        let Some(ip) = frame.get(l2..) else { continue };
+        if ip.len() < 20 || ip[0] >> 4 != 4 || ip[9] != 6 {
+            continue;
+        }
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+        let Some(tcp) = ip.get(ihl..total) else {
+            continue;
+        };
+        if tcp.len() < 20 {
+            continue;
+        }
+        let doff = usize::from(tcp[12] >> 4) * 4;
+        if doff < 20 || doff > tcp.len() {
+            continue;
+        }
+        out.push(Segment {
+            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+            dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+            sport: u16::from_be_bytes([tcp[0], tcp[1]]),
+            dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+            flags: tcp[13],
+            options: tcp[20..doff].to_vec(),
+            payload_len: tcp.len() - doff,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether `haystack` contains `needle`.
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}

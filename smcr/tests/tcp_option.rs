@@ -1,0 +1,224 @@
+//! The SMC-R TCP option on the wire: between two network namespaces, tcpdump shows
+//! `fe 06 e2 d4 c3 d9` in SYN and SYN-ACK of two marked sockets, and not where Linux would not
+//! send it; each socket's record says what the peer sent.
+
+mod common;
+
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use smcr::option::{self, Capability, OptionMap};
+use socket2::{Domain, Socket, Type};
+
+use common::{ACK, Capture, NetPair, SYN, contains, in_netns, privileged};
+
+/// An install in a directory of its own, removed on drop, so tests never touch a system-wide
+/// install and run in parallel.
+struct TestInstall(PathBuf);
+
+impl TestInstall {
+    fn new(tag: &str) -> Self {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/bpf/smcr-test-{}-{tag}",
+            std::process::id()
+        ));
+        let installed = option::install(&dir).expect("install the option program");
+        assert!(matches!(installed, option::Installed::Fresh { .. }));
+        // A second install finds the first.
+        assert_eq!(option::install(&dir).unwrap(), option::Installed::Present);
+        Self(dir)
+    }
+}
+
+impl Drop for TestInstall {
+    fn drop(&mut self) {
+        option::uninstall(&self.0).expect("uninstall");
+        assert!(!option::is_installed(&self.0));
+    }
+}
+
+fn listener(map: Option<&OptionMap>, addr: SocketAddrV4) -> Socket {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    if let Some(map) = map {
+        map.mark(s.as_fd()).unwrap();
+    }
+    s.set_reuse_address(true).unwrap();
+    s.bind(&SocketAddr::V4(addr).into()).unwrap();
+    s.listen(16).unwrap();
+    s
+}
+
+fn connect(map: Option<&OptionMap>, to: SocketAddrV4) -> (TcpStream, Capability) {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    if let Some(map) = map {
+        map.mark(s.as_fd()).unwrap();
+    }
+    s.connect(&SocketAddr::V4(to).into()).unwrap();
+    let cap = match map {
+        Some(map) => map.state(s.as_fd()).unwrap().capability(),
+        None => Capability::NotMarked,
+    };
+    (s.into(), cap)
+}
+
+#[test]
+fn option_in_syn_and_synack_only_between_marked_sockets() {
+    if !privileged("tcp option") || !common::have_tool("tcp option", "tcpdump") {
+        return;
+    }
+    let install = TestInstall::new("wire");
+    let net = NetPair::new().expect("network namespaces");
+    let pcap = std::env::temp_dir().join(format!("smcr-option-{}.pcap", std::process::id()));
+    let cap = Capture::start(&net.a, &net.veth_a, &pcap, "tcp").expect("tcpdump");
+
+    let dir: Arc<Path> = install.0.clone().into();
+    let marked_port = 7001;
+    let plain_port = 7002;
+    let server_addr = net.addr_b;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = {
+        let dir = dir.clone();
+        in_netns(&net.b, move || {
+            let map = OptionMap::open(&dir).unwrap();
+            let marked = listener(Some(&map), SocketAddrV4::new(server_addr, marked_port));
+            let plain = listener(None, SocketAddrV4::new(server_addr, plain_port));
+            ready_tx.send(()).unwrap();
+            // 1: marked client; 2: plain client (both to the marked listener).
+            let mut verdicts = Vec::new();
+            for _ in 0..2 {
+                let (c, _) = marked.accept().unwrap();
+                verdicts.push(map.state(c.as_fd()).unwrap().capability());
+            }
+            // 3: marked client to the plain listener: the accepted socket was never marked.
+            let (c, _) = plain.accept().unwrap();
+            verdicts.push(map.state(c.as_fd()).unwrap().capability());
+            verdicts
+        })
+    };
+    ready_rx.recv().unwrap();
+    let client = {
+        let dir = dir.clone();
+        in_netns(&net.a, move || {
+            let map = OptionMap::open(&dir).unwrap();
+            let (s1, v1) = connect(Some(&map), SocketAddrV4::new(server_addr, marked_port));
+            let (s2, v2) = connect(None, SocketAddrV4::new(server_addr, marked_port));
+            let (s3, v3) = connect(Some(&map), SocketAddrV4::new(server_addr, plain_port));
+            let ports = [s1, s2, s3].map(|s| s.local_addr().unwrap().port());
+            (ports, [v1, v2, v3])
+        })
+    };
+    let (ports, client_verdicts) = client.join().unwrap();
+    let server_verdicts = server.join().unwrap();
+    // Let the last ACKs reach the capture before stopping it.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    cap.stop().unwrap();
+
+    assert_eq!(
+        client_verdicts,
+        [
+            Capability::PeerCapable,
+            Capability::NotMarked,
+            Capability::PeerNotCapable
+        ]
+    );
+    assert_eq!(
+        server_verdicts,
+        [
+            Capability::PeerCapable,
+            Capability::PeerNotCapable,
+            Capability::NotMarked
+        ]
+    );
+
+    let segs = common::tcp_segments(&pcap).unwrap();
+    eprintln!("{} segments captured", segs.len());
+    if std::env::var_os("SMCR_KEEP_PCAP").is_none() {
+        let _ = std::fs::remove_file(&pcap);
+    }
+    let find = |port: u16, flags: u8| {
+        let s: Vec<_> = segs
+            .iter()
+            .filter(|s| {
+                s.flags & (SYN | ACK) == flags
+                    && if flags == SYN {
+                        s.sport == port
+                    } else {
+                        s.dport == port
+                    }
+            })
+            .collect();
+        assert!(!s.is_empty(), "no segment flags {flags:#x} for port {port}");
+        s[0].clone()
+    };
+    let expect = [(true, true), (false, false), (true, false)];
+    for (port, (syn_has, synack_has)) in ports.iter().zip(expect) {
+        let syn = find(*port, SYN);
+        let synack = find(*port, SYN | ACK);
+        assert_eq!(
+            contains(&syn.options, &option::OPTION),
+            syn_has,
+            "SYN {syn:02x?}"
+        );
+        assert_eq!(
+            contains(&synack.options, &option::OPTION),
+            synack_has,
+            "SYN-ACK {synack:02x?}"
+        );
+        eprintln!("port {port}: SYN options {:02x?}", syn.options);
+        eprintln!("port {port}: SYN-ACK options {:02x?}", synack.options);
+    }
+    // Never on any other segment: the callbacks are off once the connection is established.
+    for s in segs.iter().filter(|s| s.flags & SYN == 0) {
+        assert!(!contains(&s.options, &option::OPTION), "{s:?}");
+    }
+}
+
+/// Run by `unprivileged_process_can_mark_its_sockets` as user nobody: marking and reading work
+/// through the world-writable map pin, installing does not.
+#[test]
+#[ignore = "run as a child process by unprivileged_process_can_mark_its_sockets"]
+fn unprivileged_child() {
+    let Some(dir) = std::env::var_os("SMCR_TEST_BPF_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    // SAFETY: geteuid has no preconditions.
+    assert_ne!(unsafe { libc::geteuid() }, 0, "must run unprivileged");
+    let e = option::install(&dir.with_file_name("smcr-should-not-exist")).unwrap_err();
+    assert!(matches!(e, option::OptionError::NoPermission { .. }), "{e}");
+    let map = OptionMap::open(&dir).expect("open the pinned map as nobody");
+    let l = listener(Some(&map), "127.0.0.1:0".parse().unwrap());
+    let port = l.local_addr().unwrap().as_socket_ipv4().unwrap().port();
+    let (_c, verdict) = connect(Some(&map), SocketAddrV4::new([127, 0, 0, 1].into(), port));
+    let (a, _) = l.accept().unwrap();
+    assert_eq!(verdict, Capability::PeerCapable);
+    assert_eq!(
+        map.state(a.as_fd()).unwrap().capability(),
+        Capability::PeerCapable
+    );
+    println!("UNPRIVILEGED-OK");
+}
+
+#[test]
+fn unprivileged_process_can_mark_its_sockets() {
+    if !privileged("unprivileged marking") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let install = TestInstall::new("unpriv");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "unprivileged_child", "--ignored", "--nocapture"])
+        .env("SMCR_TEST_BPF_DIR", &install.0)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("UNPRIVILEGED-OK"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
