@@ -12,4 +12,5 @@
 
 pub mod conn;
 pub mod handshake;
+pub mod link;
 pub mod option;

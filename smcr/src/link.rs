@@ -1,0 +1,451 @@
+//! One SMC-R link's LLC conversation, sans-IO: CONFIRM LINK on first contact, keepalive with
+//! TEST LINK, the answers a Linux peer expects (ADD LINK rejected when we have no second path,
+//! CONFIRM/DELETE RKEY acknowledged), and DELETE LINK on teardown.
+//!
+//! The driver feeds received LLC SEND payloads to [`LinkCore::handle_llc`], reports other
+//! traffic (CDC) with [`LinkCore::note_activity`], sends what [`LinkCore::poll_transmit`] gives
+//! as RDMA SENDs, and acts on [`LinkCore::poll_event`]. Time is a parameter.
+//!
+//! Linux's behaviour followed (net/smc/smc_llc.c, and the reference capture): the server sends
+//! the CONFIRM LINK request (flags 0x03) right after the CLC Confirm and the client answers with
+//! its own MAC/GID/QPN and the server's link id, link uid and limits; both wait up to
+//! [`CONFIRM_WAIT`]. Responses echo the request (ADD LINK reject: request fields with flags
+//! 0xC0 and no v2 extension; CONFIRM RKEY: the rtokens; DELETE RKEY: the count, keys zeroed;
+//! TEST LINK: the user data). An unknown LLC type is dropped, as Linux does; any other
+//! malformed LLC message is a protocol violation that takes the link down.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use clc::{Gid, Mac};
+use llc::{
+    AddLink, ConfirmLink, ConfirmRkey, DeleteLink, DeleteLinkReason, DeleteRkey, Llc, LlcMessage,
+    RequestAddLink, TestLink, Version,
+};
+
+/// How long each side waits for the first CONFIRM LINK exchange (`SMC_LLC_WAIT_FIRST_TIME`).
+pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
+/// How long a TEST LINK request may go unanswered (`SMC_LLC_WAIT_TIME`).
+pub const LLC_WAIT: Duration = Duration::from_secs(2);
+/// Idle time before a TEST LINK keepalive (Linux's `net.smc.smcr_testlink_time` default).
+pub const TEST_LINK_TIME: Duration = Duration::from_secs(30);
+
+/// Which end of the link group we are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// CLC server: sends CONFIRM LINK.
+    Server,
+    /// CLC client: answers it.
+    Client,
+}
+
+/// Our side of the link and the link group's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkParams {
+    /// Our role.
+    pub role: Role,
+    /// LLC format of the link group (v2 for SMC-Rv2).
+    pub version: Version,
+    /// Our port's MAC.
+    pub mac: Mac,
+    /// Our GID.
+    pub gid: Gid,
+    /// Our QP number.
+    pub qpn: u32,
+    /// Link id (the server chooses; the client learns it from CONFIRM LINK).
+    pub link_id: u8,
+    /// Link uid (server: link group id and link id, as Linux; client: learned).
+    pub link_uid: [u8; 4],
+    /// Negotiated links per group (sent in CONFIRM LINK).
+    pub max_links: u8,
+    /// Negotiated connections per group (sent in CONFIRM LINK).
+    pub max_conns: u8,
+    /// Idle time before TEST LINK; `None` disables the keepalive.
+    pub test_link_time: Option<Duration>,
+}
+
+/// Where the link is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Waiting for CONFIRM LINK (client: the request; server: the response).
+    Confirming,
+    /// Usable.
+    Active,
+    /// Down; nothing more is sent.
+    Down,
+}
+
+/// Why a link went down.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DownReason {
+    /// The CONFIRM LINK exchange did not complete in time.
+    #[error("CONFIRM LINK not completed within {0:?}")]
+    ConfirmTimeout(Duration),
+    /// A TEST LINK request went unanswered.
+    #[error("TEST LINK unanswered for {0:?}")]
+    TestLinkTimeout(Duration),
+    /// The peer deleted the link or the link group.
+    #[error("peer sent DELETE LINK ({0})")]
+    PeerDeleted(DeleteLinkReason),
+    /// We deleted it.
+    #[error("deleted locally ({0})")]
+    Local(DeleteLinkReason),
+    /// The peer broke the LLC protocol.
+    #[error("LLC protocol violation: {0}")]
+    ProtocolViolation(String),
+    /// The queue pair failed (retry exhaustion, remote access error, …).
+    #[error("RDMA transport failed: {0}")]
+    Transport(String),
+}
+
+/// What the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// The link is confirmed; `peer` is the peer's CONFIRM LINK.
+    Up {
+        /// Peer's MAC, GID, QPN, link id and limits.
+        peer: ConfirmLink,
+    },
+    /// The peer announced rkeys of a new RMB (already acknowledged).
+    PeerConfirmedRkey(ConfirmRkey),
+    /// The peer withdrew rkeys (already acknowledged).
+    PeerDeletedRkeys(Vec<u32>),
+    /// The link is down: fail its connections (after sending what `poll_transmit` still has).
+    Down(DownReason),
+}
+
+/// Counters for diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// LLC messages received.
+    pub rx: u64,
+    /// LLC messages queued for sending.
+    pub tx: u64,
+    /// TEST LINK requests we sent.
+    pub test_links_sent: u64,
+    /// ADD LINK requests we rejected.
+    pub add_links_rejected: u64,
+    /// Messages dropped (unknown type, unsolicited responses).
+    pub dropped: u64,
+}
+
+/// The LLC state machine of one link.
+#[derive(Debug)]
+pub struct LinkCore {
+    p: LinkParams,
+    state: LinkState,
+    peer: Option<ConfirmLink>,
+    /// CONFIRM LINK deadline while confirming.
+    confirm_deadline: Option<Instant>,
+    last_activity: Instant,
+    /// Outstanding TEST LINK: when it was sent.
+    test_sent: Option<Instant>,
+    tx: VecDeque<LlcMessage>,
+    events: VecDeque<LinkEvent>,
+    stats: LinkStats,
+}
+
+impl LinkCore {
+    /// A new link after the CLC handshake: the server queues CONFIRM LINK, the client waits for
+    /// it. Both give up after [`CONFIRM_WAIT`].
+    pub fn new(p: LinkParams, now: Instant) -> Self {
+        let mut l = Self {
+            p,
+            state: LinkState::Confirming,
+            peer: None,
+            confirm_deadline: Some(now + CONFIRM_WAIT),
+            last_activity: now,
+            test_sent: None,
+            tx: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: LinkStats::default(),
+        };
+        if p.role == Role::Server {
+            let m = l.confirm_link(false);
+            l.send(m);
+        }
+        l
+    }
+
+    /// The link's state.
+    pub fn state(&self) -> LinkState {
+        self.state
+    }
+
+    /// Our parameters (the client's `link_id`/`link_uid` are the server's once confirmed).
+    pub fn params(&self) -> &LinkParams {
+        &self.p
+    }
+
+    /// The peer's CONFIRM LINK, once the link is up.
+    pub fn peer(&self) -> Option<&ConfirmLink> {
+        self.peer.as_ref()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> LinkStats {
+        self.stats
+    }
+
+    fn confirm_link(&self, response: bool) -> Llc {
+        Llc::ConfirmLink(ConfirmLink {
+            response,
+            no_rmbe_eyecatcher: 0x03,
+            mac: self.p.mac,
+            gid: self.p.gid,
+            qpn: self.p.qpn,
+            link_id: self.p.link_id,
+            link_uid: self.p.link_uid,
+            max_links: self.p.max_links,
+            max_conns: self.p.max_conns,
+        })
+    }
+
+    fn send(&mut self, body: Llc) {
+        if self.state == LinkState::Down {
+            return;
+        }
+        self.stats.tx += 1;
+        self.tx.push_back(LlcMessage {
+            version: self.p.version,
+            body,
+        });
+    }
+
+    fn down(&mut self, reason: DownReason) {
+        if self.state != LinkState::Down {
+            self.state = LinkState::Down;
+            self.confirm_deadline = None;
+            self.test_sent = None;
+            self.events.push_back(LinkEvent::Down(reason));
+        }
+    }
+
+    fn violation(&mut self, what: String) {
+        // Tell the peer why, as Linux does (DELETE LINK ALL, PROT_VIOL), then stop.
+        self.send(Llc::DeleteLink(DeleteLink {
+            response: false,
+            all: true,
+            orderly: false,
+            link_id: 0,
+            reason: DeleteLinkReason::PROT_VIOL,
+        }));
+        self.down(DownReason::ProtocolViolation(what));
+    }
+
+    /// Any traffic from the peer on this link (CDC messages, completions of our sends) shows it
+    /// is alive and postpones the keepalive.
+    pub fn note_activity(&mut self, now: Instant) {
+        self.last_activity = now;
+    }
+
+    /// A received SEND payload that is not a CDC message.
+    pub fn handle_llc(&mut self, bytes: &[u8], now: Instant) {
+        if self.state == LinkState::Down {
+            return;
+        }
+        self.stats.rx += 1;
+        self.last_activity = now;
+        let msg = match LlcMessage::parse(bytes) {
+            Ok(m) => m,
+            Err(llc::Error::UnknownType(_)) => {
+                self.stats.dropped += 1;
+                return;
+            }
+            Err(e) => return self.violation(format!("malformed LLC message: {e}")),
+        };
+        if msg.version != self.p.version {
+            return self.violation(format!(
+                "LLC {:?} message on a {:?} link group",
+                msg.version, self.p.version
+            ));
+        }
+        if self.state == LinkState::Confirming {
+            return self.while_confirming(msg.body);
+        }
+        match msg.body {
+            Llc::TestLink(t) if !t.response => self.send(Llc::TestLink(TestLink {
+                response: true,
+                user_data: t.user_data,
+            })),
+            Llc::TestLink(_) => {
+                if self.test_sent.take().is_none() {
+                    self.stats.dropped += 1;
+                }
+            }
+            Llc::AddLink(a) if !a.response => {
+                // We never have a second path (max_links 1): reject, echoing the request.
+                self.stats.add_links_rejected += 1;
+                self.send(Llc::AddLink(AddLink {
+                    response: true,
+                    reject: true,
+                    reject_reason: 0,
+                    v2: None,
+                    ..a
+                }));
+            }
+            Llc::RequestAddLink(r) if !r.response => {
+                self.send(Llc::RequestAddLink(RequestAddLink {
+                    response: true,
+                    reject: true,
+                    gids: Vec::new(),
+                }))
+            }
+            Llc::ConfirmRkey(c) if !c.response => {
+                self.send(Llc::ConfirmRkey(ConfirmRkey {
+                    response: true,
+                    ..c
+                }));
+                self.events.push_back(LinkEvent::PeerConfirmedRkey(c));
+            }
+            Llc::DeleteRkey(d) if !d.response => {
+                let count = d.rkeys.len();
+                self.send(Llc::DeleteRkey(DeleteRkey {
+                    response: true,
+                    negative: false,
+                    errors: 0,
+                    rkeys: vec![0; count],
+                }));
+                self.events.push_back(LinkEvent::PeerDeletedRkeys(d.rkeys));
+            }
+            Llc::DeleteLink(d) if !d.response => {
+                if !d.all {
+                    // A single link: confirm its deletion (for the whole group Linux does not).
+                    self.send(Llc::DeleteLink(DeleteLink {
+                        response: true,
+                        ..d
+                    }));
+                }
+                self.down(DownReason::PeerDeleted(d.reason));
+            }
+            Llc::ConfirmLink(_) => {
+                self.violation("CONFIRM LINK on a confirmed link".into());
+            }
+            // Responses to requests we do not send, and v1 continuations: ignore.
+            _ => self.stats.dropped += 1,
+        }
+    }
+
+    fn while_confirming(&mut self, body: Llc) {
+        match (self.p.role, body) {
+            (Role::Client, Llc::ConfirmLink(c)) if !c.response => {
+                self.p.link_id = c.link_id;
+                self.p.link_uid = c.link_uid;
+                self.p.max_links = c.max_links;
+                self.p.max_conns = c.max_conns;
+                let m = self.confirm_link(true);
+                self.send(m);
+                self.up(c);
+            }
+            (Role::Server, Llc::ConfirmLink(c)) if c.response => {
+                if c.link_id != self.p.link_id {
+                    return self.violation(format!(
+                        "CONFIRM LINK response for link {} (ours is {})",
+                        c.link_id, self.p.link_id
+                    ));
+                }
+                self.up(c);
+            }
+            (_, Llc::DeleteLink(d)) if !d.response => {
+                self.down(DownReason::PeerDeleted(d.reason))
+            }
+            (_, other) => self.violation(format!(
+                "{} before the link was confirmed",
+                LlcMessage {
+                    version: self.p.version,
+                    body: other
+                }
+                .llc_type()
+                .name()
+            )),
+        }
+    }
+
+    fn up(&mut self, peer: ConfirmLink) {
+        self.state = LinkState::Active;
+        self.confirm_deadline = None;
+        self.peer = Some(peer);
+        self.events.push_back(LinkEvent::Up { peer });
+    }
+
+    /// Deletes the link group (our last connection is gone and the linger time passed, or the
+    /// process is leaving): queues DELETE LINK (ALL) and goes down.
+    pub fn delete(&mut self, reason: DeleteLinkReason, orderly: bool) {
+        self.send(Llc::DeleteLink(DeleteLink {
+            response: false,
+            all: true,
+            orderly,
+            link_id: 0,
+            reason,
+        }));
+        self.down(DownReason::Local(reason));
+    }
+
+    /// The transport failed under the link (QP error, retry exhaustion): down, nothing sent.
+    pub fn transport_failed(&mut self, what: &str) {
+        self.tx.clear();
+        self.down(DownReason::Transport(what.to_owned()));
+    }
+
+    /// The next LLC message to send as an RDMA SEND.
+    pub fn poll_transmit(&mut self) -> Option<LlcMessage> {
+        self.tx.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<LinkEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`LinkCore::handle_timeout`] must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            LinkState::Down => None,
+            LinkState::Confirming => self.confirm_deadline,
+            LinkState::Active => match (self.test_sent, self.p.test_link_time) {
+                (Some(sent), _) => Some(sent + LLC_WAIT),
+                (None, Some(idle)) => Some(self.last_activity + idle),
+                (None, None) => None,
+            },
+        }
+    }
+
+    /// Runs timers: CONFIRM LINK deadline, keepalive, TEST LINK answer deadline.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.state {
+            LinkState::Down => {}
+            LinkState::Confirming => {
+                if self.confirm_deadline.is_some_and(|d| now >= d) {
+                    self.tx.clear();
+                    self.down(DownReason::ConfirmTimeout(CONFIRM_WAIT));
+                }
+            }
+            LinkState::Active => match (self.test_sent, self.p.test_link_time) {
+                (Some(sent), _) => {
+                    if now >= sent + LLC_WAIT {
+                        if self.last_activity > sent {
+                            // Other traffic arrived meanwhile: the link is alive.
+                            self.test_sent = None;
+                        } else {
+                            self.down(DownReason::TestLinkTimeout(LLC_WAIT));
+                        }
+                    }
+                }
+                (None, Some(idle)) => {
+                    if now >= self.last_activity + idle {
+                        self.test_sent = Some(now);
+                        self.stats.test_links_sent += 1;
+                        self.send(Llc::TestLink(TestLink {
+                            response: false,
+                            user_data: [0; 16],
+                        }));
+                    }
+                }
+                (None, None) => {}
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
