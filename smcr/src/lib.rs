@@ -14,3 +14,8 @@ pub mod conn;
 pub mod handshake;
 pub mod link;
 pub mod option;
+pub mod runtime;
+mod stream;
+
+pub use runtime::{Negotiation, Runtime, RuntimeConfig};
+pub use stream::{FallbackReason, Mode, SmcListener, SmcStream};

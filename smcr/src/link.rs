@@ -346,9 +346,7 @@ impl LinkCore {
                 }
                 self.up(c);
             }
-            (_, Llc::DeleteLink(d)) if !d.response => {
-                self.down(DownReason::PeerDeleted(d.reason))
-            }
+            (_, Llc::DeleteLink(d)) if !d.response => self.down(DownReason::PeerDeleted(d.reason)),
             (_, other) => self.violation(format!(
                 "{} before the link was confirmed",
                 LlcMessage {

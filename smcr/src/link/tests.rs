@@ -60,14 +60,18 @@ fn confirm_link_bytes_match_linux() {
     let req = s.poll_transmit().unwrap();
     assert_eq!(
         bytes(&req),
-        hex("212c000352540077000200000000000000000000ffff0a4d0002000011010000010102ff0000000000000000")
+        hex(
+            "212c000352540077000200000000000000000000ffff0a4d0002000011010000010102ff0000000000000000"
+        )
     );
     let mut c = LinkCore::new(params(Role::Client), now);
     c.handle_llc(&bytes(&req), now);
     let resp = c.poll_transmit().unwrap();
     assert_eq!(
         bytes(&resp),
-        hex("212c008352540077000300000000000000000000ffff0a4d0003000011010000010102ff0000000000000000")
+        hex(
+            "212c008352540077000300000000000000000000ffff0a4d0003000011010000010102ff0000000000000000"
+        )
     );
     assert_eq!(c.state(), LinkState::Active);
     assert_eq!(c.params().link_id, 1);
@@ -89,23 +93,35 @@ fn answers_match_linux_for_add_link_confirm_rkey_delete_rkey() {
     c.handle_llc(&hex("22580000525400770002000000000000000000000000ffff0a4d0002000012020386e6860000000000000000800000000000000000000000ffff0a4d000200000000000000000100000003e3000005caff3d233f84360000"), now);
     assert_eq!(
         bytes(&c.poll_transmit().unwrap()),
-        hex("222c00c0525400770002000000000000000000000000ffff0a4d0002000012020386e6860000000000000000")
+        hex(
+            "222c00c0525400770002000000000000000000000000ffff0a4d0002000012020386e6860000000000000000"
+        )
     );
     assert_eq!(c.stats().add_links_rejected, 1);
     // CONFIRM RKEY request (frame 202) → response (frame 204).
     c.handle_llc(&hex("262c000000000003e3ff3d233f84360000000000000000000000000000000000000000000000000000000000"), now);
     assert_eq!(
         bytes(&c.poll_transmit().unwrap()),
-        hex("262c008000000003e3ff3d233f84360000000000000000000000000000000000000000000000000000000000")
+        hex(
+            "262c008000000003e3ff3d233f84360000000000000000000000000000000000000000000000000000000000"
+        )
     );
-    assert!(matches!(c.poll_event(), Some(LinkEvent::PeerConfirmedRkey(_))));
+    assert!(matches!(
+        c.poll_event(),
+        Some(LinkEvent::PeerConfirmedRkey(_))
+    ));
     // DELETE RKEY request (frame 190) → response (frame 192).
     c.handle_llc(&hex("292c000001000000000003e30000000000000000000000000000000000000000000000000000000000000000"), now);
     assert_eq!(
         bytes(&c.poll_transmit().unwrap()),
-        hex("292c008001000000000000000000000000000000000000000000000000000000000000000000000000000000")
+        hex(
+            "292c008001000000000000000000000000000000000000000000000000000000000000000000000000000000"
+        )
     );
-    assert_eq!(c.poll_event(), Some(LinkEvent::PeerDeletedRkeys(vec![0x3e3])));
+    assert_eq!(
+        c.poll_event(),
+        Some(LinkEvent::PeerDeletedRkeys(vec![0x3e3]))
+    );
     assert_eq!(c.state(), LinkState::Active);
 }
 
@@ -265,7 +281,9 @@ fn transport_failure_is_reported_once() {
     s.transport_failed("again");
     assert_eq!(
         s.poll_event(),
-        Some(LinkEvent::Down(DownReason::Transport("retry exhausted".into())))
+        Some(LinkEvent::Down(DownReason::Transport(
+            "retry exhausted".into()
+        )))
     );
     assert!(s.poll_event().is_none());
 }

@@ -1,0 +1,771 @@
+//! The driver: runs the sans-IO cores ([`crate::handshake`], [`crate::link`], [`crate::conn`])
+//! over a real TCP socket and the `rdma` engine.
+//!
+//! One [`Runtime`] per process (or per test). It owns one RDMA device per local IPv4 address
+//! (bound to UDP `roce_port`, 4791 by default, where a Linux peer sends RoCE), and the link
+//! groups: one RC queue pair each, shared by up to `max_conns` connections to the same peer.
+//! Each link group has a poller thread that waits on its completion queue: it runs the LLC
+//! conversation, hands CDC messages to connections and wakes their readers and writers.
+//! Application threads do their own copies and post their own RDMA WRITEs and CDC SENDs.
+//!
+//! Lock order: a connection's lock before its link group's lock; the poller never holds the
+//! link group's lock while taking a connection's.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use cdc::{CdcMessage, ConnStateFlags};
+use clc::{Eid, Gid, Mac, PeerId, QpMtu};
+use llc::{DeleteLinkReason, LlcMessage, Version};
+use parking_lot::{Condvar, Mutex};
+use rdma::{
+    Access, CompletionQueue, Device, DeviceConfig, MemoryRegion, Mtu, ProtectionDomain, Psn,
+    QpAttr, QpCaps, QpState, QueuePair, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
+};
+
+use crate::conn::ConnCore;
+use crate::handshake;
+use crate::link::{self, LinkCore, LinkEvent, LinkParams};
+use crate::option::OptionMap;
+
+/// How a connection learns that its peer can do SMC-R.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Negotiation {
+    /// TCP option 254 in SYN/SYN-ACK, through the eBPF program pinned under `dir` (as Linux).
+    TcpOption {
+        /// Where the program is pinned ([`crate::option::DEFAULT_DIR`]).
+        dir: PathBuf,
+    },
+    /// Assume the peer speaks SMC-R and start the CLC handshake at once. Only for peers known
+    /// to be ours (tests, closed deployments): a plain TCP peer would see CLC bytes.
+    Assume,
+}
+
+/// Runtime settings.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// CLC settings (identity, UEIDs, limits, timeouts).
+    pub handshake: handshake::Config,
+    /// Size of each connection's receive buffer (RMB); rounded up to Linux's sizes.
+    pub rmb_size: u32,
+    /// UDP port of the RoCE engine (4791, where Linux sends RoCE v2).
+    pub roce_port: u16,
+    /// How capability is learned.
+    pub negotiation: Negotiation,
+    /// LLC keepalive idle time (None: off).
+    pub test_link_time: Option<Duration>,
+    /// Bytes of RMB memory the runtime may hold in total; a server declines with `MEM` beyond it
+    /// (0 makes every server handshake decline).
+    pub rmb_budget: u64,
+}
+
+/// The user EID both ends must share for SMC-Rv2 unless configured otherwise.
+pub const DEFAULT_UEID: &str = "SMCR-RS-DEFAULT";
+
+impl RuntimeConfig {
+    /// Defaults like Linux's: 64 KiB RMBs, port 4791, TCP-option negotiation.
+    pub fn new() -> Self {
+        let mut id = [0u8; 8];
+        id[..4].copy_from_slice(&std::process::id().to_be_bytes());
+        id[4..].copy_from_slice(&(random_u32() as u16).to_be_bytes().repeat(2));
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        Self {
+            handshake: handshake::Config::new(
+                PeerId(id),
+                vec![Eid::new(DEFAULT_UEID).expect("valid EID")],
+                host.trim(),
+            ),
+            rmb_size: 64 * 1024,
+            roce_port: 4791,
+            negotiation: Negotiation::TcpOption {
+                dir: PathBuf::from(crate::option::DEFAULT_DIR),
+            },
+            test_link_time: Some(link::TEST_LINK_TIME),
+            rmb_budget: 1 << 30,
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 4 {
+        // Not security relevant (PSNs, ids): fall back to the clock.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.subsec_nanos() ^ std::process::id();
+    }
+    u32::from_ne_bytes(b)
+}
+
+/// A process's SMC-R state: devices, link groups, settings.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: RuntimeConfig,
+    pub(crate) option: Result<OptionMap, String>,
+    devices: Mutex<HashMap<Ipv4Addr, Arc<Dev>>>,
+    groups: Mutex<Vec<Arc<LinkGroup>>>,
+    next_token: AtomicU32,
+    next_lgr: AtomicU32,
+    rmb_in_use: Mutex<u64>,
+    /// CONFIRM LINK exchanges completed (first contacts), for tests and stats.
+    pub(crate) links_confirmed: AtomicU32,
+}
+
+pub(crate) struct Dev {
+    pub(crate) ip: Ipv4Addr,
+    pub(crate) device: Device,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) mac: Mac,
+}
+
+impl Runtime {
+    /// A runtime with `cfg`. With TCP-option negotiation, the pinned map is opened now; if
+    /// that fails every connection falls back to TCP with the reason (see [`crate::Mode`]).
+    pub fn new(cfg: RuntimeConfig) -> Self {
+        let option = match &cfg.negotiation {
+            Negotiation::TcpOption { dir } => OptionMap::open(dir).map_err(|e| e.to_string()),
+            Negotiation::Assume => Err("not used".into()),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                cfg,
+                option,
+                devices: Mutex::new(HashMap::new()),
+                groups: Mutex::new(Vec::new()),
+                next_token: AtomicU32::new(random_u32() | 1),
+                next_lgr: AtomicU32::new(1),
+                rmb_in_use: Mutex::new(0),
+                links_confirmed: AtomicU32::new(0),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.cfg
+    }
+
+    /// Link groups currently alive.
+    pub fn link_groups(&self) -> usize {
+        self.inner
+            .groups
+            .lock()
+            .iter()
+            .filter(|g| !g.is_down())
+            .count()
+    }
+
+    /// Deletes every link group (DELETE LINK to the peers); their connections fail.
+    pub fn shutdown(&self) {
+        let groups: Vec<_> = self.inner.groups.lock().drain(..).collect();
+        for g in groups {
+            g.terminate();
+        }
+    }
+
+    /// First-contact link confirmations (CONFIRM LINK exchanges) so far.
+    pub fn links_confirmed(&self) -> u32 {
+        self.inner.links_confirmed.load(Ordering::Relaxed)
+    }
+}
+
+impl Inner {
+    pub(crate) fn device(&self, ip: Ipv4Addr) -> io::Result<Arc<Dev>> {
+        let mut devs = self.devices.lock();
+        if let Some(d) = devs.get(&ip) {
+            return Ok(d.clone());
+        }
+        let device = Device::open(DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port)))?;
+        let pd = device.alloc_pd();
+        let o = ip.octets();
+        let d = Arc::new(Dev {
+            ip,
+            device,
+            pd,
+            // Locally administered, derived from the address: our "port" has no real MAC.
+            mac: Mac([0x02, 0x00, o[0], o[1], o[2], o[3]]),
+        });
+        devs.insert(ip, d.clone());
+        Ok(d)
+    }
+
+    pub(crate) fn token(&self) -> u32 {
+        loop {
+            let t = self.next_token.fetch_add(1, Ordering::Relaxed);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+
+    /// Reserves RMB memory against the budget.
+    pub(crate) fn reserve_rmb(&self, bytes: u32) -> bool {
+        let mut used = self.rmb_in_use.lock();
+        if *used + u64::from(bytes) > self.cfg.rmb_budget {
+            return false;
+        }
+        *used += u64::from(bytes);
+        true
+    }
+
+    pub(crate) fn release_rmb(&self, bytes: u32) {
+        let mut used = self.rmb_in_use.lock();
+        *used = used.saturating_sub(u64::from(bytes));
+    }
+
+    /// A live link group to `peer_gid` where we have `role`, with room for a connection
+    /// (client: the server's QPN must match the Accept).
+    pub(crate) fn find_group(
+        &self,
+        local: Ipv4Addr,
+        peer_gid: Gid,
+        role: link::Role,
+        peer_qpn: Option<u32>,
+    ) -> Option<Arc<LinkGroup>> {
+        let groups = self.groups.lock();
+        groups
+            .iter()
+            .find(|g| {
+                g.role == role
+                    && g.dev.ip == local
+                    && g.peer_gid == peer_gid
+                    && peer_qpn.is_none_or(|q| q == g.peer_qpn.load(Ordering::Relaxed))
+                    && g.is_up()
+                    && g.has_room()
+            })
+            .cloned()
+    }
+
+    pub(crate) fn add_group(&self, g: Arc<LinkGroup>) {
+        let mut groups = self.groups.lock();
+        groups.retain(|g| !g.is_down());
+        groups.push(g);
+    }
+}
+
+/// Path MTU for RoCE on a path whose IP MTU is `ip_mtu`: the largest IB MTU whose packets
+/// (payload + IPv4/UDP/BTH/RETH/ICRC, 64 bytes) fit.
+pub(crate) fn roce_mtu(ip_mtu: u32) -> QpMtu {
+    [
+        QpMtu::MTU_4096,
+        QpMtu::MTU_2048,
+        QpMtu::MTU_1024,
+        QpMtu::MTU_512,
+    ]
+    .into_iter()
+    .find(|m| m.bytes().is_some_and(|b| b + 64 <= ip_mtu))
+    .unwrap_or(QpMtu::MTU_256)
+}
+
+fn rdma_mtu(m: QpMtu) -> Mtu {
+    match m.bytes() {
+        Some(4096) => Mtu::Mtu4096,
+        Some(2048) => Mtu::Mtu2048,
+        Some(1024) => Mtu::Mtu1024,
+        Some(512) => Mtu::Mtu512,
+        _ => Mtu::Mtu256,
+    }
+}
+
+const SLOT: usize = 128;
+const RECV_SLOTS: usize = 256;
+const SEND_SLOTS: usize = 1024;
+/// SEND slots only the poller may take (consumer updates, LLC answers), so it never waits.
+const POLLER_RESERVE: usize = 32;
+
+/// A link group with its single link.
+pub(crate) struct LinkGroup {
+    pub(crate) id: u32,
+    pub(crate) role: link::Role,
+    pub(crate) dev: Arc<Dev>,
+    pub(crate) qp: QueuePair,
+    cq: CompletionQueue,
+    pub(crate) peer_gid: Gid,
+    pub(crate) peer_qpn: AtomicU32,
+    pub(crate) psn: u32,
+    pub(crate) mtu: QpMtu,
+    pub(crate) max_conns: AtomicU32,
+    recv_mr: MemoryRegion,
+    send_mr: MemoryRegion,
+    st: Mutex<LgState>,
+    cond: Condvar,
+    down: AtomicBool,
+    runtime: Weak<Inner>,
+}
+
+struct LgState {
+    link: Option<LinkCore>,
+    up: bool,
+    down_reason: Option<String>,
+    conns: HashMap<u32, Arc<ConnShared>>,
+    free_slots: Vec<usize>,
+    /// LLC messages waiting for a SEND slot.
+    llc_out: VecDeque<LlcMessage>,
+}
+
+impl LinkGroup {
+    /// Creates the QP (in INIT, receives posted) for a new link group.
+    pub(crate) fn create(
+        rt: &Arc<Inner>,
+        dev: Arc<Dev>,
+        role: link::Role,
+        peer_gid: Gid,
+        mtu: QpMtu,
+    ) -> io::Result<Arc<Self>> {
+        let cq = dev.device.create_cq()?;
+        let caps = QpCaps {
+            max_send_wr: 4096,
+            max_recv_wr: RECV_SLOTS as u32,
+            ..QpCaps::default()
+        };
+        let qp = dev.pd.create_qp(&cq, &cq, caps, false)?;
+        let recv_mr = dev.pd.reg_mr(SLOT * RECV_SLOTS, Access::LOCAL_WRITE)?;
+        let send_mr = dev.pd.reg_mr(SLOT * SEND_SLOTS, Access::LOCAL_WRITE)?;
+        qp.modify(&QpAttr::state(QpState::Init))
+            .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
+        for i in 0..RECV_SLOTS {
+            qp.post_recv(&[RecvWr {
+                wr_id: i as u64,
+                sg_list: &[recv_mr.sge(i * SLOT, SLOT)],
+            }])
+            .map_err(|e| io::Error::other(format!("post_recv: {e:?}")))?;
+        }
+        Ok(Arc::new(Self {
+            id: rt.next_lgr.fetch_add(1, Ordering::Relaxed),
+            role,
+            dev,
+            qp,
+            cq,
+            peer_gid,
+            peer_qpn: AtomicU32::new(0),
+            psn: random_u32() & 0xff_ffff,
+            mtu,
+            max_conns: AtomicU32::new(255),
+            recv_mr,
+            send_mr,
+            st: Mutex::new(LgState {
+                link: None,
+                up: false,
+                down_reason: None,
+                conns: HashMap::new(),
+                free_slots: (0..SEND_SLOTS).rev().collect(),
+                llc_out: VecDeque::new(),
+            }),
+            cond: Condvar::new(),
+            down: AtomicBool::new(false),
+            runtime: Arc::downgrade(rt),
+        }))
+    }
+
+    /// Our side of the link as CLC carries it.
+    pub(crate) fn local_endpoint(&self) -> (Gid, Mac, u32, u32, QpMtu) {
+        (
+            Gid::from_ipv4(self.dev.ip),
+            self.dev.mac,
+            self.qp.qp_num(),
+            self.psn,
+            self.mtu,
+        )
+    }
+
+    /// Connects the QP to the peer (RTR, RTS) and starts the LLC conversation and the poller.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        peer: &handshake::Endpoint,
+        mtu: QpMtu,
+        negotiated: &handshake::Negotiated,
+        cfg: &RuntimeConfig,
+    ) -> io::Result<()> {
+        let (peer_qpn, peer_psn) = (peer.qpn, peer.initial_psn);
+        let (max_links, max_conns) = (negotiated.max_links, negotiated.max_conns);
+        let peer_ip = self
+            .peer_gid
+            .to_ipv4()
+            .ok_or_else(|| io::Error::other("peer GID is not IPv4-mapped"))?;
+        self.peer_qpn.store(peer_qpn, Ordering::Relaxed);
+        self.max_conns
+            .store(u32::from(max_conns.max(1)), Ordering::Relaxed);
+        self.qp
+            .modify(&QpAttr {
+                path_mtu: Some(rdma_mtu(mtu)),
+                dest_qp_num: Some(peer_qpn),
+                rq_psn: Some(Psn::new(peer_psn)),
+                av: Some(SocketAddrV4::new(peer_ip, cfg.roce_port)),
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .map_err(|e| io::Error::other(format!("QP to RTR: {e:?}")))?;
+        self.qp
+            .modify(&QpAttr {
+                sq_psn: Some(Psn::new(self.psn)),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .map_err(|e| io::Error::other(format!("QP to RTS: {e:?}")))?;
+        let (gid, mac, qpn, _, _) = self.local_endpoint();
+        let now = Instant::now();
+        let params = LinkParams {
+            role: self.role,
+            version: Version::V2,
+            mac,
+            gid,
+            qpn,
+            link_id: 1,
+            link_uid: [
+                0,
+                (self.id >> 16) as u8,
+                (self.id >> 8) as u8,
+                self.id as u8,
+            ],
+            max_links,
+            max_conns,
+            test_link_time: cfg.test_link_time,
+        };
+        {
+            let mut st = self.st.lock();
+            let mut l = LinkCore::new(params, now);
+            while let Some(m) = l.poll_transmit() {
+                st.llc_out.push_back(m);
+            }
+            st.link = Some(l);
+            self.flush_llc(&mut st);
+        }
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name(format!("smcr-lgr-{}", self.id))
+            .spawn(move || me.poll_loop())?;
+        Ok(())
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
+        self.st.lock().up && !self.is_down()
+    }
+
+    pub(crate) fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+
+    fn has_room(&self) -> bool {
+        self.st.lock().conns.len() < self.max_conns.load(Ordering::Relaxed) as usize
+    }
+
+    /// Waits until the link is confirmed, or fails.
+    pub(crate) fn wait_up(&self, timeout: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.st.lock();
+        loop {
+            if let Some(r) = &st.down_reason {
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, r.clone()));
+            }
+            if st.up {
+                return Ok(());
+            }
+            if self.cond.wait_until(&mut st, deadline).timed_out() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "link not confirmed in time",
+                ));
+            }
+        }
+    }
+
+    pub(crate) fn attach(&self, token: u32, c: Arc<ConnShared>) {
+        self.st.lock().conns.insert(token, c);
+    }
+
+    /// Sends one CDC message from an application thread (waits for a free SEND slot).
+    pub(crate) fn send_cdc(&self, m: &CdcMessage, poller: bool) -> io::Result<()> {
+        let slot = {
+            let mut st = self.st.lock();
+            loop {
+                if let Some(r) = &st.down_reason {
+                    return Err(io::Error::new(io::ErrorKind::ConnectionReset, r.clone()));
+                }
+                let reserve = if poller { 0 } else { POLLER_RESERVE };
+                if st.free_slots.len() > reserve {
+                    break st.free_slots.pop().expect("checked");
+                }
+                if poller {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        "no SEND slot for the poller",
+                    ));
+                }
+                self.cond.wait(&mut st);
+            }
+        };
+        let mut b = [0u8; cdc::CDC_LEN];
+        m.emit(&mut b);
+        self.post_send_slot(slot, &b)
+    }
+
+    fn post_send_slot(&self, slot: usize, bytes: &[u8]) -> io::Result<()> {
+        self.send_mr.write(slot * SLOT, bytes);
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: slot as u64,
+                opcode: WrOpcode::Send,
+                sg_list: &[self.send_mr.sge(slot * SLOT, bytes.len())],
+                flags: SendFlags::SIGNALED,
+            }])
+            .map_err(|e| {
+                io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
+            })
+    }
+
+    /// Posts RDMA WRITEs (unsignaled: the CDC after them is signaled and completes later).
+    pub(crate) fn post_writes(&self, wrs: &[SendWr<'_>]) -> io::Result<()> {
+        self.qp.post_send(wrs).map_err(|e| {
+            io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
+        })
+    }
+
+    fn flush_llc(&self, st: &mut LgState) {
+        while !st.llc_out.is_empty() {
+            let Some(slot) = st.free_slots.pop() else {
+                return;
+            };
+            let m = st.llc_out.pop_front().expect("non-empty");
+            let mut b = vec![0u8; m.buffer_len()];
+            m.emit(&mut b);
+            if b.len() > SLOT {
+                st.free_slots.push(slot);
+                continue;
+            }
+            let _ = self.post_send_slot(slot, &b);
+        }
+    }
+
+    fn poll_loop(self: Arc<Self>) {
+        let mut wcs = [WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: 0,
+        }; 64];
+        loop {
+            let wait = {
+                let st = self.st.lock();
+                let next = st.link.as_ref().and_then(LinkCore::poll_timeout);
+                next.map_or(Duration::from_millis(500), |t| {
+                    t.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(500))
+                })
+            };
+            let n = match self.cq.wait(&mut wcs, Some(wait)) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail(&format!("completion queue: {e}"));
+                    return;
+                }
+            };
+            let now = Instant::now();
+            let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
+            {
+                let mut st = self.st.lock();
+                for wc in &wcs[..n] {
+                    if wc.status != WcStatus::Success {
+                        if let Some(l) = st.link.as_mut() {
+                            l.transport_failed(wc.status.name());
+                        }
+                        continue;
+                    }
+                    match wc.opcode {
+                        WcOpcode::Recv => {
+                            let slot = wc.wr_id as usize;
+                            let len = (wc.byte_len as usize).min(SLOT);
+                            let mut b = [0u8; SLOT];
+                            self.recv_mr.read(slot * SLOT, &mut b[..len]);
+                            let _ = self.qp.post_recv(&[RecvWr {
+                                wr_id: wc.wr_id,
+                                sg_list: &[self.recv_mr.sge(slot * SLOT, SLOT)],
+                            }]);
+                            if b[0] == cdc::CDC_TYPE {
+                                if let Some(l) = st.link.as_mut() {
+                                    l.note_activity(now);
+                                }
+                                match CdcMessage::parse(&b[..len]) {
+                                    // Linux drops CDCs for unknown tokens too.
+                                    Ok(m) => {
+                                        if let Some(c) = st.conns.get(&m.token) {
+                                            cdcs.push((c.clone(), m));
+                                        }
+                                    }
+                                    Err(_) => {
+                                        if let Some(l) = st.link.as_mut() {
+                                            l.handle_llc(&[], now);
+                                        }
+                                    }
+                                }
+                            } else if let Some(l) = st.link.as_mut() {
+                                l.handle_llc(&b[..len], now);
+                            }
+                        }
+                        WcOpcode::Send => {
+                            st.free_slots.push(wc.wr_id as usize);
+                            self.cond.notify_all();
+                        }
+                        _ => {}
+                    }
+                }
+                let st = &mut *st;
+                if let Some(l) = st.link.as_mut() {
+                    l.handle_timeout(now);
+                    while let Some(m) = l.poll_transmit() {
+                        st.llc_out.push_back(m);
+                    }
+                }
+                self.flush_llc(st);
+                while let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
+                    match ev {
+                        LinkEvent::Up { .. } => {
+                            st.up = true;
+                            if let Some(rt) = self.runtime.upgrade() {
+                                rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            self.cond.notify_all();
+                        }
+                        LinkEvent::Down(r) => {
+                            st.down_reason = Some(format!("link down: {r}"));
+                        }
+                        LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
+                    }
+                }
+            }
+            for (c, m) in cdcs {
+                c.on_cdc(&self, &m);
+            }
+            let down = self.st.lock().down_reason.clone();
+            if let Some(r) = down {
+                self.fail(&r);
+                return;
+            }
+        }
+    }
+
+    /// Marks the group down and fails every connection on it.
+    fn fail(&self, reason: &str) {
+        self.down.store(true, Ordering::Release);
+        let conns: Vec<Arc<ConnShared>> = {
+            let mut st = self.st.lock();
+            st.down_reason.get_or_insert_with(|| reason.to_owned());
+            st.up = false;
+            self.cond.notify_all();
+            st.conns.drain().map(|(_, c)| c).collect()
+        };
+        for c in conns {
+            c.fail(reason);
+        }
+        let _ = self.qp.modify(&QpAttr::state(QpState::Error));
+    }
+
+    /// Removes a connection whose both sides have closed; the link group stays (lingers) for
+    /// later connections.
+    pub(crate) fn detach(&self, token: u32) {
+        self.st.lock().conns.remove(&token);
+    }
+
+    /// Deletes the link group (DELETE LINK to the peer) and stops its poller.
+    pub(crate) fn terminate(&self) {
+        let mut guard = self.st.lock();
+        let st = &mut *guard;
+        if let Some(l) = st.link.as_mut() {
+            l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
+            while let Some(m) = l.poll_transmit() {
+                st.llc_out.push_back(m);
+            }
+        }
+        self.flush_llc(st);
+    }
+}
+
+/// One SMC-R connection's shared state (the stream holds it; so does the link group until
+/// both sides closed, because the peer may still write into our RMB until it has seen our
+/// close).
+pub(crate) struct ConnShared {
+    pub(crate) token: u32,
+    pub(crate) rmb: MemoryRegion,
+    pub(crate) sndbuf: MemoryRegion,
+    pub(crate) peer_rkey: u32,
+    pub(crate) peer_vaddr: u64,
+    pub(crate) core: Mutex<ConnState>,
+    pub(crate) cond: Condvar,
+    pub(crate) runtime: Weak<Inner>,
+}
+
+pub(crate) struct ConnState {
+    pub(crate) core: ConnCore,
+    pub(crate) failed: Option<String>,
+    pub(crate) local_closed: bool,
+    pub(crate) released: bool,
+}
+
+impl ConnShared {
+    fn on_cdc(&self, lg: &LinkGroup, m: &CdcMessage) {
+        let mut s = self.core.lock();
+        if s.failed.is_some() {
+            return;
+        }
+        match s.core.on_cdc(m) {
+            Ok(u) => {
+                if u.update_requested {
+                    let cdc = s.core.control_cdc();
+                    // The poller must not wait; a missed update is re-requested by the peer.
+                    let _ = lg.send_cdc(&cdc, true);
+                }
+            }
+            Err(e) => {
+                s.failed = Some(format!("peer broke the CDC protocol: {e}"));
+            }
+        }
+        let peer = s.core.peer_flags();
+        let both_closed = s.local_closed
+            && (peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
+                || peer.contains(ConnStateFlags::PEER_CONN_ABORT));
+        drop(s);
+        self.cond.notify_all();
+        if both_closed {
+            self.release(lg);
+        }
+    }
+
+    fn fail(&self, reason: &str) {
+        let mut s = self.core.lock();
+        s.failed.get_or_insert_with(|| reason.to_owned());
+        drop(s);
+        self.cond.notify_all();
+    }
+
+    /// Frees the RMB budget and detaches from the link group (once).
+    pub(crate) fn release(&self, lg: &LinkGroup) {
+        let mut s = self.core.lock();
+        if s.released {
+            return;
+        }
+        s.released = true;
+        drop(s);
+        lg.detach(self.token);
+        if let Some(rt) = self.runtime.upgrade() {
+            rt.release_rmb(self.rmb.len() as u32);
+        }
+    }
+}

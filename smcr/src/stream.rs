@@ -1,0 +1,794 @@
+//! The socket API: [`SmcStream`] and [`SmcListener`], blocking `Read`/`Write` over SMC-R, or
+//! over the TCP connection itself when SMC-R is not possible ([`Mode::Tcp`] with the reason).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cdc::ConnStateFlags;
+use clc::{DeclineReason, Gid, RmbSize};
+use rdma::{Access, SendFlags, SendWr, WrOpcode};
+use socket2::{Domain, Socket, Type};
+
+use crate::conn::ConnCore;
+use crate::handshake::{self, Endpoint, Event};
+use crate::link::{self, CONFIRM_WAIT};
+use crate::option::Capability;
+use crate::runtime::{ConnShared, ConnState, LinkGroup, Negotiation, Runtime, roce_mtu};
+
+/// Why a connection is plain TCP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The peer did not send the SMC-R TCP option (Linux: `PEERNOSMC`); no CLC byte was sent.
+    PeerNoSmc,
+    /// One side declined during the CLC handshake; both agreed to continue over TCP.
+    Declined {
+        /// The decline code (the peer's diagnosis if it declined, else ours).
+        reason: DeclineReason,
+        /// Whether the peer declined.
+        by_peer: bool,
+    },
+    /// Local: the TCP option program is not usable here (not installed, no permission).
+    NoBpf(String),
+    /// Local: we marked the socket but the option program never saw its handshake.
+    OptionNotObserved,
+    /// Local: not IPv4 (SMC-Rv2 is IPv4 only).
+    NotIpv4,
+}
+
+/// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
+impl FallbackReason {
+    /// Local code: the option program is not usable.
+    pub const CODE_NO_BPF: u32 = 0x7f00_0001;
+    /// Local code: marked, but the program did not see the handshake.
+    pub const CODE_OPTION_NOT_OBSERVED: u32 = 0x7f00_0002;
+    /// Local code: not an IPv4 connection.
+    pub const CODE_NOT_IPV4: u32 = 0x7f00_0003;
+
+    /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
+    pub fn code(&self) -> u32 {
+        match self {
+            Self::PeerNoSmc => DeclineReason::PEERNOSMC.0,
+            Self::Declined { reason, .. } => reason.0,
+            Self::NoBpf(_) => Self::CODE_NO_BPF,
+            Self::OptionNotObserved => Self::CODE_OPTION_NOT_OBSERVED,
+            Self::NotIpv4 => Self::CODE_NOT_IPV4,
+        }
+    }
+}
+
+impl std::fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::PeerNoSmc => write!(
+                f,
+                "peer did not offer SMC-R (PEERNOSMC {:#010x})",
+                self.code()
+            ),
+            Self::Declined { reason, by_peer } => write!(
+                f,
+                "{} declined: {} ({:#010x})",
+                if *by_peer { "peer" } else { "we" },
+                reason.name().unwrap_or("unknown"),
+                reason.0
+            ),
+            Self::NoBpf(why) => write!(f, "TCP option program unusable: {why}"),
+            Self::OptionNotObserved => {
+                write!(f, "TCP option program did not see the handshake")
+            }
+            Self::NotIpv4 => write!(f, "not IPv4"),
+        }
+    }
+}
+
+/// What a stream runs over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// SMC-R: data goes by RDMA WRITE into the peer's RMB.
+    SmcR {
+        /// This connection created the link group (CONFIRM LINK was exchanged).
+        first_contact: bool,
+    },
+    /// Plain TCP, and why.
+    Tcp(FallbackReason),
+}
+
+/// A connected stream: SMC-R when both ends could, TCP otherwise.
+pub struct SmcStream {
+    tcp: TcpStream,
+    smc: Option<Smc>,
+    mode: Mode,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+    nonblocking: bool,
+}
+
+struct Smc {
+    conn: Arc<ConnShared>,
+    lg: Arc<LinkGroup>,
+}
+
+/// The handshake roles' shared driver methods.
+trait Handshake {
+    fn wants(&self) -> usize;
+    fn handle_data(&mut self, data: &[u8]) -> usize;
+    fn handle_eof(&mut self);
+    fn handle_timeout(&mut self, now: Instant);
+    fn poll_timeout(&self) -> Option<Instant>;
+    fn poll_transmit(&mut self) -> Option<Vec<u8>>;
+    fn poll_event(&mut self) -> Option<Event>;
+}
+
+macro_rules! impl_handshake {
+    ($t:ty) => {
+        impl Handshake for $t {
+            fn wants(&self) -> usize {
+                <$t>::wants(self)
+            }
+            fn handle_data(&mut self, data: &[u8]) -> usize {
+                <$t>::handle_data(self, data)
+            }
+            fn handle_eof(&mut self) {
+                <$t>::handle_eof(self)
+            }
+            fn handle_timeout(&mut self, now: Instant) {
+                <$t>::handle_timeout(self, now)
+            }
+            fn poll_timeout(&self) -> Option<Instant> {
+                <$t>::poll_timeout(self)
+            }
+            fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+                <$t>::poll_transmit(self)
+            }
+            fn poll_event(&mut self) -> Option<Event> {
+                <$t>::poll_event(self)
+            }
+        }
+    };
+}
+impl_handshake!(handshake::Client);
+impl_handshake!(handshake::Server);
+
+/// Runs the handshake over `tcp` until it has an event; never reads past a CLC message.
+fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<Event> {
+    let mut buf = [0u8; 1024];
+    let result = loop {
+        while let Some(b) = hs.poll_transmit() {
+            tcp.write_all(&b)?;
+        }
+        if let Some(ev) = hs.poll_event() {
+            break Ok(ev);
+        }
+        let want = hs.wants().min(buf.len());
+        if want == 0 {
+            break Err(io::Error::other("CLC handshake stalled"));
+        }
+        let left = hs
+            .poll_timeout()
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|l| l.is_zero()) {
+            hs.handle_timeout(Instant::now());
+            continue;
+        }
+        tcp.set_read_timeout(left)?;
+        match tcp.read(&mut buf[..want]) {
+            Ok(0) => hs.handle_eof(),
+            Ok(n) => {
+                hs.handle_data(&buf[..n]);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                hs.handle_timeout(Instant::now())
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    tcp.set_read_timeout(None)?;
+    result
+}
+
+fn failed(e: handshake::Error) -> io::Error {
+    let kind = match e {
+        handshake::Error::Timeout { .. } => io::ErrorKind::TimedOut,
+        handshake::Error::PeerClosed => io::ErrorKind::ConnectionReset,
+        _ => io::ErrorKind::InvalidData,
+    };
+    io::Error::new(kind, e)
+}
+
+/// Path MTU of a connected TCP socket (IP_MTU).
+fn path_mtu(tcp: &TcpStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid socket fd, and v/len describe a c_int buffer.
+    let r = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && v > 0 { v as u32 } else { 1500 }
+}
+
+fn local_v4(tcp: &TcpStream) -> Option<SocketAddrV4> {
+    match tcp.local_addr().ok()? {
+        SocketAddr::V4(a) => Some(a),
+        SocketAddr::V6(_) => None,
+    }
+}
+
+/// An RMB for a new connection, within the runtime's memory budget.
+fn alloc_rmb(
+    rt: &Runtime,
+    lg_dev: &crate::runtime::Dev,
+) -> Result<(rdma::MemoryRegion, RmbSize), DeclineReason> {
+    let size = RmbSize::round_up(rt.inner.cfg.rmb_size);
+    if !rt.inner.reserve_rmb(size.bytes()) {
+        return Err(DeclineReason::MEM);
+    }
+    match lg_dev.pd.reg_mr(
+        size.bytes() as usize,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    ) {
+        Ok(mr) => Ok((mr, size)),
+        Err(_) => {
+            rt.inner.release_rmb(size.bytes());
+            Err(DeclineReason::MEM)
+        }
+    }
+}
+
+fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32) -> Endpoint {
+    let (gid, mac, qpn, psn, mtu) = lg.local_endpoint();
+    Endpoint {
+        gid,
+        mac,
+        qpn,
+        initial_psn: psn,
+        mtu,
+        rmb_rkey: rmb.rkey(),
+        rmb_vaddr: rmb.addr(),
+        rmb_size: size,
+        token,
+    }
+}
+
+fn make_conn(
+    rt: &Runtime,
+    lg: &Arc<LinkGroup>,
+    token: u32,
+    rmb: rdma::MemoryRegion,
+    peer: &Endpoint,
+) -> io::Result<Arc<ConnShared>> {
+    let peer_rmb = peer.rmb_size.bytes();
+    let sndbuf = lg.dev.pd.reg_mr(peer_rmb as usize, Access::LOCAL_WRITE)?;
+    let rmb_len = rmb.len() as u32;
+    let c = Arc::new(ConnShared {
+        token,
+        rmb,
+        sndbuf,
+        peer_rkey: peer.rmb_rkey,
+        peer_vaddr: peer.rmb_vaddr,
+        core: parking_lot::Mutex::new(ConnState {
+            core: ConnCore::new(peer.token, peer_rmb, rmb_len),
+            failed: None,
+            local_closed: false,
+            released: false,
+        }),
+        cond: parking_lot::Condvar::new(),
+        runtime: Arc::downgrade(&rt.inner),
+    });
+    lg.attach(token, c.clone());
+    Ok(c)
+}
+
+impl SmcStream {
+    /// Connects to `addr` (the first address that accepts a TCP connection), then negotiates
+    /// SMC-R; falls back to TCP as Linux would.
+    pub fn connect(rt: &Runtime, addr: impl ToSocketAddrs) -> io::Result<Self> {
+        let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to");
+        for a in addr.to_socket_addrs()? {
+            match Self::connect_one(rt, a) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn connect_one(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        let marked = addr.is_ipv4() && mark(rt, &sock);
+        sock.connect(&addr.into())?;
+        let tcp: TcpStream = sock.into();
+        let verdict = verdict(rt, &tcp, marked, addr.is_ipv4());
+        let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
+        match verdict {
+            Err(reason) => s.mode = Mode::Tcp(reason),
+            Ok(()) => s.client_handshake(rt)?,
+        }
+        Ok(s)
+    }
+
+    fn plain(tcp: TcpStream, mode: Mode) -> Self {
+        Self {
+            tcp,
+            smc: None,
+            mode,
+            read_timeout: None,
+            write_timeout: None,
+            nonblocking: false,
+        }
+    }
+
+    fn client_handshake(&mut self, rt: &Runtime) -> io::Result<()> {
+        let local = local_v4(&self.tcp).expect("checked IPv4");
+        let mtu = roce_mtu(path_mtu(&self.tcp));
+        let mut hs = handshake::Client::new(
+            rt.inner.cfg.handshake.clone(),
+            Gid::from_ipv4(*local.ip()),
+            Instant::now(),
+        );
+        let (negotiated, server) = match drive(&mut self.tcp, &mut hs)? {
+            Event::Accepted { negotiated, server } => (negotiated, server),
+            Event::Fallback {
+                reason, by_peer, ..
+            } => {
+                self.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
+                return Ok(());
+            }
+            Event::Failed(e) => return Err(failed(e)),
+            other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+        };
+        let peer = server.endpoint;
+        let setup = || -> Result<(Arc<LinkGroup>, rdma::MemoryRegion, RmbSize), DeclineReason> {
+            let lg = if server.first_contact {
+                let dev = rt
+                    .inner
+                    .device(*local.ip())
+                    .map_err(|_| DeclineReason::NOSMCRDEV)?;
+                let mtu = if peer.mtu.bytes() < mtu.bytes() {
+                    peer.mtu
+                } else {
+                    mtu
+                };
+                let lg = LinkGroup::create(&rt.inner, dev, link::Role::Client, peer.gid, mtu)
+                    .map_err(|_| DeclineReason::ERR_RDYLNK)?;
+                lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)
+                    .map_err(|_| DeclineReason::ERR_RDYLNK)?;
+                rt.inner.add_group(lg.clone());
+                lg
+            } else {
+                rt.inner
+                    .find_group(*local.ip(), peer.gid, link::Role::Client, Some(peer.qpn))
+                    .ok_or(DeclineReason::SYNCERR)?
+            };
+            let (rmb, size) = alloc_rmb(rt, &lg.dev)?;
+            Ok((lg, rmb, size))
+        };
+        let (lg, rmb, size) = match setup() {
+            Ok(x) => x,
+            Err(reason) => {
+                hs.decline(reason).map_err(io::Error::other)?;
+                let ev = drive(&mut self.tcp, &mut hs)?;
+                if let Event::Fallback {
+                    reason, by_peer, ..
+                } = ev
+                {
+                    self.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
+                    return Ok(());
+                }
+                return Err(io::Error::other(format!("unexpected {ev:?}")));
+            }
+        };
+        let token = rt.inner.token();
+        let local_ep = endpoint(&lg, &rmb, size, token);
+        let conn = make_conn(rt, &lg, token, rmb, &peer)?;
+        hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
+        match drive(&mut self.tcp, &mut hs)? {
+            Event::Confirmed => {}
+            Event::Failed(e) => return Err(failed(e)),
+            other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+        }
+        if server.first_contact {
+            lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+        }
+        self.mode = Mode::SmcR {
+            first_contact: server.first_contact,
+        };
+        self.smc = Some(Smc { conn, lg });
+        Ok(())
+    }
+
+    /// SMC-R or TCP, with the fallback reason.
+    pub fn mode(&self) -> &Mode {
+        &self.mode
+    }
+
+    /// The peer's address (of the TCP connection).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.peer_addr()
+    }
+
+    /// Our address (of the TCP connection).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Read timeout (None: block).
+    pub fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.read_timeout = t;
+        self.tcp.set_read_timeout(t)
+    }
+
+    /// Write timeout (None: block).
+    pub fn set_write_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.write_timeout = t;
+        self.tcp.set_write_timeout(t)
+    }
+
+    /// Non-blocking mode: reads and writes that would wait fail with `WouldBlock`.
+    pub fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
+        self.nonblocking = on;
+        self.tcp.set_nonblocking(on)
+    }
+
+    /// Shuts down reading, writing or both. Writing: the peer reads EOF after our data.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let Some(smc) = &self.smc else {
+            return self.tcp.shutdown(how);
+        };
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            let mut s = smc.conn.core.lock();
+            let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
+            smc.lg.send_cdc(&cdc, false)?;
+        }
+        Ok(())
+    }
+
+    fn deadline(t: Option<Duration>) -> Option<Instant> {
+        t.map(|t| Instant::now() + t)
+    }
+
+    fn smc_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let smc = self.smc.as_ref().expect("SMC-R mode");
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = Self::deadline(self.read_timeout);
+        let mut s = smc.conn.core.lock();
+        loop {
+            let readable = s.core.readable();
+            if readable > 0 {
+                let n = readable.min(buf.len().min(u32::MAX as usize) as u32);
+                let mut at = 0usize;
+                for (off, len) in s.core.read_pieces(n) {
+                    let len = len as usize;
+                    if len > 0 {
+                        smc.conn.rmb.read(off as usize, &mut buf[at..at + len]);
+                        at += len;
+                    }
+                }
+                if let Some(cdc) = s.core.consume(n) {
+                    smc.lg.send_cdc(&cdc, false)?;
+                }
+                return Ok(n as usize);
+            }
+            if let Some(f) = &s.failed {
+                return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
+            }
+            let pf = s.core.peer_flags();
+            if pf.contains(ConnStateFlags::PEER_CONN_ABORT) {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "peer aborted the connection",
+                ));
+            }
+            if pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED) {
+                return Ok(0);
+            }
+            wait(&smc.conn, &mut s, self.nonblocking, deadline)?;
+        }
+    }
+
+    fn smc_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let smc = self.smc.as_ref().expect("SMC-R mode");
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = Self::deadline(self.write_timeout);
+        let mut s = smc.conn.core.lock();
+        loop {
+            if let Some(f) = &s.failed {
+                return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
+            }
+            let pf = s.core.peer_flags();
+            if pf.intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+                || s.local_closed
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the connection is closed",
+                ));
+            }
+            let space = s.core.space();
+            if space > 0 {
+                let want = buf.len().min(u32::MAX as usize) as u32;
+                let plan = s.core.prepare_write(want.min(space), want);
+                let mut at = 0usize;
+                let mut sges = Vec::with_capacity(2);
+                for (off, len) in plan.pieces {
+                    if len > 0 {
+                        smc.conn
+                            .sndbuf
+                            .write(off as usize, &buf[at..at + len as usize]);
+                        at += len as usize;
+                        sges.push((off, len));
+                    }
+                }
+                let sge_lists: Vec<[rdma::Sge; 1]> = sges
+                    .iter()
+                    .map(|&(off, len)| [smc.conn.sndbuf.sge(off as usize, len as usize)])
+                    .collect();
+                let wrs: Vec<SendWr<'_>> = sges
+                    .iter()
+                    .zip(&sge_lists)
+                    .map(|(&(off, _), sg)| SendWr {
+                        wr_id: u64::MAX,
+                        opcode: WrOpcode::RdmaWrite {
+                            remote_addr: smc.conn.peer_vaddr + u64::from(off),
+                            rkey: smc.conn.peer_rkey,
+                        },
+                        sg_list: sg,
+                        flags: SendFlags::empty(),
+                    })
+                    .collect();
+                smc.lg.post_writes(&wrs)?;
+                smc.lg.send_cdc(&plan.cdc, false)?;
+                return Ok(at);
+            }
+            wait(&smc.conn, &mut s, self.nonblocking, deadline)?;
+        }
+    }
+}
+
+fn wait(
+    conn: &ConnShared,
+    s: &mut parking_lot::MutexGuard<'_, ConnState>,
+    nonblocking: bool,
+    deadline: Option<Instant>,
+) -> io::Result<()> {
+    if nonblocking {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    match deadline {
+        Some(d) => {
+            if conn.cond.wait_until(s, d).timed_out() {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
+            }
+        }
+        None => conn.cond.wait(s),
+    }
+    Ok(())
+}
+
+/// Marks a socket for the TCP option; false when the option program is unusable.
+fn mark(rt: &Runtime, sock: &Socket) -> bool {
+    match (&rt.inner.cfg.negotiation, &rt.inner.option) {
+        (Negotiation::TcpOption { .. }, Ok(map)) => map.mark(sock.as_fd()).is_ok(),
+        _ => false,
+    }
+}
+
+/// After the TCP handshake: may the CLC handshake start?
+fn verdict(rt: &Runtime, tcp: &TcpStream, marked: bool, ipv4: bool) -> Result<(), FallbackReason> {
+    if !ipv4 {
+        return Err(FallbackReason::NotIpv4);
+    }
+    match (&rt.inner.cfg.negotiation, &rt.inner.option) {
+        (Negotiation::Assume, _) => Ok(()),
+        (Negotiation::TcpOption { .. }, Err(e)) => Err(FallbackReason::NoBpf(e.clone())),
+        (Negotiation::TcpOption { .. }, Ok(map)) => {
+            if !marked {
+                return Err(FallbackReason::NoBpf("could not mark the socket".into()));
+            }
+            match map.state(tcp.as_fd()).map(|s| s.capability()) {
+                Ok(Capability::PeerCapable) => Ok(()),
+                Ok(Capability::PeerNotCapable) => Err(FallbackReason::PeerNoSmc),
+                Ok(_) => Err(FallbackReason::OptionNotObserved),
+                Err(e) => Err(FallbackReason::NoBpf(e.to_string())),
+            }
+        }
+    }
+}
+
+impl Read for SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.smc.is_some() {
+            self.smc_read(buf)
+        } else {
+            self.tcp.read(buf)
+        }
+    }
+}
+
+impl Write for SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.smc.is_some() {
+            self.smc_write(buf)
+        } else {
+            self.tcp.write(buf)
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // Every write is posted when it returns.
+        Ok(())
+    }
+}
+
+impl Drop for SmcStream {
+    fn drop(&mut self) {
+        let Some(smc) = self.smc.take() else {
+            return;
+        };
+        let mut s = smc.conn.core.lock();
+        if !s.local_closed {
+            s.local_closed = true;
+            let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_CLOSED);
+            let _ = smc.lg.send_cdc(&cdc, false);
+        }
+        let peer_gone = s
+            .core
+            .peer_flags()
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+            || s.failed.is_some();
+        drop(s);
+        if peer_gone {
+            smc.conn.release(&smc.lg);
+        }
+    }
+}
+
+/// A listening socket whose accepted connections negotiate SMC-R.
+pub struct SmcListener {
+    tcp: TcpListener,
+    rt: Runtime,
+}
+
+impl SmcListener {
+    /// Binds and listens on `addr`, marked for the SMC-R option.
+    pub fn bind(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        sock.set_reuse_address(true)?;
+        if addr.is_ipv4() {
+            mark(rt, &sock);
+        }
+        sock.bind(&addr.into())?;
+        sock.listen(1024)?;
+        Ok(Self {
+            tcp: sock.into(),
+            rt: rt.clone(),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Accepts a connection and runs the server side of the negotiation in this thread.
+    pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        let (tcp, peer) = self.tcp.accept()?;
+        let rt = &self.rt;
+        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok();
+        let verdict = verdict(rt, &tcp, marked, peer.is_ipv4());
+        let mut s = SmcStream::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
+        match verdict {
+            Err(r) => s.mode = Mode::Tcp(r),
+            Ok(()) => s.server_handshake(rt)?,
+        }
+        Ok((s, peer))
+    }
+}
+
+impl SmcStream {
+    fn server_handshake(&mut self, rt: &Runtime) -> io::Result<()> {
+        let local = local_v4(&self.tcp).expect("checked IPv4");
+        let mtu = roce_mtu(path_mtu(&self.tcp));
+        let mut hs = handshake::Server::new(rt.inner.cfg.handshake.clone(), Instant::now());
+        let decline = |s: &mut Self, hs: &mut handshake::Server, reason| -> io::Result<()> {
+            hs.decline(reason).map_err(io::Error::other)?;
+            match drive(&mut s.tcp, hs)? {
+                Event::Fallback {
+                    reason, by_peer, ..
+                } => {
+                    s.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
+                    Ok(())
+                }
+                ev => Err(io::Error::other(format!("unexpected {ev:?}"))),
+            }
+        };
+        let client_gid = match drive(&mut self.tcp, &mut hs)? {
+            Event::Proposed { client_gid, .. } => client_gid,
+            Event::Fallback {
+                reason, by_peer, ..
+            } => {
+                self.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
+                return Ok(());
+            }
+            Event::Failed(e) => return Err(failed(e)),
+            other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+        };
+        let existing = rt
+            .inner
+            .find_group(*local.ip(), client_gid, link::Role::Server, None);
+        let first_contact = existing.is_none();
+        let lg = match existing {
+            Some(lg) => lg,
+            None => {
+                let Ok(dev) = rt.inner.device(*local.ip()) else {
+                    return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
+                };
+                match LinkGroup::create(&rt.inner, dev, link::Role::Server, client_gid, mtu) {
+                    Ok(lg) => lg,
+                    Err(_) => return decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
+                }
+            }
+        };
+        let (rmb, size) = match alloc_rmb(rt, &lg.dev) {
+            Ok(x) => x,
+            Err(reason) => return decline(self, &mut hs, reason),
+        };
+        let token = rt.inner.token();
+        let local_ep = endpoint(&lg, &rmb, size, token);
+        hs.accept(&local_ep, first_contact, Instant::now())
+            .map_err(io::Error::other)?;
+        let (negotiated, client) = match drive(&mut self.tcp, &mut hs) {
+            Ok(Event::Established { negotiated, client }) => (negotiated, client),
+            other => {
+                rt.inner.release_rmb(size.bytes());
+                return match other {
+                    Ok(Event::Fallback {
+                        reason, by_peer, ..
+                    }) => {
+                        self.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
+                        Ok(())
+                    }
+                    Ok(Event::Failed(e)) => Err(failed(e)),
+                    Ok(ev) => Err(io::Error::other(format!("unexpected {ev:?}"))),
+                    Err(e) => Err(e),
+                };
+            }
+        };
+        let peer = client.endpoint;
+        if first_contact {
+            let mtu = if peer.mtu.bytes() < lg.mtu.bytes() {
+                peer.mtu
+            } else {
+                lg.mtu
+            };
+            lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)?;
+            rt.inner.add_group(lg.clone());
+        }
+        let conn = make_conn(rt, &lg, token, rmb, &peer)?;
+        if first_contact {
+            lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+        }
+        self.mode = Mode::SmcR { first_contact };
+        self.smc = Some(Smc { conn, lg });
+        Ok(())
+    }
+}
