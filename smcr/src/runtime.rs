@@ -182,6 +182,29 @@ impl Runtime {
         }
     }
 
+    /// A multi-line description of devices and link groups, for diagnostics.
+    pub fn debug_summary(&self) -> String {
+        let mut out = String::new();
+        for (ip, d) in self.inner.devices.lock().iter() {
+            out += &format!("device {ip}: {:?}\n", d.device.stats());
+        }
+        for g in self.inner.groups.lock().iter() {
+            let st = g.st.lock();
+            out += &format!(
+                "link group {} {:?} peer {:?} up={} down={:?} conns={} free_slots={}\n  {}\n",
+                g.id,
+                g.role,
+                g.peer_gid.to_ipv4(),
+                st.up,
+                st.down_reason,
+                st.conns.len(),
+                st.free_slots.len(),
+                g.qp.summary()
+            );
+        }
+        out
+    }
+
     /// First-contact link confirmations (CONFIRM LINK exchanges) so far.
     pub fn links_confirmed(&self) -> u32 {
         self.inner.links_confirmed.load(Ordering::Relaxed)
@@ -317,6 +340,9 @@ struct LgState {
     up: bool,
     down_reason: Option<String>,
     conns: HashMap<u32, Arc<ConnShared>>,
+    /// Tokens handed out in an Accept whose Confirm is still being read: CDCs for them (the
+    /// client may write right after its Confirm) wait here until the connection attaches.
+    early: HashMap<u32, Vec<CdcMessage>>,
     free_slots: Vec<usize>,
     /// LLC messages waiting for a SEND slot.
     llc_out: VecDeque<LlcMessage>,
@@ -367,6 +393,7 @@ impl LinkGroup {
                 up: false,
                 down_reason: None,
                 conns: HashMap::new(),
+                early: HashMap::new(),
                 free_slots: (0..SEND_SLOTS).rev().collect(),
                 llc_out: VecDeque::new(),
             }),
@@ -486,8 +513,25 @@ impl LinkGroup {
         }
     }
 
+    /// Reserves `token` before it is sent in an Accept (see `LgState::early`).
+    pub(crate) fn reserve(&self, token: u32) {
+        self.st.lock().early.insert(token, Vec::new());
+    }
+
+    /// Forgets a reserved token whose handshake did not complete.
+    pub(crate) fn unreserve(&self, token: u32) {
+        self.st.lock().early.remove(&token);
+    }
+
     pub(crate) fn attach(&self, token: u32, c: Arc<ConnShared>) {
-        self.st.lock().conns.insert(token, c);
+        let early = {
+            let mut st = self.st.lock();
+            st.conns.insert(token, c.clone());
+            st.early.remove(&token).unwrap_or_default()
+        };
+        for m in early {
+            c.on_cdc(self, &m);
+        }
     }
 
     /// Sends one CDC message from an application thread (waits for a free SEND slot).
@@ -608,6 +652,12 @@ impl LinkGroup {
                                     Ok(m) => {
                                         if let Some(c) = st.conns.get(&m.token) {
                                             cdcs.push((c.clone(), m));
+                                        } else if let Some(q) = st.early.get_mut(&m.token) {
+                                            // Bounded: the peer cannot send more CDCs than
+                                            // our receive queue holds before we answer.
+                                            if q.len() < RECV_SLOTS {
+                                                q.push(m);
+                                            }
                                         }
                                     }
                                     Err(_) => {

@@ -519,7 +519,10 @@ impl SmcStream {
             {
                 return Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
-                    "the connection is closed",
+                    format!(
+                        "the connection is closed (token {:#x}, peer flags {:?}, local close {})",
+                        smc.conn.token, pf, s.local_closed
+                    ),
                 ));
             }
             let space = s.core.space();
@@ -754,11 +757,13 @@ impl SmcStream {
         };
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
+        lg.reserve(token);
         hs.accept(&local_ep, first_contact, Instant::now())
             .map_err(io::Error::other)?;
         let (negotiated, client) = match drive(&mut self.tcp, &mut hs) {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
+                lg.unreserve(token);
                 rt.inner.release_rmb(size.bytes());
                 return match other {
                     Ok(Event::Fallback {

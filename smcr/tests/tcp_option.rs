@@ -7,36 +7,19 @@ mod common;
 use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+
 use std::sync::Arc;
 
 use smcr::option::{self, Capability, OptionMap};
 use socket2::{Domain, Socket, Type};
 
-use common::{ACK, Capture, NetPair, SYN, contains, in_netns, privileged};
+use common::{ACK, Capture, NetPair, SYN, TestInstall, contains, in_netns, privileged};
 
-/// An install in a directory of its own, removed on drop, so tests never touch a system-wide
-/// install and run in parallel.
-struct TestInstall(PathBuf);
-
-impl TestInstall {
-    fn new(tag: &str) -> Self {
-        let dir = PathBuf::from(format!(
-            "/sys/fs/bpf/smcr-test-{}-{tag}",
-            std::process::id()
-        ));
-        let installed = option::install(&dir).expect("install the option program");
-        assert!(matches!(installed, option::Installed::Fresh { .. }));
-        // A second install finds the first.
-        assert_eq!(option::install(&dir).unwrap(), option::Installed::Present);
-        Self(dir)
-    }
-}
-
-impl Drop for TestInstall {
-    fn drop(&mut self) {
-        option::uninstall(&self.0).expect("uninstall");
-        assert!(!option::is_installed(&self.0));
-    }
+fn fresh_install(tag: &str) -> TestInstall {
+    let i = TestInstall::new(tag);
+    // A second install finds the first.
+    assert_eq!(option::install(&i.0).unwrap(), option::Installed::Present);
+    i
 }
 
 fn listener(map: Option<&OptionMap>, addr: SocketAddrV4) -> Socket {
@@ -68,7 +51,7 @@ fn option_in_syn_and_synack_only_between_marked_sockets() {
     if !privileged("tcp option") || !common::have_tool("tcp option", "tcpdump") {
         return;
     }
-    let install = TestInstall::new("wire");
+    let install = fresh_install("wire");
     let net = NetPair::new().expect("network namespaces");
     let pcap = std::env::temp_dir().join(format!("smcr-option-{}.pcap", std::process::id()));
     let cap = Capture::start(&net.a, &net.veth_a, &pcap, "tcp").expect("tcpdump");
@@ -207,7 +190,7 @@ fn unprivileged_process_can_mark_its_sockets() {
         return;
     }
     use std::os::unix::process::CommandExt;
-    let install = TestInstall::new("unpriv");
+    let install = fresh_install("unpriv");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "unprivileged_child", "--ignored", "--nocapture"])
         .env("SMCR_TEST_BPF_DIR", &install.0)

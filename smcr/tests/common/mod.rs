@@ -271,3 +271,25 @@ pub fn tcp_segments(path: &Path) -> io::Result<Vec<Segment>> {
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
+
+/// An install of the option program in a directory of its own, removed on drop, so tests never
+/// touch a system-wide install and may run in parallel.
+pub struct TestInstall(pub std::path::PathBuf);
+
+impl TestInstall {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/smcr-test-{}-{tag}",
+            std::process::id()
+        ));
+        let installed = smcr::option::install(&dir).expect("install the option program");
+        assert!(matches!(installed, smcr::option::Installed::Fresh { .. }));
+        Self(dir)
+    }
+}
+
+impl Drop for TestInstall {
+    fn drop(&mut self) {
+        smcr::option::uninstall(&self.0).expect("uninstall");
+    }
+}
