@@ -239,6 +239,20 @@ impl LinkCore {
         self.last_activity = now;
     }
 
+    /// Checks the link now with a TEST LINK (unless one is outstanding), e.g. because a
+    /// connection's TCP socket was closed without an SMC-R close: a dead peer then takes the
+    /// link down within [`LLC_WAIT`].
+    pub fn probe(&mut self, now: Instant) {
+        if self.state == LinkState::Active && self.test_sent.is_none() {
+            self.test_sent = Some(now);
+            self.stats.test_links_sent += 1;
+            self.send(Llc::TestLink(TestLink {
+                response: false,
+                user_data: [0; 16],
+            }));
+        }
+    }
+
     /// A received SEND payload that is not a CDC message.
     pub fn handle_llc(&mut self, bytes: &[u8], now: Instant) {
         if self.state == LinkState::Down {

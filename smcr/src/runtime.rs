@@ -14,6 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -128,7 +129,13 @@ pub(crate) struct Inner {
     rmb_in_use: Mutex<u64>,
     /// CONFIRM LINK exchanges completed (first contacts), for tests and stats.
     pub(crate) links_confirmed: AtomicU32,
+    /// One handshake at a time per (role, peer address), as Linux's `smc_*_lgr_pending`: two
+    /// concurrent first contacts to one peer would otherwise create two link groups.
+    pending: Mutex<HashMap<(bool, Ipv4Addr), PendingLock>>,
 }
+
+/// Serialises the handshakes of one role with one peer.
+type PendingLock = Arc<Mutex<()>>;
 
 pub(crate) struct Dev {
     pub(crate) ip: Ipv4Addr,
@@ -155,6 +162,7 @@ impl Runtime {
                 next_lgr: AtomicU32::new(1),
                 rmb_in_use: Mutex::new(0),
                 links_confirmed: AtomicU32::new(0),
+                pending: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -229,6 +237,15 @@ impl Inner {
         });
         devs.insert(ip, d.clone());
         Ok(d)
+    }
+
+    /// The lock serialising handshakes of `role` with `peer`.
+    pub(crate) fn pending(&self, server: bool, peer: Ipv4Addr) -> PendingLock {
+        self.pending
+            .lock()
+            .entry((server, peer))
+            .or_default()
+            .clone()
     }
 
     pub(crate) fn token(&self) -> u32 {
@@ -343,6 +360,10 @@ struct LgState {
     /// Tokens handed out in an Accept whose Confirm is still being read: CDCs for them (the
     /// client may write right after its Confirm) wait here until the connection attaches.
     early: HashMap<u32, Vec<CdcMessage>>,
+    /// A duplicate of each connection's TCP socket: a hang-up there without an SMC-R close
+    /// makes the poller probe the link (a killed peer process is found within seconds).
+    watch: HashMap<u32, OwnedFd>,
+    next_watch: Instant,
     free_slots: Vec<usize>,
     /// LLC messages waiting for a SEND slot.
     llc_out: VecDeque<LlcMessage>,
@@ -394,6 +415,8 @@ impl LinkGroup {
                 down_reason: None,
                 conns: HashMap::new(),
                 early: HashMap::new(),
+                watch: HashMap::new(),
+                next_watch: Instant::now(),
                 free_slots: (0..SEND_SLOTS).rev().collect(),
                 llc_out: VecDeque::new(),
             }),
@@ -523,10 +546,13 @@ impl LinkGroup {
         self.st.lock().early.remove(&token);
     }
 
-    pub(crate) fn attach(&self, token: u32, c: Arc<ConnShared>) {
+    pub(crate) fn attach(&self, token: u32, c: Arc<ConnShared>, tcp: Option<OwnedFd>) {
         let early = {
             let mut st = self.st.lock();
             st.conns.insert(token, c.clone());
+            if let Some(fd) = tcp {
+                st.watch.insert(token, fd);
+            }
             st.early.remove(&token).unwrap_or_default()
         };
         for m in early {
@@ -610,9 +636,10 @@ impl LinkGroup {
             let wait = {
                 let st = self.st.lock();
                 let next = st.link.as_ref().and_then(LinkCore::poll_timeout);
-                next.map_or(Duration::from_millis(500), |t| {
+                let cap = if st.watch.is_empty() { 500 } else { 200 };
+                next.map_or(Duration::from_millis(cap), |t| {
                     t.saturating_duration_since(Instant::now())
-                        .min(Duration::from_millis(500))
+                        .min(Duration::from_millis(cap))
                 })
             };
             let n = match self.cq.wait(&mut wcs, Some(wait)) {
@@ -678,13 +705,15 @@ impl LinkGroup {
                     }
                 }
                 let st = &mut *st;
+                self.check_tcp(st, now);
                 if let Some(l) = st.link.as_mut() {
                     l.handle_timeout(now);
                     while let Some(m) = l.poll_transmit() {
                         st.llc_out.push_back(m);
                     }
                 }
-                self.flush_llc(st);
+                // Events first: a client's `up` must be visible before its CONFIRM LINK
+                // response leaves (the server may then Accept a reuse of this group).
                 while let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
                     match ev {
                         LinkEvent::Up { .. } => {
@@ -700,6 +729,7 @@ impl LinkGroup {
                         LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
                     }
                 }
+                self.flush_llc(st);
             }
             for (c, m) in cdcs {
                 c.on_cdc(&self, &m);
@@ -731,7 +761,43 @@ impl LinkGroup {
     /// Removes a connection whose both sides have closed; the link group stays (lingers) for
     /// later connections.
     pub(crate) fn detach(&self, token: u32) {
-        self.st.lock().conns.remove(&token);
+        let mut st = self.st.lock();
+        st.conns.remove(&token);
+        st.watch.remove(&token);
+    }
+
+    /// Polls the watched TCP sockets (at most every 200 ms); on a hang-up of a connection the
+    /// peer has not closed, probes the link.
+    fn check_tcp(&self, st: &mut LgState, now: Instant) {
+        if now < st.next_watch || st.watch.is_empty() {
+            return;
+        }
+        st.next_watch = now + Duration::from_millis(200);
+        let tokens: Vec<u32> = st.watch.keys().copied().collect();
+        let mut fds: Vec<libc::pollfd> = tokens
+            .iter()
+            .map(|t| libc::pollfd {
+                fd: st.watch[t].as_raw_fd(),
+                events: libc::POLLRDHUP,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: fds is a valid array of pollfd for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        if n <= 0 {
+            return;
+        }
+        let hung_up = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+        let mut probe = false;
+        for (t, f) in tokens.iter().zip(&fds) {
+            if f.revents & hung_up != 0 {
+                st.watch.remove(t);
+                probe = true;
+            }
+        }
+        if probe && let Some(l) = st.link.as_mut() {
+            l.probe(now);
+        }
     }
 
     /// Deletes the link group (DELETE LINK to the peer) and stops its poller.

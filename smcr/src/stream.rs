@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -270,6 +270,7 @@ fn make_conn(
     token: u32,
     rmb: rdma::MemoryRegion,
     peer: &Endpoint,
+    tcp: &TcpStream,
 ) -> io::Result<Arc<ConnShared>> {
     let peer_rmb = peer.rmb_size.bytes();
     let sndbuf = lg.dev.pd.reg_mr(peer_rmb as usize, Access::LOCAL_WRITE)?;
@@ -289,7 +290,7 @@ fn make_conn(
         cond: parking_lot::Condvar::new(),
         runtime: Arc::downgrade(&rt.inner),
     });
-    lg.attach(token, c.clone());
+    lg.attach(token, c.clone(), tcp.try_clone().ok().map(OwnedFd::from));
     Ok(c)
 }
 
@@ -394,7 +395,7 @@ impl SmcStream {
         };
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
-        let conn = make_conn(rt, &lg, token, rmb, &peer)?;
+        let conn = make_conn(rt, &lg, token, rmb, &peer, &self.tcp)?;
         hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
         match drive(&mut self.tcp, &mut hs)? {
             Event::Confirmed => {}
@@ -665,9 +666,17 @@ impl Drop for SmcStream {
 }
 
 /// A listening socket whose accepted connections negotiate SMC-R.
+///
+/// Like Linux's SMC listener, negotiation happens off the accepting thread: a background
+/// thread takes TCP connections and runs each handshake on a thread of its own, and
+/// [`SmcListener::accept`] returns connections whose negotiation has finished (SMC-R or TCP).
+/// A connection whose handshake fails (timeout, protocol error) is closed and never returned.
 pub struct SmcListener {
-    tcp: TcpListener,
-    rt: Runtime,
+    local: SocketAddr,
+    /// A duplicate of the listening socket, to wake the acceptor with shutdown() on drop.
+    wake: TcpListener,
+    ready: std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>,
+    nonblocking: bool,
 }
 
 impl SmcListener {
@@ -680,36 +689,93 @@ impl SmcListener {
         }
         sock.bind(&addr.into())?;
         sock.listen(1024)?;
+        let tcp: TcpListener = sock.into();
+        let local = tcp.local_addr()?;
+        let wake = tcp.try_clone()?;
+        let (tx, ready) = std::sync::mpsc::channel();
+        let rt = rt.clone();
+        std::thread::Builder::new()
+            .name("smcr-accept".into())
+            .spawn(move || {
+                loop {
+                    let (tcp, peer) = match tcp.accept() {
+                        Ok(x) => x,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        // The listener was shut down (dropped) or is broken.
+                        Err(_) => return,
+                    };
+                    let (rt, tx) = (rt.clone(), tx.clone());
+                    let _ = std::thread::Builder::new()
+                        .name("smcr-handshake".into())
+                        .spawn(move || {
+                            if let Ok(s) = SmcStream::negotiate_server(&rt, tcp, peer) {
+                                let _ = tx.send((s, peer));
+                            }
+                        });
+                }
+            })?;
         Ok(Self {
-            tcp: sock.into(),
-            rt: rt.clone(),
+            local,
+            wake,
+            ready,
+            nonblocking: false,
         })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.tcp.local_addr()
+        Ok(self.local)
     }
 
-    /// Accepts a connection and runs the server side of the negotiation in this thread.
+    /// Non-blocking mode: `accept` fails with `WouldBlock` when no connection is ready.
+    pub fn set_nonblocking(&mut self, on: bool) {
+        self.nonblocking = on;
+    }
+
+    /// The next connection whose negotiation has finished.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        let (tcp, peer) = self.tcp.accept()?;
-        let rt = &self.rt;
-        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
-            && rt.inner.option.is_ok();
-        let verdict = verdict(rt, &tcp, marked, peer.is_ipv4());
-        let mut s = SmcStream::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
-        match verdict {
-            Err(r) => s.mode = Mode::Tcp(r),
-            Ok(()) => s.server_handshake(rt)?,
+        if self.nonblocking {
+            self.ready.try_recv().map_err(|e| match e {
+                std::sync::mpsc::TryRecvError::Empty => io::ErrorKind::WouldBlock.into(),
+                std::sync::mpsc::TryRecvError::Disconnected => {
+                    io::Error::other("the listener's acceptor stopped")
+                }
+            })
+        } else {
+            self.ready
+                .recv()
+                .map_err(|_| io::Error::other("the listener's acceptor stopped"))
         }
-        Ok((s, peer))
+    }
+}
+
+impl Drop for SmcListener {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid listening socket; SHUT_RD makes the blocked accept() return.
+        unsafe { libc::shutdown(self.wake.as_raw_fd(), libc::SHUT_RD) };
     }
 }
 
 impl SmcStream {
+    fn negotiate_server(rt: &Runtime, tcp: TcpStream, peer: SocketAddr) -> io::Result<Self> {
+        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok();
+        let verdict = verdict(rt, &tcp, marked, peer.is_ipv4());
+        let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
+        match verdict {
+            Err(r) => s.mode = Mode::Tcp(r),
+            Ok(()) => s.server_handshake(rt)?,
+        }
+        Ok(s)
+    }
+
     fn server_handshake(&mut self, rt: &Runtime) -> io::Result<()> {
         let local = local_v4(&self.tcp).expect("checked IPv4");
+        let peer_ip = match self.tcp.peer_addr()? {
+            SocketAddr::V4(a) => *a.ip(),
+            SocketAddr::V6(_) => unreachable!("checked IPv4"),
+        };
         let mtu = roce_mtu(path_mtu(&self.tcp));
         let mut hs = handshake::Server::new(rt.inner.cfg.handshake.clone(), Instant::now());
         let decline = |s: &mut Self, hs: &mut handshake::Server, reason| -> io::Result<()> {
@@ -735,6 +801,10 @@ impl SmcStream {
             Event::Failed(e) => return Err(failed(e)),
             other => return Err(io::Error::other(format!("unexpected {other:?}"))),
         };
+        // From here until the link is up, one handshake per client (Linux's
+        // smc_server_lgr_pending): concurrent first contacts would create two link groups.
+        let pending = rt.inner.pending(true, peer_ip);
+        let _one_at_a_time = pending.lock();
         let existing = rt
             .inner
             .find_group(*local.ip(), client_gid, link::Role::Server, None);
@@ -788,7 +858,7 @@ impl SmcStream {
             lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)?;
             rt.inner.add_group(lg.clone());
         }
-        let conn = make_conn(rt, &lg, token, rmb, &peer)?;
+        let conn = make_conn(rt, &lg, token, rmb, &peer, &self.tcp)?;
         if first_contact {
             lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
         }

@@ -189,3 +189,206 @@ fn fallback_against_plain_peers_and_declines() {
         })]
     );
 }
+
+fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        let p = pos + i as u64;
+        *b = ((p ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8;
+    }
+}
+
+/// Sends `total` bytes of `pattern(seed)` and half-closes.
+fn send_pattern(c: &mut SmcStream, seed: u64, total: u64) {
+    let mut chunk = vec![0u8; 128 * 1024 + 13];
+    let mut pos = 0u64;
+    while pos < total {
+        let n = chunk.len().min((total - pos) as usize);
+        pattern(seed, pos, &mut chunk[..n]);
+        c.write_all(&chunk[..n]).unwrap();
+        pos += n as u64;
+    }
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+}
+
+/// Reads to EOF checking `pattern(seed)`; returns the byte count.
+fn check_pattern(s: &mut SmcStream, seed: u64) -> u64 {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut want = vec![0u8; buf.len()];
+    let mut pos = 0u64;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return pos;
+        }
+        pattern(seed, pos, &mut want[..n]);
+        assert!(buf[..n] == want[..n], "seed {seed}: corrupt data at {pos}");
+        pos += n as u64;
+    }
+}
+
+#[test]
+fn concurrent_connections_and_a_gibibyte_and_half_close() {
+    if !privileged("netns bulk") {
+        return;
+    }
+    let install = TestInstall::new("bulk");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7300).into();
+    const CONNS: u64 = 64;
+    const EACH: u64 = 16 << 20;
+    const BIG: u64 = 1 << 30;
+    let (tx, rx) = mpsc::channel();
+    let server = {
+        let rt = runtime(&install);
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let mut handles = Vec::new();
+            for _ in 0..CONNS + 1 {
+                let (mut s, _) = l.accept().unwrap();
+                assert!(matches!(s.mode(), Mode::SmcR { .. }));
+                handles.push(std::thread::spawn(move || {
+                    // The client says which stream it sends; we check it, answer with the count
+                    // (the peer has half-closed: we can still write), then send our own stream.
+                    let mut seed = [0u8; 8];
+                    s.read_exact(&mut seed).unwrap();
+                    let seed = u64::from_le_bytes(seed);
+                    let got = check_pattern(&mut s, seed);
+                    s.write_all(&got.to_le_bytes()).unwrap();
+                    send_pattern(&mut s, !seed, 1 << 20);
+                    got
+                }));
+            }
+            let mut total = 0;
+            for h in handles {
+                total += h.join().unwrap();
+            }
+            (total, rt.links_confirmed())
+        })
+    };
+    rx.recv().unwrap();
+    let rt = runtime(&install);
+    let client = in_netns(&net.a, move || {
+        let t0 = std::time::Instant::now();
+        let mut handles = Vec::new();
+        for i in 0..CONNS + 1 {
+            let rt = rt.clone();
+            handles.push(std::thread::spawn(move || {
+                let (seed, total) = if i == CONNS { (999, BIG) } else { (i, EACH) };
+                let mut c = SmcStream::connect(&rt, addr).unwrap();
+                assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+                c.write_all(&seed.to_le_bytes()).unwrap();
+                send_pattern(&mut c, seed, total);
+                // Half-closed: reading still works, both the count and the server's stream.
+                let mut got = [0u8; 8];
+                c.read_exact(&mut got).unwrap();
+                assert_eq!(u64::from_le_bytes(got), total);
+                assert_eq!(check_pattern(&mut c, !seed), 1 << 20);
+                total
+            }));
+        }
+        let sum: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let secs = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "{} connections moved {} MiB in {secs:.2} s ({:.2} Gbit/s)",
+            CONNS + 1,
+            sum >> 20,
+            sum as f64 * 8.0 / secs / 1e9
+        );
+        (sum, rt.links_confirmed())
+    });
+    let (sent, client_links) = client.join().unwrap();
+    let (received, server_links) = server.join().unwrap();
+    assert_eq!(sent, CONNS * EACH + BIG);
+    assert_eq!(received, sent);
+    assert_eq!(
+        (client_links, server_links),
+        (1, 1),
+        "one link group for all"
+    );
+}
+
+/// Run as a child process by `killed_server_fails_the_client_promptly`: an SMC-R sink in the
+/// namespace it is started in.
+#[test]
+#[ignore = "run as a child process"]
+fn sink_server_child() {
+    let (Some(dir), Some(addr), Some(ns)) = (
+        std::env::var_os("SMCR_TEST_BPF_DIR"),
+        std::env::var("SMCR_TEST_ADDR").ok(),
+        std::env::var("SMCR_TEST_NETNS").ok(),
+    ) else {
+        return;
+    };
+    // setns in a thread rather than `ip netns exec`, which remounts /sys and hides bpffs.
+    in_netns(&ns, move || {
+        let install = TestInstall(dir.into());
+        let rt = runtime(&install);
+        std::mem::forget(install); // the parent owns the install
+        let l = SmcListener::bind(&rt, addr.parse().unwrap()).unwrap();
+        println!("READY");
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        while s.read(&mut buf).unwrap() > 0 {}
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn killed_server_fails_the_client_promptly() {
+    if !privileged("netns kill") {
+        return;
+    }
+    use std::io::BufRead;
+    let install = TestInstall::new("kill");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7400).into();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sink_server_child", "--ignored", "--nocapture"])
+        .env("SMCR_TEST_NETNS", &net.b)
+        .env("SMCR_TEST_BPF_DIR", &install.0)
+        .env("SMCR_TEST_ADDR", addr.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().contains("READY")));
+    let pid = child.id() as i32;
+    let rt = runtime(&install);
+    let client = in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }));
+        let chunk = vec![0x5au8; 64 * 1024];
+        let t0 = std::time::Instant::now();
+        let mut killed_at = None;
+        loop {
+            if killed_at.is_none() && t0.elapsed() > std::time::Duration::from_millis(300) {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed_at = Some(std::time::Instant::now());
+            }
+            if let Err(e) = c.write_all(&chunk) {
+                let after = killed_at.expect("error before the kill").elapsed();
+                return (e.kind(), after);
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "client hangs"
+            );
+        }
+    });
+    let (kind, after) = client.join().unwrap();
+    let _ = child.wait();
+    eprintln!("client saw {kind:?} {after:?} after the kill");
+    assert!(
+        matches!(
+            kind,
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionAborted
+        ),
+        "{kind:?}"
+    );
+    assert!(after < std::time::Duration::from_secs(10), "{after:?}");
+}

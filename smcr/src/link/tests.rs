@@ -287,3 +287,21 @@ fn transport_failure_is_reported_once() {
     );
     assert!(s.poll_event().is_none());
 }
+
+#[test]
+fn probe_detects_a_dead_peer_and_spares_a_live_one() {
+    let t0 = Instant::now();
+    let (mut s, mut c) = confirmed_pair(t0);
+    s.probe(t0);
+    s.probe(t0); // one outstanding at a time
+    assert_eq!(s.stats().test_links_sent, 1);
+    assert_eq!(pump(&mut s, &mut c, t0), 1);
+    assert_eq!(pump(&mut c, &mut s, t0), 1);
+    s.handle_timeout(t0 + LLC_WAIT);
+    assert_eq!(s.state(), LinkState::Active);
+    // Now nobody answers.
+    let t1 = t0 + Duration::from_secs(1);
+    s.probe(t1);
+    s.handle_timeout(t1 + LLC_WAIT);
+    assert_eq!(s.state(), LinkState::Down);
+}
