@@ -593,7 +593,8 @@ impl LinkGroup {
                 wr_id: slot as u64,
                 opcode: WrOpcode::Send,
                 sg_list: &[self.send_mr.sge(slot * SLOT, bytes.len())],
-                flags: SendFlags::SIGNALED,
+                // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c).
+                flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
             }])
             .map_err(|e| {
                 io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
