@@ -4,3 +4,4 @@
 //! buffer, followed by a SEND that tells the peer what arrived.
 
 pub mod peer;
+pub mod smc_bench;

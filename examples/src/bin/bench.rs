@@ -1,3 +1,6 @@
+//! `bench smc [--quick] [--json FILE]`: SmcStream against TcpStream across a veth pair (see
+//! `examples::smc_bench`).
+//!
 //! `bench rdma [--quick] [--json FILE]`: the rdma engine against kernel TCP on loopback, measured
 //! in the same run, in separate processes as a real application would use them:
 //! * throughput: 64 KiB RDMA WRITEs on one QP (each announced by a SEND, flow-controlled by
@@ -141,19 +144,30 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--role") {
+        if args[2] == "smc-server" {
+            return examples::smc_bench::server_role(&args[3], &args[4]);
+        }
         return child_role(&args[2], &args[3]);
     }
     let what = args.get(1).map(String::as_str).unwrap_or("rdma");
-    ensure!(
-        what == "rdma",
-        "usage: bench rdma [--quick] [--json FILE]  (only the rdma suite exists so far)"
-    );
     let quick = args.iter().any(|a| a == "--quick");
     let json_path = args
         .iter()
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    if what == "smc" {
+        let json = examples::smc_bench::suite(quick)?;
+        if let Some(p) = json_path {
+            std::fs::write(&p, &json).with_context(|| format!("writing {p}"))?;
+            eprintln!("wrote {p}");
+        }
+        return Ok(());
+    }
+    ensure!(
+        what == "rdma",
+        "usage: bench {{rdma|smc}} [--quick] [--json FILE]"
+    );
     let (bytes, runs, iters) = if quick {
         (256u64 << 20, 3, 2000)
     } else {
