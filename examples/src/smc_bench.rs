@@ -31,13 +31,16 @@ fn run(args: &[&str]) -> Result<()> {
 }
 
 /// Two namespaces joined by veth (10.78.0.1 and 10.78.0.2), deleted on drop.
-struct Net {
-    a: String,
-    b: String,
+pub struct Net {
+    /// First namespace (10.78.0.1).
+    pub a: String,
+    /// Second namespace (10.78.0.2).
+    pub b: String,
 }
 
 impl Net {
-    fn new() -> Result<Self> {
+    /// Creates both namespaces and the veth pair.
+    pub fn new() -> Result<Self> {
         let pid = std::process::id();
         let n = Self {
             a: format!("smcr-bench-{pid}-a"),
@@ -66,7 +69,8 @@ impl Drop for Net {
     }
 }
 
-fn enter_netns(ns: &str) -> Result<()> {
+/// Moves the calling thread into network namespace `ns`.
+pub fn enter_netns(ns: &str) -> Result<()> {
     let f = File::open(format!("/var/run/netns/{ns}"))?;
     // SAFETY: a valid namespace fd; affects the calling thread only.
     let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
@@ -89,8 +93,9 @@ fn runtime(dir: &std::path::Path) -> Runtime {
     Runtime::new(cfg)
 }
 
-/// What a client asks of a server connection (its first byte).
-fn serve(mut s: impl Read + Write) -> std::io::Result<()> {
+/// Serves one connection; its first byte says what for: `B` bulk sink (replies the byte count),
+/// `C` bulk sink with CRC-32 (replies count and CRC), `P` 64-byte ping-pong, `E` 1-byte echo.
+pub fn serve(mut s: impl Read + Write) -> std::io::Result<()> {
     let mut kind = [0u8; 1];
     s.read_exact(&mut kind)?;
     match kind[0] {
@@ -105,6 +110,20 @@ fn serve(mut s: impl Read + Write) -> std::io::Result<()> {
                 n += r as u64;
             }
             s.write_all(&n.to_le_bytes())?;
+        }
+        b'C' => {
+            let mut buf = vec![0u8; CHUNK];
+            let (mut n, mut crc) = (0u64, crc32fast::Hasher::new());
+            loop {
+                let r = s.read(&mut buf)?;
+                if r == 0 {
+                    break;
+                }
+                crc.update(&buf[..r]);
+                n += r as u64;
+            }
+            s.write_all(&n.to_le_bytes())?;
+            s.write_all(&crc.finalize().to_le_bytes())?;
         }
         b'P' => {
             let mut b = [0u8; 64];

@@ -61,10 +61,16 @@ pub struct RuntimeConfig {
     pub negotiation: Negotiation,
     /// LLC keepalive idle time (None: off).
     pub test_link_time: Option<Duration>,
+    /// How long a link group without connections is kept for new ones before it is deleted
+    /// (DELETE LINK); Linux keeps them 10 minutes.
+    pub linger: Duration,
     /// Bytes of RMB memory the runtime may hold in total; a server declines with `MEM` beyond it
     /// (0 makes every server handshake decline).
     pub rmb_budget: u64,
 }
+
+/// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
+pub const LINGER: Duration = Duration::from_secs(600);
 
 /// The user EID both ends must share for SMC-Rv2 unless configured otherwise.
 pub const DEFAULT_UEID: &str = "SMCR-RS-DEFAULT";
@@ -88,6 +94,7 @@ impl RuntimeConfig {
                 dir: PathBuf::from(crate::option::DEFAULT_DIR),
             },
             test_link_time: Some(link::TEST_LINK_TIME),
+            linger: LINGER,
             rmb_budget: 1 << 30,
         }
     }
@@ -364,6 +371,8 @@ struct LgState {
     /// makes the poller probe the link (a killed peer process is found within seconds).
     watch: HashMap<u32, OwnedFd>,
     next_watch: Instant,
+    /// Since when the group has had no connection (it lingers, then is deleted).
+    idle_since: Option<Instant>,
     free_slots: Vec<usize>,
     /// LLC messages waiting for a SEND slot.
     llc_out: VecDeque<LlcMessage>,
@@ -417,6 +426,7 @@ impl LinkGroup {
                 early: HashMap::new(),
                 watch: HashMap::new(),
                 next_watch: Instant::now(),
+                idle_since: None,
                 free_slots: (0..SEND_SLOTS).rev().collect(),
                 llc_out: VecDeque::new(),
             }),
@@ -495,6 +505,9 @@ impl LinkGroup {
                 st.llc_out.push_back(m);
             }
             st.link = Some(l);
+            if st.conns.is_empty() {
+                st.idle_since = Some(now);
+            }
             self.flush_llc(&mut st);
         }
         let me = self.clone();
@@ -550,6 +563,7 @@ impl LinkGroup {
         let early = {
             let mut st = self.st.lock();
             st.conns.insert(token, c.clone());
+            st.idle_since = None;
             if let Some(fd) = tcp {
                 st.watch.insert(token, fd);
             }
@@ -707,6 +721,16 @@ impl LinkGroup {
                 }
                 let st = &mut *st;
                 self.check_tcp(st, now);
+                let linger = self.runtime.upgrade().map_or(LINGER, |r| r.cfg.linger);
+                if st.conns.is_empty()
+                    && st.early.is_empty()
+                    && st.idle_since.is_some_and(|t| now >= t + linger)
+                    && let Some(l) = st.link.as_mut()
+                {
+                    // Nobody used the group for the linger time: delete it (Linux: the
+                    // free-delay timer, DELETE LINK with PROG_INIT_TERM).
+                    l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
+                }
                 if let Some(l) = st.link.as_mut() {
                     l.handle_timeout(now);
                     while let Some(m) = l.poll_transmit() {
@@ -765,6 +789,9 @@ impl LinkGroup {
         let mut st = self.st.lock();
         st.conns.remove(&token);
         st.watch.remove(&token);
+        if st.conns.is_empty() {
+            st.idle_since = Some(Instant::now());
+        }
     }
 
     /// Polls the watched TCP sockets (at most every 200 ms); on a hang-up of a connection the

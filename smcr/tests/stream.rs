@@ -122,3 +122,55 @@ fn bulk_transfer_with_checksum() {
     assert_eq!(server.join().unwrap(), TOTAL);
     rt.shutdown();
 }
+
+#[test]
+fn idle_link_group_lingers_then_is_deleted() {
+    let n = PORT.fetch_add(1, Ordering::Relaxed);
+    let mut cfg = RuntimeConfig::new();
+    cfg.negotiation = Negotiation::Assume;
+    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
+    cfg.linger = std::time::Duration::from_millis(300);
+    let rt = Runtime::new(cfg);
+    let (l, addr) = listen(&rt);
+    let server = thread::spawn(move || {
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+            // Wait for the client's close so both sides have released the connection.
+            assert_eq!(s.read(&mut b).unwrap(), 0);
+        }
+    });
+    let echo = |first: bool| {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert_eq!(
+            c.mode(),
+            &Mode::SmcR {
+                first_contact: first
+            }
+        );
+        c.write_all(b"a").unwrap();
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).unwrap();
+    };
+    echo(true);
+    // Within the linger time the group is kept...
+    thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(rt.link_groups(), 2);
+    // ...after it, deleted on both sides (DELETE LINK), and the next connection is a first
+    // contact again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while rt.link_groups() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            rt.debug_summary()
+        );
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+    echo(true);
+    server.join().unwrap();
+    assert_eq!(rt.links_confirmed(), 4);
+    rt.shutdown();
+}
