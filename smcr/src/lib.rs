@@ -2,12 +2,11 @@
 //! links on the `rdma` engine, the RDMA WRITE data path with CDC cursor updates, close and
 //! fallback to TCP, with a Rust socket API (`SmcStream`/`SmcListener`).
 //!
-//! Built so far: [`option`], the eBPF program that signals capability in SYN/SYN-ACK, with its
-//! loader and per-socket records; and, sans-IO, [`handshake`], the CLC handshake of both roles (Proposal, Accept,
-//! Confirm, Decline; version, UEID and v2.1 feature negotiation as Linux does it; Linux's
-//! timeouts), and [`conn`], a connection's cursors and flow control (where RDMA WRITEs go, the
-//! CDC after them, Linux's consumer-update rule, rejection of hostile cursors). Link groups,
-//! the drivers and the socket API follow.
+//! Layers: [`option`] (the eBPF program that signals capability in SYN/SYN-ACK, its loader and
+//! per-socket records); the sans-IO state machines [`handshake`] (CLC, both roles), [`link`]
+//! (one link's LLC conversation) and [`conn`] (a connection's cursors and flow control); and the
+//! driver, [`runtime`], under the socket API [`SmcStream`]/[`SmcListener`], which tells its
+//! [`Mode`]: SMC-R, or TCP with the [`FallbackReason`]. docs/protocol.md describes each.
 #![warn(missing_docs)]
 
 pub mod conn;
