@@ -110,6 +110,14 @@ pub enum LinkEvent {
     PeerConfirmedRkey(ConfirmRkey),
     /// The peer withdrew rkeys (already acknowledged).
     PeerDeletedRkeys(Vec<u32>),
+    /// Our CONFIRM RKEY or DELETE RKEY request `id` was answered (`ok`: positively) or timed
+    /// out (`ok` false).
+    RkeyDone {
+        /// What [`LinkCore::confirm_rkey`] / [`LinkCore::delete_rkey`] returned.
+        id: u64,
+        /// Positive answer in time.
+        ok: bool,
+    },
     /// The link is down: fail its connections (after sending what `poll_transmit` still has).
     Down(DownReason),
 }
@@ -143,6 +151,11 @@ pub struct LinkCore {
     tx: VecDeque<LlcMessage>,
     events: VecDeque<LinkEvent>,
     stats: LinkStats,
+    /// Our rkey requests: one on the wire at a time (Linux runs one LLC flow at a time), the
+    /// rest queued; responses carry no id, so they match in order.
+    rkey_queue: VecDeque<(u64, Llc)>,
+    rkey_outstanding: Option<(u64, Instant, bool)>,
+    next_rkey_id: u64,
 }
 
 impl LinkCore {
@@ -159,6 +172,9 @@ impl LinkCore {
             tx: VecDeque::new(),
             events: VecDeque::new(),
             stats: LinkStats::default(),
+            rkey_queue: VecDeque::new(),
+            rkey_outstanding: None,
+            next_rkey_id: 1,
         };
         if p.role == Role::Server {
             let m = l.confirm_link(false);
@@ -217,6 +233,13 @@ impl LinkCore {
             self.state = LinkState::Down;
             self.confirm_deadline = None;
             self.test_sent = None;
+            let waiting = self.rkey_outstanding.take().map(|(id, ..)| id);
+            for id in waiting
+                .into_iter()
+                .chain(self.rkey_queue.drain(..).map(|(id, _)| id))
+            {
+                self.events.push_back(LinkEvent::RkeyDone { id, ok: false });
+            }
             self.events.push_back(LinkEvent::Down(reason));
         }
     }
@@ -231,6 +254,73 @@ impl LinkCore {
             reason: DeleteLinkReason::PROT_VIOL,
         }));
         self.down(DownReason::ProtocolViolation(what));
+    }
+
+    /// Announces a new RMB (`rkey`, `vaddr`) to the peer with CONFIRM RKEY, as Linux does for
+    /// every RMB of a connection on an existing link group; [`LinkEvent::RkeyDone`] with the
+    /// returned id follows.
+    pub fn confirm_rkey(&mut self, rkey: u32, vaddr: u64, now: Instant) -> u64 {
+        let tok = llc::Rtoken {
+            link_id: 0,
+            rkey,
+            vaddr,
+        };
+        self.rkey_request(
+            Llc::ConfirmRkey(ConfirmRkey {
+                response: false,
+                negative: false,
+                retry: false,
+                num_additional: 0,
+                rtokens: [tok, llc::Rtoken::default(), llc::Rtoken::default()],
+            }),
+            now,
+        )
+    }
+
+    /// Withdraws an RMB's `rkey` (its connection is gone) with DELETE RKEY.
+    pub fn delete_rkey(&mut self, rkey: u32, now: Instant) -> u64 {
+        self.rkey_request(
+            Llc::DeleteRkey(DeleteRkey {
+                response: false,
+                negative: false,
+                errors: 0,
+                rkeys: vec![rkey],
+            }),
+            now,
+        )
+    }
+
+    fn rkey_request(&mut self, body: Llc, now: Instant) -> u64 {
+        let id = self.next_rkey_id;
+        self.next_rkey_id += 1;
+        if self.state != LinkState::Active {
+            self.events.push_back(LinkEvent::RkeyDone { id, ok: false });
+            return id;
+        }
+        self.rkey_queue.push_back((id, body));
+        if self.rkey_outstanding.is_none() {
+            self.next_rkey(now);
+        }
+        id
+    }
+
+    fn next_rkey(&mut self, now: Instant) {
+        if let Some((id, body)) = self.rkey_queue.pop_front() {
+            let confirm = matches!(body, Llc::ConfirmRkey(_));
+            self.rkey_outstanding = Some((id, now, confirm));
+            self.send(body);
+        }
+    }
+
+    fn rkey_answered(&mut self, confirm: bool, ok: bool, now: Instant) {
+        match self.rkey_outstanding {
+            Some((id, _, c)) if c == confirm => {
+                self.rkey_outstanding = None;
+                self.events.push_back(LinkEvent::RkeyDone { id, ok });
+                self.next_rkey(now);
+            }
+            _ => self.stats.dropped += 1,
+        }
     }
 
     /// Any traffic from the peer on this link (CDC messages, completions of our sends) shows it
@@ -322,6 +412,8 @@ impl LinkCore {
                 }));
                 self.events.push_back(LinkEvent::PeerDeletedRkeys(d.rkeys));
             }
+            Llc::ConfirmRkey(c) => self.rkey_answered(true, !c.negative, now),
+            Llc::DeleteRkey(d) => self.rkey_answered(false, !d.negative && d.errors == 0, now),
             Llc::DeleteLink(d) if !d.response => {
                 if !d.all {
                     // A single link: confirm its deletion (for the whole group Linux does not).
@@ -414,16 +506,32 @@ impl LinkCore {
         match self.state {
             LinkState::Down => None,
             LinkState::Confirming => self.confirm_deadline,
-            LinkState::Active => match (self.test_sent, self.p.test_link_time) {
-                (Some(sent), _) => Some(sent + LLC_WAIT),
-                (None, Some(idle)) => Some(self.last_activity + idle),
-                (None, None) => None,
-            },
+            LinkState::Active => {
+                let keepalive = match (self.test_sent, self.p.test_link_time) {
+                    (Some(sent), _) => Some(sent + LLC_WAIT),
+                    (None, Some(idle)) => Some(self.last_activity + idle),
+                    (None, None) => None,
+                };
+                let rkey = self.rkey_outstanding.map(|(_, sent, _)| sent + LLC_WAIT);
+                match (keepalive, rkey) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
         }
     }
 
-    /// Runs timers: CONFIRM LINK deadline, keepalive, TEST LINK answer deadline.
+    /// Runs timers: CONFIRM LINK deadline, keepalive, TEST LINK and rkey answer deadlines.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == LinkState::Active
+            && let Some((id, sent, _)) = self.rkey_outstanding
+            && now >= sent + LLC_WAIT
+        {
+            // Linux gives up on the flow (and the connection setup) after SMC_LLC_WAIT_TIME.
+            self.rkey_outstanding = None;
+            self.events.push_back(LinkEvent::RkeyDone { id, ok: false });
+            self.next_rkey(now);
+        }
         match self.state {
             LinkState::Down => {}
             LinkState::Confirming => {

@@ -11,7 +11,7 @@
 //! Lock order: a connection's lock before its link group's lock; the poller never holds the
 //! link group's lock while taking a connection's.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -373,6 +373,13 @@ struct LgState {
     next_watch: Instant,
     /// Since when the group has had no connection (it lingers, then is deleted).
     idle_since: Option<Instant>,
+    /// RMBs and send buffers of closed connections, reused by later ones (Linux keeps them in
+    /// the link group too). An entry is free once no connection holds it any more.
+    rmb_pool: Vec<Arc<MemoryRegion>>,
+    sndbuf_pool: Vec<Arc<MemoryRegion>>,
+    /// Rkey flows someone waits for, and their outcomes.
+    rkey_waiting: HashSet<u64>,
+    rkey_results: HashMap<u64, bool>,
     free_slots: Vec<usize>,
     /// LLC messages waiting for a SEND slot.
     llc_out: VecDeque<LlcMessage>,
@@ -427,6 +434,10 @@ impl LinkGroup {
                 watch: HashMap::new(),
                 next_watch: Instant::now(),
                 idle_since: None,
+                rmb_pool: Vec::new(),
+                sndbuf_pool: Vec::new(),
+                rkey_waiting: HashSet::new(),
+                rkey_results: HashMap::new(),
                 free_slots: (0..SEND_SLOTS).rev().collect(),
                 llc_out: VecDeque::new(),
             }),
@@ -751,6 +762,12 @@ impl LinkGroup {
                         LinkEvent::Down(r) => {
                             st.down_reason = Some(format!("link down: {r}"));
                         }
+                        LinkEvent::RkeyDone { id, ok } => {
+                            if st.rkey_waiting.remove(&id) {
+                                st.rkey_results.insert(id, ok);
+                                self.cond.notify_all();
+                            }
+                        }
                         LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
                     }
                 }
@@ -767,6 +784,122 @@ impl LinkGroup {
         }
     }
 
+    /// An RMB of `size` bytes for a new connection: a free one from the pool, else a new
+    /// registration within the runtime's budget.
+    pub(crate) fn take_rmb(&self, size: u32) -> Result<Arc<MemoryRegion>, clc::DeclineReason> {
+        {
+            let mut st = self.st.lock();
+            if let Some(i) = st
+                .rmb_pool
+                .iter()
+                .position(|m| m.len() == size as usize && Arc::strong_count(m) == 1)
+            {
+                return Ok(st.rmb_pool.swap_remove(i));
+            }
+        }
+        let rt = self.runtime.upgrade().ok_or(clc::DeclineReason::INTERR)?;
+        if !rt.reserve_rmb(size) {
+            return Err(clc::DeclineReason::MEM);
+        }
+        match self
+            .dev
+            .pd
+            .reg_mr(size as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        {
+            Ok(mr) => Ok(Arc::new(mr)),
+            Err(_) => {
+                rt.release_rmb(size);
+                Err(clc::DeclineReason::MEM)
+            }
+        }
+    }
+
+    /// A send buffer of `size` bytes (the peer's RMB size), pooled like RMBs.
+    pub(crate) fn take_sndbuf(&self, size: u32) -> io::Result<Arc<MemoryRegion>> {
+        {
+            let mut st = self.st.lock();
+            if let Some(i) = st
+                .sndbuf_pool
+                .iter()
+                .position(|m| m.len() == size as usize && Arc::strong_count(m) == 1)
+            {
+                return Ok(st.sndbuf_pool.swap_remove(i));
+            }
+        }
+        Ok(Arc::new(
+            self.dev.pd.reg_mr(size as usize, Access::LOCAL_WRITE)?,
+        ))
+    }
+
+    /// Announces a connection's RMB on this existing group with CONFIRM RKEY and waits for the
+    /// peer's answer, as Linux does before its Accept/Confirm (`smcr_lgr_reg_rmbs`).
+    pub(crate) fn confirm_rkey(&self, rmb: &MemoryRegion) -> io::Result<()> {
+        let mut guard = self.st.lock();
+        let st = &mut *guard;
+        let Some(l) = st.link.as_mut() else {
+            return Err(io::Error::other("link not started"));
+        };
+        let id = l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now());
+        while let Some(m) = l.poll_transmit() {
+            st.llc_out.push_back(m);
+        }
+        st.rkey_waiting.insert(id);
+        self.flush_llc(st);
+        let deadline = Instant::now() + link::LLC_WAIT + Duration::from_secs(1);
+        loop {
+            if let Some(ok) = guard.rkey_results.remove(&id) {
+                return if ok {
+                    Ok(())
+                } else {
+                    Err(io::Error::other("CONFIRM RKEY refused or unanswered"))
+                };
+            }
+            if let Some(r) = &guard.down_reason {
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, r.clone()));
+            }
+            if self.cond.wait_until(&mut guard, deadline).timed_out() {
+                guard.rkey_waiting.remove(&id);
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "CONFIRM RKEY unanswered",
+                ));
+            }
+        }
+    }
+
+    /// An RMB taken for a connection whose setup failed: back to the pool, or its budget back
+    /// to the runtime when the group is not usable.
+    pub(crate) fn give_back(&self, rmb: Arc<MemoryRegion>) {
+        let mut st = self.st.lock();
+        if st.link.is_some() && st.down_reason.is_none() {
+            st.rmb_pool.push(rmb);
+        } else if let Some(rt) = self.runtime.upgrade() {
+            rt.release_rmb(rmb.len() as u32);
+        }
+    }
+
+    /// A connection is gone: withdraw its RMB's rkey (DELETE RKEY, not waited for) and keep its
+    /// buffers for later connections.
+    fn recycle(&self, rmb: &Arc<MemoryRegion>, sndbuf: &Arc<MemoryRegion>) {
+        let mut guard = self.st.lock();
+        let st = &mut *guard;
+        if st.down_reason.is_some() {
+            if let Some(rt) = self.runtime.upgrade() {
+                rt.release_rmb(rmb.len() as u32);
+            }
+            return;
+        }
+        if let Some(l) = st.link.as_mut() {
+            l.delete_rkey(rmb.rkey(), Instant::now());
+            while let Some(m) = l.poll_transmit() {
+                st.llc_out.push_back(m);
+            }
+        }
+        self.flush_llc(st);
+        st.rmb_pool.push(rmb.clone());
+        st.sndbuf_pool.push(sndbuf.clone());
+    }
+
     /// Marks the group down and fails every connection on it.
     fn fail(&self, reason: &str) {
         self.down.store(true, Ordering::Release);
@@ -775,6 +908,12 @@ impl LinkGroup {
             st.down_reason.get_or_insert_with(|| reason.to_owned());
             st.up = false;
             self.cond.notify_all();
+            if let Some(rt) = self.runtime.upgrade() {
+                for mr in st.rmb_pool.drain(..) {
+                    rt.release_rmb(mr.len() as u32);
+                }
+            }
+            st.sndbuf_pool.clear();
             st.conns.drain().map(|(_, c)| c).collect()
         };
         for c in conns {
@@ -847,13 +986,12 @@ impl LinkGroup {
 /// close).
 pub(crate) struct ConnShared {
     pub(crate) token: u32,
-    pub(crate) rmb: MemoryRegion,
-    pub(crate) sndbuf: MemoryRegion,
+    pub(crate) rmb: Arc<MemoryRegion>,
+    pub(crate) sndbuf: Arc<MemoryRegion>,
     pub(crate) peer_rkey: u32,
     pub(crate) peer_vaddr: u64,
     pub(crate) core: Mutex<ConnState>,
     pub(crate) cond: Condvar,
-    pub(crate) runtime: Weak<Inner>,
 }
 
 pub(crate) struct ConnState {
@@ -908,8 +1046,6 @@ impl ConnShared {
         s.released = true;
         drop(s);
         lg.detach(self.token);
-        if let Some(rt) = self.runtime.upgrade() {
-            rt.release_rmb(self.rmb.len() as u32);
-        }
+        lg.recycle(&self.rmb, &self.sndbuf);
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cdc::ConnStateFlags;
 use clc::{DeclineReason, Gid, RmbSize};
-use rdma::{Access, SendFlags, SendWr, WrOpcode};
+use rdma::{SendFlags, SendWr, WrOpcode};
 use socket2::{Domain, Socket, Type};
 
 use crate::conn::ConnCore;
@@ -228,27 +228,6 @@ fn local_v4(tcp: &TcpStream) -> Option<SocketAddrV4> {
     }
 }
 
-/// An RMB for a new connection, within the runtime's memory budget.
-fn alloc_rmb(
-    rt: &Runtime,
-    lg_dev: &crate::runtime::Dev,
-) -> Result<(rdma::MemoryRegion, RmbSize), DeclineReason> {
-    let size = RmbSize::round_up(rt.inner.cfg.rmb_size);
-    if !rt.inner.reserve_rmb(size.bytes()) {
-        return Err(DeclineReason::MEM);
-    }
-    match lg_dev.pd.reg_mr(
-        size.bytes() as usize,
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-    ) {
-        Ok(mr) => Ok((mr, size)),
-        Err(_) => {
-            rt.inner.release_rmb(size.bytes());
-            Err(DeclineReason::MEM)
-        }
-    }
-}
-
 fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32) -> Endpoint {
     let (gid, mac, qpn, psn, mtu) = lg.local_endpoint();
     Endpoint {
@@ -265,15 +244,14 @@ fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32)
 }
 
 fn make_conn(
-    rt: &Runtime,
     lg: &Arc<LinkGroup>,
     token: u32,
-    rmb: rdma::MemoryRegion,
+    rmb: Arc<rdma::MemoryRegion>,
     peer: &Endpoint,
     tcp: &TcpStream,
 ) -> io::Result<Arc<ConnShared>> {
     let peer_rmb = peer.rmb_size.bytes();
-    let sndbuf = lg.dev.pd.reg_mr(peer_rmb as usize, Access::LOCAL_WRITE)?;
+    let sndbuf = lg.take_sndbuf(peer_rmb)?;
     let rmb_len = rmb.len() as u32;
     let c = Arc::new(ConnShared {
         token,
@@ -288,7 +266,6 @@ fn make_conn(
             released: false,
         }),
         cond: parking_lot::Condvar::new(),
-        runtime: Arc::downgrade(&rt.inner),
     });
     lg.attach(token, c.clone(), tcp.try_clone().ok().map(OwnedFd::from));
     Ok(c)
@@ -353,7 +330,8 @@ impl SmcStream {
             other => return Err(io::Error::other(format!("unexpected {other:?}"))),
         };
         let peer = server.endpoint;
-        let setup = || -> Result<(Arc<LinkGroup>, rdma::MemoryRegion, RmbSize), DeclineReason> {
+        let size = RmbSize::round_up(rt.inner.cfg.rmb_size);
+        let setup = || -> Result<(Arc<LinkGroup>, Arc<rdma::MemoryRegion>), DeclineReason> {
             let lg = if server.first_contact {
                 let dev = rt
                     .inner
@@ -375,10 +353,14 @@ impl SmcStream {
                     .find_group(*local.ip(), peer.gid, link::Role::Client, Some(peer.qpn))
                     .ok_or(DeclineReason::SYNCERR)?
             };
-            let (rmb, size) = alloc_rmb(rt, &lg.dev)?;
-            Ok((lg, rmb, size))
+            let rmb = lg.take_rmb(size.bytes())?;
+            if !server.first_contact && lg.confirm_rkey(&rmb).is_err() {
+                lg.give_back(rmb);
+                return Err(DeclineReason::ERR_REGBUF);
+            }
+            Ok((lg, rmb))
         };
-        let (lg, rmb, size) = match setup() {
+        let (lg, rmb) = match setup() {
             Ok(x) => x,
             Err(reason) => {
                 hs.decline(reason).map_err(io::Error::other)?;
@@ -395,15 +377,24 @@ impl SmcStream {
         };
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
-        let conn = make_conn(rt, &lg, token, rmb, &peer, &self.tcp)?;
-        hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
-        match drive(&mut self.tcp, &mut hs)? {
-            Event::Confirmed => {}
-            Event::Failed(e) => return Err(failed(e)),
-            other => return Err(io::Error::other(format!("unexpected {other:?}"))),
-        }
-        if server.first_contact {
-            lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+        let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
+        let mut finish = |s: &mut Self| -> io::Result<()> {
+            hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
+            match drive(&mut s.tcp, &mut hs)? {
+                Event::Confirmed => {}
+                Event::Failed(e) => return Err(failed(e)),
+                other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+            }
+            if server.first_contact {
+                lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+            }
+            Ok(())
+        };
+        if let Err(e) = finish(self) {
+            // Never used: detach it and keep its RMB for others (or free it with the group).
+            lg.detach(token);
+            lg.give_back(conn.rmb.clone());
+            return Err(e);
         }
         self.mode = Mode::SmcR {
             first_contact: server.first_contact,
@@ -821,10 +812,15 @@ impl SmcStream {
                 }
             }
         };
-        let (rmb, size) = match alloc_rmb(rt, &lg.dev) {
+        let size = RmbSize::round_up(rt.inner.cfg.rmb_size);
+        let rmb = match lg.take_rmb(size.bytes()) {
             Ok(x) => x,
             Err(reason) => return decline(self, &mut hs, reason),
         };
+        if !first_contact && lg.confirm_rkey(&rmb).is_err() {
+            lg.give_back(rmb);
+            return decline(self, &mut hs, DeclineReason::ERR_REGBUF);
+        }
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
         lg.reserve(token);
@@ -834,7 +830,7 @@ impl SmcStream {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
                 lg.unreserve(token);
-                rt.inner.release_rmb(size.bytes());
+                lg.give_back(rmb);
                 return match other {
                     Ok(Event::Fallback {
                         reason, by_peer, ..
@@ -858,7 +854,7 @@ impl SmcStream {
             lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)?;
             rt.inner.add_group(lg.clone());
         }
-        let conn = make_conn(rt, &lg, token, rmb, &peer, &self.tcp)?;
+        let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
         if first_contact {
             lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
         }

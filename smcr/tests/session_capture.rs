@@ -1,7 +1,8 @@
 //! A whole SMC-R session between two namespaces, captured with tcpdump on the veth and decoded
 //! by tshark: option 254 in SYN/SYN-ACK, CLC Proposal/Accept/Confirm, LLC CONFIRM LINK over
 //! RDMA SEND, RDMA WRITEs and CDC messages, in the order and sizes of the Linux reference
-//! session (../shared/reference: frames 1-24).
+//! session (../shared/reference: frames 1-24 and 182-214: close, DELETE RKEY, a second
+//! connection with CONFIRM RKEY both ways).
 
 mod common;
 
@@ -45,6 +46,17 @@ fn session_decodes_like_the_linux_reference() {
             s.read_exact(&mut buf[..16]).unwrap();
             s.write_all(&[0x42; 1000]).unwrap();
             s.read_exact(&mut buf[..1000]).unwrap();
+            assert_eq!(s.read(&mut buf).unwrap(), 0);
+            drop(s);
+            // A second connection reuses the link group: CONFIRM RKEY both ways.
+            let (mut s, _) = l.accept().unwrap();
+            assert_eq!(
+                s.mode(),
+                &Mode::SmcR {
+                    first_contact: false
+                }
+            );
+            s.read_exact(&mut buf[..16]).unwrap();
         })
     };
     rx.recv().unwrap();
@@ -63,6 +75,17 @@ fn session_decodes_like_the_linux_reference() {
             let mut buf = [0u8; 1000];
             c.read_exact(&mut buf).unwrap();
             c.write_all(&[0x22; 1000]).unwrap();
+            drop(c);
+            // Closed on both sides: each withdraws its RMB's rkey (DELETE RKEY).
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let mut c = SmcStream::connect(&rt, addr).unwrap();
+            assert_eq!(
+                c.mode(),
+                &Mode::SmcR {
+                    first_contact: false
+                }
+            );
+            c.write_all(&[0x33; 16]).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(100));
         })
     };
@@ -141,6 +164,23 @@ fn check(text: &str, rows: &[Row]) {
         (Some(90), "RRoCE", "RC RDMA Write Only"), // 16 bytes
         (Some(102), "SMC-R", "CDC Message"),
         (Some(1074), "RRoCE", "RC RDMA Write Only"), // 1000 bytes
+        (Some(102), "SMC-R", "CDC Message"),
+        // Both close; DELETE RKEY request and response each way.
+        (Some(102), "RRoCE", "RC Send Only"),
+        (Some(102), "RRoCE", "RC Send Only"),
+        (Some(102), "RRoCE", "RC Send Only"),
+        (Some(102), "RRoCE", "RC Send Only"),
+        // Second connection on the same link group.
+        (None, "TCP", "[SYN]"),
+        (None, "TCP", "[SYN, ACK]"),
+        (Some(222), "SMCv2", "SMC-Rv2-Proposal"),
+        (Some(102), "RRoCE", "RC Send Only"), // server's CONFIRM RKEY
+        (Some(102), "RRoCE", "RC Send Only"), // response
+        (Some(174), "SMCv2", "SMC-Rv2-Accept"),
+        (Some(102), "RRoCE", "RC Send Only"), // client's CONFIRM RKEY
+        (Some(102), "RRoCE", "RC Send Only"), // response
+        (Some(174), "SMCv2", "SMC-Rv2-Confirm"),
+        (Some(90), "RRoCE", "RC RDMA Write Only"),
         (Some(102), "SMC-R", "CDC Message"),
     ];
     let mut at = 0;

@@ -305,3 +305,60 @@ fn probe_detects_a_dead_peer_and_spares_a_live_one() {
     s.handle_timeout(t1 + LLC_WAIT);
     assert_eq!(s.state(), LinkState::Down);
 }
+
+#[test]
+fn rkey_flows_match_linux_and_complete_in_order() {
+    let now = Instant::now();
+    let (mut s, mut c) = confirmed_pair(now);
+    // The reference session's CONFIRM RKEY request (frame 202) and DELETE RKEY (frame 190).
+    let a = s.confirm_rkey(0x3e3, 0xff3d_233f_8436_0000, now);
+    let b = s.delete_rkey(0x3e3, now);
+    let req = s.poll_transmit().unwrap();
+    assert_eq!(
+        bytes(&req),
+        hex(
+            "262c000000000003e3ff3d233f84360000000000000000000000000000000000000000000000000000000000"
+        )
+    );
+    assert!(s.poll_transmit().is_none(), "one rkey flow at a time");
+    c.handle_llc(&bytes(&req), now);
+    assert!(matches!(
+        c.poll_event(),
+        Some(LinkEvent::PeerConfirmedRkey(_))
+    ));
+    assert_eq!(pump(&mut c, &mut s, now), 1);
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::RkeyDone { id: a, ok: true })
+    );
+    let req = s.poll_transmit().unwrap();
+    assert_eq!(
+        bytes(&req),
+        hex(
+            "292c000001000000000003e30000000000000000000000000000000000000000000000000000000000000000"
+        )
+    );
+    c.handle_llc(&bytes(&req), now);
+    assert_eq!(pump(&mut c, &mut s, now), 1);
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::RkeyDone { id: b, ok: true })
+    );
+    // Unanswered: fails after LLC_WAIT, the next request goes out.
+    let d = s.confirm_rkey(7, 0, now);
+    let e = s.confirm_rkey(8, 0, now);
+    assert!(s.poll_transmit().is_some());
+    assert_eq!(s.poll_timeout(), Some(now + LLC_WAIT));
+    s.handle_timeout(now + LLC_WAIT);
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::RkeyDone { id: d, ok: false })
+    );
+    assert!(s.poll_transmit().is_some());
+    // Link down: the outstanding one fails too.
+    s.transport_failed("gone");
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::RkeyDone { id: e, ok: false })
+    );
+}
