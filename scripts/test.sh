@@ -9,7 +9,7 @@ if [ "$(id -u)" -eq 0 ] || [ "${CI:-}" = "true" ]; then
   export SMCR_REQUIRE_TOOLS=1
 fi
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --profile ci --locked
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+cargo test --workspace --all-features --profile ci --locked
 # Bounded fuzz smoke run of every wire decoder (scripts/fuzz.sh runs longer on demand).
 bash scripts/fuzz.sh "${SMCR_FUZZ_SECS:-15}"

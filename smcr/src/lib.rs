@@ -15,6 +15,8 @@ pub mod link;
 pub mod option;
 pub mod runtime;
 mod stream;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use runtime::{Negotiation, Runtime, RuntimeConfig};
 pub use stream::{FallbackReason, Mode, SmcListener, SmcStream};

@@ -992,6 +992,10 @@ pub(crate) struct ConnShared {
     pub(crate) peer_vaddr: u64,
     pub(crate) core: Mutex<ConnState>,
     pub(crate) cond: Condvar,
+    /// Two eventfds, for readers and for writers, made readable at every state change (data,
+    /// space, close, failure); created on demand for poll/epoll and async users. Two, because
+    /// a reactor keeps one waiter per fd and direction.
+    pub(crate) events: [std::sync::OnceLock<OwnedFd>; 2],
 }
 
 pub(crate) struct ConnState {
@@ -1024,7 +1028,7 @@ impl ConnShared {
             && (peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
                 || peer.contains(ConnStateFlags::PEER_CONN_ABORT));
         drop(s);
-        self.cond.notify_all();
+        self.wake();
         if both_closed {
             self.release(lg);
         }
@@ -1034,7 +1038,37 @@ impl ConnShared {
         let mut s = self.core.lock();
         s.failed.get_or_insert_with(|| reason.to_owned());
         drop(s);
+        self.wake();
+    }
+
+    /// Wakes blocked readers and writers and signals the readiness fd.
+    pub(crate) fn wake(&self) {
         self.cond.notify_all();
+        for fd in self.events.iter().filter_map(std::sync::OnceLock::get) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes from a valid buffer to our eventfd; a full counter
+            // (EAGAIN) already means "readable".
+            unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    /// The readiness eventfd, created on first use (non-blocking, close-on-exec). It starts
+    /// readable, so a first poll always tries the operation.
+    pub(crate) fn readiness_fd(&self, write: bool) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::{AsFd, FromRawFd};
+        let slot = &self.events[usize::from(write)];
+        if slot.get().is_none() {
+            // SAFETY: eventfd has no memory preconditions; the result is checked.
+            let fd = unsafe { libc::eventfd(1, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a new fd nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // A concurrent caller may have won; its fd is kept, ours dropped.
+            let _ = slot.set(fd);
+        }
+        Ok(slot.get().expect("set above").as_fd())
     }
 
     /// Frees the RMB budget and detaches from the link group (once).

@@ -266,6 +266,7 @@ fn make_conn(
             released: false,
         }),
         cond: parking_lot::Condvar::new(),
+        events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
     });
     lg.attach(token, c.clone(), tcp.try_clone().ok().map(OwnedFd::from));
     Ok(c)
@@ -406,6 +407,29 @@ impl SmcStream {
     /// SMC-R or TCP, with the fallback reason.
     pub fn mode(&self) -> &Mode {
         &self.mode
+    }
+
+    /// A file descriptor for poll/epoll, for readers (`write` false) or writers: it becomes
+    /// readable whenever the stream's state may have changed (data arrived, space freed,
+    /// closed, failed). Read it (8 bytes) to re-arm, then retry the operation in non-blocking
+    /// mode. For a TCP-mode stream this is the TCP socket itself (wait for POLLIN or POLLOUT).
+    pub fn readiness_fd(&self, write: bool) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        match &self.smc {
+            Some(smc) => smc.conn.readiness_fd(write),
+            None => Ok(self.tcp.as_fd()),
+        }
+    }
+
+    /// The TCP stream of a connection that fell back (the same socket, under a duplicated
+    /// descriptor), or the stream itself when it is SMC-R.
+    pub fn into_tcp(self) -> Result<TcpStream, Self> {
+        if self.smc.is_some() {
+            return Err(self);
+        }
+        match self.tcp.try_clone() {
+            Ok(tcp) => Ok(tcp),
+            Err(_) => Err(self),
+        }
     }
 
     /// The peer's address (of the TCP connection).
@@ -666,7 +690,7 @@ pub struct SmcListener {
     local: SocketAddr,
     /// A duplicate of the listening socket, to wake the acceptor with shutdown() on drop.
     wake: TcpListener,
-    ready: std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>,
+    ready: parking_lot::Mutex<std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>>,
     nonblocking: bool,
 }
 
@@ -708,7 +732,7 @@ impl SmcListener {
         Ok(Self {
             local,
             wake,
-            ready,
+            ready: parking_lot::Mutex::new(ready),
             nonblocking: false,
         })
     }
@@ -726,7 +750,7 @@ impl SmcListener {
     /// The next connection whose negotiation has finished.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
         if self.nonblocking {
-            self.ready.try_recv().map_err(|e| match e {
+            self.ready.lock().try_recv().map_err(|e| match e {
                 std::sync::mpsc::TryRecvError::Empty => io::ErrorKind::WouldBlock.into(),
                 std::sync::mpsc::TryRecvError::Disconnected => {
                     io::Error::other("the listener's acceptor stopped")
@@ -734,6 +758,7 @@ impl SmcListener {
             })
         } else {
             self.ready
+                .lock()
                 .recv()
                 .map_err(|_| io::Error::other("the listener's acceptor stopped"))
         }
