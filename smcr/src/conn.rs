@@ -124,6 +124,15 @@ impl ConnCore {
         self.peer_rmb - Cursor::diff(self.peer_rmb, self.peer_cons, self.tx_prod).min(self.peer_rmb)
     }
 
+    /// Where `n` more bytes go in the peer's RMB when `staged` bytes already wait in the send
+    /// buffer, not yet announced (autocorking): up to two (offset, length) pieces. The send
+    /// buffer mirrors the peer's RMB, so these are also the send-buffer offsets.
+    pub fn stage_pieces(&self, staged: u32, n: u32) -> [(u32, u32); 2] {
+        let off = (self.tx_prod.count + staged) % self.peer_rmb;
+        let first = n.min(self.peer_rmb - off);
+        [(off, first), (0, n - first)]
+    }
+
     /// Bytes readable in our RMB.
     pub fn readable(&self) -> u32 {
         Cursor::diff(self.rmb, self.rx_cons, self.rx_prod)

@@ -19,4 +19,4 @@ mod stream;
 pub mod tokio;
 
 pub use runtime::{Negotiation, Runtime, RuntimeConfig};
-pub use stream::{FallbackReason, Mode, SmcListener, SmcStream};
+pub use stream::{ConnStats, FallbackReason, Mode, SmcListener, SmcStream};

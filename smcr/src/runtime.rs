@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use cdc::{CdcMessage, ConnStateFlags};
+use cdc::{CdcMessage, ConnStateFlags, ProducerFlags};
 use clc::{Eid, Gid, Mac, PeerId, QpMtu};
 use llc::{DeleteLinkReason, LlcMessage, Version};
 use parking_lot::{Condvar, Mutex};
@@ -380,6 +380,10 @@ struct LgState {
     /// Rkey flows someone waits for, and their outcomes.
     rkey_waiting: HashSet<u64>,
     rkey_results: HashMap<u64, bool>,
+    /// The connection (token) whose data CDC each SEND slot carries, 0 for others.
+    slot_owner: Vec<u32>,
+    /// Connections whose corked data the poller could not post for want of a SEND slot.
+    needs_flush: Vec<u32>,
     free_slots: Vec<usize>,
     /// LLC messages waiting for a SEND slot.
     llc_out: VecDeque<LlcMessage>,
@@ -438,6 +442,8 @@ impl LinkGroup {
                 sndbuf_pool: Vec::new(),
                 rkey_waiting: HashSet::new(),
                 rkey_results: HashMap::new(),
+                slot_owner: vec![0; SEND_SLOTS],
+                needs_flush: Vec::new(),
                 free_slots: (0..SEND_SLOTS).rev().collect(),
                 llc_out: VecDeque::new(),
             }),
@@ -587,7 +593,13 @@ impl LinkGroup {
 
     /// Sends one CDC message from an application thread (waits for a free SEND slot).
     pub(crate) fn send_cdc(&self, m: &CdcMessage, poller: bool) -> io::Result<()> {
-        let slot = {
+        let slot = self.take_slot(poller)?;
+        self.post_cdc(slot, m, 0)
+    }
+
+    /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the reserve).
+    pub(crate) fn take_slot(&self, poller: bool) -> io::Result<usize> {
+        Ok({
             let mut st = self.st.lock();
             loop {
                 if let Some(r) = &st.down_reason {
@@ -605,7 +617,13 @@ impl LinkGroup {
                 }
                 self.cond.wait(&mut st);
             }
-        };
+        })
+    }
+
+    /// Sends CDC `m` from `slot`; `owner` (a connection token, 0 for none) hears of its
+    /// completion (autocorking waits for it).
+    pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<()> {
+        self.st.lock().slot_owner[slot] = owner;
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
         self.post_send_slot(slot, &b)
@@ -677,6 +695,7 @@ impl LinkGroup {
             };
             let now = Instant::now();
             let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
+            let mut sent: Vec<Arc<ConnShared>> = Vec::new();
             {
                 let mut st = self.st.lock();
                 for wc in &wcs[..n] {
@@ -724,7 +743,14 @@ impl LinkGroup {
                             }
                         }
                         WcOpcode::Send => {
-                            st.free_slots.push(wc.wr_id as usize);
+                            let slot = wc.wr_id as usize;
+                            let owner = std::mem::take(&mut st.slot_owner[slot]);
+                            if owner != 0
+                                && let Some(c) = st.conns.get(&owner)
+                            {
+                                sent.push(c.clone());
+                            }
+                            st.free_slots.push(slot);
                             self.cond.notify_all();
                         }
                         _ => {}
@@ -775,6 +801,20 @@ impl LinkGroup {
             }
             for (c, m) in cdcs {
                 c.on_cdc(&self, &m);
+            }
+            let retry: Vec<Arc<ConnShared>> = {
+                let mut st = self.st.lock();
+                let tokens = std::mem::take(&mut st.needs_flush);
+                tokens
+                    .iter()
+                    .filter_map(|t| st.conns.get(t).cloned())
+                    .collect()
+            };
+            for c in sent {
+                c.on_sent(&self);
+            }
+            for c in retry {
+                c.flush_corked(&self);
             }
             let down = self.st.lock().down_reason.clone();
             if let Some(r) = down {
@@ -1003,12 +1043,116 @@ pub(crate) struct ConnState {
     pub(crate) failed: Option<String>,
     pub(crate) local_closed: bool,
     pub(crate) released: bool,
+    /// Bytes copied into the send buffer but not yet written and announced (autocorking).
+    pub(crate) staged: u32,
+    /// Data CDCs posted whose SEND has not completed.
+    pub(crate) inflight: u32,
+    /// Counters.
+    pub(crate) stats: crate::ConnStats,
 }
 
 impl ConnShared {
+    /// Most bytes held back while a CDC is in flight (Linux: min(sndbuf/2, autocorking_size
+    /// 64 KiB)).
+    pub(crate) fn cork_limit(&self) -> u32 {
+        ((self.sndbuf.len() / 2) as u32).min(64 * 1024)
+    }
+
+    /// Writes and announces the staged bytes (one or two RDMA WRITEs and a CDC); `pending` is
+    /// what the writer has in all (for the "writing blocked" flag).
+    pub(crate) fn flush_locked(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        pending: u32,
+        poller: bool,
+    ) -> io::Result<()> {
+        if s.staged == 0 {
+            return Ok(());
+        }
+        // The slot first: once the cursor has advanced, the CDC must go out.
+        let slot = lg.take_slot(poller)?;
+        let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
+        let pieces: Vec<(u32, u32)> = plan.pieces.into_iter().filter(|p| p.1 > 0).collect();
+        let sges: Vec<[rdma::Sge; 1]> = pieces
+            .iter()
+            .map(|&(off, len)| [self.sndbuf.sge(off as usize, len as usize)])
+            .collect();
+        let wrs: Vec<SendWr<'_>> = pieces
+            .iter()
+            .zip(&sges)
+            .map(|(&(off, _), sg)| SendWr {
+                wr_id: u64::MAX,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: self.peer_vaddr + u64::from(off),
+                    rkey: self.peer_rkey,
+                },
+                sg_list: sg,
+                flags: SendFlags::empty(),
+            })
+            .collect();
+        s.stats.bytes_sent += u64::from(s.staged);
+        s.stats.data_cdcs += 1;
+        s.staged = 0;
+        s.inflight += 1;
+        lg.post_writes(&wrs)?;
+        lg.post_cdc(slot, &plan.cdc, self.token)
+    }
+
+    /// A data CDC of ours completed: when none is left in flight, post what was corked.
+    fn on_sent(&self, lg: &LinkGroup) {
+        let mut s = self.core.lock();
+        s.inflight = s.inflight.saturating_sub(1);
+        if s.inflight == 0 && s.staged > 0 {
+            drop(s);
+            self.flush_corked(lg);
+        }
+    }
+
+    fn flush_corked(&self, lg: &LinkGroup) {
+        let mut s = self.core.lock();
+        if s.failed.is_some() || s.inflight > 0 {
+            return;
+        }
+        let pending = s.staged;
+        match self.flush_locked(&mut s, lg, pending, true) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                lg.st.lock().needs_flush.push(self.token);
+            }
+            Err(e) => {
+                s.failed.get_or_insert_with(|| e.to_string());
+                drop(s);
+                self.wake();
+            }
+        }
+    }
+
+    /// Ends the connection because of the peer (bad cursors, urgent data): an abort CDC tells
+    /// it, our application gets `ConnectionReset` with `why`.
+    fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: String) {
+        s.failed = Some(why);
+        let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_ABORT);
+        let _ = lg.send_cdc(&cdc, true);
+    }
+
     fn on_cdc(&self, lg: &LinkGroup, m: &CdcMessage) {
         let mut s = self.core.lock();
         if s.failed.is_some() {
+            return;
+        }
+        if m.prod_flags
+            .intersects(ProducerFlags::URG_DATA_PENDING | ProducerFlags::URG_DATA_PRESENT)
+        {
+            // Delivering the urgent byte inline would corrupt the stream for a program that
+            // asked for it out of band: refuse clearly instead.
+            self.abort(
+                &mut s,
+                lg,
+                "the peer sent urgent data (MSG_OOB), which smcr does not support".into(),
+            );
+            drop(s);
+            self.wake();
             return;
         }
         match s.core.on_cdc(m) {
@@ -1020,7 +1164,7 @@ impl ConnShared {
                 }
             }
             Err(e) => {
-                s.failed = Some(format!("peer broke the CDC protocol: {e}"));
+                self.abort(&mut s, lg, format!("peer broke the CDC protocol: {e}"));
             }
         }
         let peer = s.core.peer_flags();

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use cdc::ConnStateFlags;
 use clc::{DeclineReason, Gid, RmbSize};
-use rdma::{SendFlags, SendWr, WrOpcode};
 use socket2::{Domain, Socket, Type};
 
 use crate::conn::ConnCore;
@@ -81,6 +80,19 @@ impl std::fmt::Display for FallbackReason {
             Self::NotIpv4 => write!(f, "not IPv4"),
         }
     }
+}
+
+/// Counters of an SMC-R stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Bytes written into the peer's RMB and announced.
+    pub bytes_sent: u64,
+    /// Bytes read by the application.
+    pub bytes_received: u64,
+    /// CDCs that announced data (fewer than writes when autocorking coalesced them).
+    pub data_cdcs: u64,
+    /// `write` calls that moved bytes.
+    pub writes: u64,
 }
 
 /// What a stream runs over.
@@ -264,6 +276,9 @@ fn make_conn(
             failed: None,
             local_closed: false,
             released: false,
+            staged: 0,
+            inflight: 0,
+            stats: ConnStats::default(),
         }),
         cond: parking_lot::Condvar::new(),
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
@@ -409,6 +424,11 @@ impl SmcStream {
         &self.mode
     }
 
+    /// Counters of an SMC-R stream (`None` for TCP).
+    pub fn stats(&self) -> Option<ConnStats> {
+        self.smc.as_ref().map(|smc| smc.conn.core.lock().stats)
+    }
+
     /// A file descriptor for poll/epoll, for readers (`write` false) or writers: it becomes
     /// readable whenever the stream's state may have changed (data arrived, space freed,
     /// closed, failed). Read it (8 bytes) to re-arm, then retry the operation in non-blocking
@@ -467,6 +487,8 @@ impl SmcStream {
         };
         if matches!(how, Shutdown::Write | Shutdown::Both) {
             let mut s = smc.conn.core.lock();
+            let staged = s.staged;
+            smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
             let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
             smc.lg.send_cdc(&cdc, false)?;
         }
@@ -496,6 +518,7 @@ impl SmcStream {
                         at += len;
                     }
                 }
+                s.stats.bytes_received += u64::from(n);
                 if let Some(cdc) = s.core.consume(n) {
                     smc.lg.send_cdc(&cdc, false)?;
                 }
@@ -541,41 +564,30 @@ impl SmcStream {
                     ),
                 ));
             }
-            let space = s.core.space();
-            if space > 0 {
+            let avail = s.core.space().saturating_sub(s.staged);
+            if avail > 0 {
                 let want = buf.len().min(u32::MAX as usize) as u32;
-                let plan = s.core.prepare_write(want.min(space), want);
+                let n = want.min(avail);
                 let mut at = 0usize;
-                let mut sges = Vec::with_capacity(2);
-                for (off, len) in plan.pieces {
+                for (off, len) in s.core.stage_pieces(s.staged, n) {
                     if len > 0 {
                         smc.conn
                             .sndbuf
                             .write(off as usize, &buf[at..at + len as usize]);
                         at += len as usize;
-                        sges.push((off, len));
                     }
                 }
-                let sge_lists: Vec<[rdma::Sge; 1]> = sges
-                    .iter()
-                    .map(|&(off, len)| [smc.conn.sndbuf.sge(off as usize, len as usize)])
-                    .collect();
-                let wrs: Vec<SendWr<'_>> = sges
-                    .iter()
-                    .zip(&sge_lists)
-                    .map(|(&(off, _), sg)| SendWr {
-                        wr_id: u64::MAX,
-                        opcode: WrOpcode::RdmaWrite {
-                            remote_addr: smc.conn.peer_vaddr + u64::from(off),
-                            rkey: smc.conn.peer_rkey,
-                        },
-                        sg_list: sg,
-                        flags: SendFlags::empty(),
-                    })
-                    .collect();
-                smc.lg.post_writes(&wrs)?;
-                smc.lg.send_cdc(&plan.cdc, false)?;
-                return Ok(at);
+                s.staged += n;
+                s.stats.writes += 1;
+                // Autocorking as Linux: while a CDC of ours is in flight, small writes wait in
+                // the send buffer and go out together when it completes; a lone write (nothing
+                // in flight) goes at once.
+                let cork = s.inflight > 0 && s.staged <= smc.conn.cork_limit();
+                if !cork {
+                    let pending = s.staged + (want - n);
+                    smc.conn.flush_locked(&mut s, &smc.lg, pending, false)?;
+                }
+                return Ok(n as usize);
             }
             wait(&smc.conn, &mut s, self.nonblocking, deadline)?;
         }
@@ -652,7 +664,12 @@ impl Write for SmcStream {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        // Every write is posted when it returns.
+        // Posts what autocorking holds back.
+        if let Some(smc) = &self.smc {
+            let mut s = smc.conn.core.lock();
+            let staged = s.staged;
+            smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
+        }
         Ok(())
     }
 }
@@ -665,6 +682,8 @@ impl Drop for SmcStream {
         let mut s = smc.conn.core.lock();
         if !s.local_closed {
             s.local_closed = true;
+            let staged = s.staged;
+            let _ = smc.conn.flush_locked(&mut s, &smc.lg, staged, false);
             let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_CLOSED);
             let _ = smc.lg.send_cdc(&cdc, false);
         }

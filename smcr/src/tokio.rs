@@ -152,7 +152,7 @@ impl AsyncWrite for AsyncSmcStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
             Inner::Tcp(t) => Pin::new(t).poll_flush(cx),
-            Inner::Smc { .. } => Poll::Ready(Ok(())),
+            Inner::Smc { stream, .. } => Poll::Ready(io::Write::flush(stream)),
         }
     }
 

@@ -231,3 +231,14 @@ proptest! {
         prop_assert_eq!(&got[..], &src[..]);
     }
 }
+
+#[test]
+fn staged_bytes_continue_where_the_announced_ones_end() {
+    let mut c = ConnCore::new(1, 100, 100);
+    assert_eq!(c.stage_pieces(0, 30), [(0, 30), (0, 0)]);
+    let _ = c.prepare_write(90, 90);
+    // 90 announced; 5 staged; 20 more wrap at the end of the 100-byte ring.
+    assert_eq!(c.stage_pieces(5, 20), [(95, 5), (0, 15)]);
+    // Flushing the 5 staged later plans exactly those bytes.
+    assert_eq!(c.prepare_write(5, 5).pieces[0], (90, 5));
+}
