@@ -53,7 +53,8 @@ pub enum Negotiation {
 pub struct RuntimeConfig {
     /// CLC settings (identity, UEIDs, limits, timeouts).
     pub handshake: handshake::Config,
-    /// Size of each connection's receive buffer (RMB); rounded up to Linux's sizes.
+    /// Size of each connection's receive buffer (RMB); rounded up to Linux's sizes and kept
+    /// within 16 KiB..=512 KiB (Linux's SMC-R range).
     pub rmb_size: u32,
     /// UDP port of the RoCE engine (4791, where Linux sends RoCE v2).
     pub roce_port: u16,
@@ -179,6 +180,15 @@ impl Runtime {
         &self.inner.cfg
     }
 
+    /// Why SMC-R cannot be negotiated at all here (the TCP option program is not installed or
+    /// not usable by this user), to tell the user once; `None` when it can.
+    pub fn negotiation_problem(&self) -> Option<&str> {
+        match (&self.inner.cfg.negotiation, &self.inner.option) {
+            (Negotiation::TcpOption { .. }, Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+
     /// Link groups currently alive.
     pub fn link_groups(&self) -> usize {
         self.inner
@@ -226,7 +236,21 @@ impl Runtime {
     }
 }
 
+impl Drop for Inner {
+    /// The last handle is gone: delete the link groups (their pollers then stop).
+    fn drop(&mut self) {
+        for g in self.groups.get_mut().drain(..) {
+            g.terminate();
+        }
+    }
+}
+
 impl Inner {
+    /// The RMB size connections use.
+    pub(crate) fn rmb_size(&self) -> clc::RmbSize {
+        clc::RmbSize::round_up(self.cfg.rmb_size.clamp(16 * 1024, 512 * 1024))
+    }
+
     pub(crate) fn device(&self, ip: Ipv4Addr) -> io::Result<Arc<Dev>> {
         let mut devs = self.devices.lock();
         if let Some(d) = devs.get(&ip) {

@@ -346,7 +346,7 @@ impl SmcStream {
             other => return Err(io::Error::other(format!("unexpected {other:?}"))),
         };
         let peer = server.endpoint;
-        let size = RmbSize::round_up(rt.inner.cfg.rmb_size);
+        let size = rt.inner.rmb_size();
         let setup = || -> Result<(Arc<LinkGroup>, Arc<rdma::MemoryRegion>), DeclineReason> {
             let lg = if server.first_contact {
                 let dev = rt
@@ -856,7 +856,7 @@ impl SmcStream {
                 }
             }
         };
-        let size = RmbSize::round_up(rt.inner.cfg.rmb_size);
+        let size = rt.inner.rmb_size();
         let rmb = match lg.take_rmb(size.bytes()) {
             Ok(x) => x,
             Err(reason) => return decline(self, &mut hs, reason),

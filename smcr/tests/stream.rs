@@ -206,3 +206,33 @@ fn small_writes_are_corked_while_a_cdc_is_in_flight() {
     assert_eq!(server.join().unwrap(), expect);
     rt.shutdown();
 }
+
+#[test]
+fn missing_option_program_is_reported_once_and_connections_fall_back() {
+    let mut cfg = RuntimeConfig::new();
+    cfg.negotiation = Negotiation::TcpOption {
+        dir: "/nonexistent/smcr".into(),
+    };
+    let rt = Runtime::new(cfg);
+    let why = rt.negotiation_problem().expect("a problem");
+    assert!(why.contains("not installed"), "{why}");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 3];
+        s.read_exact(&mut b).unwrap();
+        b
+    });
+    let mut c = SmcStream::connect(&rt, addr).unwrap();
+    match c.mode() {
+        Mode::Tcp(r) => {
+            assert_eq!(r.code(), smcr::FallbackReason::CODE_NO_BPF);
+            assert!(r.to_string().contains("not installed"), "{r}");
+        }
+        m => panic!("{m:?}"),
+    }
+    c.write_all(b"abc").unwrap();
+    assert_eq!(&t.join().unwrap(), b"abc");
+    assert!(c.stats().is_none());
+}
