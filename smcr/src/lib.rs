@@ -4,13 +4,15 @@
 //!
 //! Layers: [`option`] (the eBPF program that signals capability in SYN/SYN-ACK, its loader and
 //! per-socket records); the sans-IO state machines [`handshake`] (CLC, both roles), [`link`]
-//! (one link's LLC conversation) and [`conn`] (a connection's cursors and flow control); and the
+//! (one link's LLC conversation), [`lgr`] (a link group's connections, slots and linger) and
+//! [`conn`] (a connection's cursors and flow control); and the
 //! driver, [`runtime`], under the socket API [`SmcStream`]/[`SmcListener`], which tells its
 //! [`Mode`]: SMC-R, or TCP with the [`FallbackReason`]. docs/protocol.md describes each.
 #![warn(missing_docs)]
 
 pub mod conn;
 pub mod handshake;
+pub mod lgr;
 pub mod link;
 pub mod option;
 pub mod runtime;

@@ -32,6 +32,7 @@ use rdma::{
 
 use crate::conn::ConnCore;
 use crate::handshake;
+use crate::lgr::{LgrCore, Route, Slot};
 use crate::link::{self, LinkCore, LinkEvent, LinkParams};
 use crate::option::OptionMap;
 
@@ -222,8 +223,8 @@ impl Runtime {
                 g.peer_gid.to_ipv4(),
                 st.up,
                 st.down_reason,
-                st.conns.len(),
-                st.free_slots.len(),
+                st.core.len(),
+                st.core.free_slots(),
                 g.qp.summary()
             );
         }
@@ -374,7 +375,6 @@ pub(crate) struct LinkGroup {
     pub(crate) peer_qpn: AtomicU32,
     pub(crate) psn: u32,
     pub(crate) mtu: QpMtu,
-    pub(crate) max_conns: AtomicU32,
     recv_mr: MemoryRegion,
     send_mr: MemoryRegion,
     st: Mutex<LgState>,
@@ -387,16 +387,12 @@ struct LgState {
     link: Option<LinkCore>,
     up: bool,
     down_reason: Option<String>,
-    conns: HashMap<u32, Arc<ConnShared>>,
-    /// Tokens handed out in an Accept whose Confirm is still being read: CDCs for them (the
-    /// client may write right after its Confirm) wait here until the connection attaches.
-    early: HashMap<u32, Vec<CdcMessage>>,
+    /// Connections by token, promised tokens, SEND slots, linger (sans-IO, `crate::lgr`).
+    core: LgrCore<Arc<ConnShared>>,
     /// A duplicate of each connection's TCP socket: a hang-up there without an SMC-R close
     /// makes the poller probe the link (a killed peer process is found within seconds).
     watch: HashMap<u32, OwnedFd>,
     next_watch: Instant,
-    /// Since when the group has had no connection (it lingers, then is deleted).
-    idle_since: Option<Instant>,
     /// RMBs and send buffers of closed connections, reused by later ones (Linux keeps them in
     /// the link group too). An entry is free once no connection holds it any more.
     rmb_pool: Vec<Arc<MemoryRegion>>,
@@ -404,11 +400,7 @@ struct LgState {
     /// Rkey flows someone waits for, and their outcomes.
     rkey_waiting: HashSet<u64>,
     rkey_results: HashMap<u64, bool>,
-    /// The connection (token) whose data CDC each SEND slot carries, 0 for others.
-    slot_owner: Vec<u32>,
-    /// Connections whose corked data the poller could not post for want of a SEND slot.
-    needs_flush: Vec<u32>,
-    free_slots: Vec<usize>,
+
     /// LLC messages waiting for a SEND slot.
     llc_out: VecDeque<LlcMessage>,
 }
@@ -450,25 +442,27 @@ impl LinkGroup {
             peer_qpn: AtomicU32::new(0),
             psn: random_u32() & 0xff_ffff,
             mtu,
-            max_conns: AtomicU32::new(255),
             recv_mr,
             send_mr,
             st: Mutex::new(LgState {
                 link: None,
                 up: false,
                 down_reason: None,
-                conns: HashMap::new(),
-                early: HashMap::new(),
+                core: LgrCore::new(
+                    255,
+                    SEND_SLOTS,
+                    POLLER_RESERVE,
+                    RECV_SLOTS,
+                    rt.cfg.linger,
+                    Instant::now(),
+                ),
                 watch: HashMap::new(),
                 next_watch: Instant::now(),
-                idle_since: None,
                 rmb_pool: Vec::new(),
                 sndbuf_pool: Vec::new(),
                 rkey_waiting: HashSet::new(),
                 rkey_results: HashMap::new(),
-                slot_owner: vec![0; SEND_SLOTS],
-                needs_flush: Vec::new(),
-                free_slots: (0..SEND_SLOTS).rev().collect(),
+
                 llc_out: VecDeque::new(),
             }),
             cond: Condvar::new(),
@@ -503,8 +497,6 @@ impl LinkGroup {
             .to_ipv4()
             .ok_or_else(|| io::Error::other("peer GID is not IPv4-mapped"))?;
         self.peer_qpn.store(peer_qpn, Ordering::Relaxed);
-        self.max_conns
-            .store(u32::from(max_conns.max(1)), Ordering::Relaxed);
         self.qp
             .modify(&QpAttr {
                 path_mtu: Some(rdma_mtu(mtu)),
@@ -546,9 +538,7 @@ impl LinkGroup {
                 st.llc_out.push_back(m);
             }
             st.link = Some(l);
-            if st.conns.is_empty() {
-                st.idle_since = Some(now);
-            }
+            st.core.set_max_conns(usize::from(max_conns));
             self.flush_llc(&mut st);
         }
         let me = self.clone();
@@ -567,7 +557,7 @@ impl LinkGroup {
     }
 
     fn has_room(&self) -> bool {
-        self.st.lock().conns.len() < self.max_conns.load(Ordering::Relaxed) as usize
+        self.st.lock().core.has_room()
     }
 
     /// Waits until the link is confirmed, or fails.
@@ -592,23 +582,21 @@ impl LinkGroup {
 
     /// Reserves `token` before it is sent in an Accept (see `LgState::early`).
     pub(crate) fn reserve(&self, token: u32) {
-        self.st.lock().early.insert(token, Vec::new());
+        self.st.lock().core.promise(token);
     }
 
     /// Forgets a reserved token whose handshake did not complete.
     pub(crate) fn unreserve(&self, token: u32) {
-        self.st.lock().early.remove(&token);
+        self.st.lock().core.unpromise(token);
     }
 
     pub(crate) fn attach(&self, token: u32, c: Arc<ConnShared>, tcp: Option<OwnedFd>) {
         let early = {
             let mut st = self.st.lock();
-            st.conns.insert(token, c.clone());
-            st.idle_since = None;
             if let Some(fd) = tcp {
                 st.watch.insert(token, fd);
             }
-            st.early.remove(&token).unwrap_or_default()
+            st.core.attach(token, c.clone())
         };
         for m in early {
             c.on_cdc(self, &m);
@@ -629,9 +617,8 @@ impl LinkGroup {
                 if let Some(r) = &st.down_reason {
                     return Err(io::Error::new(io::ErrorKind::ConnectionReset, r.clone()));
                 }
-                let reserve = if poller { 0 } else { POLLER_RESERVE };
-                if st.free_slots.len() > reserve {
-                    break st.free_slots.pop().expect("checked");
+                if let Slot::Got(slot) = st.core.take_slot(poller) {
+                    break slot;
                 }
                 if poller {
                     return Err(io::Error::new(
@@ -647,7 +634,7 @@ impl LinkGroup {
     /// Sends CDC `m` from `slot`; `owner` (a connection token, 0 for none) hears of its
     /// completion (autocorking waits for it).
     pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<()> {
-        self.st.lock().slot_owner[slot] = owner;
+        self.st.lock().core.set_owner(slot, owner);
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
         self.post_send_slot(slot, &b)
@@ -677,14 +664,14 @@ impl LinkGroup {
 
     fn flush_llc(&self, st: &mut LgState) {
         while !st.llc_out.is_empty() {
-            let Some(slot) = st.free_slots.pop() else {
+            let Slot::Got(slot) = st.core.take_slot(true) else {
                 return;
             };
             let m = st.llc_out.pop_front().expect("non-empty");
             let mut b = vec![0u8; m.buffer_len()];
             m.emit(&mut b);
             if b.len() > SLOT {
-                st.free_slots.push(slot);
+                st.core.put_back(slot);
                 continue;
             }
             let _ = self.post_send_slot(slot, &b);
@@ -746,14 +733,8 @@ impl LinkGroup {
                                 match CdcMessage::parse(&b[..len]) {
                                     // Linux drops CDCs for unknown tokens too.
                                     Ok(m) => {
-                                        if let Some(c) = st.conns.get(&m.token) {
-                                            cdcs.push((c.clone(), m));
-                                        } else if let Some(q) = st.early.get_mut(&m.token) {
-                                            // Bounded: the peer cannot send more CDCs than
-                                            // our receive queue holds before we answer.
-                                            if q.len() < RECV_SLOTS {
-                                                q.push(m);
-                                            }
+                                        if let Route::Conn(c) = st.core.route(m) {
+                                            cdcs.push((c, m));
                                         }
                                     }
                                     Err(_) => {
@@ -767,14 +748,9 @@ impl LinkGroup {
                             }
                         }
                         WcOpcode::Send => {
-                            let slot = wc.wr_id as usize;
-                            let owner = std::mem::take(&mut st.slot_owner[slot]);
-                            if owner != 0
-                                && let Some(c) = st.conns.get(&owner)
-                            {
-                                sent.push(c.clone());
+                            if let Some(c) = st.core.complete(wc.wr_id as usize) {
+                                sent.push(c);
                             }
-                            st.free_slots.push(slot);
                             self.cond.notify_all();
                         }
                         _ => {}
@@ -782,10 +758,7 @@ impl LinkGroup {
                 }
                 let st = &mut *st;
                 self.check_tcp(st, now);
-                let linger = self.runtime.upgrade().map_or(LINGER, |r| r.cfg.linger);
-                if st.conns.is_empty()
-                    && st.early.is_empty()
-                    && st.idle_since.is_some_and(|t| now >= t + linger)
+                if st.core.linger_expired(now)
                     && let Some(l) = st.link.as_mut()
                 {
                     // Nobody used the group for the linger time: delete it (Linux: the
@@ -826,14 +799,7 @@ impl LinkGroup {
             for (c, m) in cdcs {
                 c.on_cdc(&self, &m);
             }
-            let retry: Vec<Arc<ConnShared>> = {
-                let mut st = self.st.lock();
-                let tokens = std::mem::take(&mut st.needs_flush);
-                tokens
-                    .iter()
-                    .filter_map(|t| st.conns.get(t).cloned())
-                    .collect()
-            };
+            let retry: Vec<Arc<ConnShared>> = { self.st.lock().core.take_deferred() };
             for c in sent {
                 c.on_sent(&self);
             }
@@ -978,7 +944,7 @@ impl LinkGroup {
                 }
             }
             st.sndbuf_pool.clear();
-            st.conns.drain().map(|(_, c)| c).collect()
+            st.core.drain()
         };
         for c in conns {
             c.fail(reason);
@@ -990,11 +956,8 @@ impl LinkGroup {
     /// later connections.
     pub(crate) fn detach(&self, token: u32) {
         let mut st = self.st.lock();
-        st.conns.remove(&token);
+        st.core.detach(token, Instant::now());
         st.watch.remove(&token);
-        if st.conns.is_empty() {
-            st.idle_since = Some(Instant::now());
-        }
     }
 
     /// Polls the watched TCP sockets (at most every 200 ms); on a hang-up of a connection the
@@ -1142,7 +1105,7 @@ impl ConnShared {
         match self.flush_locked(&mut s, lg, pending, true) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                lg.st.lock().needs_flush.push(self.token);
+                lg.st.lock().core.defer_flush(self.token);
             }
             Err(e) => {
                 s.failed.get_or_insert_with(|| e.to_string());

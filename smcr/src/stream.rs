@@ -524,9 +524,6 @@ impl SmcStream {
                 }
                 return Ok(n as usize);
             }
-            if let Some(f) = &s.failed {
-                return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
-            }
             let pf = s.core.peer_flags();
             if pf.contains(ConnStateFlags::PEER_CONN_ABORT) {
                 return Err(io::Error::new(
@@ -534,8 +531,13 @@ impl SmcStream {
                     "peer aborted the connection",
                 ));
             }
+            // A peer that finished cleanly gives EOF even if the link goes away afterwards
+            // (its process exits and deletes the link group right after closing).
             if pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED) {
                 return Ok(0);
+            }
+            if let Some(f) = &s.failed {
+                return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
             }
             wait(&smc.conn, &mut s, self.nonblocking, deadline)?;
         }
