@@ -1,2 +1,16 @@
-//! `LD_PRELOAD` interposition layer (issue 5): translates libc socket calls of unmodified
-//! programs into calls on the `smcr` crate. It exports no symbols yet.
+//! `libsmcr`: the `LD_PRELOAD` shim (issue 5). Unmodified programs' TCP sockets become SMC-R
+//! connections when both ends can, plain TCP otherwise, with nothing else for the program to
+//! notice. `hooks` exports the libc socket functions, `shim` holds what happens to our sockets,
+//! `table` says (lock-free) which descriptors are ours, `real` finds libc's own functions, and
+//! `guard` keeps our own calls out of our hooks, sets errno and stops panics at the boundary.
+//!
+//! The exports keep libc's signatures and contracts; their `# Safety` sections say so once
+//! each rather than restating the man pages.
+#![allow(clippy::missing_safety_doc)]
+
+mod guard;
+mod hooks;
+mod log;
+mod real;
+mod shim;
+mod table;

@@ -21,4 +21,4 @@ mod stream;
 pub mod tokio;
 
 pub use runtime::{Negotiation, Runtime, RuntimeConfig};
-pub use stream::{ConnStats, FallbackReason, Mode, SmcListener, SmcStream};
+pub use stream::{Blocking, ConnStats, FallbackReason, Mode, SmcListener, SmcStream};

@@ -102,6 +102,38 @@ impl RuntimeConfig {
     }
 }
 
+impl RuntimeConfig {
+    /// Defaults, changed by the environment (how the preload and `smcr run` configure it):
+    /// `SMCR_NEGOTIATION=option|assume`, `SMCR_BPF_DIR`, `SMCR_RMB_KIB`, `SMCR_ROCE_PORT`,
+    /// `SMCR_UEID` (comma-separated user EIDs).
+    pub fn from_env() -> Self {
+        let mut cfg = Self::new();
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let Some(dir) = var("SMCR_BPF_DIR") {
+            cfg.negotiation = Negotiation::TcpOption { dir: dir.into() };
+        }
+        if var("SMCR_NEGOTIATION").as_deref() == Some("assume") {
+            cfg.negotiation = Negotiation::Assume;
+        }
+        if let Some(k) = var("SMCR_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
+            cfg.rmb_size = k.saturating_mul(1024);
+        }
+        if let Some(p) = var("SMCR_ROCE_PORT").and_then(|v| v.parse::<u16>().ok()) {
+            cfg.roce_port = p;
+        }
+        if let Some(list) = var("SMCR_UEID") {
+            let ueids: Vec<Eid> = list
+                .split(',')
+                .filter_map(|u| Eid::new(u.trim()).ok())
+                .collect();
+            if !ueids.is_empty() {
+                cfg.handshake.ueids = ueids;
+            }
+        }
+        cfg
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self::new()
@@ -179,6 +211,16 @@ impl Runtime {
     /// The settings.
     pub fn config(&self) -> &RuntimeConfig {
         &self.inner.cfg
+    }
+
+    /// Marks a TCP socket for the SMC-R option (before `connect` or `listen`); false when the
+    /// option program is unusable or negotiation does not use it.
+    pub fn mark(&self, sock: std::os::fd::BorrowedFd<'_>) -> bool {
+        match (&self.inner.cfg.negotiation, &self.inner.option) {
+            (Negotiation::TcpOption { .. }, Ok(map)) => map.mark(sock).is_ok(),
+            (Negotiation::Assume, _) => true,
+            _ => false,
+        }
     }
 
     /// Why SMC-R cannot be negotiated at all here (the TCP option program is not installed or

@@ -305,14 +305,42 @@ impl SmcStream {
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
         let marked = addr.is_ipv4() && mark(rt, &sock);
         sock.connect(&addr.into())?;
-        let tcp: TcpStream = sock.into();
-        let verdict = verdict(rt, &tcp, marked, addr.is_ipv4());
+        Self::from_connected(rt, sock.into(), marked)
+    }
+
+    /// Negotiates on a TCP connection the caller connected (`marked`: the socket was marked
+    /// with [`Runtime::mark`] before `connect`). Used by the preload shim, whose application
+    /// creates and connects the socket itself.
+    pub fn from_connected(rt: &Runtime, tcp: TcpStream, marked: bool) -> io::Result<Self> {
+        let ipv4 = matches!(tcp.peer_addr()?, SocketAddr::V4(_));
+        let verdict = verdict(rt, &tcp, marked, ipv4);
         let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
         match verdict {
             Err(reason) => s.mode = Mode::Tcp(reason),
             Ok(()) => s.client_handshake(rt)?,
         }
         Ok(s)
+    }
+
+    /// Negotiates, as the server, on a TCP connection accepted from a listener that was
+    /// marked with [`Runtime::mark`] before `listen`. Blocks for the handshake.
+    pub fn from_accepted(rt: &Runtime, tcp: TcpStream) -> io::Result<Self> {
+        let peer = tcp.peer_addr()?;
+        Self::negotiate_server(rt, tcp, peer)
+    }
+
+    /// The TCP connection underneath (for addresses and socket options; after SMC-R is
+    /// established no data goes over it).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Bytes that a read would return now (FIONREAD).
+    pub fn readable_bytes(&self) -> usize {
+        match &self.smc {
+            Some(smc) => smc.conn.core.lock().core.readable() as usize,
+            None => 0,
+        }
     }
 
     fn plain(tcp: TcpStream, mode: Mode) -> Self {
@@ -499,12 +527,41 @@ impl SmcStream {
         t.map(|t| Instant::now() + t)
     }
 
-    fn smc_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Reads from an SMC-R stream with per-call blocking (the preload passes the
+    /// application's O_NONBLOCK and SO_RCVTIMEO); `peek` leaves the data in place (MSG_PEEK).
+    /// On a TCP-mode stream this reads the TCP socket.
+    pub fn recv(&self, buf: &mut [u8], peek: bool, how: Blocking) -> io::Result<usize> {
+        if self.smc.is_none() {
+            return (&self.tcp).read(buf);
+        }
+        self.smc_read(buf, peek, how)
+    }
+
+    /// Writes to an SMC-R stream with per-call blocking; on a TCP-mode stream, to the socket.
+    pub fn send(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
+        if self.smc.is_none() {
+            return (&self.tcp).write(buf);
+        }
+        self.smc_write(buf, how)
+    }
+
+    fn how(&self, timeout: Option<Duration>) -> Blocking {
+        if self.nonblocking {
+            Blocking::No
+        } else {
+            Blocking::Yes(timeout)
+        }
+    }
+
+    fn smc_read(&self, buf: &mut [u8], peek: bool, how: Blocking) -> io::Result<usize> {
         let smc = self.smc.as_ref().expect("SMC-R mode");
         if buf.is_empty() {
             return Ok(0);
         }
-        let deadline = Self::deadline(self.read_timeout);
+        let (nonblocking, deadline) = match how {
+            Blocking::No => (true, None),
+            Blocking::Yes(t) => (false, Self::deadline(t)),
+        };
         let mut s = smc.conn.core.lock();
         loop {
             let readable = s.core.readable();
@@ -519,6 +576,9 @@ impl SmcStream {
                     }
                 }
                 s.stats.bytes_received += u64::from(n);
+                if peek {
+                    return Ok(n as usize);
+                }
                 if let Some(cdc) = s.core.consume(n) {
                     smc.lg.send_cdc(&cdc, false)?;
                 }
@@ -539,16 +599,19 @@ impl SmcStream {
             if let Some(f) = &s.failed {
                 return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
             }
-            wait(&smc.conn, &mut s, self.nonblocking, deadline)?;
+            wait(&smc.conn, &mut s, nonblocking, deadline)?;
         }
     }
 
-    fn smc_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+    fn smc_write(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
         let smc = self.smc.as_ref().expect("SMC-R mode");
         if buf.is_empty() {
             return Ok(0);
         }
-        let deadline = Self::deadline(self.write_timeout);
+        let (nonblocking, deadline) = match how {
+            Blocking::No => (true, None),
+            Blocking::Yes(t) => (false, Self::deadline(t)),
+        };
         let mut s = smc.conn.core.lock();
         loop {
             if let Some(f) = &s.failed {
@@ -591,7 +654,7 @@ impl SmcStream {
                 }
                 return Ok(n as usize);
             }
-            wait(&smc.conn, &mut s, self.nonblocking, deadline)?;
+            wait(&smc.conn, &mut s, nonblocking, deadline)?;
         }
     }
 }
@@ -646,10 +709,19 @@ fn verdict(rt: &Runtime, tcp: &TcpStream, marked: bool, ipv4: bool) -> Result<()
     }
 }
 
+/// Whether an operation may wait, and how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocking {
+    /// Fail with `WouldBlock` instead of waiting.
+    No,
+    /// Wait, at most this long (`None`: as long as it takes).
+    Yes(Option<Duration>),
+}
+
 impl Read for SmcStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.smc.is_some() {
-            self.smc_read(buf)
+            self.smc_read(buf, false, self.how(self.read_timeout))
         } else {
             self.tcp.read(buf)
         }
@@ -659,7 +731,7 @@ impl Read for SmcStream {
 impl Write for SmcStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if self.smc.is_some() {
-            self.smc_write(buf)
+            self.smc_write(buf, self.how(self.write_timeout))
         } else {
             self.tcp.write(buf)
         }
@@ -796,6 +868,8 @@ impl Drop for SmcListener {
 
 impl SmcStream {
     fn negotiate_server(rt: &Runtime, tcp: TcpStream, peer: SocketAddr) -> io::Result<Self> {
+        // The listener was marked (by SmcListener, or by the preload before listen()); the
+        // accepted socket inherits the mark.
         let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
             && rt.inner.option.is_ok();
         let verdict = verdict(rt, &tcp, marked, peer.is_ipv4());

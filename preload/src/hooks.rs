@@ -1,0 +1,588 @@
+//! The exported libc functions. Each one: not ours (one atomic load) or bypassed → libc;
+//! ours → the shim, inside `guarded` (a panic becomes EIO, never a retry or an unwind).
+// The exports are reached by the dynamic linker, not by Rust paths.
+#![allow(unreachable_pub)]
+
+use std::ffi::c_void;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use libc::{c_int, c_ulong, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+
+use crate::guard::{bypassed, errno, errno_of, guarded, set_errno};
+use crate::shim::{self, SmcFd, Sock};
+use crate::{real, table};
+
+/// The SMC-R connection at `fd`, unless the call must go to libc.
+fn smc(fd: c_int) -> Option<Arc<Sock>> {
+    if bypassed() {
+        return None;
+    }
+    table::get(fd).filter(|s| matches!(**s, Sock::Smc(_)))
+}
+
+fn as_smc(s: &Sock) -> &SmcFd {
+    match s {
+        Sock::Smc(c) => c,
+        _ => unreachable!("filtered by smc()"),
+    }
+}
+
+fn ret_len(r: io::Result<usize>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(errno_of(&e));
+            -1
+        }
+    }
+}
+
+/// # Safety
+/// libc's contract for socket(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: forwarding the caller's arguments.
+    let fd = unsafe { real::socket()(domain, ty, proto) };
+    if fd >= 0
+        && !bypassed()
+        && shim::enabled()
+        && domain == libc::AF_INET
+        && ty & 0xf == libc::SOCK_STREAM
+        && (proto == 0 || proto == libc::IPPROTO_TCP)
+    {
+        table::insert(fd, Arc::new(Sock::Inet));
+    }
+    fd
+}
+
+/// # Safety
+/// libc's contract for connect(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if bypassed() || !table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
+        // SAFETY: forwarding.
+        return unsafe { real::connect()(fd, addr, len) };
+    }
+    guarded(-1, || {
+        let Some(marked) = shim::mark_if_blocking(fd) else {
+            // Non-blocking: plain TCP (logged by the shim).
+            table::remove(fd);
+            // SAFETY: forwarding.
+            return unsafe { real::connect()(fd, addr, len) };
+        };
+        // SAFETY: forwarding.
+        let r = unsafe { real::connect()(fd, addr, len) };
+        if r != 0 {
+            let e = errno();
+            table::remove(fd);
+            set_errno(e);
+            return r;
+        }
+        match shim::after_connect(fd, marked) {
+            Ok(()) => 0,
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
+    })
+}
+
+/// # Safety
+/// libc's contract for listen(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    if !bypassed() && table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
+        let marked = guarded(None, || shim::mark_if_blocking(fd)).unwrap_or(false);
+        table::insert(fd, Arc::new(Sock::Listener { marked }));
+    }
+    // SAFETY: forwarding.
+    unsafe { real::listen()(fd, backlog) }
+}
+
+fn accept_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    let marked = !bypassed()
+        && table::get(fd).is_some_and(|s| matches!(*s, Sock::Listener { marked: true }));
+    loop {
+        // SAFETY: forwarding the caller's arguments.
+        let c = unsafe { real::accept4()(fd, addr, len, flags) };
+        if c < 0 || !marked {
+            return c;
+        }
+        let ok = guarded(Err(()), || shim::after_accept(c));
+        if ok.is_ok() {
+            return c;
+        }
+        // The handshake failed: as Linux, the application never sees that connection.
+        // SAFETY: closing the descriptor we just accepted.
+        unsafe { real::close()(c) };
+    }
+}
+
+/// # Safety
+/// libc's contract for accept(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    accept_common(fd, addr, len, 0)
+}
+
+/// # Safety
+/// libc's contract for accept4(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    accept_common(fd, addr, len, flags)
+}
+
+fn recv_into(fd: c_int, s: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    let _ = fd;
+    guarded(-1, || {
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: the caller gives a writable buffer of `n` bytes.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
+        ret_len(as_smc(s).recv(b, flags))
+    })
+}
+
+fn send_from(s: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    guarded(-1, || {
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: the caller gives a readable buffer of `n` bytes.
+        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
+        ret_len(as_smc(s).send(b, flags))
+    })
+}
+
+/// # Safety
+/// libc's contract for read(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    match smc(fd) {
+        Some(s) => recv_into(fd, &s, buf, n, 0),
+        // SAFETY: forwarding.
+        None => unsafe { real::read()(fd, buf, n) },
+    }
+}
+
+/// # Safety
+/// libc's contract for recv(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    match smc(fd) {
+        Some(s) => recv_into(fd, &s, buf, n, flags),
+        // SAFETY: forwarding.
+        None => unsafe { real::recv()(fd, buf, n, flags) },
+    }
+}
+
+/// # Safety
+/// libc's contract for recvfrom(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    match smc(fd) {
+        Some(s) => {
+            if !alen.is_null() {
+                // Connected stream: no source address, as for TCP.
+                // SAFETY: the caller passed a valid length pointer.
+                unsafe { *alen = 0 };
+            }
+            recv_into(fd, &s, buf, n, flags)
+        }
+        // SAFETY: forwarding.
+        None => unsafe { real::recvfrom()(fd, buf, n, flags, addr, alen) },
+    }
+}
+
+/// # Safety
+/// libc's contract for write(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    match smc(fd) {
+        Some(s) => send_from(&s, buf, n, 0),
+        // SAFETY: forwarding.
+        None => unsafe { real::write()(fd, buf, n) },
+    }
+}
+
+/// # Safety
+/// libc's contract for send(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    match smc(fd) {
+        Some(s) => send_from(&s, buf, n, flags),
+        // SAFETY: forwarding.
+        None => unsafe { real::send()(fd, buf, n, flags) },
+    }
+}
+
+/// # Safety
+/// libc's contract for sendto(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    match smc(fd) {
+        // A destination on a connected stream is ignored, as TCP does.
+        Some(s) => send_from(&s, buf, n, flags),
+        // SAFETY: forwarding.
+        None => unsafe { real::sendto()(fd, buf, n, flags, addr, alen) },
+    }
+}
+
+/// Gathers iovecs into one buffer (SMC-R copies into the send buffer anyway).
+fn gather(iov: *const iovec, cnt: c_int) -> Vec<u8> {
+    let mut v = Vec::new();
+    for i in 0..cnt.max(0) as usize {
+        // SAFETY: the caller gives `cnt` valid iovecs.
+        let e = unsafe { &*iov.add(i) };
+        if e.iov_len > 0 {
+            // SAFETY: each iovec describes a readable buffer.
+            v.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(e.iov_base.cast::<u8>(), e.iov_len)
+            });
+        }
+    }
+    v
+}
+
+/// Scatters `data` into iovecs.
+fn scatter(iov: *const iovec, cnt: c_int, data: &[u8]) {
+    let mut at = 0;
+    for i in 0..cnt.max(0) as usize {
+        if at == data.len() {
+            break;
+        }
+        // SAFETY: the caller gives `cnt` valid, writable iovecs.
+        let e = unsafe { &*iov.add(i) };
+        let n = e.iov_len.min(data.len() - at);
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(data[at..].as_ptr(), e.iov_base.cast(), n) };
+        at += n;
+    }
+}
+
+fn iov_total(iov: *const iovec, cnt: c_int) -> usize {
+    (0..cnt.max(0) as usize)
+        // SAFETY: the caller gives `cnt` valid iovecs.
+        .map(|i| unsafe { (*iov.add(i)).iov_len })
+        .sum()
+}
+
+fn readv_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
+    guarded(-1, || {
+        let mut buf = vec![0u8; iov_total(iov, cnt)];
+        match as_smc(s).recv(&mut buf, flags) {
+            Ok(n) => {
+                scatter(iov, cnt, &buf[..n]);
+                n as ssize_t
+            }
+            Err(e) => {
+                set_errno(errno_of(&e));
+                -1
+            }
+        }
+    })
+}
+
+fn writev_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
+    guarded(-1, || {
+        let data = gather(iov, cnt);
+        if data.is_empty() {
+            return 0;
+        }
+        ret_len(as_smc(s).send(&data, flags))
+    })
+}
+
+/// # Safety
+/// libc's contract for readv(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match smc(fd) {
+        Some(s) => readv_smc(&s, iov, cnt, 0),
+        // SAFETY: forwarding.
+        None => unsafe { real::readv()(fd, iov, cnt) },
+    }
+}
+
+/// # Safety
+/// libc's contract for writev(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match smc(fd) {
+        Some(s) => writev_smc(&s, iov, cnt, 0),
+        // SAFETY: forwarding.
+        None => unsafe { real::writev()(fd, iov, cnt) },
+    }
+}
+
+/// # Safety
+/// libc's contract for recvmsg(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    match smc(fd) {
+        Some(s) => {
+            // SAFETY: the caller gives a valid msghdr.
+            let m = unsafe { &mut *msg };
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            readv_smc(&s, m.msg_iov, m.msg_iovlen as c_int, flags)
+        }
+        // SAFETY: forwarding.
+        None => unsafe { real::recvmsg()(fd, msg, flags) },
+    }
+}
+
+/// # Safety
+/// libc's contract for sendmsg(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    match smc(fd) {
+        Some(s) => {
+            // SAFETY: the caller gives a valid msghdr.
+            let m = unsafe { &*msg };
+            writev_smc(&s, m.msg_iov, m.msg_iovlen as c_int, flags)
+        }
+        // SAFETY: forwarding.
+        None => unsafe { real::sendmsg()(fd, msg, flags) },
+    }
+}
+
+/// # Safety
+/// libc's contract for close(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !bypassed() {
+        // Dropping our state sends SMC-R's close and releases the hidden TCP socket.
+        let s = table::remove(fd);
+        guarded((), || drop(s));
+    }
+    // SAFETY: forwarding.
+    unsafe { real::close()(fd) }
+}
+
+/// # Safety
+/// libc's contract for shutdown(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    match smc(fd) {
+        Some(s) => guarded(-1, || {
+            let how = match how {
+                libc::SHUT_RD => std::net::Shutdown::Read,
+                libc::SHUT_WR => std::net::Shutdown::Write,
+                libc::SHUT_RDWR => std::net::Shutdown::Both,
+                _ => {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+            };
+            match as_smc(&s).stream.shutdown(how) {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(errno_of(&e));
+                    -1
+                }
+            }
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { real::shutdown()(fd, how) },
+    }
+}
+
+/// The descriptor socket calls about `fd` should reach: the hidden TCP socket of an SMC-R fd.
+fn socket_fd(fd: c_int) -> c_int {
+    smc(fd).map_or(fd, |s| shim::tcp_fd(as_smc(&s)))
+}
+
+/// # Safety
+/// libc's contract for getpeername(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getpeername(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding.
+    unsafe { real::getpeername()(socket_fd(fd), a, l) }
+}
+
+/// # Safety
+/// libc's contract for getsockname(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getsockname(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding.
+    unsafe { real::getsockname()(socket_fd(fd), a, l) }
+}
+
+/// # Safety
+/// libc's contract for getsockopt(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: forwarding.
+    unsafe { real::getsockopt()(socket_fd(fd), level, name, val, len) }
+}
+
+/// # Safety
+/// libc's contract for setsockopt(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(s) = smc(fd)
+        && level == libc::SOL_SOCKET
+        && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
+        && len as usize >= std::mem::size_of::<libc::timeval>()
+    {
+        // SAFETY: the caller passes a timeval of at least `len` bytes.
+        let tv = unsafe { &*val.cast::<libc::timeval>() };
+        let us = (tv.tv_sec.max(0) as u64) * 1_000_000 + tv.tv_usec.max(0) as u64;
+        let c = as_smc(&s);
+        let slot = if name == libc::SO_RCVTIMEO {
+            &c.rcvtimeo_us
+        } else {
+            &c.sndtimeo_us
+        };
+        slot.store(us, Ordering::Relaxed);
+    }
+    // SAFETY: forwarding (the TCP socket keeps the option too).
+    unsafe { real::setsockopt()(socket_fd(fd), level, name, val, len) }
+}
+
+fn fcntl_common(
+    fd: c_int,
+    cmd: c_int,
+    arg: c_ulong,
+    f: unsafe extern "C" fn(c_int, c_int, c_ulong) -> c_int,
+) -> c_int {
+    if let Some(s) = smc(fd)
+        && cmd == libc::F_SETFL
+    {
+        as_smc(&s)
+            .nonblock
+            .store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+    }
+    // SAFETY: forwarding (on the eventfd at `fd`, which takes O_NONBLOCK too).
+    let r = unsafe { f(fd, cmd, arg) };
+    if r >= 0
+        && !bypassed()
+        && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC)
+        && let Some(s) = table::get(fd)
+    {
+        table::insert(r, s);
+    }
+    r
+}
+
+/// # Safety
+/// libc's contract for fcntl(2); the third argument is read as a pointer-sized integer, which
+/// is how x86-64 and aarch64 Linux pass a variadic int or pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    fcntl_common(fd, cmd, arg, real::fcntl())
+}
+
+/// # Safety
+/// As [`fcntl`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    fcntl_common(fd, cmd, arg, real::fcntl64())
+}
+
+/// # Safety
+/// libc's contract for ioctl(2), with the same variadic assumption as [`fcntl`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if let Some(s) = smc(fd) {
+        let c = as_smc(&s);
+        match req {
+            libc::FIONREAD => {
+                let n = c.stream.readable_bytes().min(c_int::MAX as usize) as c_int;
+                // SAFETY: FIONREAD's argument points to an int.
+                unsafe { *(arg as *mut c_int) = n };
+                return 0;
+            }
+            libc::FIONBIO => {
+                // SAFETY: FIONBIO's argument points to an int.
+                let on = unsafe { *(arg as *const c_int) } != 0;
+                c.nonblock.store(on, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::ioctl()(fd, req, arg) }
+}
+
+/// # Safety
+/// libc's contract for dup(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::dup()(fd) };
+    if r >= 0
+        && !bypassed()
+        && let Some(s) = table::get(fd)
+    {
+        table::insert(r, s);
+    }
+    r
+}
+
+fn dup_onto(old: c_int, new: c_int, r: c_int) -> c_int {
+    if r >= 0 && !bypassed() && old != new {
+        // `new` was closed implicitly; it is now what `old` is.
+        let gone = table::remove(new);
+        guarded((), || drop(gone));
+        if let Some(s) = table::get(old) {
+            table::insert(new, s);
+        }
+    }
+    r
+}
+
+/// # Safety
+/// libc's contract for dup2(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::dup2()(old, new) };
+    dup_onto(old, new, r)
+}
+
+/// # Safety
+/// libc's contract for dup3(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::dup3()(old, new, flags) };
+    dup_onto(old, new, r)
+}

@@ -1,0 +1,67 @@
+//! The real libc functions behind our exports, found with `dlsym(RTLD_NEXT)` once and cached.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// Resolves `name` (NUL-terminated) to the next definition after ours.
+pub(crate) fn resolve(cache: &AtomicPtr<c_void>, name: &'static [u8]) -> *mut c_void {
+    let p = cache.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: `name` is NUL-terminated; dlsym has no other preconditions.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+    if p.is_null() {
+        // Without the real function nothing sensible can happen; glibc always has these.
+        // SAFETY: abort has no preconditions.
+        unsafe { libc::abort() };
+    }
+    cache.store(p, Ordering::Release);
+    p
+}
+
+/// `real!(name: fn(args) -> ret)` defines `real::name()`, returning the real function.
+macro_rules! real {
+    ($($name:ident : fn($($t:ty),*) -> $r:ty;)*) => {
+        $(
+            #[allow(non_snake_case)]
+            pub(crate) fn $name() -> unsafe extern "C" fn($($t),*) -> $r {
+                static CACHE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+                let p = resolve(&CACHE, concat!(stringify!($name), "\0").as_bytes());
+                // SAFETY: the symbol of that name in libc has exactly this signature.
+                unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> $r>(p) }
+            }
+        )*
+    };
+}
+
+use libc::{c_int, c_ulong, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+
+real! {
+    socket: fn(c_int, c_int, c_int) -> c_int;
+    connect: fn(c_int, *const sockaddr, socklen_t) -> c_int;
+    listen: fn(c_int, c_int) -> c_int;
+    accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
+    read: fn(c_int, *mut c_void, size_t) -> ssize_t;
+    write: fn(c_int, *const c_void, size_t) -> ssize_t;
+    readv: fn(c_int, *const iovec, c_int) -> ssize_t;
+    writev: fn(c_int, *const iovec, c_int) -> ssize_t;
+    recv: fn(c_int, *mut c_void, size_t, c_int) -> ssize_t;
+    send: fn(c_int, *const c_void, size_t, c_int) -> ssize_t;
+    recvfrom: fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t;
+    sendto: fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t;
+    recvmsg: fn(c_int, *mut msghdr, c_int) -> ssize_t;
+    sendmsg: fn(c_int, *const msghdr, c_int) -> ssize_t;
+    close: fn(c_int) -> c_int;
+    shutdown: fn(c_int, c_int) -> c_int;
+    dup: fn(c_int) -> c_int;
+    dup2: fn(c_int, c_int) -> c_int;
+    dup3: fn(c_int, c_int, c_int) -> c_int;
+    fcntl: fn(c_int, c_int, c_ulong) -> c_int;
+    fcntl64: fn(c_int, c_int, c_ulong) -> c_int;
+    ioctl: fn(c_int, c_ulong, c_ulong) -> c_int;
+    getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
+    setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
+    getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    getsockname: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+}

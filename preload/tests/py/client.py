@@ -1,0 +1,19 @@
+import socket, sys, os, threading
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+msgs = [b"hello", os.urandom(1 << 20), b"x" * 70000]
+for m in msgs:
+    # Send while reading the echo: more than both buffers is in flight.
+    t = threading.Thread(target=c.sendall, args=(m,))
+    t.start()
+    got = bytearray()
+    while len(got) < len(m):
+        d = c.recv(len(m) - len(got))
+        assert d, "EOF"
+        got += d
+    t.join()
+    assert bytes(got) == m, "mismatch"
+peer = c.getpeername()
+c.shutdown(socket.SHUT_WR)
+assert c.recv(10) == b""
+print("peer", peer, "OK", flush=True)
+c.close()

@@ -1,0 +1,242 @@
+//! Unmodified Python programs (blocking sockets) under `LD_PRELOAD=libsmcr_preload.so`: an echo
+//! server and a client that sends 1 MiB while reading the echo. Both ends under the shim →
+//! SMC-R (the log says so for both); one end plain → TCP with the reason; data intact either
+//! way.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+fn lib() -> PathBuf {
+    // `cargo test` rebuilds the cdylib next to the test binary (target/<profile>/deps); the
+    // copy in target/<profile> is only refreshed by `cargo build`.
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("libsmcr_preload.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
+}
+
+static PORT: AtomicU16 = AtomicU16::new(0);
+
+fn port() -> u16 {
+    21000 + (std::process::id() % 1000) as u16 * 8 + PORT.fetch_add(1, Ordering::Relaxed)
+}
+
+struct Run {
+    log: PathBuf,
+    roce_port: u16,
+}
+
+impl Run {
+    fn new(tag: &str) -> Self {
+        let log = std::env::temp_dir().join(format!("smcr-py-{}-{tag}.log", std::process::id()));
+        let _ = std::fs::remove_file(&log);
+        // Each test's processes get a RoCE port of their own: tests run in parallel on the
+        // same loopback addresses.
+        Self {
+            log,
+            roce_port: 30000 + port() % 30000,
+        }
+    }
+
+    fn cmd(&self, shim: bool, args: &[&str]) -> Command {
+        let mut c = Command::new("python3");
+        c.args(args);
+        if shim {
+            c.env("LD_PRELOAD", lib())
+                .env("SMCR_LOG", &self.log)
+                .env("SMCR_NEGOTIATION", "assume")
+                .env("SMCR_ROCE_PORT", self.roce_port.to_string());
+        }
+        c
+    }
+
+    fn server(&self, shim: bool, port: u16) -> Child {
+        let mut child = self
+            .cmd(
+                shim,
+                &[
+                    script("server.py").to_str().unwrap(),
+                    "127.0.0.2",
+                    &port.to_string(),
+                ],
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("READY"), "{line}");
+        child
+    }
+
+    fn client(&self, shim: bool, port: u16) -> String {
+        let out = self
+            .cmd(
+                shim,
+                &[
+                    script("client.py").to_str().unwrap(),
+                    "127.0.0.2",
+                    &port.to_string(),
+                ],
+            )
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("OK"),
+            "client failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn finish(mut server: Child) -> String {
+    let mut out = String::new();
+    use std::io::Read;
+    server
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(server.wait().unwrap().success());
+    out
+}
+
+#[test]
+fn python_echo_over_smcr_with_both_ends_shimmed() {
+    let run = Run::new("both");
+    let p = port();
+    let server = run.server(true, p);
+    run.client(true, p);
+    let served = finish(server);
+    assert!(served.contains("SERVED 1118581"), "{served}");
+    let log = run.log();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("connect") && l.contains("SMC-R")),
+        "{log}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("accept") && l.contains("SMC-R")),
+        "{log}"
+    );
+}
+
+#[test]
+fn without_the_option_program_a_shimmed_client_stays_tcp_with_the_reason() {
+    let run = Run::new("nobpf");
+    let p = port();
+    let server = run.server(false, p);
+    let out = Command::new("python3")
+        .args([
+            script("client.py").to_str().unwrap(),
+            "127.0.0.2",
+            &p.to_string(),
+        ])
+        .env("LD_PRELOAD", lib())
+        .env("SMCR_LOG", &run.log)
+        .env("SMCR_ROCE_PORT", run.roce_port.to_string())
+        .env("SMCR_BPF_DIR", "/nonexistent/smcr-bpf")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(finish(server).contains("SERVED 1118581"));
+    let log = run.log();
+    assert!(log.contains("SMC-R unavailable"), "{log}");
+    assert!(log.contains("connect") && log.contains("TCP:"), "{log}");
+    assert!(log.contains("0x7f000001"), "{log}");
+}
+
+/// With the TCP option program (root): SMC-R between shimmed ends, PEERNOSMC fallback when one
+/// end is a plain program, in both directions.
+#[test]
+fn with_the_option_program_mixed_pairs_fall_back_with_peernosmc() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert_ne!(
+            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
+            Ok("1"),
+            "needs root under SMCR_REQUIRE_TOOLS=1"
+        );
+        eprintln!("SKIP: the option program needs root");
+        return;
+    }
+    let dir = PathBuf::from(format!("/sys/fs/bpf/smcr-test-py-{}", std::process::id()));
+    smcr::option::install(&dir).expect("install the option program");
+    let opt = |c: &mut Command| {
+        c.env_remove("SMCR_NEGOTIATION").env("SMCR_BPF_DIR", &dir);
+    };
+    let run = Run::new("option");
+    let result = std::panic::catch_unwind(|| {
+        for (client_shim, server_shim) in [(true, true), (true, false), (false, true)] {
+            let p = port();
+            let mut sc = run.cmd(
+                server_shim,
+                &[
+                    script("server.py").to_str().unwrap(),
+                    "127.0.0.2",
+                    &p.to_string(),
+                ],
+            );
+            opt(&mut sc);
+            let mut server = sc.stdout(Stdio::piped()).spawn().unwrap();
+            use std::io::BufRead;
+            let mut line = String::new();
+            std::io::BufReader::new(server.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let mut cc = run.cmd(
+                client_shim,
+                &[
+                    script("client.py").to_str().unwrap(),
+                    "127.0.0.2",
+                    &p.to_string(),
+                ],
+            );
+            opt(&mut cc);
+            let out = cc.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(finish(server).contains("SERVED 1118581"));
+        }
+    });
+    let _ = smcr::option::uninstall(&dir);
+    result.unwrap();
+    let log = run.log();
+    let count = |what: &str, how: &str| {
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains(how))
+            .count()
+    };
+    assert_eq!(count("connect", "): SMC-R"), 1, "{log}");
+    assert_eq!(count("accept", "): SMC-R"), 1, "{log}");
+    assert_eq!(count("connect", "0x03010000"), 1, "{log}");
+    assert_eq!(count("accept", "0x03010000"), 1, "{log}");
+}
