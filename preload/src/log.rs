@@ -14,12 +14,14 @@ fn path() -> Option<&'static str> {
 pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(p) = path() else { return };
     let _b = crate::guard::Bypass::new();
-    // std opens with O_CLOEXEC; O_APPEND keeps lines of several processes whole.
+    // std opens with O_CLOEXEC.
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .open(p)
     {
-        let _ = writeln!(f, "smcr[{}]: {args}", std::process::id());
+        // One write per line: O_APPEND keeps it whole among other processes' lines.
+        let line = format!("smcr[{}]: {args}\n", std::process::id());
+        let _ = f.write_all(line.as_bytes());
     }
 }

@@ -150,30 +150,124 @@ fn hidden_dup(fd: i32) -> io::Result<TcpStream> {
     Ok(unsafe { TcpStream::from_raw_fd(h) })
 }
 
-/// Puts an eventfd at the application's number `fd` (keeping its close-on-exec flag); the TCP
-/// socket lives on in the stream's hidden duplicate.
+/// The application-facing socket of an SMC-R connection: one end (`app`) of a Unix stream
+/// socketpair sits at the application's descriptor number, and we make the kernel report for
+/// it exactly the connection's readiness, so poll/select/epoll (level- or edge-triggered) need
+/// no translation. Readable: one byte waits in `app`'s receive queue (or its peer end `ours`
+/// shut down writing: EOF, RDHUP). Not writable: `app`'s send side is filled (through our
+/// duplicate `app_dup`) until the kernel refuses more. Hung up: `ours` shut down both ways.
+struct Pair {
+    /// A duplicate of the application's end (same open file), for draining and filling.
+    app_dup: std::os::fd::OwnedFd,
+    /// Our end (non-blocking).
+    ours: std::os::fd::OwnedFd,
+    state: Mutex<smcr::ReadyState>,
+}
+
+impl smcr::Readiness for Pair {
+    fn update(&self, now: smcr::ReadyState) {
+        let _b = Bypass::new();
+        let mut cur = self.state.lock();
+        let (a, o) = (self.app_dup.as_raw_fd(), self.ours.as_raw_fd());
+        let mut buf = [0u8; 1024];
+        // SAFETY (all calls below): descriptors we own; MSG_DONTWAIT so the application's
+        // O_NONBLOCK (shared with `app_dup`) never makes us block.
+        unsafe {
+            if now.readable != cur.readable && !cur.rdhup {
+                if now.readable {
+                    real::send()(o, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
+                } else {
+                    real::recv()(a, buf.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT);
+                }
+            }
+            if now.writable != cur.writable {
+                if now.writable {
+                    while real::recv()(o, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                        > 0
+                    {}
+                } else {
+                    while real::send()(a, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
+                }
+            }
+            if now.rdhup && !cur.rdhup {
+                real::shutdown()(o, libc::SHUT_WR);
+            }
+            if now.hup && !cur.hup {
+                real::shutdown()(o, libc::SHUT_RD);
+            }
+        }
+        *cur = now;
+    }
+}
+
+/// Puts the application-facing socket of a new SMC-R connection at the application's number
+/// `fd` (keeping its close-on-exec and O_NONBLOCK); the TCP socket lives on in the stream's
+/// hidden duplicate.
 fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let last = || io::Error::last_os_error();
     // SAFETY: plain descriptor calls on descriptors we own or the application passed us.
     unsafe {
         let fdflags = real::fcntl()(fd, libc::F_GETFD, 0);
         let nonblock = is_nonblocking(fd);
-        let efd = libc::eventfd(0, libc::EFD_CLOEXEC);
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
+        let mut sv = [0; 2];
+        if libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            sv.as_mut_ptr(),
+        ) != 0
+        {
+            return Err(last());
+        }
+        let (app, ours) = (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]));
+        // Small buffers: filling the application's end takes a few kilobytes.
+        let one: libc::c_int = 1;
+        real::setsockopt()(
+            app.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&one as *const libc::c_int).cast(),
+            4,
+        );
+        real::fcntl()(
+            ours.as_raw_fd(),
+            libc::F_SETFL,
+            libc::O_NONBLOCK as libc::c_ulong,
+        );
+        let app_dup = real::fcntl()(
+            app.as_raw_fd(),
+            libc::F_DUPFD_CLOEXEC,
+            HIDDEN_MIN as libc::c_ulong,
+        );
+        let ours_hi = real::fcntl()(
+            ours.as_raw_fd(),
+            libc::F_DUPFD_CLOEXEC,
+            HIDDEN_MIN as libc::c_ulong,
+        );
+        if app_dup < 0 || ours_hi < 0 {
+            return Err(last());
         }
         let flags = if fdflags >= 0 && fdflags & libc::FD_CLOEXEC != 0 {
             libc::O_CLOEXEC
         } else {
             0
         };
-        let r = real::dup3()(efd, fd, flags);
-        real::close()(efd);
-        if r < 0 {
-            return Err(io::Error::last_os_error());
+        if real::dup3()(app.as_raw_fd(), fd, flags) < 0 {
+            return Err(last());
         }
+        drop((app, ours));
         if nonblock {
             real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
         }
+        stream.set_readiness(Box::new(Pair {
+            app_dup: OwnedFd::from_raw_fd(app_dup),
+            ours: OwnedFd::from_raw_fd(ours_hi),
+            state: Mutex::new(smcr::ReadyState {
+                writable: true,
+                ..Default::default()
+            }),
+        }));
         table::insert(
             fd,
             Arc::new(Sock::Smc(SmcFd {

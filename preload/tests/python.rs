@@ -143,6 +143,36 @@ fn python_echo_over_smcr_with_both_ends_shimmed() {
 }
 
 #[test]
+fn python_with_timeouts_waits_in_poll_on_the_smcr_socket() {
+    // settimeout() after connect: Python sets O_NONBLOCK and polls for POLLIN/POLLOUT before
+    // each recv/send, so this passes only if the application-facing socket's readiness
+    // follows the SMC-R connection (1 MiB in flight: the sender waits for POLLOUT too).
+    let run = Run::new("poll");
+    let p = port();
+    let server = run.server(true, p);
+    let out = run
+        .cmd(
+            true,
+            &[
+                script("client.py").to_str().unwrap(),
+                "127.0.0.2",
+                &p.to_string(),
+                "--timeout",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(finish(server).contains("SERVED 1118581"));
+    let log = run.log();
+    assert!(log.contains("connect") && log.contains("): SMC-R"), "{log}");
+}
+
+#[test]
 fn without_the_option_program_a_shimmed_client_stays_tcp_with_the_reason() {
     let run = Run::new("nobpf");
     let p = port();

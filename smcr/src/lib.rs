@@ -20,5 +20,5 @@ mod stream;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
-pub use runtime::{Negotiation, Runtime, RuntimeConfig};
+pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{Blocking, ConnStats, FallbackReason, Mode, SmcListener, SmcStream};

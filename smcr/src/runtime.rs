@@ -1065,6 +1065,30 @@ pub(crate) struct ConnShared {
     /// space, close, failure); created on demand for poll/epoll and async users. Two, because
     /// a reactor keeps one waiter per fd and direction.
     pub(crate) events: [std::sync::OnceLock<OwnedFd>; 2],
+    /// Told the readiness an application would see (the preload's fd), at every change.
+    pub(crate) readiness: std::sync::OnceLock<Box<dyn Readiness>>,
+}
+
+/// What `poll` should report for a connection, kept current by the connection (under its
+/// lock, so updates arrive in order). The preload implements it with a socket whose kernel
+/// readiness it controls.
+pub trait Readiness: Send + Sync {
+    /// The state changed: readable (data, EOF or error), writable (space, or an error to
+    /// report), read side hung up (peer done writing or gone), fully hung up.
+    fn update(&self, state: ReadyState);
+}
+
+/// Readiness of a connection as poll/epoll report it for sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadyState {
+    /// POLLIN: a read would not block.
+    pub readable: bool,
+    /// POLLOUT: a write would not block.
+    pub writable: bool,
+    /// POLLRDHUP: the peer will send no more.
+    pub rdhup: bool,
+    /// POLLHUP: both directions are finished (or the connection failed).
+    pub hup: bool,
 }
 
 pub(crate) struct ConnState {
@@ -1078,6 +1102,10 @@ pub(crate) struct ConnState {
     pub(crate) inflight: u32,
     /// Counters.
     pub(crate) stats: crate::ConnStats,
+    /// We shut down writing (shutdown or close).
+    pub(crate) shut_wr: bool,
+    /// What the readiness sink was last told.
+    pub(crate) reported: Option<ReadyState>,
 }
 
 impl ConnShared {
@@ -1214,8 +1242,36 @@ impl ConnShared {
         self.wake();
     }
 
-    /// Wakes blocked readers and writers and signals the readiness fd.
+    /// Tells the readiness sink the current state if it changed (caller holds the lock).
+    pub(crate) fn report(&self, s: &mut ConnState) {
+        let Some(sink) = self.readiness.get() else {
+            return;
+        };
+        let pf = s.core.peer_flags();
+        let gone = s.failed.is_some() || pf.contains(ConnStateFlags::PEER_CONN_ABORT);
+        let peer_done = gone
+            || pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED);
+        let now = ReadyState {
+            readable: s.core.readable() > 0 || peer_done,
+            writable: s.core.space() > s.staged
+                || gone
+                || s.local_closed
+                || pf.contains(ConnStateFlags::PEER_CONN_CLOSED),
+            rdhup: peer_done,
+            hup: gone || (peer_done && s.shut_wr),
+        };
+        if s.reported != Some(now) {
+            s.reported = Some(now);
+            sink.update(now);
+        }
+    }
+
+    /// Wakes blocked readers and writers and signals the readiness fds.
     pub(crate) fn wake(&self) {
+        if self.readiness.get().is_some() {
+            let mut s = self.core.lock();
+            self.report(&mut s);
+        }
         self.cond.notify_all();
         for fd in self.events.iter().filter_map(std::sync::OnceLock::get) {
             let one = 1u64.to_ne_bytes();

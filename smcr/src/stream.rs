@@ -279,9 +279,12 @@ fn make_conn(
             staged: 0,
             inflight: 0,
             stats: ConnStats::default(),
+            shut_wr: false,
+            reported: None,
         }),
         cond: parking_lot::Condvar::new(),
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
+        readiness: std::sync::OnceLock::new(),
     });
     lg.attach(token, c.clone(), tcp.try_clone().ok().map(OwnedFd::from));
     Ok(c)
@@ -333,6 +336,18 @@ impl SmcStream {
     /// established no data goes over it).
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp
+    }
+
+    /// Installs the sink that is told this connection's poll readiness at every change (the
+    /// preload's application-facing socket); it is told the current state at once. Only the
+    /// first call installs a sink.
+    pub fn set_readiness(&self, sink: Box<dyn crate::runtime::Readiness>) {
+        if let Some(smc) = &self.smc
+            && smc.conn.readiness.set(sink).is_ok()
+        {
+            let mut s = smc.conn.core.lock();
+            smc.conn.report(&mut s);
+        }
     }
 
     /// Bytes that a read would return now (FIONREAD).
@@ -518,7 +533,9 @@ impl SmcStream {
             let staged = s.staged;
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
             let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
+            s.shut_wr = true;
             smc.lg.send_cdc(&cdc, false)?;
+            smc.conn.report(&mut s);
         }
         Ok(())
     }
@@ -582,6 +599,7 @@ impl SmcStream {
                 if let Some(cdc) = s.core.consume(n) {
                     smc.lg.send_cdc(&cdc, false)?;
                 }
+                smc.conn.report(&mut s);
                 return Ok(n as usize);
             }
             let pf = s.core.peer_flags();
@@ -652,6 +670,7 @@ impl SmcStream {
                     let pending = s.staged + (want - n);
                     smc.conn.flush_locked(&mut s, &smc.lg, pending, false)?;
                 }
+                smc.conn.report(&mut s);
                 return Ok(n as usize);
             }
             wait(&smc.conn, &mut s, nonblocking, deadline)?;
