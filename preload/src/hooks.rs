@@ -61,21 +61,48 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 /// libc's contract for connect(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if bypassed() || !table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
+    let s = if bypassed() { None } else { table::get(fd) };
+    match s.as_deref() {
+        Some(Sock::Inet) => {}
+        // Asking again how a non-blocking connect went (hiredis, libcurl do): as TCP answers.
+        Some(Sock::Pending(_)) => {
+            set_errno(libc::EALREADY);
+            return -1;
+        }
+        Some(Sock::Smc(_)) => {
+            set_errno(libc::EISCONN);
+            return -1;
+        }
         // SAFETY: forwarding.
-        return unsafe { real::connect()(fd, addr, len) };
+        _ => return unsafe { real::connect()(fd, addr, len) },
     }
     guarded(-1, || {
-        let Some(marked) = shim::mark_if_blocking(fd) else {
-            // Non-blocking: plain TCP (logged by the shim).
-            table::remove(fd);
-            // SAFETY: forwarding.
-            return unsafe { real::connect()(fd, addr, len) };
-        };
+        let marked = shim::mark(fd);
+        let nonblocking = shim::nonblocking(fd);
         // SAFETY: forwarding.
         let r = unsafe { real::connect()(fd, addr, len) };
+        let e = errno();
+        if nonblocking {
+            if r == 0 || e == libc::EINPROGRESS {
+                // Finish (TCP handshake, then SMC-R negotiation) in the background; the
+                // application waits for writability as for any non-blocking connect.
+                return match shim::connect_async(fd, marked) {
+                    Ok(()) => {
+                        set_errno(libc::EINPROGRESS);
+                        -1
+                    }
+                    Err(err) => {
+                        table::remove(fd);
+                        set_errno(errno_of(&err));
+                        -1
+                    }
+                };
+            }
+            table::remove(fd);
+            set_errno(e);
+            return r;
+        }
         if r != 0 {
-            let e = errno();
             table::remove(fd);
             set_errno(e);
             return r;
@@ -94,31 +121,55 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// libc's contract for listen(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    if !bypassed() && table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
-        let marked = guarded(None, || shim::mark_if_blocking(fd)).unwrap_or(false);
-        table::insert(fd, Arc::new(Sock::Listener { marked }));
+    if bypassed() || !table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
+        // SAFETY: forwarding.
+        return unsafe { real::listen()(fd, backlog) };
     }
-    // SAFETY: forwarding.
-    unsafe { real::listen()(fd, backlog) }
+    guarded(-1, || {
+        let marked = shim::mark(fd);
+        // SAFETY: forwarding.
+        let r = unsafe { real::listen()(fd, backlog) };
+        if r != 0 || !marked {
+            let e = errno();
+            table::remove(fd);
+            set_errno(e);
+            return r;
+        }
+        if let Err(e) = shim::take_over_listener(fd) {
+            // The listener still works as plain TCP (its connections' peers will wait for a
+            // CLC answer only if they were marked; log it).
+            crate::log::line(format_args!("listener fd {fd}: stays TCP: {e}"));
+            table::remove(fd);
+        }
+        0
+    })
 }
 
 fn accept_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    let marked = !bypassed()
-        && table::get(fd).is_some_and(|s| matches!(*s, Sock::Listener { marked: true }));
-    loop {
-        // SAFETY: forwarding the caller's arguments.
-        let c = unsafe { real::accept4()(fd, addr, len, flags) };
-        if c < 0 || !marked {
-            return c;
+    let l = match (!bypassed()).then(|| table::get(fd)).flatten() {
+        Some(s) => match &*s {
+            Sock::Listener(l) => l.clone(),
+            _ => {
+                // SAFETY: forwarding.
+                return unsafe { real::accept4()(fd, addr, len, flags) };
+            }
+        },
+        // SAFETY: forwarding.
+        None => return unsafe { real::accept4()(fd, addr, len, flags) },
+    };
+    guarded(-1, || match l.accept(fd, flags) {
+        Ok(n) => {
+            if !addr.is_null() && !len.is_null() {
+                // SAFETY: the caller's address buffer; the peer of the new connection.
+                unsafe { real::getpeername()(socket_fd(n), addr, len) };
+            }
+            n
         }
-        let ok = guarded(Err(()), || shim::after_accept(c));
-        if ok.is_ok() {
-            return c;
+        Err(e) => {
+            set_errno(errno_of(&e));
+            -1
         }
-        // The handshake failed: as Linux, the application never sees that connection.
-        // SAFETY: closing the descriptor we just accepted.
-        unsafe { real::close()(c) };
-    }
+    })
 }
 
 /// # Safety
@@ -378,7 +429,17 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if !bypassed() {
         // Dropping our state sends SMC-R's close and releases the hidden TCP socket.
         let s = table::remove(fd);
-        guarded((), || drop(s));
+        guarded((), || {
+            if let Some(s) = &s {
+                match &**s {
+                    Sock::Listener(l) => l.close(),
+                    Sock::Pending(p) => p.cancel(),
+                    _ => {}
+                }
+                crate::epoll::forget(fd);
+            }
+            drop(s)
+        });
     }
     // SAFETY: forwarding.
     unsafe { real::close()(fd) }
@@ -414,7 +475,15 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// The descriptor socket calls about `fd` should reach: the hidden TCP socket of an SMC-R fd.
 fn socket_fd(fd: c_int) -> c_int {
-    smc(fd).map_or(fd, |s| shim::tcp_fd(as_smc(&s)))
+    if bypassed() {
+        return fd;
+    }
+    match table::get(fd).as_deref() {
+        Some(Sock::Smc(c)) => shim::tcp_fd(c),
+        Some(Sock::Listener(l)) => l.tcp_fd(),
+        Some(Sock::Pending(p)) => p.tcp_fd(),
+        _ => fd,
+    }
 }
 
 /// # Safety
@@ -540,6 +609,23 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     }
     // SAFETY: forwarding.
     unsafe { real::ioctl()(fd, req, arg) }
+}
+
+/// # Safety
+/// libc's contract for epoll_ctl(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
+    if r == 0 && !bypassed() && table::get(fd).is_some() {
+        guarded((), || crate::epoll::record(epfd, op, fd, ev));
+    }
+    r
 }
 
 /// # Safety

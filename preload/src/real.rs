@@ -64,4 +64,5 @@ real! {
     setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
     getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     getsockname: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
 }

@@ -1,20 +1,26 @@
 //! What happens to a socket of ours, call by call. The hooks (`hooks.rs`) only decide whether a
 //! descriptor is ours and translate arguments; the SMC-R work is `smcr`'s.
 //!
-//! Life of a socket (this step supports blocking sockets; see docs/limitations.md):
+//! Life of a socket:
 //! * `socket(AF_INET, SOCK_STREAM)` → [`Sock::Inet`].
-//! * `connect` on a blocking socket: marked for the TCP option, connected, then negotiated
-//!   (`SmcStream::from_connected`). SMC-R → the TCP socket moves to a hidden high descriptor
-//!   and an eventfd takes the application's number ([`Sock::Smc`]); TCP → forgotten (plain
-//!   socket, zero cost from then on).
-//! * `listen` on a blocking socket: marked first ([`Sock::Listener`]); `accept` negotiates each
-//!   connection as the server, the same way.
-//! * Non-blocking sockets are left unmarked: they stay plain TCP (the asynchronous handshake
-//!   comes with the event-loop support).
+//! * `connect`: marked for the TCP option, then connected. Blocking: negotiated in the call
+//!   (`SmcStream::from_connected`). Non-blocking: the application's number gets a socket that
+//!   is neither readable nor writable ([`Sock::Pending`]) while a thread waits for the TCP
+//!   handshake and negotiates; the number becomes writable only when SMC-R is up or the real
+//!   TCP socket is back in place (fallback, or a failed connect whose error SO_ERROR reports).
+//! * SMC-R: the TCP socket moves to a hidden high descriptor and the application's number is
+//!   one end of a socketpair whose readiness follows the connection ([`Sock::Smc`]). TCP: the
+//!   descriptor is forgotten (plain socket, zero cost from then on).
+//! * `listen`: marked first; the listening socket moves to a hidden descriptor served by an
+//!   acceptor thread that negotiates each connection on a thread of its own; the application's
+//!   number is readable while negotiated connections wait ([`Sock::Listener`]), and `accept`
+//!   hands them out (SMC-R or TCP), blocking or not as the application asked.
+//! * Whenever the file behind an application's number changes, its epoll registrations are
+//!   moved to the new file (`epoll.rs`).
 
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -33,11 +39,10 @@ const HIDDEN_MIN: i32 = 1100;
 pub(crate) enum Sock {
     /// An IPv4 TCP socket, not connected or listening yet.
     Inet,
-    /// A listening socket; `marked`: its connections negotiate SMC-R.
-    Listener {
-        /// Marked for the TCP option before `listen`.
-        marked: bool,
-    },
+    /// A marked listening socket served by our acceptor.
+    Listener(Arc<Listener>),
+    /// A non-blocking connect being completed and negotiated in the background.
+    Pending(Arc<Pending>),
     /// An SMC-R connection.
     Smc(SmcFd),
 }
@@ -150,22 +155,73 @@ fn hidden_dup(fd: i32) -> io::Result<TcpStream> {
     Ok(unsafe { TcpStream::from_raw_fd(h) })
 }
 
-/// The application-facing socket of an SMC-R connection: one end (`app`) of a Unix stream
-/// socketpair sits at the application's descriptor number, and we make the kernel report for
-/// it exactly the connection's readiness, so poll/select/epoll (level- or edge-triggered) need
-/// no translation. Readable: one byte waits in `app`'s receive queue (or its peer end `ours`
-/// shut down writing: EOF, RDHUP). Not writable: `app`'s send side is filled (through our
-/// duplicate `app_dup`) until the kernel refuses more. Hung up: `ours` shut down both ways.
-struct Pair {
+/// The socket we put at an application's descriptor number: one end (`app`) of a Unix stream
+/// socketpair whose readiness we set, so poll/select/epoll (level- or edge-triggered) report
+/// our state with no translation. Readable: one byte waits in `app`'s receive queue (or the
+/// other end, `ours`, shut down writing: EOF, RDHUP). Not writable: `app`'s send side is filled
+/// (through our duplicate `app_dup`) until the kernel refuses more. Hung up: `ours` shut down
+/// both ways.
+pub(crate) struct Pair {
     /// A duplicate of the application's end (same open file), for draining and filling.
-    app_dup: std::os::fd::OwnedFd,
+    app_dup: OwnedFd,
     /// Our end (non-blocking).
-    ours: std::os::fd::OwnedFd,
+    ours: OwnedFd,
     state: Mutex<smcr::ReadyState>,
 }
 
-impl smcr::Readiness for Pair {
-    fn update(&self, now: smcr::ReadyState) {
+impl Pair {
+    /// A new pair; the application's end is returned (at the lowest free number, like a new
+    /// socket), starting neither readable nor writable.
+    fn new() -> io::Result<(OwnedFd, Arc<Self>)> {
+        let last = || io::Error::last_os_error();
+        // SAFETY: plain descriptor calls on descriptors we create.
+        unsafe {
+            let mut sv = [0; 2];
+            if libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr(),
+            ) != 0
+            {
+                return Err(last());
+            }
+            let (app, ours) = (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]));
+            // Small buffers: filling the application's end takes a few kilobytes.
+            let one: libc::c_int = 1;
+            real::setsockopt()(
+                app.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&one as *const libc::c_int).cast(),
+                4,
+            );
+            real::fcntl()(
+                ours.as_raw_fd(),
+                libc::F_SETFL,
+                libc::O_NONBLOCK as libc::c_ulong,
+            );
+            let app_dup = hide(app.as_raw_fd())?;
+            let ours = {
+                let h = hide(ours.as_raw_fd())?;
+                drop(ours);
+                h
+            };
+            let p = Arc::new(Self {
+                app_dup,
+                ours,
+                state: Mutex::new(smcr::ReadyState {
+                    writable: true,
+                    ..Default::default()
+                }),
+            });
+            // A fresh socketpair end is writable: make it not.
+            p.set(smcr::ReadyState::default());
+            Ok((app, p))
+        }
+    }
+
+    pub(crate) fn set(&self, now: smcr::ReadyState) {
         let _b = Bypass::new();
         let mut cur = self.state.lock();
         let (a, o) = (self.app_dup.as_raw_fd(), self.ours.as_raw_fd());
@@ -200,83 +256,69 @@ impl smcr::Readiness for Pair {
     }
 }
 
-/// Puts the application-facing socket of a new SMC-R connection at the application's number
-/// `fd` (keeping its close-on-exec and O_NONBLOCK); the TCP socket lives on in the stream's
-/// hidden duplicate.
-fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let last = || io::Error::last_os_error();
-    // SAFETY: plain descriptor calls on descriptors we own or the application passed us.
+/// The connection's readiness, through the pair.
+struct PairSink(Arc<Pair>);
+
+impl smcr::Readiness for PairSink {
+    fn update(&self, now: smcr::ReadyState) {
+        self.0.set(now);
+    }
+}
+
+/// Moves a descriptor of ours out of the application's range (close-on-exec).
+fn hide(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: duplicating a descriptor we own; the result is ours alone.
+    let h = unsafe { real::fcntl()(fd, libc::F_DUPFD_CLOEXEC, HIDDEN_MIN as libc::c_ulong) };
+    if h < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(h) })
+}
+
+/// Puts `file` at the application's number `fd`, keeping its close-on-exec flag and moving
+/// the epoll registrations the application made for `fd` to the new file.
+fn replace(fd: i32, file: i32) -> io::Result<()> {
+    // SAFETY: descriptor calls on the application's number and a descriptor we own.
     unsafe {
         let fdflags = real::fcntl()(fd, libc::F_GETFD, 0);
-        let nonblock = is_nonblocking(fd);
-        let mut sv = [0; 2];
-        if libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            sv.as_mut_ptr(),
-        ) != 0
-        {
-            return Err(last());
-        }
-        let (app, ours) = (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]));
-        // Small buffers: filling the application's end takes a few kilobytes.
-        let one: libc::c_int = 1;
-        real::setsockopt()(
-            app.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&one as *const libc::c_int).cast(),
-            4,
-        );
-        real::fcntl()(
-            ours.as_raw_fd(),
-            libc::F_SETFL,
-            libc::O_NONBLOCK as libc::c_ulong,
-        );
-        let app_dup = real::fcntl()(
-            app.as_raw_fd(),
-            libc::F_DUPFD_CLOEXEC,
-            HIDDEN_MIN as libc::c_ulong,
-        );
-        let ours_hi = real::fcntl()(
-            ours.as_raw_fd(),
-            libc::F_DUPFD_CLOEXEC,
-            HIDDEN_MIN as libc::c_ulong,
-        );
-        if app_dup < 0 || ours_hi < 0 {
-            return Err(last());
-        }
         let flags = if fdflags >= 0 && fdflags & libc::FD_CLOEXEC != 0 {
             libc::O_CLOEXEC
         } else {
             0
         };
-        if real::dup3()(app.as_raw_fd(), fd, flags) < 0 {
-            return Err(last());
-        }
-        drop((app, ours));
-        if nonblock {
-            real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
-        }
-        stream.set_readiness(Box::new(Pair {
-            app_dup: OwnedFd::from_raw_fd(app_dup),
-            ours: OwnedFd::from_raw_fd(ours_hi),
-            state: Mutex::new(smcr::ReadyState {
-                writable: true,
-                ..Default::default()
-            }),
-        }));
-        table::insert(
-            fd,
-            Arc::new(Sock::Smc(SmcFd {
-                stream,
-                nonblock: AtomicBool::new(nonblock),
-                rcvtimeo_us: AtomicU64::new(0),
-                sndtimeo_us: AtomicU64::new(0),
-            })),
-        );
+        let regs = crate::epoll::detach(fd);
+        let r = real::dup3()(file, fd, flags);
+        let err = io::Error::last_os_error();
+        crate::epoll::attach(fd, &regs);
+        if r < 0 { Err(err) } else { Ok(()) }
+    }
+}
+
+fn smc_fd(stream: SmcStream, nonblock: bool) -> SmcFd {
+    SmcFd {
+        stream,
+        nonblock: AtomicBool::new(nonblock),
+        rcvtimeo_us: AtomicU64::new(0),
+        sndtimeo_us: AtomicU64::new(0),
+    }
+}
+
+/// Makes `fd` (currently the application's TCP socket) an SMC-R connection: a pair at its
+/// number, the TCP socket hidden in `stream`.
+fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
+    let nonblock = is_nonblocking(fd);
+    let (app, pair) = Pair::new()?;
+    replace(fd, app.as_raw_fd())?;
+    drop(app);
+    if nonblock {
+        // SAFETY: setting a status flag on the application's (new) descriptor.
+        unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
+    }
+    let sock = Arc::new(Sock::Smc(smc_fd(stream, nonblock)));
+    table::insert(fd, sock.clone());
+    if let Sock::Smc(c) = &*sock {
+        c.stream.set_readiness(Box::new(PairSink(pair)));
     }
     Ok(())
 }
@@ -293,6 +335,12 @@ fn describe(m: &Mode) -> String {
         ),
         Mode::Tcp(r) => format!("TCP: {r} [{:#010x}]", r.code()),
     }
+}
+
+/// Marks `fd` for the TCP option (before `connect` or `listen`).
+pub(crate) fn mark(fd: i32) -> bool {
+    let _b = Bypass::new();
+    runtime().mark(borrowed(fd))
 }
 
 /// After the application's own successful, blocking `connect`: negotiate.
@@ -325,46 +373,345 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
     }
 }
 
-/// After the application's `accept` on a marked listener returned `fd`: negotiate as server.
-/// `Err`: the connection failed (it is closed; the caller accepts the next one).
-pub(crate) fn after_accept(fd: i32) -> Result<(), ()> {
+/// A non-blocking connect in progress.
+pub(crate) struct Pending {
+    /// The application closed its descriptor: install nothing.
+    cancelled: AtomicBool,
+    /// Serialises the outcome against `close`.
+    lock: Mutex<()>,
+    /// The TCP socket (the application's number shows the pair meanwhile).
+    tcp: OwnedFd,
+}
+
+impl Pending {
+    /// The TCP socket, for SO_ERROR and addresses while pending.
+    pub(crate) fn tcp_fd(&self) -> i32 {
+        self.tcp.as_raw_fd()
+    }
+
+    /// The application closed the descriptor.
+    pub(crate) fn cancel(&self) {
+        let _g = self.lock.lock();
+        self.cancelled.store(true, Ordering::Release);
+    }
+}
+
+/// The application's non-blocking `connect` returned EINPROGRESS (or succeeded at once):
+/// hide the socket, show a pair that is not ready, and finish in the background.
+pub(crate) fn connect_async(fd: i32, marked: bool) -> io::Result<()> {
     let _b = Bypass::new();
+    let tcp = hide(fd)?;
+    let (app, pair) = Pair::new()?;
+    replace(fd, app.as_raw_fd())?;
+    drop(app);
+    // SAFETY: the application's socket was non-blocking; its new descriptor is too.
+    unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
+    let pending = Arc::new(Pending {
+        cancelled: AtomicBool::new(false),
+        lock: Mutex::new(()),
+        tcp,
+    });
+    table::insert(fd, Arc::new(Sock::Pending(pending.clone())));
+    std::thread::Builder::new()
+        .name("smcr-connect".into())
+        .spawn(move || {
+            let _b = Bypass::new();
+            finish_connect(fd, marked, &pending, pair);
+        })?;
+    Ok(())
+}
+
+fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
+    let t = pending.tcp.as_raw_fd();
+    // Wait for the kernel's TCP handshake.
+    let mut p = libc::pollfd {
+        fd: t,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: polling our own descriptor.
+    unsafe { libc::poll(&mut p, 1, 75_000) };
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_ERROR into an int.
+    unsafe {
+        real::getsockopt()(
+            t,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut err as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    let put_back = |why: &str| {
+        // The real socket returns to the application's number (its SO_ERROR, if any, is
+        // still pending for the application to read).
+        let _g = pending.lock.lock();
+        if !pending.cancelled.load(Ordering::Acquire) {
+            table::remove(fd);
+            let _ = replace(fd, t);
+        }
+        log::line(format_args!("fd {fd} connect: {why}"));
+    };
+    if err != 0 || p.revents & libc::POLLOUT == 0 {
+        // Put the error back where SO_ERROR finds it: the TCP socket itself keeps it.
+        return put_back(&format!("TCP connect failed ({err})"));
+    }
     let rt = runtime();
-    // Out of descriptors: the client expects CLC on this marked connection, so fail it.
-    let tcp = hidden_dup(fd).map_err(drop)?;
-    let peer = tcp.peer_addr().ok();
-    match SmcStream::from_accepted(&rt, tcp) {
-        Ok(s) => {
+    let Ok(dup) = hidden_dup(t) else {
+        return put_back("TCP (out of descriptors)");
+    };
+    let peer = dup.peer_addr().ok();
+    match SmcStream::from_connected(&rt, dup, marked) {
+        Ok(s) if matches!(s.mode(), Mode::SmcR { .. }) => {
+            let _g = pending.lock.lock();
             log::line(format_args!(
-                "fd {fd} accept {peer:?}: {}",
+                "fd {fd} connect {peer:?}: {}",
                 describe(s.mode())
             ));
-            if matches!(s.mode(), Mode::SmcR { .. }) {
-                take_over(fd, s).map_err(|_| ())
-            } else {
-                Ok(())
+            if pending.cancelled.load(Ordering::Acquire) {
+                return;
+            }
+            // Ours before the pair turns writable: an application woken by the writability
+            // must find its writes going to SMC-R, not into the pair.
+            let sock = Arc::new(Sock::Smc(smc_fd(s, true)));
+            table::insert(fd, sock.clone());
+            if let Sock::Smc(c) = &*sock {
+                c.stream.set_readiness(Box::new(PairSink(pair)));
             }
         }
+        Ok(s) => put_back(&format!("{peer:?}: {}", describe(s.mode()))),
         Err(e) => {
+            // The TCP stream carried CLC: it cannot become plain TCP. Show the failure.
+            let _g = pending.lock.lock();
             log::line(format_args!(
-                "fd {fd} accept {peer:?}: handshake failed: {e}"
+                "fd {fd} connect {peer:?}: handshake failed: {e}"
             ));
-            Err(())
+            if pending.cancelled.load(Ordering::Acquire) {
+                return;
+            }
+            // SAFETY: resetting our TCP socket (SO_LINGER 0 + shutdown) makes its SO_ERROR and
+            // reads report the failure once it is back at the application's number.
+            unsafe { real::shutdown()(t, libc::SHUT_RDWR) };
+            table::remove(fd);
+            let _ = replace(fd, t);
         }
     }
 }
 
-/// Marks a blocking socket for the option: `Some(marked)`; `None` for a non-blocking socket,
-/// which stays plain TCP (the asynchronous negotiation is not built yet).
-pub(crate) fn mark_if_blocking(fd: i32) -> Option<bool> {
-    if is_nonblocking(fd) {
-        log::line(format_args!(
-            "fd {fd}: non-blocking socket stays TCP (asynchronous negotiation not built yet)"
-        ));
-        return None;
+/// A marked listening socket: our acceptor negotiates, the application accepts the results.
+pub(crate) struct Listener {
+    /// The real listening socket (blocking; the application's number shows `pair`).
+    tcp: OwnedFd,
+    queue: Mutex<std::collections::VecDeque<Ready>>,
+    cond: parking_lot::Condvar,
+    pair: Arc<Pair>,
+    closed: AtomicBool,
+}
+
+/// A negotiated connection waiting for `accept`.
+enum Ready {
+    /// SMC-R (its TCP socket hidden in the stream).
+    Smc(SmcStream),
+    /// Plain TCP (a hidden descriptor).
+    Tcp(OwnedFd),
+}
+
+impl Listener {
+    /// The real listening socket, for addresses and options.
+    pub(crate) fn tcp_fd(&self) -> i32 {
+        self.tcp.as_raw_fd()
     }
+
+    fn ready_state(&self, nonempty: bool) {
+        self.pair.set(smcr::ReadyState {
+            readable: nonempty,
+            ..Default::default()
+        });
+    }
+
+    /// The application closed the listener: stop accepting; queued connections close.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // SAFETY: shutting down our listening socket wakes the acceptor's accept().
+        unsafe { real::shutdown()(self.tcp.as_raw_fd(), libc::SHUT_RDWR) };
+        self.queue.lock().clear();
+        self.cond.notify_all();
+    }
+
+    /// The application's accept: the next negotiated connection at a new descriptor, with
+    /// `flags` (SOCK_NONBLOCK, SOCK_CLOEXEC) applied.
+    pub(crate) fn accept(&self, app_fd: i32, flags: i32) -> io::Result<i32> {
+        let r = {
+            let mut q = self.queue.lock();
+            loop {
+                if let Some(r) = q.pop_front() {
+                    self.ready_state(!q.is_empty());
+                    break r;
+                }
+                if self.closed.load(Ordering::Acquire) {
+                    return Err(io::Error::from_raw_os_error(libc::EINVAL));
+                }
+                if is_nonblocking(app_fd) {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                self.cond.wait(&mut q);
+            }
+        };
+        let cloexec = flags & libc::SOCK_CLOEXEC != 0;
+        let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+        let place = |file: i32| -> io::Result<i32> {
+            let cmd = if cloexec {
+                libc::F_DUPFD_CLOEXEC
+            } else {
+                libc::F_DUPFD
+            };
+            // SAFETY: duplicating our descriptor to the lowest free number, as accept would.
+            let n = unsafe { real::fcntl()(file, cmd, 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: as accept4 with SOCK_NONBLOCK would (O_NONBLOCK of the new file only).
+            let fl = unsafe { real::fcntl()(n, libc::F_GETFL, 0) };
+            let fl = if nonblock {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            // SAFETY: as above.
+            unsafe { real::fcntl()(n, libc::F_SETFL, fl as libc::c_ulong) };
+            Ok(n)
+        };
+        match r {
+            Ready::Tcp(fd) => place(fd.as_raw_fd()),
+            Ready::Smc(s) => {
+                let (app, pair) = Pair::new()?;
+                let n = place(app.as_raw_fd())?;
+                drop(app);
+                let sock = Arc::new(Sock::Smc(smc_fd(s, nonblock)));
+                table::insert(n, sock.clone());
+                if let Sock::Smc(c) = &*sock {
+                    c.stream.set_readiness(Box::new(PairSink(pair)));
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
+/// After the application's `listen` on a marked socket: hide the listening socket behind a
+/// pair and start the acceptor.
+pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
     let _b = Bypass::new();
-    Some(runtime().mark(borrowed(fd)))
+    let tcp = hide(fd)?;
+    let nonblock = is_nonblocking(fd);
+    // Our acceptor blocks; the application's blocking mode now lives on its pair end.
+    // SAFETY: clearing O_NONBLOCK on the listening socket (only we reach it from now on).
+    unsafe {
+        let fl = real::fcntl()(tcp.as_raw_fd(), libc::F_GETFL, 0);
+        real::fcntl()(
+            tcp.as_raw_fd(),
+            libc::F_SETFL,
+            (fl & !libc::O_NONBLOCK) as libc::c_ulong,
+        );
+    }
+    let (app, pair) = Pair::new()?;
+    replace(fd, app.as_raw_fd())?;
+    drop(app);
+    if nonblock {
+        // SAFETY: the application's listener was non-blocking; its new descriptor is too.
+        unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
+    }
+    let l = Arc::new(Listener {
+        tcp,
+        queue: Mutex::new(std::collections::VecDeque::new()),
+        cond: parking_lot::Condvar::new(),
+        pair,
+        closed: AtomicBool::new(false),
+    });
+    table::insert(fd, Arc::new(Sock::Listener(l.clone())));
+    std::thread::Builder::new()
+        .name("smcr-accept".into())
+        .spawn(move || {
+            let _b = Bypass::new();
+            acceptor(fd, &l);
+        })?;
+    Ok(())
+}
+
+fn acceptor(fd: i32, l: &Arc<Listener>) {
+    loop {
+        // SAFETY: accepting on our listening socket.
+        let c = unsafe {
+            real::accept4()(
+                l.tcp.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if c < 0 {
+            let e = crate::guard::errno();
+            if l.closed.load(Ordering::Acquire) {
+                return;
+            }
+            if e == libc::EINTR || e == libc::ECONNABORTED || e == libc::EAGAIN {
+                continue;
+            }
+            log::line(format_args!(
+                "listener fd {fd}: accept failed ({e}); stopping"
+            ));
+            return;
+        }
+        // SAFETY: a new descriptor of ours.
+        let low = unsafe { OwnedFd::from_raw_fd(c) };
+        let Ok(conn) = hide(low.as_raw_fd()) else {
+            continue;
+        };
+        drop(low);
+        let l = l.clone();
+        let _ = std::thread::Builder::new()
+            .name("smcr-handshake".into())
+            .spawn(move || {
+                let _b = Bypass::new();
+                let rt = runtime();
+                let Ok(dup) = conn.try_clone() else { return };
+                let tcp = TcpStream::from(dup);
+                let peer = tcp.peer_addr().ok();
+                let ready = match SmcStream::from_accepted(&rt, tcp) {
+                    Ok(s) => {
+                        log::line(format_args!(
+                            "fd {fd} accept {peer:?}: {}",
+                            describe(s.mode())
+                        ));
+                        if matches!(s.mode(), Mode::SmcR { .. }) {
+                            Ready::Smc(s)
+                        } else {
+                            Ready::Tcp(conn)
+                        }
+                    }
+                    Err(e) => {
+                        // As Linux: the application never sees a connection that failed.
+                        log::line(format_args!(
+                            "fd {fd} accept {peer:?}: handshake failed: {e}"
+                        ));
+                        return;
+                    }
+                };
+                let mut q = l.queue.lock();
+                if l.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                q.push_back(ready);
+                l.ready_state(true);
+                l.cond.notify_one();
+            });
+    }
+}
+
+/// Whether `fd` is in non-blocking mode.
+pub(crate) fn nonblocking(fd: i32) -> bool {
+    is_nonblocking(fd)
 }
 
 /// The hidden TCP socket's descriptor of an SMC-R fd (for addresses and socket options).
