@@ -19,13 +19,20 @@ fn smc(fd: c_int) -> Option<Arc<Sock>> {
     if bypassed() {
         return None;
     }
-    table::get(fd).filter(|s| matches!(**s, Sock::Smc(_)))
+    table::get(fd).filter(|s| matches!(**s, Sock::Smc(_) | Sock::Inherited))
 }
 
-fn as_smc(s: &Sock) -> &SmcFd {
+/// The connection, or `Err(EIO)` for a socket a forked child inherited.
+fn as_smc(s: &Sock) -> Result<&SmcFd, io::Error> {
     match s {
-        Sock::Smc(c) => c,
-        _ => unreachable!("filtered by smc()"),
+        Sock::Smc(c) => Ok(c),
+        _ => {
+            crate::log::line(format_args!(
+                "an SMC-R socket inherited through fork was used in the child: EIO \
+                 (docs/limitations.md)"
+            ));
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        }
     }
 }
 
@@ -199,7 +206,7 @@ fn recv_into(fd: c_int, s: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> 
         }
         // SAFETY: the caller gives a writable buffer of `n` bytes.
         let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
-        ret_len(as_smc(s).recv(b, flags))
+        ret_len(as_smc(s).and_then(|c| c.recv(b, flags)))
     })
 }
 
@@ -210,7 +217,7 @@ fn send_from(s: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
         }
         // SAFETY: the caller gives a readable buffer of `n` bytes.
         let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
-        ret_len(as_smc(s).send(b, flags))
+        ret_len(as_smc(s).and_then(|c| c.send(b, flags)))
     })
 }
 
@@ -344,7 +351,7 @@ fn iov_total(iov: *const iovec, cnt: c_int) -> usize {
 fn readv_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
     guarded(-1, || {
         let mut buf = vec![0u8; iov_total(iov, cnt)];
-        match as_smc(s).recv(&mut buf, flags) {
+        match as_smc(s).and_then(|c| c.recv(&mut buf, flags)) {
             Ok(n) => {
                 scatter(iov, cnt, &buf[..n]);
                 n as ssize_t
@@ -363,7 +370,7 @@ fn writev_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t 
         if data.is_empty() {
             return 0;
         }
-        ret_len(as_smc(s).send(&data, flags))
+        ret_len(as_smc(s).and_then(|c| c.send(&data, flags)))
     })
 }
 
@@ -460,7 +467,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
                     return -1;
                 }
             };
-            match as_smc(&s).stream.shutdown(how) {
+            match as_smc(&s).and_then(|c| c.stream.shutdown(how)) {
                 Ok(()) => 0,
                 Err(e) => {
                     set_errno(errno_of(&e));
@@ -527,6 +534,7 @@ pub unsafe extern "C" fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     if let Some(s) = smc(fd)
+        && let Ok(c) = as_smc(&s)
         && level == libc::SOL_SOCKET
         && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
         && len as usize >= std::mem::size_of::<libc::timeval>()
@@ -534,7 +542,6 @@ pub unsafe extern "C" fn setsockopt(
         // SAFETY: the caller passes a timeval of at least `len` bytes.
         let tv = unsafe { &*val.cast::<libc::timeval>() };
         let us = (tv.tv_sec.max(0) as u64) * 1_000_000 + tv.tv_usec.max(0) as u64;
-        let c = as_smc(&s);
         let slot = if name == libc::SO_RCVTIMEO {
             &c.rcvtimeo_us
         } else {
@@ -553,10 +560,10 @@ fn fcntl_common(
     f: unsafe extern "C" fn(c_int, c_int, c_ulong) -> c_int,
 ) -> c_int {
     if let Some(s) = smc(fd)
+        && let Ok(c) = as_smc(&s)
         && cmd == libc::F_SETFL
     {
-        as_smc(&s)
-            .nonblock
+        c.nonblock
             .store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
     }
     // SAFETY: forwarding (on the eventfd at `fd`, which takes O_NONBLOCK too).
@@ -590,8 +597,9 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// libc's contract for ioctl(2), with the same variadic assumption as [`fcntl`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
-    if let Some(s) = smc(fd) {
-        let c = as_smc(&s);
+    if let Some(s) = smc(fd)
+        && let Ok(c) = as_smc(&s)
+    {
         match req {
             libc::FIONREAD => {
                 let n = c.stream.readable_bytes().min(c_int::MAX as usize) as c_int;

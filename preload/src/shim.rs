@@ -45,6 +45,9 @@ pub(crate) enum Sock {
     Pending(Arc<Pending>),
     /// An SMC-R connection.
     Smc(SmcFd),
+    /// One of the above, inherited from the parent process through fork: its connection is
+    /// the parent's; the child may close it (nothing is sent) but not use it (EIO).
+    Inherited,
 }
 
 /// An SMC-R connection at an application descriptor.
@@ -121,7 +124,11 @@ pub(crate) fn runtime() -> Runtime {
                     "SMC-R unavailable, all connections stay TCP: {why}"
                 ));
             }
-            *g = Some((pid, rt.clone()));
+            // A parent's runtime inherited through fork belongs to the parent: dropping it here
+            // could send DELETE LINK on the parent's links. Leak it instead.
+            if let Some(old) = g.replace((pid, rt.clone())) {
+                std::mem::forget(old);
+            }
             rt
         }
     }

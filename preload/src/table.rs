@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -14,7 +14,33 @@ use crate::shim::Sock;
 pub(crate) const MAX_FDS: usize = 1 << 16;
 
 static BITS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
-static MAP: RwLock<BTreeMap<i32, Arc<Sock>>> = RwLock::new(BTreeMap::new());
+/// Each entry with the process that made it: a forked child inherits our memory and our
+/// descriptors, but the connections belong to the parent.
+static MAP: RwLock<BTreeMap<i32, (u32, Arc<Sock>)>> = RwLock::new(BTreeMap::new());
+static PID: AtomicU32 = AtomicU32::new(0);
+static INHERITED: std::sync::OnceLock<Arc<Sock>> = std::sync::OnceLock::new();
+
+extern "C" fn after_fork_in_child() {
+    // SAFETY: getpid has no preconditions (async-signal-safe, as a fork child handler needs).
+    PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
+}
+
+/// This process's id, kept current across fork without a syscall per call.
+pub(crate) fn pid() -> u32 {
+    let p = PID.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registering a child handler that only stores getpid().
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+    // SAFETY: as above.
+    let p = unsafe { libc::getpid() } as u32;
+    PID.store(p, Ordering::Release);
+    p
+}
 
 fn slot(fd: i32) -> Option<(usize, u64)> {
     let i = usize::try_from(fd).ok().filter(|&i| i < MAX_FDS)?;
@@ -27,17 +53,26 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
     if BITS[w].load(Ordering::Acquire) & b == 0 {
         return None;
     }
-    MAP.read().get(&fd).cloned()
+    let m = MAP.read();
+    let (owner, s) = m.get(&fd)?;
+    if *owner == pid() {
+        Some(s.clone())
+    } else {
+        Some(INHERITED.get_or_init(|| Arc::new(Sock::Inherited)).clone())
+    }
 }
 
 /// Records `fd` as ours (replacing what was there).
 pub(crate) fn insert(fd: i32, s: Arc<Sock>) {
     let Some((w, b)) = slot(fd) else { return };
-    MAP.write().insert(fd, s);
+    let owner = pid();
+    MAP.write().insert(fd, (owner, s));
     BITS[w].fetch_or(b, Ordering::Release);
 }
 
-/// Forgets `fd`; returns what it was.
+/// Forgets `fd`; returns what it was, unless it was inherited from the parent process: the
+/// parent's connection must not be touched (no close message from the child), so that entry
+/// is leaked in the child instead of dropped.
 pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     let (w, b) = slot(fd)?;
     if BITS[w].load(Ordering::Acquire) & b == 0 {
@@ -45,5 +80,11 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     }
     let mut m = MAP.write();
     BITS[w].fetch_and(!b, Ordering::Release);
-    m.remove(&fd)
+    let (owner, s) = m.remove(&fd)?;
+    if owner == pid() {
+        Some(s)
+    } else {
+        std::mem::forget(s);
+        None
+    }
 }

@@ -173,6 +173,34 @@ fn python_with_timeouts_waits_in_poll_on_the_smcr_socket() {
 }
 
 #[test]
+fn forked_children_close_or_misuse_the_parents_smcr_socket_safely() {
+    let run = Run::new("fork");
+    let p = port();
+    let server = run.server(true, p);
+    let out = run
+        .cmd(
+            true,
+            &[
+                script("fork_client.py").to_str().unwrap(),
+                "127.0.0.2",
+                &p.to_string(),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(finish(server).contains("SERVED 21"));
+    let log = run.log();
+    assert!(log.contains("connect") && log.contains("): SMC-R"), "{log}");
+    assert!(log.contains("inherited through fork"), "{log}");
+}
+
+#[test]
 fn without_the_option_program_a_shimmed_client_stays_tcp_with_the_reason() {
     let run = Run::new("nobpf");
     let p = port();
