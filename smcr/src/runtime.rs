@@ -1040,6 +1040,8 @@ impl LinkGroup {
     pub(crate) fn terminate(&self) {
         let mut guard = self.st.lock();
         let st = &mut *guard;
+        // No new connection may pick this group from now on.
+        st.up = false;
         if let Some(l) = st.link.as_mut() {
             l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
             while let Some(m) = l.poll_transmit() {

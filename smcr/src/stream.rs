@@ -414,7 +414,9 @@ impl SmcStream {
             };
             let rmb = lg.take_rmb(size.bytes())?;
             if !server.first_contact && lg.confirm_rkey(&rmb).is_err() {
+                // The peer does not answer on this group: it is dead to us.
                 lg.give_back(rmb);
+                lg.terminate();
                 return Err(DeclineReason::ERR_REGBUF);
             }
             Ok((lg, rmb))
@@ -957,7 +959,10 @@ impl SmcStream {
             Err(reason) => return decline(self, &mut hs, reason),
         };
         if !first_contact && lg.confirm_rkey(&rmb).is_err() {
+            // The peer does not answer on this group (a client process that died without
+            // DELETE LINK): end it, so this client's next connection is a first contact.
             lg.give_back(rmb);
+            lg.terminate();
             return decline(self, &mut hs, DeclineReason::ERR_REGBUF);
         }
         let token = rt.inner.token();
@@ -972,8 +977,16 @@ impl SmcStream {
                 lg.give_back(rmb);
                 return match other {
                     Ok(Event::Fallback {
-                        reason, by_peer, ..
+                        reason,
+                        by_peer,
+                        out_of_sync,
                     }) => {
+                        if out_of_sync && !first_contact {
+                            // The client does not know the group we offered (Linux: SYNCERR);
+                            // end it so its next connection is a first contact (a restarted
+                            // client process on the same address is a new peer to us).
+                            lg.terminate();
+                        }
                         self.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
                         Ok(())
                     }

@@ -392,3 +392,93 @@ fn killed_server_fails_the_client_promptly() {
     );
     assert!(after < std::time::Duration::from_secs(10), "{after:?}");
 }
+
+/// Run as a child process by `restarted_client_gets_a_new_link_group`: connects, reports, waits
+/// to be killed.
+#[test]
+#[ignore = "run as a child process"]
+fn idle_client_child() {
+    let (Some(dir), Some(addr), Some(ns)) = (
+        std::env::var_os("SMCR_TEST_BPF_DIR"),
+        std::env::var("SMCR_TEST_ADDR").ok(),
+        std::env::var("SMCR_TEST_NETNS").ok(),
+    ) else {
+        return;
+    };
+    in_netns(&ns, move || {
+        let install = TestInstall(dir.into());
+        let rt = runtime(&install);
+        std::mem::forget(install);
+        let c = SmcStream::connect(&rt, addr.parse::<SocketAddr>().unwrap()).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }));
+        println!("CONNECTED");
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        drop(c);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn restarted_client_gets_a_new_link_group() {
+    if !privileged("netns restart") {
+        return;
+    }
+    use std::io::BufRead;
+    let install = TestInstall::new("restart");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7500).into();
+    let (tx, rx) = mpsc::channel();
+    let server = {
+        let rt = runtime(&install);
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            // The killed client's connection, then the new client's three.
+            let _first = l.accept().unwrap();
+            echo_server(l, 3)
+        })
+    };
+    rx.recv().unwrap();
+    // A client process makes the link group, then dies without DELETE LINK.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "idle_client_child", "--ignored", "--nocapture"])
+        .env("SMCR_TEST_NETNS", &net.a)
+        .env("SMCR_TEST_BPF_DIR", &install.0)
+        .env("SMCR_TEST_ADDR", addr.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().contains("CONNECTED")));
+    child.kill().unwrap();
+    let _ = child.wait();
+    // At once, a new process on the same address (the server may still think the old group
+    // is alive): its connections still work, and once the stale group is gone they are SMC-R.
+    let rt = runtime(&install);
+    let modes = in_netns(&net.a, move || {
+        let mut modes = Vec::new();
+        for i in 0..3 {
+            let mut c = SmcStream::connect(&rt, addr).unwrap();
+            modes.push(c.mode().clone());
+            echo_once(&mut c, format!("new client {i}").as_bytes());
+        }
+        modes
+    })
+    .join()
+    .unwrap();
+    eprintln!("new client's modes: {modes:?}");
+    // At most the first connection falls back: the server offers the dead process's group,
+    // notices it is dead (the client declines SYNCERR, or the group's CONFIRM RKEY goes
+    // unanswered: ERR_REGBUF) and ends it.
+    assert!(matches!(modes[1], Mode::SmcR { .. }), "{modes:?}");
+    assert!(matches!(modes[2], Mode::SmcR { .. }), "{modes:?}");
+    let stale = [DeclineReason::SYNCERR, DeclineReason::ERR_REGBUF];
+    assert!(
+        matches!(&modes[0], Mode::SmcR { .. })
+            || matches!(&modes[0], Mode::Tcp(FallbackReason::Declined { reason, .. }) if stale.contains(reason)),
+        "{modes:?}"
+    );
+    let server_modes = server.join().unwrap();
+    assert_eq!(server_modes.len(), 3);
+}
