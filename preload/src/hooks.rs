@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use libc::{c_int, c_ulong, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
-use crate::guard::{bypassed, errno, errno_of, guarded, set_errno};
+use crate::guard::{bypassed, errno, errno_of, guarded, guarded_on, set_errno};
 use crate::shim::{self, SmcFd, Sock};
 use crate::{real, table};
 
@@ -46,6 +46,24 @@ fn ret_len(r: io::Result<usize>) -> ssize_t {
     }
 }
 
+/// An IPv4 address from a sockaddr, if it is one.
+///
+/// # Safety
+/// `addr` points to `len` readable bytes (or is null).
+unsafe fn v4(addr: *const sockaddr, len: socklen_t) -> Option<std::net::SocketAddrV4> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
+        return None;
+    }
+    // SAFETY: long enough for a sockaddr_in, per the caller.
+    let sin = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>()) };
+    (sin.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+        std::net::SocketAddrV4::new(
+            u32::from_be(sin.sin_addr.s_addr).into(),
+            u16::from_be(sin.sin_port),
+        )
+    })
+}
+
 /// # Safety
 /// libc's contract for socket(2).
 #[unsafe(no_mangle)]
@@ -59,6 +77,8 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         && ty & 0xf == libc::SOCK_STREAM
         && (proto == 0 || proto == libc::IPPROTO_TCP)
     {
+        // A new file: whatever was recorded for an earlier file at this number is void.
+        crate::epoll::forget(fd);
         table::insert(fd, Arc::new(Sock::Inet));
     }
     fd
@@ -83,6 +103,14 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwarding.
         _ => return unsafe { real::connect()(fd, addr, len) },
     }
+    // SAFETY: the caller passes `len` valid bytes at `addr`.
+    if let Some(a) = unsafe { v4(addr, len) }
+        && !shim::policy_allows(a)
+    {
+        guarded((), || shim::exclude(fd, "connect", a));
+        // SAFETY: forwarding.
+        return unsafe { real::connect()(fd, addr, len) };
+    }
     guarded(-1, || {
         let marked = shim::mark(fd);
         let nonblocking = shim::nonblocking(fd);
@@ -99,18 +127,18 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                         -1
                     }
                     Err(err) => {
-                        table::remove(fd);
+                        shim::untrack(fd);
                         set_errno(errno_of(&err));
                         -1
                     }
                 };
             }
-            table::remove(fd);
+            shim::untrack(fd);
             set_errno(e);
             return r;
         }
         if r != 0 {
-            table::remove(fd);
+            shim::untrack(fd);
             set_errno(e);
             return r;
         }
@@ -132,13 +160,28 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         // SAFETY: forwarding.
         return unsafe { real::listen()(fd, backlog) };
     }
+    // SAFETY: an all-zero sockaddr_in is valid.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    // SAFETY: asking the kernel for the bound address into a sockaddr_in.
+    let named = unsafe { real::getsockname()(fd, (&raw mut sa).cast(), &mut sl) } == 0;
+    // SAFETY: as above, `sl` bytes were filled.
+    if let Some(a) = named
+        .then(|| unsafe { v4((&raw const sa).cast(), sl) })
+        .flatten()
+        && !shim::policy_allows(a)
+    {
+        guarded((), || shim::exclude(fd, "listen", a));
+        // SAFETY: forwarding.
+        return unsafe { real::listen()(fd, backlog) };
+    }
     guarded(-1, || {
         let marked = shim::mark(fd);
         // SAFETY: forwarding.
         let r = unsafe { real::listen()(fd, backlog) };
         if r != 0 || !marked {
             let e = errno();
-            table::remove(fd);
+            shim::untrack(fd);
             set_errno(e);
             return r;
         }
@@ -146,7 +189,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
             // The listener still works as plain TCP (its connections' peers will wait for a
             // CLC answer only if they were marked; log it).
             crate::log::line(format_args!("listener fd {fd}: stays TCP: {e}"));
-            table::remove(fd);
+            shim::untrack(fd);
         }
         0
     })
@@ -200,7 +243,7 @@ pub unsafe extern "C" fn accept4(
 
 fn recv_into(fd: c_int, s: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     let _ = fd;
-    guarded(-1, || {
+    guarded_on(s, -1, || {
         if n == 0 {
             return 0;
         }
@@ -211,7 +254,7 @@ fn recv_into(fd: c_int, s: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> 
 }
 
 fn send_from(s: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    guarded(-1, || {
+    guarded_on(s, -1, || {
         if n == 0 {
             return 0;
         }
@@ -304,8 +347,22 @@ pub unsafe extern "C" fn sendto(
     match smc(fd) {
         // A destination on a connected stream is ignored, as TCP does.
         Some(s) => send_from(&s, buf, n, flags),
-        // SAFETY: forwarding.
-        None => unsafe { real::sendto()(fd, buf, n, flags, addr, alen) },
+        None => {
+            fastopen(fd, flags);
+            // SAFETY: forwarding.
+            unsafe { real::sendto()(fd, buf, n, flags, addr, alen) }
+        }
+    }
+}
+
+/// `sendto`/`sendmsg` with MSG_FASTOPEN connects with data in the SYN: as Linux's SMC, such a
+/// socket falls back to TCP (OPTUNSUPP).
+fn fastopen(fd: c_int, flags: c_int) {
+    if flags & libc::MSG_FASTOPEN != 0
+        && !bypassed()
+        && table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet))
+    {
+        guarded((), || shim::unsupported_option(fd, "MSG_FASTOPEN"));
     }
 }
 
@@ -349,7 +406,7 @@ fn iov_total(iov: *const iovec, cnt: c_int) -> usize {
 }
 
 fn readv_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
-    guarded(-1, || {
+    guarded_on(s, -1, || {
         let mut buf = vec![0u8; iov_total(iov, cnt)];
         match as_smc(s).and_then(|c| c.recv(&mut buf, flags)) {
             Ok(n) => {
@@ -365,7 +422,7 @@ fn readv_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
 }
 
 fn writev_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
-    guarded(-1, || {
+    guarded_on(s, -1, || {
         let data = gather(iov, cnt);
         if data.is_empty() {
             return 0;
@@ -424,8 +481,11 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
             let m = unsafe { &*msg };
             writev_smc(&s, m.msg_iov, m.msg_iovlen as c_int, flags)
         }
-        // SAFETY: forwarding.
-        None => unsafe { real::sendmsg()(fd, msg, flags) },
+        None => {
+            fastopen(fd, flags);
+            // SAFETY: forwarding.
+            unsafe { real::sendmsg()(fd, msg, flags) }
+        }
     }
 }
 
@@ -438,12 +498,19 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         let s = table::remove(fd);
         guarded((), || {
             if let Some(s) = &s {
-                match &**s {
-                    Sock::Listener(l) => l.close(),
-                    Sock::Pending(p) => p.cancel(),
-                    _ => {}
+                // The pair outlives this number (we hold a duplicate), and epoll drops a
+                // registration only when its file goes: take the application's
+                // registrations off by hand when no other number shows this socket, or the
+                // old connection's events would arrive under a reused number.
+                let last = !table::shows(s);
+                crate::epoll::closed(fd, last && shim::shows_pair(s));
+                if last {
+                    match &**s {
+                        Sock::Listener(l) => l.close(),
+                        Sock::Pending(p) => p.cancel(),
+                        _ => {}
+                    }
                 }
-                crate::epoll::forget(fd);
             }
             drop(s)
         });
@@ -519,6 +586,25 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    if level == libc::SOL_SOCKET
+        && name == libc::SO_ERROR
+        && !val.is_null()
+        && !len.is_null()
+        // SAFETY: the caller passes a valid length.
+        && unsafe { *len } as usize >= std::mem::size_of::<c_int>()
+        && let Some(s) = smc(fd)
+        && let Sock::Smc(c) = &*s
+        && c.stream.take_reset()
+    {
+        c.pair.take_error();
+        // A reset not yet collected by a read or write: reported (and cleared) as TCP does.
+        // SAFETY: room for an int, checked above.
+        unsafe {
+            *val.cast::<c_int>() = libc::ECONNRESET;
+            *len = std::mem::size_of::<c_int>() as socklen_t;
+        }
+        return 0;
+    }
     // SAFETY: forwarding.
     unsafe { real::getsockopt()(socket_fd(fd), level, name, val, len) }
 }
@@ -533,6 +619,38 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if level == libc::IPPROTO_TCP
+        && !bypassed()
+        && let Some(s) = table::get(fd)
+    {
+        match (name, &*s) {
+            // SMC-R cannot honour these: as Linux's SMC, a socket not yet connecting falls
+            // back to TCP (OPTUNSUPP), anything later refuses the option.
+            (
+                libc::TCP_FASTOPEN
+                | libc::TCP_FASTOPEN_CONNECT
+                | libc::TCP_FASTOPEN_KEY
+                | libc::TCP_FASTOPEN_NO_COOKIE,
+                Sock::Inet,
+            ) => guarded((), || shim::unsupported_option(fd, "TCP_FASTOPEN")),
+            (
+                libc::TCP_FASTOPEN
+                | libc::TCP_FASTOPEN_CONNECT
+                | libc::TCP_FASTOPEN_KEY
+                | libc::TCP_FASTOPEN_NO_COOKIE,
+                _,
+            ) => {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // A ULP (kernel TLS) would sit on the TCP socket, which carries no data.
+            (libc::TCP_ULP, Sock::Smc(_) | Sock::Listener(_) | Sock::Pending(_)) => {
+                set_errno(libc::EOPNOTSUPP);
+                return -1;
+            }
+            _ => {}
+        }
+    }
     if let Some(s) = smc(fd)
         && let Ok(c) = as_smc(&s)
         && level == libc::SOL_SOCKET
@@ -559,20 +677,60 @@ fn fcntl_common(
     arg: c_ulong,
     f: unsafe extern "C" fn(c_int, c_int, c_ulong) -> c_int,
 ) -> c_int {
-    if let Some(s) = smc(fd)
-        && let Ok(c) = as_smc(&s)
+    let s = if bypassed() { None } else { table::get(fd) };
+    if let Some(s) = &s
+        && let Sock::Smc(c) = &**s
         && cmd == libc::F_SETFL
     {
         c.nonblock
             .store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
     }
-    // SAFETY: forwarding (on the eventfd at `fd`, which takes O_NONBLOCK too).
-    let r = unsafe { f(fd, cmd, arg) };
+    // Decided on the file, even in a forked child (where the connection is the parent's):
+    // what it execs must not inherit a pair nothing serves.
+    let pair = !bypassed() && table::get_any(fd).is_some_and(|s| shim::shows_pair(&s));
+    if pair {
+        // Our pair stays close-on-exec; the application sees (and sets) its own flag.
+        match cmd {
+            libc::F_GETFD => {
+                // SAFETY: forwarding.
+                let r = unsafe { f(fd, cmd, arg) };
+                if r < 0 {
+                    return r;
+                }
+                let view = if table::cloexec_view(fd) {
+                    libc::FD_CLOEXEC
+                } else {
+                    0
+                };
+                return (r & !libc::FD_CLOEXEC) | view;
+            }
+            libc::F_SETFD => {
+                // SAFETY: forwarding, with close-on-exec kept.
+                let r = unsafe { f(fd, cmd, arg | libc::FD_CLOEXEC as c_ulong) };
+                if r == 0 {
+                    table::set_cloexec_view(fd, arg as c_int & libc::FD_CLOEXEC != 0);
+                }
+                return r;
+            }
+            _ => {}
+        }
+    }
+    let dupfd = cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC;
+    let real_cmd = if pair && dupfd {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        cmd
+    };
+    // SAFETY: forwarding (on the pair at `fd`, which takes O_NONBLOCK too).
+    let r = unsafe { f(fd, real_cmd, arg) };
     if r >= 0
-        && !bypassed()
-        && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC)
-        && let Some(s) = table::get(fd)
+        && dupfd
+        && let Some(s) = s
     {
+        if pair {
+            table::set_cloexec_view(r, cmd == libc::F_DUPFD_CLOEXEC);
+        }
+        crate::epoll::forget(r);
         table::insert(r, s);
     }
     r
@@ -597,6 +755,18 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// libc's contract for ioctl(2), with the same variadic assumption as [`fcntl`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if (req == libc::FIOCLEX || req == libc::FIONCLEX)
+        && !bypassed()
+        && table::get_any(fd).is_some_and(|s| shim::shows_pair(&s))
+    {
+        // As F_SETFD: the pair stays close-on-exec, the application's flag is its view.
+        // SAFETY: checking that the descriptor is open.
+        if unsafe { real::fcntl()(fd, libc::F_GETFD, 0) } < 0 {
+            return -1;
+        }
+        table::set_cloexec_view(fd, req == libc::FIOCLEX);
+        return 0;
+    }
     if let Some(s) = smc(fd)
         && let Ok(c) = as_smc(&s)
     {
@@ -628,12 +798,18 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
-    // SAFETY: forwarding.
-    let r = unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
-    if r == 0 && !bypassed() && table::get(fd).is_some() {
-        guarded((), || crate::epoll::record(epfd, op, fd, ev));
+    if bypassed() {
+        // SAFETY: forwarding.
+        return unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
     }
-    r
+    guarded(-1, || crate::epoll::ctl(epfd, op, fd, ev))
+}
+
+/// A duplicate of a number showing our pair: close-on-exec for real, as asked in the view.
+fn dup_pair(new: c_int, cloexec: bool) {
+    // SAFETY: setting a flag on the descriptor just made.
+    unsafe { real::fcntl()(new, libc::F_SETFD, libc::FD_CLOEXEC as c_ulong) };
+    table::set_cloexec_view(new, cloexec);
 }
 
 /// # Safety
@@ -642,20 +818,26 @@ pub unsafe extern "C" fn epoll_ctl(
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: forwarding.
     let r = unsafe { real::dup()(fd) };
-    if r >= 0
-        && !bypassed()
-        && let Some(s) = table::get(fd)
-    {
-        table::insert(r, s);
+    if r >= 0 && !bypassed() {
+        if table::get_any(fd).is_some_and(|s| shim::shows_pair(&s)) {
+            dup_pair(r, false);
+        }
+        if let Some(s) = table::get(fd) {
+            crate::epoll::forget(r);
+            table::insert(r, s);
+        }
     }
     r
 }
 
-fn dup_onto(old: c_int, new: c_int, r: c_int) -> c_int {
+fn dup_onto(old: c_int, new: c_int, r: c_int, cloexec: bool) -> c_int {
     if r >= 0 && !bypassed() && old != new {
         // `new` was closed implicitly; it is now what `old` is.
-        let gone = table::remove(new);
+        let gone = shim::untrack(new);
         guarded((), || drop(gone));
+        if table::get_any(old).is_some_and(|s| shim::shows_pair(&s)) {
+            dup_pair(new, cloexec);
+        }
         if let Some(s) = table::get(old) {
             table::insert(new, s);
         }
@@ -669,7 +851,7 @@ fn dup_onto(old: c_int, new: c_int, r: c_int) -> c_int {
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     // SAFETY: forwarding.
     let r = unsafe { real::dup2()(old, new) };
-    dup_onto(old, new, r)
+    dup_onto(old, new, r, false)
 }
 
 /// # Safety
@@ -678,5 +860,118 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: forwarding.
     let r = unsafe { real::dup3()(old, new, flags) };
-    dup_onto(old, new, r)
+    dup_onto(old, new, r, flags & libc::O_CLOEXEC != 0)
+}
+
+fn end(fd: c_int, s: &Option<Arc<Sock>>) -> io::Result<crate::sendfile::End<'_>> {
+    Ok(match s {
+        Some(s) => crate::sendfile::End::Smc(as_smc(s)?),
+        None => crate::sendfile::End::Fd(fd),
+    })
+}
+
+fn sendfile_common(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: Option<&mut i64>,
+    count: size_t,
+) -> ssize_t {
+    let (out, inn) = (smc(out_fd), smc(in_fd));
+    guarded(-1, || match (end(out_fd, &out), end(in_fd, &inn)) {
+        (Ok(d), Ok(s)) => crate::sendfile::copy(d, s, offset, count),
+        (Err(e), _) | (_, Err(e)) => ret_len(Err(e)),
+    })
+}
+
+/// # Safety
+/// libc's contract for sendfile(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
+    if smc(out_fd).is_none() && smc(in_fd).is_none() {
+        // SAFETY: forwarding.
+        return unsafe { real::sendfile()(out_fd, in_fd, offset, count) };
+    }
+    // SAFETY: a non-null offset points to the caller's off_t (64-bit here).
+    sendfile_common(out_fd, in_fd, unsafe { offset.as_mut() }, count)
+}
+
+/// # Safety
+/// libc's contract for sendfile64(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off64_t,
+    count: size_t,
+) -> ssize_t {
+    if smc(out_fd).is_none() && smc(in_fd).is_none() {
+        // SAFETY: forwarding.
+        return unsafe { real::sendfile64()(out_fd, in_fd, offset, count) };
+    }
+    // SAFETY: as above.
+    sendfile_common(out_fd, in_fd, unsafe { offset.as_mut() }, count)
+}
+
+// The FORTIFY_SOURCE variants: programs built with -D_FORTIFY_SOURCE call these instead of
+// read/recv/recvfrom (glibc reaches the syscall without going through our exports). A
+// too-small buffer is left to glibc's own check, which aborts as the program expects.
+
+/// # Safety
+/// glibc's contract for __read_chk.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    match smc(fd) {
+        Some(s) if n <= buflen => recv_into(fd, &s, buf, n, 0),
+        // SAFETY: forwarding.
+        _ => unsafe { real::__read_chk()(fd, buf, n, buflen) },
+    }
+}
+
+/// # Safety
+/// glibc's contract for __recv_chk.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    match smc(fd) {
+        Some(s) if n <= buflen => recv_into(fd, &s, buf, n, flags),
+        // SAFETY: forwarding.
+        _ => unsafe { real::__recv_chk()(fd, buf, n, buflen, flags) },
+    }
+}
+
+/// # Safety
+/// glibc's contract for __recvfrom_chk.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    match smc(fd) {
+        Some(_) if n <= buflen => {
+            // SAFETY: the same arguments recvfrom takes.
+            unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
+        }
+        // SAFETY: forwarding.
+        _ => unsafe { real::__recvfrom_chk()(fd, buf, n, buflen, flags, addr, alen) },
+    }
 }

@@ -13,5 +13,6 @@ mod guard;
 mod hooks;
 mod log;
 mod real;
+mod sendfile;
 mod shim;
 mod table;

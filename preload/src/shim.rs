@@ -58,6 +58,8 @@ pub(crate) struct SmcFd {
     /// SO_RCVTIMEO / SO_SNDTIMEO in microseconds (0: none).
     pub(crate) rcvtimeo_us: AtomicU64,
     pub(crate) sndtimeo_us: AtomicU64,
+    /// The pair at the application's number (to clear a reset it shows once collected).
+    pub(crate) pair: Arc<Pair>,
 }
 
 impl SmcFd {
@@ -73,12 +75,20 @@ impl SmcFd {
     }
 
     pub(crate) fn recv(&self, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+        let r = self.recv_inner(buf, flags);
+        self.collect(r)
+    }
+
+    fn recv_inner(&self, buf: &mut [u8], flags: i32) -> io::Result<usize> {
         let how = self.blocking(flags & libc::MSG_DONTWAIT != 0, &self.rcvtimeo_us);
         let peek = flags & libc::MSG_PEEK != 0;
         if flags & libc::MSG_WAITALL != 0 && !peek {
-            // Until the buffer is full, EOF, or an error after some data.
+            // Until the buffer is full, EOF, or an error or the timeout after some data; one
+            // SO_RCVTIMEO bounds the whole call, as for TCP.
+            let until = Until::new(how);
             let mut got = 0;
             while got < buf.len() {
+                let Some(how) = until.left() else { break };
                 match self.stream.recv(&mut buf[got..], false, how) {
                     Ok(0) => break,
                     Ok(n) => got += n,
@@ -86,14 +96,50 @@ impl SmcFd {
                     Err(e) => return Err(e),
                 }
             }
-            return Ok(got);
+            return if got == 0 && !buf.is_empty() && until.left().is_none() {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(got)
+            };
         }
         self.stream.recv(buf, peek, how)
     }
 
+    /// A blocking send takes all of `buf` (TCP returns short only on SO_SNDTIMEO, a signal or
+    /// an error after some bytes); a non-blocking one what fits.
+    fn send_all(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
+        if matches!(how, Blocking::No) {
+            return self.stream.send(buf, how);
+        }
+        let until = Until::new(how);
+        let mut done = 0;
+        while done < buf.len() {
+            let Some(how) = until.left() else { break };
+            match self.stream.send(&buf[done..], how) {
+                Ok(n) => done += n,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if done == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(done)
+    }
+
+    /// A reset reported to the application is collected: the pair stops showing EPOLLERR.
+    fn collect<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r
+            && e.kind() == io::ErrorKind::ConnectionReset
+        {
+            self.pair.take_error();
+        }
+        r
+    }
+
     pub(crate) fn send(&self, buf: &[u8], flags: i32) -> io::Result<usize> {
         let how = self.blocking(flags & libc::MSG_DONTWAIT != 0, &self.sndtimeo_us);
-        let r = self.stream.send(buf, how);
+        let r = self.collect(self.send_all(buf, how));
         if let Err(e) = &r
             && e.kind() == io::ErrorKind::BrokenPipe
             && flags & libc::MSG_NOSIGNAL == 0
@@ -104,6 +150,30 @@ impl SmcFd {
             unsafe { libc::raise(libc::SIGPIPE) };
         }
         r
+    }
+}
+
+/// One deadline for a whole blocking call made of several waits.
+struct Until(Option<Option<std::time::Instant>>);
+
+impl Until {
+    fn new(how: Blocking) -> Self {
+        Self(match how {
+            Blocking::No => None,
+            Blocking::Yes(t) => Some(t.map(|t| std::time::Instant::now() + t)),
+        })
+    }
+
+    /// How the next wait may block; `None` once the deadline passed.
+    fn left(&self) -> Option<Blocking> {
+        match self.0 {
+            None => Some(Blocking::No),
+            Some(None) => Some(Blocking::Yes(None)),
+            Some(Some(d)) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                (!left.is_zero()).then_some(Blocking::Yes(Some(left)))
+            }
+        }
     }
 }
 
@@ -140,6 +210,44 @@ pub(crate) fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("SMCR_DISABLE").map_or(true, |v| v != "1"))
 }
 
+/// Whether `SMCR_INCLUDE`/`SMCR_EXCLUDE` let a connection to (or a listener on) `a` use
+/// SMC-R. A list that does not parse turns SMC-R off for the process (said once in the log):
+/// the user asked to keep some traffic off SMC-R and we cannot tell which.
+pub(crate) fn policy_allows(a: std::net::SocketAddrV4) -> bool {
+    static P: OnceLock<Option<smcr::policy::Policy>> = OnceLock::new();
+    P.get_or_init(|| {
+        let _b = Bypass::new();
+        match smcr::policy::Policy::from_env() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::line(format_args!("{e}; SMC-R is off for this process"));
+                None
+            }
+        }
+    })
+    .as_ref()
+    .is_some_and(|p| p.allows(a))
+}
+
+/// The application set an option SMC-R cannot honour before connecting: plain TCP, as Linux's
+/// SMC falls back with OPTUNSUPP.
+pub(crate) fn unsupported_option(fd: i32, what: &str) {
+    untrack(fd);
+    log::line(format_args!(
+        "fd {fd}: TCP: {what} is not supported with SMC-R (OPTUNSUPP {:#010x})",
+        smcr::DeclineReason::OPTUNSUPP.0
+    ));
+}
+
+/// `fd` stays plain TCP by policy: forget it and say so.
+pub(crate) fn exclude(fd: i32, what: &str, a: std::net::SocketAddrV4) {
+    untrack(fd);
+    log::line(format_args!(
+        "fd {fd} {what} {a}: TCP: excluded by SMCR_INCLUDE/SMCR_EXCLUDE [{:#010x}]",
+        smcr::FallbackReason::CODE_EXCLUDED
+    ));
+}
+
 fn is_nonblocking(fd: i32) -> bool {
     // SAFETY: fcntl F_GETFL on any descriptor is harmless.
     let fl = unsafe { real::fcntl()(fd, libc::F_GETFL, 0) };
@@ -164,21 +272,29 @@ fn hidden_dup(fd: i32) -> io::Result<TcpStream> {
 
 /// The socket we put at an application's descriptor number: one end (`app`) of a Unix stream
 /// socketpair whose readiness we set, so poll/select/epoll (level- or edge-triggered) report
-/// our state with no translation. Readable: one byte waits in `app`'s receive queue (or the
-/// other end, `ours`, shut down writing: EOF, RDHUP). Not writable: `app`'s send side is filled
-/// (through our duplicate `app_dup`) until the kernel refuses more. Hung up: `ours` shut down
-/// both ways.
+/// our state with no translation. Readable: bytes wait in `app`'s receive queue, one more for
+/// each new arrival so edge-triggered epoll fires again (or the other end, `ours`, shut down
+/// writing: EOF, RDHUP). Not writable: `app`'s send side is filled (through our duplicate
+/// `app_dup`) until the kernel refuses more. Hung up: `ours` shut down both ways. Reset: `ours`
+/// closed while it holds unread bytes, which sets ECONNRESET on `app` (EPOLLERR) until the
+/// application collects the error.
 pub(crate) struct Pair {
     /// A duplicate of the application's end (same open file), for draining and filling.
     app_dup: OwnedFd,
-    /// Our end (non-blocking).
-    ours: OwnedFd,
-    state: Mutex<smcr::ReadyState>,
+    st: Mutex<PairState>,
+}
+
+struct PairState {
+    cur: smcr::ReadyState,
+    /// Our end (non-blocking); gone once the connection was reset.
+    ours: Option<OwnedFd>,
+    /// The reset is showing as EPOLLERR and nobody collected it yet.
+    error_pending: bool,
 }
 
 impl Pair {
-    /// A new pair; the application's end is returned (at the lowest free number, like a new
-    /// socket), starting neither readable nor writable.
+    /// A new pair, starting neither readable nor writable; the application's end is returned
+    /// (at a hidden number, for the caller to place).
     fn new() -> io::Result<(OwnedFd, Arc<Self>)> {
         let last = || io::Error::last_os_error();
         // SAFETY: plain descriptor calls on descriptors we create.
@@ -208,6 +324,13 @@ impl Pair {
                 libc::F_SETFL,
                 libc::O_NONBLOCK as libc::c_ulong,
             );
+            // Both ends move out of the application's range at once, so that the number the
+            // application gets (accept: the lowest free one) is the one a socket would get.
+            let app = {
+                let h = hide(app.as_raw_fd())?;
+                drop(app);
+                h
+            };
             let app_dup = hide(app.as_raw_fd())?;
             let ours = {
                 let h = hide(ours.as_raw_fd())?;
@@ -216,10 +339,13 @@ impl Pair {
             };
             let p = Arc::new(Self {
                 app_dup,
-                ours,
-                state: Mutex::new(smcr::ReadyState {
-                    writable: true,
-                    ..Default::default()
+                st: Mutex::new(PairState {
+                    cur: smcr::ReadyState {
+                        writable: true,
+                        ..Default::default()
+                    },
+                    ours: Some(ours),
+                    error_pending: false,
                 }),
             });
             // A fresh socketpair end is writable: make it not.
@@ -230,17 +356,25 @@ impl Pair {
 
     pub(crate) fn set(&self, now: smcr::ReadyState) {
         let _b = Bypass::new();
-        let mut cur = self.state.lock();
-        let (a, o) = (self.app_dup.as_raw_fd(), self.ours.as_raw_fd());
+        let mut st = self.st.lock();
+        let cur = st.cur;
+        st.cur = now;
+        let Some(o) = st.ours.as_ref().map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        let a = self.app_dup.as_raw_fd();
         let mut buf = [0u8; 1024];
         // SAFETY (all calls below): descriptors we own; MSG_DONTWAIT so the application's
         // O_NONBLOCK (shared with `app_dup`) never makes us block.
         unsafe {
-            if now.readable != cur.readable && !cur.rdhup {
-                if now.readable {
+            if !cur.rdhup {
+                if now.readable && (!cur.readable || now.arrivals != cur.arrivals) {
+                    // Readable, or a new arrival while readable: a wake-up for epoll (ET).
                     real::send()(o, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
-                } else {
-                    real::recv()(a, buf.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT);
+                } else if !now.readable && cur.readable {
+                    while real::recv()(a, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                        > 0
+                    {}
                 }
             }
             if now.writable != cur.writable {
@@ -252,6 +386,15 @@ impl Pair {
                     while real::send()(a, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
                 }
             }
+            if now.error && !cur.error {
+                // A byte left unread in `ours`, then `ours` closed: the kernel marks `app`
+                // ECONNRESET (EPOLLERR) and hung up, with EPOLLIN and EPOLLOUT, as a reset
+                // TCP socket shows.
+                real::send()(a, b"e".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
+                st.ours = None;
+                st.error_pending = true;
+                return;
+            }
             if now.rdhup && !cur.rdhup {
                 real::shutdown()(o, libc::SHUT_WR);
             }
@@ -259,7 +402,41 @@ impl Pair {
                 real::shutdown()(o, libc::SHUT_RD);
             }
         }
-        *cur = now;
+    }
+
+    /// The application collected the reset (a read or write failed with it, or SO_ERROR):
+    /// EPOLLERR stops, as for a TCP socket. Returns whether it was still pending.
+    pub(crate) fn take_error(&self) -> bool {
+        let mut st = self.st.lock();
+        if !std::mem::replace(&mut st.error_pending, false) {
+            return false;
+        }
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: reading (and so clearing) SO_ERROR of our duplicate into an int.
+        unsafe {
+            real::getsockopt()(
+                self.app_dup.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        true
+    }
+
+    /// One more queued connection on a listener that is already readable: a new wake-up for
+    /// edge-triggered epoll.
+    pub(crate) fn pulse(&self) {
+        let _b = Bypass::new();
+        let st = self.st.lock();
+        if st.cur.readable
+            && let Some(o) = &st.ours
+        {
+            // SAFETY: our descriptor, a one-byte buffer, never blocking.
+            unsafe { real::send()(o.as_raw_fd(), b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+        }
     }
 }
 
@@ -283,31 +460,56 @@ fn hide(fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(h) })
 }
 
-/// Puts `file` at the application's number `fd`, keeping its close-on-exec flag and moving
-/// the epoll registrations the application made for `fd` to the new file.
-fn replace(fd: i32, file: i32) -> io::Result<()> {
-    // SAFETY: descriptor calls on the application's number and a descriptor we own.
-    unsafe {
-        let fdflags = real::fcntl()(fd, libc::F_GETFD, 0);
-        let flags = if fdflags >= 0 && fdflags & libc::FD_CLOEXEC != 0 {
-            libc::O_CLOEXEC
-        } else {
-            0
-        };
-        let regs = crate::epoll::detach(fd);
-        let r = real::dup3()(file, fd, flags);
-        let err = io::Error::last_os_error();
-        crate::epoll::attach(fd, &regs);
-        if r < 0 { Err(err) } else { Ok(()) }
-    }
+/// Puts `file` at the application's number `fd`, moving the epoll registrations the
+/// application made for `fd` to the new file; `then` (the table update) runs before the
+/// application's next `epoll_ctl` on `fd` (`epoll::swap`). A pair (`ours`) is always
+/// close-on-exec, the flag the application set being kept as its view; a socket handed back
+/// gets the application's flag for real.
+fn replace(fd: i32, file: i32, ours: bool, then: impl FnOnce()) -> io::Result<()> {
+    let cloexec = app_cloexec(fd);
+    table::set_cloexec_view(fd, cloexec);
+    let flags = if ours || cloexec { libc::O_CLOEXEC } else { 0 };
+    crate::epoll::swap(fd, file, flags, then)
 }
 
-fn smc_fd(stream: SmcStream, nonblock: bool) -> SmcFd {
-    SmcFd {
+/// Whether a file of ours is at the application's number `fd` (a pair, not the TCP socket).
+pub(crate) fn shows_pair(s: &Sock) -> bool {
+    matches!(s, Sock::Smc(_) | Sock::Listener(_) | Sock::Pending(_))
+}
+
+/// The close-on-exec flag as the application sees it.
+pub(crate) fn app_cloexec(fd: i32) -> bool {
+    if table::get_any(fd).is_some_and(|s| shows_pair(&s)) {
+        return table::cloexec_view(fd);
+    }
+    // SAFETY: reading descriptor flags.
+    let fl = unsafe { real::fcntl()(fd, libc::F_GETFD, 0) };
+    fl >= 0 && fl & libc::FD_CLOEXEC != 0
+}
+
+/// `fd` is plain from now on (or gone): not ours, no registrations kept.
+pub(crate) fn untrack(fd: i32) -> Option<Arc<Sock>> {
+    let s = table::remove(fd);
+    crate::epoll::forget(fd);
+    s
+}
+
+/// An SMC-R connection to show through `pair`.
+fn smc_fd(stream: SmcStream, nonblock: bool, pair: Arc<Pair>) -> Arc<Sock> {
+    Arc::new(Sock::Smc(SmcFd {
         stream,
         nonblock: AtomicBool::new(nonblock),
         rcvtimeo_us: AtomicU64::new(0),
         sndtimeo_us: AtomicU64::new(0),
+        pair,
+    }))
+}
+
+/// Makes the pair follow the connection's readiness. Called once the number is ours in the
+/// table: an application woken by the pair must find its calls going to SMC-R.
+fn follow(sock: &Sock) {
+    if let Sock::Smc(c) = sock {
+        c.stream.set_readiness(Box::new(PairSink(c.pair.clone())));
     }
 }
 
@@ -316,17 +518,15 @@ fn smc_fd(stream: SmcStream, nonblock: bool) -> SmcFd {
 fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
     let nonblock = is_nonblocking(fd);
     let (app, pair) = Pair::new()?;
-    replace(fd, app.as_raw_fd())?;
+    replace(fd, app.as_raw_fd(), true, || {})?;
     drop(app);
     if nonblock {
         // SAFETY: setting a status flag on the application's (new) descriptor.
         unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
     }
-    let sock = Arc::new(Sock::Smc(smc_fd(stream, nonblock)));
+    let sock = smc_fd(stream, nonblock, pair);
     table::insert(fd, sock.clone());
-    if let Sock::Smc(c) = &*sock {
-        c.stream.set_readiness(Box::new(PairSink(pair)));
-    }
+    follow(&sock);
     Ok(())
 }
 
@@ -366,7 +566,7 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
                 take_over(fd, s).map_err(|e| errno_of(&e))
             } else {
                 // Plain TCP from now on; our duplicate closes with `s`.
-                table::remove(fd);
+                untrack(fd);
                 Ok(())
             }
         }
@@ -374,7 +574,7 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
             log::line(format_args!(
                 "fd {fd} connect {peer:?}: handshake failed: {e}"
             ));
-            table::remove(fd);
+            untrack(fd);
             Err(errno_of(&e))
         }
     }
@@ -409,7 +609,7 @@ pub(crate) fn connect_async(fd: i32, marked: bool) -> io::Result<()> {
     let _b = Bypass::new();
     let tcp = hide(fd)?;
     let (app, pair) = Pair::new()?;
-    replace(fd, app.as_raw_fd())?;
+    replace(fd, app.as_raw_fd(), true, || {})?;
     drop(app);
     // SAFETY: the application's socket was non-blocking; its new descriptor is too.
     unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
@@ -438,31 +638,26 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
     };
     // SAFETY: polling our own descriptor.
     unsafe { libc::poll(&mut p, 1, 75_000) };
-    let mut err: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: SO_ERROR into an int.
-    unsafe {
-        real::getsockopt()(
-            t,
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            (&mut err as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
     let put_back = |why: &str| {
         // The real socket returns to the application's number (its SO_ERROR, if any, is
         // still pending for the application to read).
         let _g = pending.lock.lock();
         if !pending.cancelled.load(Ordering::Acquire) {
-            table::remove(fd);
-            let _ = replace(fd, t);
+            // The socket first, then the number stops being ours: until then reads and writes
+            // reach whatever file is at the number (the pair, not ready, or the socket).
+            let _ = replace(fd, t, false, || {
+                table::remove(fd);
+            });
         }
         log::line(format_args!("fd {fd} connect: {why}"));
     };
-    if err != 0 || p.revents & libc::POLLOUT == 0 {
-        // Put the error back where SO_ERROR finds it: the TCP socket itself keeps it.
-        return put_back(&format!("TCP connect failed ({err})"));
+    if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 || p.revents & libc::POLLOUT == 0 {
+        // Failed (or timed out): the socket goes back with its error unread, for the
+        // application's SO_ERROR (reading it here would clear it).
+        return put_back(&format!(
+            "TCP connect failed (poll revents {:#x})",
+            p.revents
+        ));
     }
     let rt = runtime();
     let Ok(dup) = hidden_dup(t) else {
@@ -481,11 +676,9 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
             }
             // Ours before the pair turns writable: an application woken by the writability
             // must find its writes going to SMC-R, not into the pair.
-            let sock = Arc::new(Sock::Smc(smc_fd(s, true)));
+            let sock = smc_fd(s, true, pair);
             table::insert(fd, sock.clone());
-            if let Sock::Smc(c) = &*sock {
-                c.stream.set_readiness(Box::new(PairSink(pair)));
-            }
+            follow(&sock);
         }
         Ok(s) => put_back(&format!("{peer:?}: {}", describe(s.mode()))),
         Err(e) => {
@@ -500,8 +693,9 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
             // SAFETY: resetting our TCP socket (SO_LINGER 0 + shutdown) makes its SO_ERROR and
             // reads report the failure once it is back at the application's number.
             unsafe { real::shutdown()(t, libc::SHUT_RDWR) };
-            table::remove(fd);
-            let _ = replace(fd, t);
+            let _ = replace(fd, t, false, || {
+                table::remove(fd);
+            });
         }
     }
 }
@@ -567,8 +761,8 @@ impl Listener {
         };
         let cloexec = flags & libc::SOCK_CLOEXEC != 0;
         let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-        let place = |file: i32| -> io::Result<i32> {
-            let cmd = if cloexec {
+        let place = |file: i32, ours: bool| -> io::Result<i32> {
+            let cmd = if cloexec || ours {
                 libc::F_DUPFD_CLOEXEC
             } else {
                 libc::F_DUPFD
@@ -590,16 +784,16 @@ impl Listener {
             Ok(n)
         };
         match r {
-            Ready::Tcp(fd) => place(fd.as_raw_fd()),
+            Ready::Tcp(fd) => place(fd.as_raw_fd(), false),
             Ready::Smc(s) => {
                 let (app, pair) = Pair::new()?;
-                let n = place(app.as_raw_fd())?;
+                let n = place(app.as_raw_fd(), true)?;
+                table::set_cloexec_view(n, cloexec);
                 drop(app);
-                let sock = Arc::new(Sock::Smc(smc_fd(s, nonblock)));
+                let sock = smc_fd(s, nonblock, pair);
+                crate::epoll::forget(n);
                 table::insert(n, sock.clone());
-                if let Sock::Smc(c) = &*sock {
-                    c.stream.set_readiness(Box::new(PairSink(pair)));
-                }
+                follow(&sock);
                 Ok(n)
             }
         }
@@ -623,7 +817,7 @@ pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
         );
     }
     let (app, pair) = Pair::new()?;
-    replace(fd, app.as_raw_fd())?;
+    replace(fd, app.as_raw_fd(), true, || {})?;
     drop(app);
     if nonblock {
         // SAFETY: the application's listener was non-blocking; its new descriptor is too.
@@ -711,6 +905,10 @@ fn acceptor(fd: i32, l: &Arc<Listener>) {
                 }
                 q.push_back(ready);
                 l.ready_state(true);
+                if q.len() > 1 {
+                    // Already readable: a new arrival still wakes edge-triggered epoll.
+                    l.pair.pulse();
+                }
                 l.cond.notify_one();
             });
     }

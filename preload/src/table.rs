@@ -14,6 +14,10 @@ use crate::shim::Sock;
 pub(crate) const MAX_FDS: usize = 1 << 16;
 
 static BITS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
+/// For numbers showing one of our pairs: the application asked for the descriptor to survive
+/// exec (FD_CLOEXEC clear). The pair itself is always close-on-exec, so a new program image
+/// never holds an end that nothing serves any more; the application sees its own flag.
+static INHERIT: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
 /// Each entry with the process that made it: a forked child inherits our memory and our
 /// descriptors, but the connections belong to the parent.
 static MAP: RwLock<BTreeMap<i32, (u32, Arc<Sock>)>> = RwLock::new(BTreeMap::new());
@@ -62,6 +66,16 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
     }
 }
 
+/// The socket behind `fd` whichever process made the entry (a forked child's view of the
+/// parent's files, for decisions about the file itself rather than the connection).
+pub(crate) fn get_any(fd: i32) -> Option<Arc<Sock>> {
+    let (w, b) = slot(fd)?;
+    if BITS[w].load(Ordering::Acquire) & b == 0 {
+        return None;
+    }
+    MAP.read().get(&fd).map(|(_, s)| s.clone())
+}
+
 /// Records `fd` as ours (replacing what was there).
 pub(crate) fn insert(fd: i32, s: Arc<Sock>) {
     let Some((w, b)) = slot(fd) else { return };
@@ -87,4 +101,25 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
         std::mem::forget(s);
         None
     }
+}
+
+/// Records the close-on-exec flag the application believes `fd` has.
+pub(crate) fn set_cloexec_view(fd: i32, cloexec: bool) {
+    let Some((w, b)) = slot(fd) else { return };
+    if cloexec {
+        INHERIT[w].fetch_and(!b, Ordering::Release);
+    } else {
+        INHERIT[w].fetch_or(b, Ordering::Release);
+    }
+}
+
+/// The close-on-exec flag the application believes `fd` has (see [`set_cloexec_view`]).
+pub(crate) fn cloexec_view(fd: i32) -> bool {
+    slot(fd).is_none_or(|(w, b)| INHERIT[w].load(Ordering::Acquire) & b == 0)
+}
+
+/// Whether some number of this process still shows `s` (after one was removed: dup'd
+/// numbers share the socket).
+pub(crate) fn shows(s: &Arc<Sock>) -> bool {
+    MAP.read().values().any(|(_, t)| Arc::ptr_eq(s, t))
 }

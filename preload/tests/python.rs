@@ -298,3 +298,89 @@ fn with_the_option_program_mixed_pairs_fall_back_with_peernosmc() {
     assert_eq!(count("connect", "0x03010000"), 1, "{log}");
     assert_eq!(count("accept", "0x03010000"), 1, "{log}");
 }
+
+#[test]
+fn smcr_sockets_never_cross_exec_and_sendfile_onto_them_is_exact() {
+    let run = Run::new("exec");
+    let p = port();
+    let server = run.server(true, p);
+    let out = run
+        .cmd(
+            true,
+            &[
+                script("exec_sendfile.py").to_str().unwrap(),
+                "127.0.0.2",
+                &p.to_string(),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let served = finish(server);
+    assert!(
+        served.contains(&format!("SERVED {}", (1 << 20) + 5000)),
+        "{served}"
+    );
+    let log = run.log();
+    assert!(log.contains("connect") && log.contains("): SMC-R"), "{log}");
+}
+
+/// A C program built with `-D_FORTIFY_SOURCE=2` (as Debian builds packages) reads through
+/// glibc's `__read_chk`, `__recv_chk` and `__recvfrom_chk`.
+#[test]
+fn fortified_reads_reach_the_smcr_connection() {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert_ne!(
+            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
+            Ok("1"),
+            "cc missing (scripts/setup.sh installs gcc)"
+        );
+        eprintln!("SKIP: no C compiler");
+        return;
+    }
+    let run = Run::new("fortify");
+    let bin = std::env::temp_dir().join(format!("smcr-fortify-{}", std::process::id()));
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/fortify.c");
+    let st = Command::new("cc")
+        .args(["-O2", "-D_FORTIFY_SOURCE=2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let syms = Command::new("nm").arg("-D").arg(&bin).output().unwrap();
+    let syms = String::from_utf8_lossy(&syms.stdout);
+    for s in ["__read_chk", "__recv_chk", "__recvfrom_chk"] {
+        assert!(syms.contains(s), "the compiler did not fortify {s}: {syms}");
+    }
+    let p = port();
+    let server = run.server(true, p);
+    let out = Command::new(&bin)
+        .args(["127.0.0.2", &p.to_string()])
+        .env("LD_PRELOAD", lib())
+        .env("SMCR_LOG", &run.log)
+        .env("SMCR_NEGOTIATION", "assume")
+        .env("SMCR_ROCE_PORT", run.roce_port.to_string())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&bin);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    finish(server);
+    let log = run.log();
+    assert!(log.contains("connect") && log.contains("): SMC-R"), "{log}");
+}

@@ -309,7 +309,9 @@ impl Shared {
             local,
             mrs: MrTable::new(seed.wrapping_mul(0x9E37_79B9)),
             qps: RwLock::new(HashMap::new()),
-            next_qpn: AtomicU32::new(0x11),
+            // A process that restarts on the same address must not reuse its predecessor's
+            // QPNs: a peer's stale QP would still send to them.
+            next_qpn: AtomicU32::new(first_qpn(seed)),
             next_pd: AtomicU32::new(1),
             timers: Mutex::new(BinaryHeap::new()),
             sleep_until: AtomicU64::new(0),
@@ -890,4 +892,17 @@ pub(crate) fn wait_readable(fd: &OwnedFd, timeout: Option<Duration>) -> io::Resu
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Where a device's QPNs start: 0x100 and up, different per process and start time.
+fn first_qpn(seed: u32) -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
+    let mut x = seed ^ nanos.rotate_left(16);
+    // xorshift mixing.
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    0x100 + x % 0x7f_0000
 }

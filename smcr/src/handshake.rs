@@ -179,6 +179,8 @@ pub enum Event {
         negotiated: Negotiated,
         /// The client's RoCE v2 GID.
         client_gid: Gid,
+        /// The client's system ID (a link group serves one peer system, as Linux matches it).
+        client_id: PeerId,
     },
     /// Server: the client confirmed; the connection is SMC-R.
     Established {
@@ -472,7 +474,10 @@ impl Client {
             version: 2,
             typev1: SmcType::None,
             typev2: SmcType::R,
-            peer_id: PeerId::default(),
+            // Linux leaves this zero in a v2-only Proposal; we send our system ID (the field
+            // RFC 7609 defines for it), so a server can tell a restarted client process on the
+            // same address from its predecessor (docs/protocol.md).
+            peer_id: c.cfg.peer_id,
             gid: Gid::default(),
             mac: Mac::default(),
             smcd: Some(SmcdInfo::default()),
@@ -681,6 +686,7 @@ impl Server {
                     self.c.events.push_back(Event::Proposed {
                         negotiated,
                         client_gid,
+                        client_id: p.peer_id,
                     });
                 }
                 Err(reason) => {

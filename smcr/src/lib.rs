@@ -15,10 +15,13 @@ pub mod handshake;
 pub mod lgr;
 pub mod link;
 pub mod option;
+pub mod policy;
 pub mod runtime;
+pub mod stats;
 mod stream;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
+pub use clc::DeclineReason;
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{Blocking, ConnStats, FallbackReason, Mode, SmcListener, SmcStream};

@@ -69,10 +69,19 @@ pub struct RuntimeConfig {
     /// Bytes of RMB memory the runtime may hold in total; a server declines with `MEM` beyond it
     /// (0 makes every server handshake decline).
     pub rmb_budget: u64,
+    /// Where the shared-memory stats area goes (`None`: no area; `smc-stat` will not see
+    /// this process). Default `/dev/shm/smcr`.
+    pub stats_dir: Option<PathBuf>,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
 pub const LINGER: Duration = Duration::from_secs(600);
+
+/// Connection and link-group records in a runtime's stats area (more connections than slots
+/// work, unseen by smc-stat).
+pub const STATS_CONN_SLOTS: usize = 4096;
+/// See [`STATS_CONN_SLOTS`].
+pub const STATS_LG_SLOTS: usize = 64;
 
 /// The user EID both ends must share for SMC-Rv2 unless configured otherwise.
 pub const DEFAULT_UEID: &str = "SMCR-RS-DEFAULT";
@@ -98,6 +107,7 @@ impl RuntimeConfig {
             test_link_time: Some(link::TEST_LINK_TIME),
             linger: LINGER,
             rmb_budget: 1 << 30,
+            stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
         }
     }
 }
@@ -105,7 +115,7 @@ impl RuntimeConfig {
 impl RuntimeConfig {
     /// Defaults, changed by the environment (how the preload and `smcr run` configure it):
     /// `SMCR_NEGOTIATION=option|assume`, `SMCR_BPF_DIR`, `SMCR_RMB_KIB`, `SMCR_ROCE_PORT`,
-    /// `SMCR_UEID` (comma-separated user EIDs).
+    /// `SMCR_UEID` (comma-separated user EIDs), `SMCR_STATS_DIR` (`off`: no stats area).
     pub fn from_env() -> Self {
         let mut cfg = Self::new();
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -129,6 +139,11 @@ impl RuntimeConfig {
             if !ueids.is_empty() {
                 cfg.handshake.ueids = ueids;
             }
+        }
+        match var("SMCR_STATS_DIR").as_deref() {
+            Some("off") => cfg.stats_dir = None,
+            Some(d) => cfg.stats_dir = Some(d.into()),
+            None => {}
         }
         cfg
     }
@@ -170,6 +185,8 @@ pub(crate) struct Inner {
     rmb_in_use: Mutex<u64>,
     /// CONFIRM LINK exchanges completed (first contacts), for tests and stats.
     pub(crate) links_confirmed: AtomicU32,
+    /// This runtime's shared-memory stats area (`smc-stat` reads it), if it could be made.
+    pub(crate) stats: Option<Arc<crate::stats::Area>>,
     /// One handshake at a time per (role, peer address), as Linux's `smc_*_lgr_pending`: two
     /// concurrent first contacts to one peer would otherwise create two link groups.
     pending: Mutex<HashMap<(bool, Ipv4Addr), PendingLock>>,
@@ -189,6 +206,17 @@ impl Runtime {
     /// A runtime with `cfg`. With TCP-option negotiation, the pinned map is opened now; if
     /// that fails every connection falls back to TCP with the reason (see [`crate::Mode`]).
     pub fn new(cfg: RuntimeConfig) -> Self {
+        // No area is no accelerator failure: smc-stat just does not see this process.
+        // Areas of processes that are gone (the preload's runtime is never dropped) are
+        // removed by whoever starts next.
+        let cfg_stats = cfg
+            .stats_dir
+            .as_deref()
+            .and_then(|d| {
+                crate::stats::clean_stale(d);
+                crate::stats::Area::create(d, STATS_CONN_SLOTS, STATS_LG_SLOTS).ok()
+            })
+            .map(Arc::new);
         let option = match &cfg.negotiation {
             Negotiation::TcpOption { dir } => OptionMap::open(dir).map_err(|e| e.to_string()),
             Negotiation::Assume => Err("not used".into()),
@@ -204,8 +232,14 @@ impl Runtime {
                 rmb_in_use: Mutex::new(0),
                 links_confirmed: AtomicU32::new(0),
                 pending: Mutex::new(HashMap::new()),
+                stats: cfg_stats,
             }),
         }
+    }
+
+    /// The shared-memory stats area of this runtime (see [`crate::stats`]), if any.
+    pub fn stats_path(&self) -> Option<&std::path::Path> {
+        self.inner.stats.as_deref().map(crate::stats::Area::path)
     }
 
     /// The settings.
@@ -247,6 +281,10 @@ impl Runtime {
         let groups: Vec<_> = self.inner.groups.lock().drain(..).collect();
         for g in groups {
             g.terminate();
+        }
+        // Threads may still hold the runtime for a while; its stats are over now.
+        if let Some(a) = &self.inner.stats {
+            a.unlink();
         }
     }
 
@@ -346,13 +384,14 @@ impl Inner {
         *used = used.saturating_sub(u64::from(bytes));
     }
 
-    /// A live link group to `peer_gid` where we have `role`, with room for a connection
-    /// (client: the server's QPN must match the Accept).
+    /// A live link group to the peer system `peer_id` at `peer_gid` where we have `role`,
+    /// with room for a connection (client: the server's QPN must match the Accept).
     pub(crate) fn find_group(
         &self,
         local: Ipv4Addr,
         peer_gid: Gid,
         role: link::Role,
+        peer_id: PeerId,
         peer_qpn: Option<u32>,
     ) -> Option<Arc<LinkGroup>> {
         let groups = self.groups.lock();
@@ -362,6 +401,7 @@ impl Inner {
                 g.role == role
                     && g.dev.ip == local
                     && g.peer_gid == peer_gid
+                    && g.peer_id == peer_id
                     && peer_qpn.is_none_or(|q| q == g.peer_qpn.load(Ordering::Relaxed))
                     && g.is_up()
                     && g.has_room()
@@ -414,6 +454,9 @@ pub(crate) struct LinkGroup {
     pub(crate) qp: QueuePair,
     cq: CompletionQueue,
     pub(crate) peer_gid: Gid,
+    /// The peer's system ID (from its Proposal or Accept): a restarted peer process on the same
+    /// address is another system, with link groups of its own (Linux's `smcr_lgr_match`).
+    pub(crate) peer_id: PeerId,
     pub(crate) peer_qpn: AtomicU32,
     pub(crate) psn: u32,
     pub(crate) mtu: QpMtu,
@@ -454,6 +497,7 @@ impl LinkGroup {
         dev: Arc<Dev>,
         role: link::Role,
         peer_gid: Gid,
+        peer_id: PeerId,
         mtu: QpMtu,
     ) -> io::Result<Arc<Self>> {
         let cq = dev.device.create_cq()?;
@@ -481,6 +525,7 @@ impl LinkGroup {
             qp,
             cq,
             peer_gid,
+            peer_id,
             peer_qpn: AtomicU32::new(0),
             psn: random_u32() & 0xff_ffff,
             mtu,
@@ -1091,6 +1136,11 @@ pub struct ReadyState {
     pub rdhup: bool,
     /// POLLHUP: both directions are finished (or the connection failed).
     pub hup: bool,
+    /// POLLERR: the connection was reset (the peer aborted it, or it failed).
+    pub error: bool,
+    /// Counts arrivals of data (wrapping): a change while `readable` stays true is a new
+    /// arrival, which edge-triggered epoll reports again for a socket.
+    pub arrivals: u32,
 }
 
 pub(crate) struct ConnState {
@@ -1106,8 +1156,15 @@ pub(crate) struct ConnState {
     pub(crate) stats: crate::ConnStats,
     /// We shut down writing (shutdown or close).
     pub(crate) shut_wr: bool,
+    /// We shut down reading: reads give EOF once the queued data is read.
+    pub(crate) shut_rd: bool,
+    /// A reset (peer abort or failure) was reported to the application once; later reads
+    /// give EOF and writes EPIPE, as for a TCP socket whose error was collected.
+    pub(crate) reset_reported: bool,
     /// What the readiness sink was last told.
     pub(crate) reported: Option<ReadyState>,
+    /// Data arrivals (see [`ReadyState::arrivals`]).
+    pub(crate) arrivals: u32,
 }
 
 impl ConnShared {
@@ -1189,7 +1246,7 @@ impl ConnShared {
 
     /// Ends the connection because of the peer (bad cursors, urgent data): an abort CDC tells
     /// it, our application gets `ConnectionReset` with `why`.
-    fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: String) {
+    pub(crate) fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: String) {
         s.failed = Some(why);
         let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_ABORT);
         let _ = lg.send_cdc(&cdc, true);
@@ -1214,8 +1271,12 @@ impl ConnShared {
             self.wake();
             return;
         }
+        let before = s.core.readable();
         match s.core.on_cdc(m) {
             Ok(u) => {
+                if s.core.readable() > before {
+                    s.arrivals = s.arrivals.wrapping_add(1);
+                }
                 if u.update_requested {
                     let cdc = s.core.control_cdc();
                     // The poller must not wait; a missed update is re-requested by the peer.
@@ -1252,6 +1313,7 @@ impl ConnShared {
         let pf = s.core.peer_flags();
         let gone = s.failed.is_some() || pf.contains(ConnStateFlags::PEER_CONN_ABORT);
         let peer_done = gone
+            || s.shut_rd
             || pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED);
         let now = ReadyState {
             readable: s.core.readable() > 0 || peer_done,
@@ -1261,6 +1323,8 @@ impl ConnShared {
                 || pf.contains(ConnStateFlags::PEER_CONN_CLOSED),
             rdhup: peer_done,
             hup: gone || (peer_done && s.shut_wr),
+            error: gone && !s.reset_reported,
+            arrivals: s.arrivals,
         };
         if s.reported != Some(now) {
             s.reported = Some(now);

@@ -45,6 +45,9 @@ impl FallbackReason {
     pub const CODE_OPTION_NOT_OBSERVED: u32 = 0x7f00_0002;
     /// Local code: not an IPv4 connection.
     pub const CODE_NOT_IPV4: u32 = 0x7f00_0003;
+    /// Local code: kept off SMC-R by the user's policy (`SMCR_INCLUDE`/`SMCR_EXCLUDE`, see
+    /// [`crate::policy`]); the preload applies it before the TCP handshake.
+    pub const CODE_EXCLUDED: u32 = 0x7f00_0004;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
     pub fn code(&self) -> u32 {
@@ -112,6 +115,8 @@ pub struct SmcStream {
     tcp: TcpStream,
     smc: Option<Smc>,
     mode: Mode,
+    /// This connection's record in the runtime's stats area.
+    stat: Option<StatSlot>,
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
     nonblocking: bool,
@@ -120,6 +125,18 @@ pub struct SmcStream {
 struct Smc {
     conn: Arc<ConnShared>,
     lg: Arc<LinkGroup>,
+}
+
+/// A claimed record in the stats area, freed with the stream.
+struct StatSlot {
+    area: Arc<crate::stats::Area>,
+    slot: usize,
+}
+
+impl Drop for StatSlot {
+    fn drop(&mut self) {
+        self.area.release_conn(self.slot);
+    }
 }
 
 /// The handshake roles' shared driver methods.
@@ -165,26 +182,37 @@ impl_handshake!(handshake::Server);
 
 /// Runs the handshake over `tcp` until it has an event; never reads past a CLC message.
 fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<Event> {
+    // The socket may be non-blocking (the preload negotiates on the application's own
+    // socket): wait in poll, never by spinning on EAGAIN.
     let mut buf = [0u8; 1024];
-    let result = loop {
+    loop {
         while let Some(b) = hs.poll_transmit() {
-            tcp.write_all(&b)?;
+            let mut at = 0;
+            while at < b.len() {
+                match tcp.write(&b[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        wait_fd(tcp, libc::POLLOUT, None)?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
         }
         if let Some(ev) = hs.poll_event() {
-            break Ok(ev);
+            return Ok(ev);
         }
         let want = hs.wants().min(buf.len());
         if want == 0 {
-            break Err(io::Error::other("CLC handshake stalled"));
+            return Err(io::Error::other("CLC handshake stalled"));
         }
         let left = hs
             .poll_timeout()
             .map(|t| t.saturating_duration_since(Instant::now()));
-        if left.is_some_and(|l| l.is_zero()) {
+        if left.is_some_and(|l| l.is_zero()) || !wait_fd(tcp, libc::POLLIN, left)? {
             hs.handle_timeout(Instant::now());
             continue;
         }
-        tcp.set_read_timeout(left)?;
         match tcp.read(&mut buf[..want]) {
             Ok(0) => hs.handle_eof(),
             Ok(n) => {
@@ -193,17 +221,57 @@ fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<Event> {
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                hs.handle_timeout(Instant::now())
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
         }
+    }
+}
+
+/// SO_LINGER is on with a zero timeout (close must reset, not finish).
+fn linger_zero(tcp: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
     };
-    tcp.set_read_timeout(None)?;
-    result
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: reading SO_LINGER into a linger struct of the right size.
+    let r = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+/// Waits until `tcp` is ready for `events` (or has an error or hang-up); `false` on timeout.
+fn wait_fd(tcp: &TcpStream, events: libc::c_short, timeout: Option<Duration>) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let ms = timeout.map_or(-1, |t| {
+        // Rounded up: a sub-millisecond remainder must not become a zero-timeout spin.
+        i32::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
+    });
+    let mut p = libc::pollfd {
+        fd: tcp.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 fn failed(e: handshake::Error) -> io::Error {
@@ -280,7 +348,10 @@ fn make_conn(
             inflight: 0,
             stats: ConnStats::default(),
             shut_wr: false,
+            shut_rd: false,
+            reset_reported: false,
             reported: None,
+            arrivals: 0,
         }),
         cond: parking_lot::Condvar::new(),
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
@@ -322,6 +393,7 @@ impl SmcStream {
             Err(reason) => s.mode = Mode::Tcp(reason),
             Ok(()) => s.client_handshake(rt)?,
         }
+        s.record(rt, false);
         Ok(s)
     }
 
@@ -363,10 +435,71 @@ impl SmcStream {
             tcp,
             smc: None,
             mode,
+            stat: None,
             read_timeout: None,
             write_timeout: None,
             nonblocking: false,
         }
+    }
+
+    /// Puts the negotiated connection into the runtime's stats area (and counts a fallback).
+    fn record(&mut self, rt: &Runtime, server: bool) {
+        use crate::stats::conn;
+        let Some(area) = &rt.inner.stats else {
+            return;
+        };
+        let addr = |a: io::Result<SocketAddr>| match a {
+            Ok(SocketAddr::V4(a)) => u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
+            _ => 0,
+        };
+        let mut rec = crate::stats::ConnRecord::default();
+        rec.words[conn::IN_USE] = 1;
+        rec.words[conn::LOCAL] = addr(self.tcp.local_addr());
+        rec.words[conn::PEER] = addr(self.tcp.peer_addr());
+        let mode = match &self.mode {
+            Mode::SmcR { .. } => conn::MODE_SMCR,
+            Mode::Tcp(r) => {
+                area.count_fallback(r.code());
+                let peer = match r {
+                    FallbackReason::Declined {
+                        reason,
+                        by_peer: true,
+                    } => u64::from(reason.0),
+                    _ => 0,
+                };
+                rec.words[conn::REASON] = u64::from(r.code()) | peer << 32;
+                conn::MODE_TCP
+            }
+        };
+        rec.words[conn::STATE] = conn::STATE_ACTIVE | u64::from(server) << 8 | mode << 16;
+        if let Some(smc) = &self.smc {
+            rec.words[conn::SIZES] =
+                smc.conn.rmb.len() as u64 | (smc.conn.sndbuf.len() as u64) << 32;
+            rec.words[conn::IDS] = u64::from(smc.conn.token) | u64::from(smc.lg.id) << 32;
+        }
+        rec.words[conn::SINCE] = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        if let Some(slot) = area.claim_conn() {
+            area.write_conn(slot, &rec);
+            self.stat = Some(StatSlot {
+                area: area.clone(),
+                slot,
+            });
+        }
+    }
+
+    /// Counts bytes moved in the stats area.
+    fn counted(&self, r: io::Result<usize>, sent: bool) -> io::Result<usize> {
+        if let (Ok(n), Some(st)) = (&r, &self.stat) {
+            let n = *n as u64;
+            if sent {
+                st.area.add_bytes(st.slot, n, 0);
+            } else {
+                st.area.add_bytes(st.slot, 0, n);
+            }
+        }
+        r
     }
 
     fn client_handshake(&mut self, rt: &Runtime) -> io::Result<()> {
@@ -401,15 +534,28 @@ impl SmcStream {
                 } else {
                     mtu
                 };
-                let lg = LinkGroup::create(&rt.inner, dev, link::Role::Client, peer.gid, mtu)
-                    .map_err(|_| DeclineReason::ERR_RDYLNK)?;
+                let lg = LinkGroup::create(
+                    &rt.inner,
+                    dev,
+                    link::Role::Client,
+                    peer.gid,
+                    server.peer_id,
+                    mtu,
+                )
+                .map_err(|_| DeclineReason::ERR_RDYLNK)?;
                 lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)
                     .map_err(|_| DeclineReason::ERR_RDYLNK)?;
                 rt.inner.add_group(lg.clone());
                 lg
             } else {
                 rt.inner
-                    .find_group(*local.ip(), peer.gid, link::Role::Client, Some(peer.qpn))
+                    .find_group(
+                        *local.ip(),
+                        peer.gid,
+                        link::Role::Client,
+                        server.peer_id,
+                        Some(peer.qpn),
+                    )
                     .ok_or(DeclineReason::SYNCERR)?
             };
             let rmb = lg.take_rmb(size.bytes())?;
@@ -530,8 +676,18 @@ impl SmcStream {
         let Some(smc) = &self.smc else {
             return self.tcp.shutdown(how);
         };
+        if matches!(how, Shutdown::Read | Shutdown::Both) {
+            let mut s = smc.conn.core.lock();
+            s.shut_rd = true;
+            smc.conn.report(&mut s);
+            drop(s);
+            smc.conn.wake();
+        }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
             let mut s = smc.conn.core.lock();
+            if s.shut_wr {
+                return Ok(());
+            }
             let staged = s.staged;
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
             let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
@@ -542,6 +698,60 @@ impl SmcStream {
         Ok(())
     }
 
+    /// Ends the connection at once: the peer is told (an abort CDC, which it reports as
+    /// `ConnectionReset`), and our own reads and writes fail with `ConnectionReset` carrying
+    /// `why`. For callers that can no longer trust the connection (the preload after a panic
+    /// in a call on it). A TCP-mode stream is shut down both ways.
+    pub fn abort(&self, why: &str) {
+        let Some(smc) = &self.smc else {
+            let _ = self.tcp.shutdown(Shutdown::Both);
+            return;
+        };
+        let mut s = smc.conn.core.lock();
+        if s.failed.is_none() {
+            smc.conn.abort(&mut s, &smc.lg, why.to_owned());
+            smc.conn.report(&mut s);
+        }
+        drop(s);
+        smc.conn.wake();
+    }
+
+    /// The reset to report, once: the peer aborted or the connection failed, and the
+    /// application has not been told yet (later calls see EOF / EPIPE, as TCP after its
+    /// error was collected).
+    fn pending_reset(s: &mut crate::runtime::ConnState) -> Option<io::Error> {
+        if s.reset_reported {
+            return None;
+        }
+        let why = if let Some(f) = &s.failed {
+            f.clone()
+        } else if s
+            .core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            "peer aborted the connection".to_owned()
+        } else {
+            return None;
+        };
+        s.reset_reported = true;
+        Some(io::Error::new(io::ErrorKind::ConnectionReset, why))
+    }
+
+    /// Takes a reset not yet reported (for SO_ERROR, which reports it once): `true` if there
+    /// was one. A TCP-mode stream: `false` (the socket keeps its own error).
+    pub fn take_reset(&self) -> bool {
+        let Some(smc) = &self.smc else {
+            return false;
+        };
+        let mut s = smc.conn.core.lock();
+        let taken = Self::pending_reset(&mut s).is_some();
+        if taken {
+            smc.conn.report(&mut s);
+        }
+        taken
+    }
+
     fn deadline(t: Option<Duration>) -> Option<Instant> {
         t.map(|t| Instant::now() + t)
     }
@@ -550,18 +760,22 @@ impl SmcStream {
     /// application's O_NONBLOCK and SO_RCVTIMEO); `peek` leaves the data in place (MSG_PEEK).
     /// On a TCP-mode stream this reads the TCP socket.
     pub fn recv(&self, buf: &mut [u8], peek: bool, how: Blocking) -> io::Result<usize> {
-        if self.smc.is_none() {
-            return (&self.tcp).read(buf);
-        }
-        self.smc_read(buf, peek, how)
+        let r = if self.smc.is_none() {
+            (&self.tcp).read(buf)
+        } else {
+            self.smc_read(buf, peek, how)
+        };
+        if peek { r } else { self.counted(r, false) }
     }
 
     /// Writes to an SMC-R stream with per-call blocking; on a TCP-mode stream, to the socket.
     pub fn send(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
-        if self.smc.is_none() {
-            return (&self.tcp).write(buf);
-        }
-        self.smc_write(buf, how)
+        let r = if self.smc.is_none() {
+            (&self.tcp).write(buf)
+        } else {
+            self.smc_write(buf, how)
+        };
+        self.counted(r, true)
     }
 
     fn how(&self, timeout: Option<Duration>) -> Blocking {
@@ -605,19 +819,21 @@ impl SmcStream {
                 return Ok(n as usize);
             }
             let pf = s.core.peer_flags();
-            if pf.contains(ConnStateFlags::PEER_CONN_ABORT) {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    "peer aborted the connection",
-                ));
-            }
-            // A peer that finished cleanly gives EOF even if the link goes away afterwards
-            // (its process exits and deletes the link group right after closing).
-            if pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED) {
+            if s.shut_rd {
                 return Ok(0);
             }
-            if let Some(f) = &s.failed {
-                return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
+            if let Some(e) = Self::pending_reset(&mut s) {
+                return Err(e);
+            }
+            // A peer that finished cleanly gives EOF even if the link goes away afterwards
+            // (its process exits and deletes the link group right after closing); so does a
+            // reset already reported.
+            if s.reset_reported
+                || pf.intersects(
+                    ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED,
+                )
+            {
+                return Ok(0);
             }
             wait(&smc.conn, &mut s, nonblocking, deadline)?;
         }
@@ -634,12 +850,14 @@ impl SmcStream {
         };
         let mut s = smc.conn.core.lock();
         loop {
-            if let Some(f) = &s.failed {
-                return Err(io::Error::new(io::ErrorKind::ConnectionReset, f.clone()));
+            if let Some(e) = Self::pending_reset(&mut s) {
+                return Err(e);
             }
             let pf = s.core.peer_flags();
             if pf.intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
                 || s.local_closed
+                || s.shut_wr
+                || s.reset_reported
             {
                 return Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
@@ -741,21 +959,23 @@ pub enum Blocking {
 
 impl Read for SmcStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.smc.is_some() {
+        let r = if self.smc.is_some() {
             self.smc_read(buf, false, self.how(self.read_timeout))
         } else {
             self.tcp.read(buf)
-        }
+        };
+        self.counted(r, false)
     }
 }
 
 impl Write for SmcStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.smc.is_some() {
+        let r = if self.smc.is_some() {
             self.smc_write(buf, self.how(self.write_timeout))
         } else {
             self.tcp.write(buf)
-        }
+        };
+        self.counted(r, true)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -779,7 +999,14 @@ impl Drop for SmcStream {
             s.local_closed = true;
             let staged = s.staged;
             let _ = smc.conn.flush_locked(&mut s, &smc.lg, staged, false);
-            let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_CLOSED);
+            // As Linux's smc_close_final (and TCP's RST): closing with unread data aborts;
+            // so does SO_LINGER {on, 0}, as for TCP.
+            let flag = if s.core.readable() > 0 || linger_zero(&self.tcp) {
+                ConnStateFlags::PEER_CONN_ABORT
+            } else {
+                ConnStateFlags::PEER_CONN_CLOSED
+            };
+            let cdc = s.core.close_flags(flag);
             let _ = smc.lg.send_cdc(&cdc, false);
         }
         let peer_gone = s
@@ -899,6 +1126,7 @@ impl SmcStream {
             Err(r) => s.mode = Mode::Tcp(r),
             Ok(()) => s.server_handshake(rt)?,
         }
+        s.record(rt, true);
         Ok(s)
     }
 
@@ -922,8 +1150,12 @@ impl SmcStream {
                 ev => Err(io::Error::other(format!("unexpected {ev:?}"))),
             }
         };
-        let client_gid = match drive(&mut self.tcp, &mut hs)? {
-            Event::Proposed { client_gid, .. } => client_gid,
+        let (client_gid, client_id) = match drive(&mut self.tcp, &mut hs)? {
+            Event::Proposed {
+                client_gid,
+                client_id,
+                ..
+            } => (client_gid, client_id),
             Event::Fallback {
                 reason, by_peer, ..
             } => {
@@ -937,9 +1169,9 @@ impl SmcStream {
         // smc_server_lgr_pending): concurrent first contacts would create two link groups.
         let pending = rt.inner.pending(true, peer_ip);
         let _one_at_a_time = pending.lock();
-        let existing = rt
-            .inner
-            .find_group(*local.ip(), client_gid, link::Role::Server, None);
+        let existing =
+            rt.inner
+                .find_group(*local.ip(), client_gid, link::Role::Server, client_id, None);
         let first_contact = existing.is_none();
         let lg = match existing {
             Some(lg) => lg,
@@ -947,7 +1179,14 @@ impl SmcStream {
                 let Ok(dev) = rt.inner.device(*local.ip()) else {
                     return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
                 };
-                match LinkGroup::create(&rt.inner, dev, link::Role::Server, client_gid, mtu) {
+                match LinkGroup::create(
+                    &rt.inner,
+                    dev,
+                    link::Role::Server,
+                    client_gid,
+                    client_id,
+                    mtu,
+                ) {
                     Ok(lg) => lg,
                     Err(_) => return decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
                 }

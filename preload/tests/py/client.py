@@ -1,5 +1,22 @@
 import socket, sys, os, threading
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+addr = (sys.argv[1], int(sys.argv[2]))
+if "--tfo-connect" in sys.argv:
+    # TCP_FASTOPEN_CONNECT (30): SMC-R cannot honour it; like Linux's SMC, the shim keeps
+    # the socket on TCP.
+    c = socket.socket()
+    c.setsockopt(socket.IPPROTO_TCP, 30, 1)
+    c.connect(addr)
+elif "--msg-fastopen" in sys.argv:
+    # sendto with MSG_FASTOPEN connects with the first bytes in the SYN.
+    c = socket.socket()
+    first = b"fastopen"
+    c.sendto(first, socket.MSG_FASTOPEN, addr)
+    got = b""
+    while len(got) < len(first):
+        got += c.recv(100)
+    assert got == first, got
+else:
+    c = socket.create_connection(addr)
 if "--timeout" in sys.argv:
     # Python then sets O_NONBLOCK and waits in poll() before each recv/send: the readiness
     # of the application-facing socket must be exact.

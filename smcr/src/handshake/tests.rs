@@ -72,11 +72,13 @@ fn test_first_contact_like_linux() {
     let Some(Event::Proposed {
         negotiated,
         client_gid,
+        client_id,
     }) = s.poll_event()
     else {
         panic!()
     };
     assert_eq!(client_gid, gid(3));
+    assert_eq!(client_id, cfg(3, "B").peer_id);
     assert_eq!(
         (
             negotiated.release,
@@ -168,11 +170,14 @@ fn test_server_accepts_a_linux_proposal() {
     let Some(Event::Proposed {
         negotiated,
         client_gid,
+        client_id,
     }) = s.poll_event()
     else {
         panic!()
     };
     assert_eq!(client_gid, gid(3));
+    // A v2-only Linux Proposal leaves the system ID zero.
+    assert_eq!(client_id, PeerId([0; 8]));
     // Linux offered max_links 2; we take the minimum, 1, so it will not wait for ADD LINK.
     assert_eq!(
         (

@@ -1,0 +1,223 @@
+//! Readiness of SMC-R sockets under `LD_PRELOAD=libsmcr_preload.so`, "mio style": an
+//! unmodified Python program (`tests/py/readiness.py`, standard library only) drives epoll
+//! (level- and edge-triggered, one-shot, several sets), poll and select over connections whose
+//! two ends live in the one process, and after every step checks that the expected events
+//! arrive and no others do. Each test runs one group of checks twice: plainly first (the
+//! expectations are what Linux TCP gives; a failure there means the script is wrong), then
+//! under the shim, where the log must show that every connection was SMC-R.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+fn lib() -> PathBuf {
+    // `cargo test` rebuilds the cdylib next to the test binary (target/<profile>/deps); the
+    // copy in target/<profile> is only refreshed by `cargo build`.
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("libsmcr_preload.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/readiness.py")
+}
+
+static NEXT: AtomicU16 = AtomicU16::new(0);
+
+/// An engine UDP port of this test's own (tests run in parallel, each process with its own
+/// engine on the same loopback addresses).
+fn roce_port() -> u16 {
+    24000 + (std::process::id() % 500) as u16 * 16 + NEXT.fetch_add(1, Ordering::Relaxed) % 16
+}
+
+fn python3() -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: python3 is not installed");
+    }
+    ok
+}
+
+struct Run {
+    ok: bool,
+    out: String,
+}
+
+/// Runs the script's `group`, plainly or under the shim (with `log` and an engine port),
+/// killed after a minute.
+fn run(group: &str, shim: Option<&Path>) -> Run {
+    let tmp = std::env::temp_dir();
+    let tag = format!(
+        "smcr-ready-{}-{group}-{}",
+        std::process::id(),
+        if shim.is_some() { "shim" } else { "plain" }
+    );
+    let (out_path, err_path) = (
+        tmp.join(format!("{tag}.out")),
+        tmp.join(format!("{tag}.err")),
+    );
+    let mut c = Command::new("python3");
+    c.arg(script())
+        .arg(group)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    if let Some(log) = shim {
+        c.env("LD_PRELOAD", lib())
+            .env("SMCR_NEGOTIATION", "assume")
+            .env("SMCR_LOG", log)
+            .env("SMCR_ROCE_PORT", roce_port().to_string())
+            .env("SMCR_RMB_KIB", "16");
+    }
+    let mut child = c.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    let ok = status.is_some_and(|s| s.success()) && out.contains("OK readiness");
+    let mut out = format!("{out}{err}");
+    if status.is_none() {
+        out.push_str("\n(killed after 60 s)");
+    }
+    Run { ok, out }
+}
+
+/// The group passes plainly (the expectations are Linux TCP's), then under the shim with
+/// `conns` connections, each SMC-R at both ends.
+fn check(group: &str, conns: usize) {
+    if !python3() {
+        return;
+    }
+    let plain = run(group, None);
+    assert!(
+        plain.ok,
+        "plain TCP does not meet the script's expectations (fix the script):\n{}",
+        plain.out
+    );
+    let log = std::env::temp_dir().join(format!("smcr-ready-{}-{group}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let shim = run(group, Some(&log));
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    // The failing step, first, then the whole story.
+    let failed = shim
+        .out
+        .lines()
+        .find(|l| l.starts_with("FAIL"))
+        .unwrap_or("(no FAIL line)");
+    assert!(
+        shim.ok,
+        "under the shim: {failed}\n--- script output:\n{}\n--- shim log:\n{logged}",
+        shim.out
+    );
+    let lines = |what: &str| -> Vec<&str> {
+        logged
+            .lines()
+            .filter(|l| l.contains(&format!(" {what} Some(")))
+            .collect()
+    };
+    for what in ["connect", "accept"] {
+        let l = lines(what);
+        assert!(
+            l.iter().all(|l| l.contains("): SMC-R")),
+            "a {what} was not SMC-R:\n{logged}"
+        );
+        assert_eq!(l.len(), conns, "expected {conns} SMC-R {what}s:\n{logged}");
+    }
+}
+
+/// Check 1: Level-triggered: EPOLLIN while data is unread, repeatedly, gone once all is
+/// read, and EPOLLOUT on a connected socket.
+#[test]
+fn epoll_level_triggered() {
+    check("level", 1);
+}
+
+/// Check 2: Edge-triggered: one event per arrival, also while older data is still unread.
+#[test]
+fn epoll_edge_triggered() {
+    check("edge", 1);
+}
+
+/// Check 3: EPOLLONESHOT: one event, then nothing until EPOLL_CTL_MOD re-arms.
+#[test]
+fn epoll_oneshot() {
+    check("oneshot", 1);
+}
+
+/// Check 4a: The peer's shutdown(SHUT_WR): EPOLLIN|EPOLLRDHUP, read gives EOF; both directions
+/// shut: EPOLLHUP.
+#[test]
+fn peer_shutdown_write() {
+    check("shutdown", 1);
+}
+
+/// Check 4b: The peer's close (nothing unread on its side).
+#[test]
+fn peer_close() {
+    check("close", 1);
+}
+
+/// Check 4c: The peer closes with data it never read: Linux TCP resets (EPOLLERR, ECONNRESET).
+#[test]
+fn peer_close_with_unread_data() {
+    check("reset", 1);
+}
+
+/// Check 5: A full connection (16 KiB RMB) is not writable; EPOLLOUT (level and edge) once the
+/// reader drains, and a send then succeeds.
+#[test]
+fn epollout_after_the_reader_frees_space() {
+    check("writable", 1);
+}
+
+/// Check 6: Several epoll sets on one descriptor all get its events.
+#[test]
+fn several_epoll_sets() {
+    check("multi", 1);
+}
+
+/// Check 7: A closed SMC-R socket's number reused by a new socket: nothing of the old connection
+/// (its peer's writes, shutdown, close) shows on the new one.
+#[test]
+fn reused_descriptor_number_gets_no_stale_events() {
+    check("reuse", 2);
+}
+
+/// Check 8: poll() and select() agree with epoll (in, out, full, half-closed, hung up).
+#[test]
+fn poll_and_select_agree_with_epoll() {
+    check("pollselect", 1);
+}
+
+/// Check 9: A listener: readable only while a connection waits for accept, an edge per connection.
+#[test]
+fn listener_readiness() {
+    check("listener", 3);
+}
+
+/// Check 10: Non-blocking connect: writable only once connected (SO_ERROR 0, data flows), through
+/// epoll, poll and select; a refused connect reports the error.
+#[test]
+fn nonblocking_connect() {
+    check("connect", 3);
+}

@@ -1,0 +1,167 @@
+//! Real programs, unmodified, under the shim (issue 5): iperf3 (loopback, with sendfile, reverse,
+//! and across two network namespaces), sockperf ping-pong and throughput in its epoll, poll and
+//! select modes, and curl against Python's http.server. Each checks the program's own result and
+//! that its connections were SMC-R (the library's log).
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{Bg, NetPair, Shim, have, port, root, run_ok, wait_listening};
+
+fn iperf3_bytes(json: &str) -> u64 {
+    // "sum_received": { ... "bytes": N ... }
+    let at = json
+        .find("\"sum_received\"")
+        .expect("iperf3 JSON has sum_received");
+    let rest = &json[at..];
+    let b = rest.find("\"bytes\":").unwrap() + 8;
+    rest[b..]
+        .trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn iperf3_client_and_server_move_data_over_smcr() {
+    if !have("iperf3") {
+        return;
+    }
+    let shim = Shim::new("iperf3");
+    for extra in [&[][..], &["-Z"][..], &["-R"][..]] {
+        let p = port(27000);
+        let ps = p.to_string();
+        let server = Bg(shim
+            .cmd(true, "iperf3")
+            .args(["-s", "-1", "-B", "127.0.0.2", "-p", &ps])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap());
+        wait_listening(None, "127.0.0.2", p);
+        let mut c = shim.cmd(true, "iperf3");
+        c.args(["-c", "127.0.0.2", "-p", &ps, "-t", "2", "-J"])
+            .args(extra);
+        let json = run_ok(&mut c, &format!("iperf3 {extra:?}"));
+        let bytes = iperf3_bytes(&json);
+        eprintln!(
+            "iperf3 {extra:?}: {bytes} bytes in 2 s ({:.2} Gbit/s)",
+            bytes as f64 * 8.0 / 2e9
+        );
+        assert!(bytes > 10 << 20, "{json}");
+        drop(server);
+    }
+    // Control and data connection, three runs, both sides.
+    assert!(shim.smcr_count("connect") >= 6, "{}", shim.log());
+    assert!(shim.smcr_count("accept") >= 6, "{}", shim.log());
+}
+
+#[test]
+fn iperf3_across_two_namespaces() {
+    if !have("iperf3") || !root("network namespaces") {
+        return;
+    }
+    let shim = Shim::new("iperf3ns");
+    let net = NetPair::new();
+    let p = port(27000);
+    let ps = p.to_string();
+    let mut s = NetPair::cmd(&net.b, "iperf3");
+    shim.apply(&mut s);
+    let server = Bg(s
+        .args(["-s", "-1", "-B", NetPair::ADDR_B, "-p", &ps])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_listening(Some(&net.b), NetPair::ADDR_B, p);
+    let mut c = NetPair::cmd(&net.a, "iperf3");
+    shim.apply(&mut c);
+    c.args(["-c", NetPair::ADDR_B, "-p", &ps, "-t", "2", "-J"]);
+    let bytes = iperf3_bytes(&run_ok(&mut c, "iperf3 across namespaces"));
+    eprintln!(
+        "iperf3 across namespaces: {bytes} bytes in 2 s ({:.2} Gbit/s)",
+        bytes as f64 * 8.0 / 2e9
+    );
+    assert!(bytes > 10 << 20);
+    drop(server);
+    assert!(shim.smcr_count("connect") >= 2, "{}", shim.log());
+    assert!(shim.smcr_count("accept") >= 2, "{}", shim.log());
+}
+
+#[test]
+fn sockperf_ping_pong_and_throughput_in_epoll_poll_and_select_modes() {
+    if !have("sockperf") {
+        return;
+    }
+    let shim = Shim::new("sockperf");
+    for mode in ["epoll", "poll", "select"] {
+        let p = port(27000);
+        let feed = shim.dir.join(format!("feed-{mode}"));
+        std::fs::write(&feed, format!("T:127.0.0.2:{p}\n")).unwrap();
+        let feed = feed.to_str().unwrap().to_owned();
+        let server = Bg(shim
+            .cmd(true, "sockperf")
+            .args(["sr", "-f", &feed, "-F", mode])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap());
+        wait_listening(None, "127.0.0.2", p);
+        for (test, size) in [("pp", "64"), ("tp", "1024")] {
+            let mut c = shim.cmd(true, "sockperf");
+            c.args([test, "-f", &feed, "-F", mode, "-t", "1", "-m", size]);
+            let out = run_ok(&mut c, &format!("sockperf {test} -F {mode}"));
+            let summary: Vec<&str> = out.lines().filter(|l| l.contains("Summary")).collect();
+            eprintln!("sockperf {test} -F {mode}: {summary:?}");
+            assert!(!summary.is_empty() && !out.contains("ERROR"), "{out}");
+            if test == "pp" {
+                assert!(out.contains("Latency is"), "{out}");
+            } else {
+                assert!(out.contains("Message Rate is"), "{out}");
+            }
+        }
+        drop(server);
+    }
+    assert!(shim.smcr_count("connect") >= 6, "{}", shim.log());
+    assert!(shim.smcr_count("accept") >= 6, "{}", shim.log());
+}
+
+#[test]
+fn curl_fetches_from_python_http_server_both_shimmed() {
+    if !have("curl") {
+        return;
+    }
+    let shim = Shim::new("curl");
+    let www = shim.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(www.join("blob.bin"), &body).unwrap();
+    let p = port(27000);
+    let ps = p.to_string();
+    let server = Bg(shim
+        .cmd(true, "python3")
+        .args(["-m", "http.server", "--bind", "127.0.0.2", &ps])
+        .current_dir(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_listening(None, "127.0.0.2", p);
+    let got = shim.dir.join("got.bin");
+    for _ in 0..3 {
+        let mut c = shim.cmd(true, "curl");
+        c.args(["-sS", "--fail", "-o"])
+            .arg(&got)
+            .arg(format!("http://127.0.0.2:{p}/blob.bin"));
+        run_ok(&mut c, "curl");
+        assert!(
+            std::fs::read(&got).unwrap() == body,
+            "downloaded bytes differ"
+        );
+    }
+    drop(server);
+    assert!(shim.smcr_count("connect") >= 3, "{}", shim.log());
+    assert!(shim.smcr_count("accept") >= 3, "{}", shim.log());
+}
