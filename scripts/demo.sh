@@ -2,8 +2,9 @@
 # The main job: redis-server and redis-benchmark, unmodified, under `smcr run` (LD_PRELOAD of
 # the smcr library): their TCP connections become SMC-R connections on our userspace RoCE v2
 # engine. Prints redis-benchmark's rates, then how many connections went over SMC-R (from the
-# library's per-connection log) and how few bytes their TCP sockets carried, then the same
-# benchmark over plain TCP for comparison.
+# library's per-connection log) and how few bytes their TCP sockets carried, what `smc-stat`
+# showed meanwhile (sockets, link groups, fallback reasons), then the same benchmark over plain
+# TCP for comparison.
 #
 # As root the SMC-R TCP option (eBPF) is used, as between real hosts (`smcr run` installs it
 # under /sys/fs/bpf/smcr; `smcr bpf uninstall` removes it). Without root, both ends are
@@ -20,12 +21,15 @@ else
   command -v redis-server >/dev/null || { echo "demo: redis-server missing: run as root once (scripts/setup.sh installs it)" >&2; exit 1; }
   mode=(--assume)
 fi
-cargo build --release --locked -q -p preload -p smcr --bin smcr
+cargo build --release --locked -q -p preload -p smcr --bin smcr --bin smc-stat
 smcr=target/release/smcr
+stat=target/release/smc-stat
 addr=127.0.0.2
 port=$((16000 + $$ % 1000))
 work=$(mktemp -d /tmp/smcr-demo.XXXXXX)
 log=$work/smcr.log
+# The processes' stats areas, where smc-stat reads them (default /dev/shm/smcr).
+export SMCR_STATS_DIR=$work/stats
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -59,6 +63,8 @@ bench=$!
 sleep 2
 tcp_bytes=$(ss -tinH state established "( sport = :$port )" | grep -o 'bytes_received:[0-9]*' | cut -d: -f2 | sort -n | tail -1 || true)
 tcp_conns=$(ss -tnH state established "( sport = :$port )" | wc -l)
+"$stat" >"$work/stat.txt"
+"$stat" -R >"$work/links.txt"
 wait $bench
 client=$(grep -c 'connect.*): SMC-R' "$log" || true)
 server=$(grep -c 'accept.*): SMC-R' "$log" || true)
@@ -68,6 +74,12 @@ echo "while running: $tcp_conns server TCP sockets, each received at most ${tcp_
 if [ "$tcp" -gt 0 ]; then
   grep 'TCP:' "$log" | sed 's/^/  /' | head -5
 fi
+echo "-- smc-stat while the benchmark ran ($(($(wc -l <"$work/stat.txt") - 1)) sockets; the first ones):"
+head -4 "$work/stat.txt"
+echo "-- smc-stat -R (link groups):"
+cat "$work/links.txt"
+echo "-- smc-stat --fallback (redis-server: the start-up probe above was a plain client):"
+"$stat" --fallback --pid "${pids[0]}" || true
 kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true; pids=()
 
 echo "== the same over plain TCP (no smcr)"

@@ -254,6 +254,20 @@ fn is_nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
+/// The IPv4 address a socket is bound to.
+fn local_v4(fd: i32) -> Option<std::net::SocketAddr> {
+    // SAFETY: getsockname into a sockaddr_in of the size we pass.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let r = unsafe { real::getsockname()(fd, (&mut a as *mut libc::sockaddr_in).cast(), &mut len) };
+    (r == 0 && i32::from(a.sin_family) == libc::AF_INET).then(|| {
+        std::net::SocketAddr::from((
+            std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+            u16::from_be(a.sin_port),
+        ))
+    })
+}
+
 fn borrowed(fd: i32) -> BorrowedFd<'static> {
     // SAFETY: used only for the duration of a call while the application holds `fd` open.
     unsafe { BorrowedFd::borrow_raw(fd) }
@@ -565,8 +579,9 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
             if matches!(s.mode(), Mode::SmcR { .. }) {
                 take_over(fd, s).map_err(|e| errno_of(&e))
             } else {
-                // Plain TCP from now on; our duplicate closes with `s`.
+                // Plain TCP from now on; our duplicate closes, the stats row stays.
                 untrack(fd);
+                s.hand_over(&rt, fd);
                 Ok(())
             }
         }
@@ -680,7 +695,12 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
             table::insert(fd, sock.clone());
             follow(&sock);
         }
-        Ok(s) => put_back(&format!("{peer:?}: {}", describe(s.mode()))),
+        Ok(s) => {
+            put_back(&format!("{peer:?}: {}", describe(s.mode())));
+            if !pending.cancelled.load(Ordering::Acquire) {
+                s.hand_over(&rt, fd);
+            }
+        }
         Err(e) => {
             // The TCP stream carried CLC: it cannot become plain TCP. Show the failure.
             let _g = pending.lock.lock();
@@ -708,14 +728,16 @@ pub(crate) struct Listener {
     cond: parking_lot::Condvar,
     pair: Arc<Pair>,
     closed: AtomicBool,
+    /// Its row in the stats area (`smc-stat -l`), until the application closes it.
+    stat: Mutex<Option<smcr::ListenerRecord>>,
 }
 
 /// A negotiated connection waiting for `accept`.
 enum Ready {
     /// SMC-R (its TCP socket hidden in the stream).
     Smc(SmcStream),
-    /// Plain TCP (a hidden descriptor).
-    Tcp(OwnedFd),
+    /// Plain TCP (a hidden descriptor, and the stream that holds its stats row).
+    Tcp(OwnedFd, SmcStream),
 }
 
 impl Listener {
@@ -734,6 +756,7 @@ impl Listener {
     /// The application closed the listener: stop accepting; queued connections close.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.stat.lock().take();
         // SAFETY: shutting down our listening socket wakes the acceptor's accept().
         unsafe { real::shutdown()(self.tcp.as_raw_fd(), libc::SHUT_RDWR) };
         self.queue.lock().clear();
@@ -784,7 +807,11 @@ impl Listener {
             Ok(n)
         };
         match r {
-            Ready::Tcp(fd) => place(fd.as_raw_fd(), false),
+            Ready::Tcp(fd, s) => {
+                let n = place(fd.as_raw_fd(), false)?;
+                s.hand_over(&runtime(), n);
+                Ok(n)
+            }
             Ready::Smc(s) => {
                 let (app, pair) = Pair::new()?;
                 let n = place(app.as_raw_fd(), true)?;
@@ -823,12 +850,14 @@ pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
         // SAFETY: the application's listener was non-blocking; its new descriptor is too.
         unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
     }
+    let local = local_v4(tcp.as_raw_fd());
     let l = Arc::new(Listener {
         tcp,
         queue: Mutex::new(std::collections::VecDeque::new()),
         cond: parking_lot::Condvar::new(),
         pair,
         closed: AtomicBool::new(false),
+        stat: Mutex::new(local.and_then(|a| runtime().listener_record(a))),
     });
     table::insert(fd, Arc::new(Sock::Listener(l.clone())));
     std::thread::Builder::new()
@@ -888,7 +917,7 @@ fn acceptor(fd: i32, l: &Arc<Listener>) {
                         if matches!(s.mode(), Mode::SmcR { .. }) {
                             Ready::Smc(s)
                         } else {
-                            Ready::Tcp(conn)
+                            Ready::Tcp(conn, s)
                         }
                     }
                     Err(e) => {

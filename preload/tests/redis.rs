@@ -3,6 +3,9 @@
 //! carried only the CLC handshake), redis-cli works, a BGSAVE during load completes, and
 //! mixed pairs (one side plain) run over TCP with PEERNOSMC recorded.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,6 +73,7 @@ impl Setup {
         if shim {
             c.env("LD_PRELOAD", lib())
                 .env("SMCR_LOG", &self.log)
+                .env("SMCR_STATS_DIR", self.dir.join("stats"))
                 .env("SMCR_ROCE_PORT", self.roce_port.to_string());
             match &self.bpf {
                 Some(d) => c.env("SMCR_BPF_DIR", d),
@@ -412,4 +416,157 @@ fn daemonized_redis_server_serves_smcr() {
         accepts >= 10,
         "the daemon (pid {pid}) accepted no SMC-R connections: {log}"
     );
+}
+
+/// A client that sends `SET` commands in RESP over one connection, prints its local port and
+/// the bytes it sent and received, and keeps the connection open until its stdin closes.
+const RESP_CLIENT: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.2", int(sys.argv[1])))
+sent = received = 0
+for i in range(int(sys.argv[2])):
+    key = b"key:%d" % i
+    cmd = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$5\r\nvalue\r\n" % (len(key), key)
+    s.sendall(cmd)
+    sent += len(cmd)
+    reply = b""
+    while not reply.endswith(b"\r\n"):
+        chunk = s.recv(64)
+        assert chunk, "server closed"
+        reply += chunk
+    assert reply == b"+OK\r\n", reply
+    received += len(reply)
+print(s.getsockname()[1], sent, received, flush=True)
+sys.stdin.read()
+"#;
+
+/// Issue 6's acceptance test: redis-server under the shim with one SMC-R client (shimmed)
+/// and one plain client: `smc-stat --json` shows one SMCR and one TCP row for the server with
+/// the right reason, PIDs and byte counts (the TCP row's from the kernel), the client's own
+/// row, the listener, and no row for the start-up probe that already closed; `--prometheus`
+/// parses.
+#[test]
+fn smc_stat_shows_redis_smcr_and_tcp_clients() {
+    if !have("redis-server") || !have("python3") {
+        return;
+    }
+    if !root() {
+        assert_ne!(
+            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
+            Ok("1"),
+            "needs root"
+        );
+        eprintln!("SKIP: a plain client next to an SMC-R one needs the TCP option program (root)");
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let setup = Setup::new("smcstat", true);
+    let port = 21000 + (std::process::id() % 1000) as u16;
+    let server = setup.server(true, port);
+    let client = |shim: bool, n: u32| {
+        let mut c = setup
+            .cmd(shim, "python3")
+            .args(["-c", RESP_CLIENT, &port.to_string(), &n.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(v.len(), 3, "client said {line:?}");
+        (Server(c), v[0] as u16, v[1], v[2])
+    };
+    let (smc_client, smc_port, smc_sent, smc_received) = client(true, 200);
+    let (_plain_client, plain_port, plain_sent, plain_received) = client(false, 70);
+    let stat = |args: &[&str]| {
+        let out = Command::new(common::bin("smc-stat"))
+            .arg("--dir")
+            .arg(setup.dir.join("stats"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "smc-stat {args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let doc: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
+    let redis_pid = server.0.id();
+    let rows: Vec<&serde_json::Value> = doc["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pid"] == redis_pid)
+        .collect();
+    assert_eq!(
+        rows.len(),
+        2,
+        "one SMCR and one TCP row (the probe closed): {doc}"
+    );
+    let by_peer = |p: u16| {
+        rows.iter()
+            .find(|c| c["peer"] == format!("127.0.0.1:{p}"))
+            .unwrap_or_else(|| panic!("no row for peer port {p}: {doc}"))
+    };
+    let smc = by_peer(smc_port);
+    assert_eq!(smc["mode"], "SMCR", "{smc}");
+    assert_eq!(smc["command"], "redis-server");
+    assert_eq!(smc["role"], "server");
+    assert_eq!(smc["bytes_received"], smc_sent, "{smc}");
+    assert_eq!(smc["bytes_sent"], smc_received, "{smc}");
+    assert_eq!(smc["local"], format!("127.0.0.2:{port}"));
+    let tcp = by_peer(plain_port);
+    assert_eq!(tcp["mode"], "TCP", "{tcp}");
+    assert_eq!(tcp["reason"], "PEERNOSMC", "{tcp}");
+    assert_eq!(tcp["reason_code"], 0x0301_0000);
+    assert_eq!(tcp["bytes_received"], plain_sent, "{tcp}");
+    assert_eq!(tcp["bytes_sent"], plain_received, "{tcp}");
+    assert!(tcp["fd"].is_u64(), "{tcp}");
+    // The shimmed client's own row, under its pid.
+    let mine: Vec<&serde_json::Value> = doc["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pid"] == smc_client.0.id())
+        .collect();
+    assert_eq!(mine.len(), 1, "{doc}");
+    assert_eq!(mine[0]["mode"], "SMCR");
+    assert_eq!(mine[0]["role"], "client");
+    assert_eq!(mine[0]["bytes_sent"], smc_sent);
+    assert_eq!(mine[0]["local"], format!("127.0.0.1:{smc_port}"));
+    assert!(mine[0]["stages_us"]["first_write"].is_u64(), "{doc}");
+    let listeners = doc["listeners"].as_array().unwrap();
+    assert!(
+        listeners
+            .iter()
+            .any(|l| l["pid"] == redis_pid && l["local"] == format!("127.0.0.2:{port}")),
+        "{doc}"
+    );
+    let redis = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == redis_pid)
+        .unwrap();
+    assert_eq!(redis["totals"]["smcr_connections"], 1, "{redis}");
+    // The start-up probe and the plain client.
+    assert_eq!(redis["totals"]["tcp_connections"], 2, "{redis}");
+    let table = stat(&[]);
+    assert!(table.contains("PEERNOSMC 0x03010000"), "{table}");
+    assert!(table.contains("redis-server"), "{table}");
+    let prom = stat(&["--prometheus"]);
+    let samples = smcr::view::parse_prometheus(&prom).unwrap_or_else(|e| panic!("{e}\n{prom}"));
+    assert!(
+        samples.iter().any(|(n, l, v)| n == "smcr_fallbacks_total"
+            && l.iter().any(|(k, x)| k == "reason" && x == "PEERNOSMC")
+            && *v == 2.0),
+        "{prom}"
+    );
+    if std::env::var_os("SMCR_SHOW").is_some() {
+        eprintln!("{table}\n{}", stat(&["-R"]));
+    }
 }

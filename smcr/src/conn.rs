@@ -138,6 +138,28 @@ impl ConnCore {
         Cursor::diff(self.rmb, self.rx_cons, self.rx_prod)
     }
 
+    /// The cursors and flags, for the stats area: our producer, the peer's consumer, the
+    /// peer's producer, our consumer, our and the peer's connection-state flags.
+    pub fn cursors(
+        &self,
+    ) -> (
+        Cursor,
+        Cursor,
+        Cursor,
+        Cursor,
+        ConnStateFlags,
+        ConnStateFlags,
+    ) {
+        (
+            self.tx_prod,
+            self.peer_cons,
+            self.rx_prod,
+            self.rx_cons,
+            self.local_flags,
+            self.peer_flags,
+        )
+    }
+
     /// The peer's close flags seen so far.
     pub fn peer_flags(&self) -> ConnStateFlags {
         self.peer_flags

@@ -11,9 +11,11 @@
 #![warn(missing_docs)]
 
 pub mod conn;
+pub mod diag;
 pub mod handshake;
 pub mod lgr;
 pub mod link;
+mod metrics;
 pub mod option;
 pub mod policy;
 pub mod runtime;
@@ -21,7 +23,10 @@ pub mod stats;
 mod stream;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+pub mod view;
 
 pub use clc::DeclineReason;
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
-pub use stream::{Blocking, ConnStats, FallbackReason, Mode, SmcListener, SmcStream};
+pub use stream::{
+    Blocking, ConnStats, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,
+};

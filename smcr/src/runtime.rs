@@ -190,6 +190,16 @@ pub(crate) struct Inner {
     /// One handshake at a time per (role, peer address), as Linux's `smc_*_lgr_pending`: two
     /// concurrent first contacts to one peer would otherwise create two link groups.
     pending: Mutex<HashMap<(bool, Ipv4Addr), PendingLock>>,
+    /// Stats records of fallback sockets the application holds (see
+    /// [`crate::SmcStream::hand_over`]), with their descriptor and inode.
+    fallback_rows: Mutex<FallbackRows>,
+}
+
+#[derive(Default)]
+struct FallbackRows {
+    rows: Vec<(crate::stream::StatSlot, i32, u64)>,
+    /// Where the next partial sweep starts.
+    next: usize,
 }
 
 /// Serialises the handshakes of one role with one peer.
@@ -233,6 +243,7 @@ impl Runtime {
                 links_confirmed: AtomicU32::new(0),
                 pending: Mutex::new(HashMap::new()),
                 stats: cfg_stats,
+                fallback_rows: Mutex::new(FallbackRows::default()),
             }),
         }
     }
@@ -409,6 +420,40 @@ impl Inner {
             .cloned()
     }
 
+    /// A handshake failed with no fallback (the connection was reset).
+    pub(crate) fn handshake_failed(&self) {
+        if let Some(a) = &self.stats {
+            a.count(crate::stats::total::FAILED);
+        }
+        crate::metrics::handshake_failed();
+    }
+
+    /// Keeps a fallback socket's record until its descriptor is closed. Records whose
+    /// descriptor is gone (closed, or the number now holds another file) are freed by a
+    /// sweep of a few entries per call (`smc-stat` hides them meanwhile).
+    pub(crate) fn keep_fallback_row(&self, st: crate::stream::StatSlot, fd: i32, ino: u64) {
+        let mut f = self.fallback_rows.lock();
+        let gone = |&(_, fd, ino): &(crate::stream::StatSlot, i32, u64)| {
+            crate::stream::socket_inode(fd) != Some(ino)
+        };
+        let n = f.rows.len();
+        if n > 0 {
+            let mut i = f.next % n;
+            for _ in 0..n.min(16) {
+                if i >= f.rows.len() {
+                    i = 0;
+                }
+                if gone(&f.rows[i]) {
+                    f.rows.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            f.next = i;
+        }
+        f.rows.push((st, fd, ino));
+    }
+
     pub(crate) fn add_group(&self, g: Arc<LinkGroup>) {
         let mut groups = self.groups.lock();
         groups.retain(|g| !g.is_down());
@@ -466,6 +511,20 @@ pub(crate) struct LinkGroup {
     cond: Condvar,
     down: AtomicBool,
     runtime: Weak<Inner>,
+    /// This group's record in the stats area (freed when the group is).
+    stat: Option<LgStat>,
+}
+
+/// A link group's claimed record in the stats area.
+struct LgStat {
+    area: Arc<crate::stats::Area>,
+    slot: usize,
+}
+
+impl Drop for LgStat {
+    fn drop(&mut self) {
+        self.area.release_lg(self.slot);
+    }
 }
 
 struct LgState {
@@ -555,7 +614,52 @@ impl LinkGroup {
             cond: Condvar::new(),
             down: AtomicBool::new(false),
             runtime: Arc::downgrade(rt),
+            stat: rt.stats.as_ref().and_then(|area| {
+                area.count(crate::stats::total::LINK_GROUPS);
+                Some(LgStat {
+                    area: area.clone(),
+                    slot: area.claim_lg()?,
+                })
+            }),
         }))
+        .inspect(|g| g.publish(crate::stats::lg::LINK_ACTIVATING))
+    }
+
+    /// Writes this group's record in the stats area with link state `state`.
+    fn publish(&self, state: u64) {
+        use crate::stats::lg;
+        let Some(st) = &self.stat else { return };
+        let gid = |g: &Gid| {
+            [
+                u64::from_be_bytes(g.0[..8].try_into().expect("8 bytes")),
+                u64::from_be_bytes(g.0[8..].try_into().expect("8 bytes")),
+            ]
+        };
+        let mut rec = crate::stats::LgRecord::default();
+        rec.words[lg::IN_USE] = 1;
+        let role = match self.role {
+            link::Role::Client => lg::ROLE_CLIENT,
+            link::Role::Server => lg::ROLE_SERVER,
+        };
+        rec.words[lg::ID] = u64::from(self.id) | role << 32 | 1 << 40 | state << 48;
+        let (ours, _, qpn, _, _) = self.local_endpoint();
+        rec.words[lg::GID..lg::GID + 2].copy_from_slice(&gid(&ours));
+        rec.words[lg::PEER_GID..lg::PEER_GID + 2].copy_from_slice(&gid(&self.peer_gid));
+        rec.words[lg::QPNS] =
+            u64::from(qpn) | u64::from(self.peer_qpn.load(Ordering::Relaxed)) << 32;
+        rec.words[lg::PEER_SYSTEM] = u64::from_be_bytes(self.peer_id.0);
+        rec.words[lg::SINCE] = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        rec.words[lg::MTU] = u64::from(self.mtu.bytes().unwrap_or(0));
+        st.area.write_lg(st.slot, &rec);
+    }
+
+    /// Publishes the number of connections on the group (caller holds `st`).
+    fn publish_conns(&self, st: &LgState) {
+        if let Some(s) = &self.stat {
+            s.area.set_lg_conns(s.slot, st.core.len() as u64);
+        }
     }
 
     /// Our side of the link as CLC carries it.
@@ -584,6 +688,7 @@ impl LinkGroup {
             .to_ipv4()
             .ok_or_else(|| io::Error::other("peer GID is not IPv4-mapped"))?;
         self.peer_qpn.store(peer_qpn, Ordering::Relaxed);
+        self.publish(crate::stats::lg::LINK_ACTIVATING);
         self.qp
             .modify(&QpAttr {
                 path_mtu: Some(rdma_mtu(mtu)),
@@ -683,7 +788,9 @@ impl LinkGroup {
             if let Some(fd) = tcp {
                 st.watch.insert(token, fd);
             }
-            st.core.attach(token, c.clone())
+            let early = st.core.attach(token, c.clone());
+            self.publish_conns(&st);
+            early
         };
         for m in early {
             c.on_cdc(self, &m);
@@ -864,6 +971,7 @@ impl LinkGroup {
                     match ev {
                         LinkEvent::Up { .. } => {
                             st.up = true;
+                            self.publish(crate::stats::lg::LINK_ACTIVE);
                             if let Some(rt) = self.runtime.upgrade() {
                                 rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
                             }
@@ -1020,6 +1128,7 @@ impl LinkGroup {
     /// Marks the group down and fails every connection on it.
     fn fail(&self, reason: &str) {
         self.down.store(true, Ordering::Release);
+        self.publish(crate::stats::lg::LINK_INACTIVE);
         let conns: Vec<Arc<ConnShared>> = {
             let mut st = self.st.lock();
             st.down_reason.get_or_insert_with(|| reason.to_owned());
@@ -1045,6 +1154,7 @@ impl LinkGroup {
         let mut st = self.st.lock();
         st.core.detach(token, Instant::now());
         st.watch.remove(&token);
+        self.publish_conns(&st);
     }
 
     /// Polls the watched TCP sockets (at most every 200 ms); on a hang-up of a connection the
@@ -1165,6 +1275,77 @@ pub(crate) struct ConnState {
     pub(crate) reported: Option<ReadyState>,
     /// Data arrivals (see [`ReadyState::arrivals`]).
     pub(crate) arrivals: u32,
+    /// The connection's record in the stats area, while the stream holds it (cleared under
+    /// this lock before the record is freed, so no late update lands in a reused slot).
+    pub(crate) stat: Option<StatRef>,
+}
+
+/// Where a connection publishes its cursors and state.
+pub(crate) struct StatRef {
+    pub(crate) area: Arc<crate::stats::Area>,
+    pub(crate) slot: usize,
+    /// When negotiation began (stage times are offsets from it).
+    pub(crate) start: Instant,
+}
+
+impl ConnState {
+    /// Linux's SMC state for this connection now (`enum smc_state`).
+    pub(crate) fn linux_state(&self) -> u64 {
+        let (_, _, _, _, local, peer) = self.core.cursors();
+        let closed = ConnStateFlags::PEER_CONN_CLOSED;
+        let done = ConnStateFlags::PEER_DONE_WRITING | closed;
+        if peer.contains(ConnStateFlags::PEER_CONN_ABORT) || self.failed.is_some() {
+            return if self.local_closed { 7 } else { 27 }; // CLOSED, PROCESSABORT
+        }
+        if local.contains(ConnStateFlags::PEER_CONN_ABORT) {
+            return 26; // PEERABORTWAIT
+        }
+        match (local.intersects(done), peer.intersects(done)) {
+            (false, false) => 1, // ACTIVE
+            // We closed or shut down writing; the peer has not.
+            (true, false) => {
+                if local.contains(closed) {
+                    21 // PEERCLOSEWAIT2
+                } else {
+                    20 // PEERCLOSEWAIT1
+                }
+            }
+            // The peer did; we have not.
+            (false, true) => {
+                if peer.contains(closed) {
+                    23 // APPCLOSEWAIT2
+                } else {
+                    22 // APPCLOSEWAIT1
+                }
+            }
+            (true, true) => {
+                if local.contains(closed) && peer.contains(closed) {
+                    7 // CLOSED
+                } else if local.contains(closed) {
+                    25 // PEERFINCLOSEWAIT
+                } else {
+                    24 // APPFINCLOSEWAIT
+                }
+            }
+        }
+    }
+
+    /// Publishes cursors, flags and state to the stats area (cheap relaxed stores).
+    pub(crate) fn publish(&self) {
+        use crate::stats::conn::live;
+        let Some(st) = &self.stat else { return };
+        let (tp, pc, rp, rc, lf, pf) = self.core.cursors();
+        let w = |c: cdc::Cursor| u64::from(c.wrap) << 32 | u64::from(c.count);
+        st.area.set_live(st.slot, live::TX_PROD, w(tp));
+        st.area.set_live(st.slot, live::PEER_CONS, w(pc));
+        st.area.set_live(st.slot, live::RX_PROD, w(rp));
+        st.area.set_live(st.slot, live::RX_CONS, w(rc));
+        st.area.set_live(
+            st.slot,
+            live::FLAGS,
+            u64::from(lf.bits()) | u64::from(pf.bits()) << 8 | self.linux_state() << 16,
+        );
+    }
 }
 
 impl ConnShared {
@@ -1209,8 +1390,14 @@ impl ConnShared {
             .collect();
         s.stats.bytes_sent += u64::from(s.staged);
         s.stats.data_cdcs += 1;
+        if let Some(st) = &s.stat {
+            let at = st.start.elapsed().as_nanos().max(1) as u64;
+            st.area
+                .set_live_once(st.slot, crate::stats::conn::live::FIRST_WRITE, at);
+        }
         s.staged = 0;
         s.inflight += 1;
+        s.publish();
         lg.post_writes(&wrs)?;
         lg.post_cdc(slot, &plan.cdc, self.token)
     }
@@ -1249,6 +1436,7 @@ impl ConnShared {
     pub(crate) fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: String) {
         s.failed = Some(why);
         let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_ABORT);
+        s.publish();
         let _ = lg.send_cdc(&cdc, true);
     }
 
@@ -1336,7 +1524,11 @@ impl ConnShared {
     pub(crate) fn wake(&self) {
         if self.readiness.get().is_some() {
             let mut s = self.core.lock();
+            s.publish();
             self.report(&mut s);
+        } else if let Some(s) = self.core.try_lock() {
+            // Stats only: never wait for an application thread here.
+            s.publish();
         }
         self.cond.notify_all();
         for fd in self.events.iter().filter_map(std::sync::OnceLock::get) {

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 /// `SMCRSTA1`, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMCRSTA1");
 /// Layout version.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// Where the areas live.
 pub const DEFAULT_DIR: &str = "/dev/shm/smcr";
 
@@ -35,19 +35,51 @@ const H_COMM: usize = 4; // 2 words, 16 bytes
 const H_CONN_SLOTS: usize = 6;
 const H_LG_SLOTS: usize = 7;
 const H_RESET_EPOCH: usize = 8;
+const H_TOTALS: usize = 16; // [`total`] counters, up to H_FALLBACKS
 const H_FALLBACKS: usize = 32; // (code, count) pairs up to the header's end
 /// How many distinct fallback codes the header counts.
 pub const FALLBACK_CODES: usize = (HEADER_WORDS - H_FALLBACKS) / 2;
+
+/// Process-wide counters in the header (indices for [`Area::count`] and [`Area::totals`]).
+/// `reset` zeroes them, with the fallback counters.
+pub mod total {
+    /// Connections that went SMC-R.
+    pub const SMCR: usize = 0;
+    /// Connections that stayed on or fell back to TCP.
+    pub const TCP: usize = 1;
+    /// Connections that created a link group (first contact).
+    pub const FIRST_CONTACT: usize = 2;
+    /// Handshakes that failed with no fallback possible (the connection was reset).
+    pub const FAILED: usize = 3;
+    /// Link groups created.
+    pub const LINK_GROUPS: usize = 4;
+    /// Bytes sent by connections that have closed (live ones are in their records).
+    pub const BYTES_SENT: usize = 5;
+    /// Bytes received by connections that have closed.
+    pub const BYTES_RECEIVED: usize = 6;
+    /// How many there are.
+    pub const COUNT: usize = 7;
+    /// Their names, as `smc-stat` prints them.
+    pub const NAMES: [&str; COUNT] = [
+        "smcr_connections",
+        "tcp_connections",
+        "first_contacts",
+        "handshake_failures",
+        "link_groups_created",
+        "closed_bytes_sent",
+        "closed_bytes_received",
+    ];
+}
 
 /// How long a reader waits for a record that is being written before giving up on it.
 pub const READ_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Words per connection record.
 pub const CONN_WORDS: usize = 32;
-const C_SEQ: usize = 0;
 const C_FIELDS: usize = 1; // fields covered by the sequence lock: 1..C_BYTES_SENT
 const C_BYTES_SENT: usize = 24;
 const C_BYTES_RECEIVED: usize = 25;
+const C_LIVE: usize = 26; // [`conn::live`] words, stored without the lock
 
 /// What the words of [`ConnRecord::words`] hold (indices into `words`).
 pub mod conn {
@@ -55,10 +87,10 @@ pub mod conn {
     pub const IN_USE: usize = 0;
     /// Local IPv4 address and port: `ip << 16 | port`.
     pub const LOCAL: usize = 1;
-    /// Peer IPv4 address and port: `ip << 16 | port`.
+    /// Peer IPv4 address and port: `ip << 16 | port` (0 for a listener).
     pub const PEER: usize = 2;
-    /// Bits 0..8: Linux SMC state; bit 8: we are the server; bits 16..24: [`MODE_SMCR`] or
-    /// [`MODE_TCP`].
+    /// Bits 0..8: Linux SMC state when recorded (the live one is in [`live::FLAGS`]); bit 8:
+    /// we are the server; bits 16..24: [`MODE_SMCR`] or [`MODE_TCP`].
     pub const STATE: usize = 3;
     /// Low 32 bits: the fallback code (ours or the peer's decline); high 32: the peer's
     /// decline diagnosis when the peer declined.
@@ -67,22 +99,124 @@ pub mod conn {
     pub const SIZES: usize = 5;
     /// Low 32 bits: our connection token; high 32: the link group's id.
     pub const IDS: usize = 6;
-    /// Unix time (ns) when the connection was recorded (negotiation finished).
+    /// Unix time (ns) when negotiation began (the TCP connection was up); stage times are
+    /// offsets from it.
     pub const SINCE: usize = 7;
+    /// The application's descriptor number + 1 (0: not known), for a socket handed back to
+    /// the application as plain TCP.
+    pub const FD: usize = 8;
+    /// That socket's inode (`socket:[N]`): `smc-stat` checks it is still open and reads its
+    /// byte counts from the kernel.
+    pub const INODE: usize = 9;
+    /// Stage times, ns after [`SINCE`] (0: not reached): TCP option checked, Proposal,
+    /// Accept, Confirm (sent or received), CONFIRM LINK done (first contact only). The first
+    /// RDMA WRITE is [`live::FIRST_WRITE`].
+    pub const T_OPTION: usize = 10;
+    /// See [`T_OPTION`].
+    pub const T_PROPOSAL: usize = 11;
+    /// See [`T_OPTION`].
+    pub const T_ACCEPT: usize = 12;
+    /// See [`T_OPTION`].
+    pub const T_CONFIRM: usize = 13;
+    /// See [`T_OPTION`].
+    pub const T_LINK: usize = 14;
     /// Mode: SMC-R.
     pub const MODE_SMCR: u64 = 1;
     /// Mode: TCP (fallback).
     pub const MODE_TCP: u64 = 2;
     /// Linux's `SMC_ACTIVE`.
     pub const STATE_ACTIVE: u64 = 1;
+    /// Linux's `SMC_LISTEN`.
+    pub const STATE_LISTEN: u64 = 10;
+
+    /// Words of [`super::ConnRecord::live`]: updated as the connection runs, each word on
+    /// its own (no lock).
+    pub mod live {
+        /// How far we wrote into the peer's RMB: `wrap << 32 | count`.
+        pub const TX_PROD: usize = 0;
+        /// How far the peer says it consumed of what we wrote.
+        pub const PEER_CONS: usize = 1;
+        /// How far the peer wrote into our RMB.
+        pub const RX_PROD: usize = 2;
+        /// How far our application read.
+        pub const RX_CONS: usize = 3;
+        /// Bits 0..8: our CDC connection-state flags; 8..16: the peer's; 16..24: the Linux
+        /// SMC state now.
+        pub const FLAGS: usize = 4;
+        /// ns after `SINCE` of the first RDMA WRITE (0: none yet).
+        pub const FIRST_WRITE: usize = 5;
+        /// How many.
+        pub const COUNT: usize = 6;
+    }
+}
+
+/// Linux's SMC socket states (`enum smc_state`) by number, with `smcss`'s short names.
+pub fn state_name(state: u64) -> &'static str {
+    match state {
+        1 => "ACTIVE",
+        2 => "INIT",
+        7 => "CLOSED",
+        10 => "LISTEN",
+        20 => "PEERCLW1",
+        21 => "PEERCLW2",
+        22 => "APPCLW1",
+        23 => "APPCLW2",
+        24 => "APPFINCLW",
+        25 => "PEERFINCLW",
+        26 => "PEERABORTW",
+        27 => "PROCESSABORT",
+        _ => "UNKNOWN",
+    }
 }
 
 /// Words per link-group record.
 pub const LG_WORDS: usize = 16;
+const L_CONNS: usize = 15; // live connection count, no lock
+
+/// What the words of [`LgRecord::words`] hold.
+pub mod lg {
+    /// Non-zero while the slot is in use.
+    pub const IN_USE: usize = 0;
+    /// Bits 0..32: link group id; 32..40: role ([`ROLE_CLIENT`]/[`ROLE_SERVER`]); 40..48:
+    /// link id; 48..56: link state ([`LINK_ACTIVATING`], [`LINK_ACTIVE`], [`LINK_INACTIVE`]).
+    pub const ID: usize = 1;
+    /// Our GID (16 bytes, big-endian halves).
+    pub const GID: usize = 2;
+    /// The peer's GID (2 words).
+    pub const PEER_GID: usize = 4;
+    /// Low 32 bits: our QPN; high 32: the peer's.
+    pub const QPNS: usize = 6;
+    /// The peer's system id (8 bytes, big-endian).
+    pub const PEER_SYSTEM: usize = 7;
+    /// Unix time (ns) of creation.
+    pub const SINCE: usize = 8;
+    /// Low 32 bits: path MTU bytes; high 32: the most connections the peer allows.
+    pub const MTU: usize = 9;
+    /// Role: we sent the Proposal.
+    pub const ROLE_CLIENT: u64 = 1;
+    /// Role: we answered it.
+    pub const ROLE_SERVER: u64 = 2;
+    /// Link state (Linux's names): created, waiting for CONFIRM LINK.
+    pub const LINK_ACTIVATING: u64 = 2;
+    /// Confirmed and usable.
+    pub const LINK_ACTIVE: u64 = 3;
+    /// Down (failed or ended).
+    pub const LINK_INACTIVE: u64 = 1;
+}
+
+/// Linux's link state names by number.
+pub fn link_state_name(state: u64) -> &'static str {
+    match state {
+        1 => "INACTIVE",
+        2 => "ACTIVATING",
+        3 => "ACTIVE",
+        _ => "UNUSED",
+    }
+}
 
 /// A connection's record: what the sequence lock protects (addresses, mode, reason, sizes,
-/// stage timestamps), as words, so that the layout is the format. Field meanings are
-/// assigned by the runtime (issue 6's next step); index 0 is `in_use` (non-zero).
+/// stage timestamps), as words, so that the layout is the format (see [`conn`]); index 0 is
+/// `in_use` (non-zero).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ConnRecord {
     /// Words 1..24 of the slot.
@@ -91,6 +225,17 @@ pub struct ConnRecord {
     pub bytes_sent: u64,
     /// Bytes received (a running counter, outside the lock).
     pub bytes_received: u64,
+    /// Cursors, flags, first write ([`conn::live`]; outside the lock).
+    pub live: [u64; conn::live::COUNT],
+}
+
+/// A link group's record (see [`lg`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LgRecord {
+    /// Words 1..15 of the slot.
+    pub words: [u64; L_CONNS - 1],
+    /// Connections on the group now (outside the lock).
+    pub conns: u64,
 }
 
 /// A stats area, mapped shared.
@@ -99,6 +244,7 @@ pub struct Area {
     words: usize,
     path: PathBuf,
     owner: bool,
+    writable: bool,
 }
 
 // SAFETY: the mapping is only accessed through atomics; the pointer stays valid until drop.
@@ -128,6 +274,7 @@ impl Area {
             .open(&tmp)?;
         f.set_len((words * 8) as u64)?;
         let area = Self::map(&f, words, true, path.clone())?;
+        debug_assert!(area.owner);
         let h = area.slice();
         h[H_VERSION].store(VERSION, Ordering::Relaxed);
         h[H_PID].store(u64::from(pid), Ordering::Relaxed);
@@ -154,7 +301,20 @@ impl Area {
 
     /// Maps an existing area read-only (for `smc-stat`); checks magic, version and size.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let f = File::open(path)?;
+        Self::open_with(path, false)
+    }
+
+    /// Maps an existing area read-write, for [`Area::reset`] (needs write permission on the
+    /// file: its owner or root).
+    pub fn open_rw(path: &Path) -> io::Result<Self> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, rw: bool) -> io::Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(rw)
+            .open(path)?;
         let len = f.metadata()?.len() as usize;
         if len < HEADER_WORDS * 8 || !len.is_multiple_of(8) {
             return Err(io::Error::new(
@@ -162,7 +322,8 @@ impl Area {
                 "not a stats area (size)",
             ));
         }
-        let area = Self::map(&f, len / 8, false, path.to_owned())?;
+        let mut area = Self::map(&f, len / 8, rw, path.to_owned())?;
+        area.owner = false;
         let h = area.slice();
         if h[H_MAGIC].load(Ordering::Acquire) != MAGIC
             || h[H_VERSION].load(Ordering::Relaxed) != VERSION
@@ -208,6 +369,7 @@ impl Area {
             words,
             path,
             owner: write,
+            writable: write,
         })
     }
 
@@ -271,16 +433,23 @@ impl Area {
         &self.slice()[at..at + CONN_WORDS]
     }
 
+    fn lg(&self, slot: usize) -> &[AtomicU64] {
+        assert!(slot < self.lg_slots(), "link-group slot out of range");
+        let at = HEADER_WORDS + self.conn_slots() * CONN_WORDS + slot * LG_WORDS;
+        &self.slice()[at..at + LG_WORDS]
+    }
+
     /// Claims a free connection slot (its `in_use` word 0 → 1); `None` when all are taken.
     pub fn claim_conn(&self) -> Option<usize> {
         (0..self.conn_slots()).find(|&i| {
             let r = self.conn(i);
-            r[C_FIELDS]
-                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+            claim(r)
                 .then(|| {
                     r[C_BYTES_SENT].store(0, Ordering::Relaxed);
                     r[C_BYTES_RECEIVED].store(0, Ordering::Relaxed);
+                    for w in &r[C_LIVE..C_LIVE + conn::live::COUNT] {
+                        w.store(0, Ordering::Relaxed);
+                    }
                 })
                 .is_some()
         })
@@ -288,13 +457,7 @@ impl Area {
 
     /// Writes a connection's locked fields (`rec.words[0]`, `in_use`, must stay non-zero).
     pub fn write_conn(&self, slot: usize, rec: &ConnRecord) {
-        let r = self.conn(slot);
-        r[C_SEQ].fetch_add(1, Ordering::AcqRel);
-        fence(Ordering::Release);
-        for (i, w) in rec.words.iter().enumerate() {
-            r[C_FIELDS + i].store(*w, Ordering::Relaxed);
-        }
-        r[C_SEQ].fetch_add(1, Ordering::Release);
+        seq_write(self.conn(slot), &rec.words);
     }
 
     /// Adds to a connection's byte counters.
@@ -308,8 +471,29 @@ impl Area {
         }
     }
 
-    /// Frees a slot (a reader then sees it empty).
+    /// Stores one of a connection's [`conn::live`] words.
+    pub fn set_live(&self, slot: usize, word: usize, value: u64) {
+        self.conn(slot)[C_LIVE + word].store(value, Ordering::Relaxed);
+    }
+
+    /// Stores a live word if it is still 0 (first-time events).
+    pub fn set_live_once(&self, slot: usize, word: usize, value: u64) {
+        let _ = self.conn(slot)[C_LIVE + word].compare_exchange(
+            0,
+            value,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Frees a slot (a reader then sees it empty); its bytes go to the process totals.
     pub fn release_conn(&self, slot: usize) {
+        let r = self.conn(slot);
+        self.count_n(total::BYTES_SENT, r[C_BYTES_SENT].load(Ordering::Relaxed));
+        self.count_n(
+            total::BYTES_RECEIVED,
+            r[C_BYTES_RECEIVED].load(Ordering::Relaxed),
+        );
         self.write_conn(slot, &ConnRecord::default());
     }
 
@@ -319,40 +503,81 @@ impl Area {
     /// died mid-update leaves the slot unreadable, reported as an error.
     pub fn read_conn(&self, slot: usize) -> io::Result<Option<ConnRecord>> {
         let r = self.conn(slot);
-        let mut deadline = None;
-        for attempt in 1u64.. {
-            let s1 = r[C_SEQ].load(Ordering::Acquire);
-            if s1.is_multiple_of(2) {
-                let mut rec = ConnRecord::default();
-                for (i, w) in rec.words.iter_mut().enumerate() {
-                    *w = r[C_FIELDS + i].load(Ordering::Relaxed);
-                }
-                fence(Ordering::Acquire);
-                if r[C_SEQ].load(Ordering::Relaxed) == s1 {
-                    if rec.words[0] == 0 {
-                        return Ok(None);
-                    }
-                    rec.bytes_sent = r[C_BYTES_SENT].load(Ordering::Relaxed);
-                    rec.bytes_received = r[C_BYTES_RECEIVED].load(Ordering::Relaxed);
-                    return Ok(Some(rec));
-                }
-            }
-            if !attempt.is_multiple_of(64) {
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = std::time::Instant::now();
-            match deadline {
-                None => deadline = Some(now + READ_PATIENCE),
-                Some(d) if now >= d => break,
-                Some(_) => {}
-            }
-            std::thread::yield_now();
+        let mut rec = ConnRecord::default();
+        if !seq_read(r, &mut rec.words).map_err(|()| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("connection slot {slot} stays mid-update"),
+            )
+        })? {
+            return Ok(None);
         }
-        Err(io::Error::new(
-            io::ErrorKind::WouldBlock,
-            format!("connection slot {slot} stays mid-update"),
-        ))
+        rec.bytes_sent = r[C_BYTES_SENT].load(Ordering::Relaxed);
+        rec.bytes_received = r[C_BYTES_RECEIVED].load(Ordering::Relaxed);
+        for (i, w) in rec.live.iter_mut().enumerate() {
+            *w = r[C_LIVE + i].load(Ordering::Relaxed);
+        }
+        Ok(Some(rec))
+    }
+
+    /// Claims a free link-group slot.
+    pub fn claim_lg(&self) -> Option<usize> {
+        (0..self.lg_slots()).find(|&i| {
+            let r = self.lg(i);
+            claim(r)
+                .then(|| r[L_CONNS].store(0, Ordering::Relaxed))
+                .is_some()
+        })
+    }
+
+    /// Writes a link group's locked fields.
+    pub fn write_lg(&self, slot: usize, rec: &LgRecord) {
+        seq_write(self.lg(slot), &rec.words);
+    }
+
+    /// Sets a link group's connection count.
+    pub fn set_lg_conns(&self, slot: usize, n: u64) {
+        self.lg(slot)[L_CONNS].store(n, Ordering::Relaxed);
+    }
+
+    /// Frees a link-group slot.
+    pub fn release_lg(&self, slot: usize) {
+        self.write_lg(slot, &LgRecord::default());
+    }
+
+    /// A consistent copy of a link-group slot, or `None` if it is free (see
+    /// [`Area::read_conn`]).
+    pub fn read_lg(&self, slot: usize) -> io::Result<Option<LgRecord>> {
+        let r = self.lg(slot);
+        let mut rec = LgRecord::default();
+        if !seq_read(r, &mut rec.words).map_err(|()| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("link-group slot {slot} stays mid-update"),
+            )
+        })? {
+            return Ok(None);
+        }
+        rec.conns = r[L_CONNS].load(Ordering::Relaxed);
+        Ok(Some(rec))
+    }
+
+    /// Adds one to a process counter ([`total`]).
+    pub fn count(&self, which: usize) {
+        self.count_n(which, 1);
+    }
+
+    fn count_n(&self, which: usize, n: u64) {
+        assert!(which < total::COUNT, "no such total");
+        if n > 0 {
+            self.slice()[H_TOTALS + which].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The process counters, indexed by [`total`].
+    pub fn totals(&self) -> [u64; total::COUNT] {
+        let h = self.slice();
+        std::array::from_fn(|i| h[H_TOTALS + i].load(Ordering::Relaxed))
     }
 
     /// Counts one fallback with `code`. Codes beyond [`FALLBACK_CODES`] distinct ones are
@@ -385,7 +610,8 @@ impl Area {
         (0..FALLBACK_CODES)
             .filter_map(|i| {
                 let k = h[H_FALLBACKS + 2 * i].load(Ordering::Acquire);
-                (k != 0).then(|| (k as u32, h[H_FALLBACKS + 2 * i + 1].load(Ordering::Relaxed)))
+                let n = h[H_FALLBACKS + 2 * i + 1].load(Ordering::Relaxed);
+                (k != 0 && n != 0).then_some((k as u32, n))
             })
             .collect()
     }
@@ -393,6 +619,28 @@ impl Area {
     /// The reset epoch (bumped by each reset of the counters).
     pub fn reset_epoch(&self) -> u64 {
         self.slice()[H_RESET_EPOCH].load(Ordering::Relaxed)
+    }
+
+    /// Zeroes the process counters and the fallback counters (not the records of live
+    /// connections, which describe sockets that exist), and bumps the reset epoch. Needs an
+    /// area opened with [`Area::open_rw`] (or our own). Increments racing with the reset
+    /// land before or after it, never lost in between (each counter is swapped, not stored).
+    pub fn reset(&self) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "stats area opened read-only",
+            ));
+        }
+        let h = self.slice();
+        for w in &h[H_TOTALS..H_TOTALS + total::COUNT] {
+            w.swap(0, Ordering::Relaxed);
+        }
+        for i in 0..FALLBACK_CODES {
+            h[H_FALLBACKS + 2 * i + 1].swap(0, Ordering::Relaxed);
+        }
+        h[H_RESET_EPOCH].fetch_add(1, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -404,6 +652,53 @@ impl Drop for Area {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Takes a free record (word 1, `in_use`, 0 → 1).
+fn claim(r: &[AtomicU64]) -> bool {
+    r[1].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// Writes `words` into `r[1..]` under the sequence lock in `r[0]` (odd while written).
+fn seq_write(r: &[AtomicU64], words: &[u64]) {
+    r[0].fetch_add(1, Ordering::AcqRel);
+    fence(Ordering::Release);
+    for (i, w) in words.iter().enumerate() {
+        r[1 + i].store(*w, Ordering::Relaxed);
+    }
+    r[0].fetch_add(1, Ordering::Release);
+}
+
+/// Reads `r[1..]` into `out` consistently; `Ok(false)` if the record is free (word 0 of
+/// `out` is 0), `Err` if it stayed mid-update for [`READ_PATIENCE`]. Spins briefly, then
+/// yields the CPU (a writer preempted mid-update needs it back to finish).
+fn seq_read(r: &[AtomicU64], out: &mut [u64]) -> Result<bool, ()> {
+    let mut deadline = None;
+    for attempt in 1u64.. {
+        let s1 = r[0].load(Ordering::Acquire);
+        if s1.is_multiple_of(2) {
+            for (i, w) in out.iter_mut().enumerate() {
+                *w = r[1 + i].load(Ordering::Relaxed);
+            }
+            fence(Ordering::Acquire);
+            if r[0].load(Ordering::Relaxed) == s1 {
+                return Ok(out[0] != 0);
+            }
+        }
+        if !attempt.is_multiple_of(64) {
+            std::hint::spin_loop();
+            continue;
+        }
+        let now = std::time::Instant::now();
+        match deadline {
+            None => deadline = Some(now + READ_PATIENCE),
+            Some(d) if now >= d => break,
+            Some(_) => {}
+        }
+        std::thread::yield_now();
+    }
+    Err(())
 }
 
 /// Name and meaning of a fallback code: Linux's decline codes, and ours (0x7f00_00xx).
@@ -425,6 +720,60 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
                 r.meaning().unwrap_or("unknown code"),
             )
         }
+    }
+}
+
+/// What a user can do about a fallback code (one line).
+pub fn remedy(code: u32) -> &'static str {
+    use crate::FallbackReason as F;
+    match code {
+        F::CODE_NO_BPF => {
+            "load the TCP option program: `smcr bpf install` as root (smcr run does it as root)"
+        }
+        F::CODE_OPTION_NOT_OBSERVED => {
+            "run the program inside the cgroup v2 hierarchy the option program is attached to (`smcr bpf status`)"
+        }
+        F::CODE_NOT_IPV4 => "connect over IPv4 (SMC-Rv2 is IPv4 only)",
+        F::CODE_EXCLUDED => {
+            "adjust SMCR_INCLUDE / SMCR_EXCLUDE if this connection should use SMC-R"
+        }
+        0x0101_0000 => {
+            "the RMB budget is used up: lower the RMB size (smcr run --rmb-kib, SMCR_RMB_KIB)"
+        }
+        0x0201_0000 | 0x0202_0000 => {
+            "check that RoCE v2 (UDP 4791) passes between the hosts (firewall, MTU)"
+        }
+        0x0300_0000 | 0x0307_0000 => {
+            "give both interfaces addresses in a common subnet, or use SMC-Rv2 routing"
+        }
+        0x0301_0000 => "start the peer under smcr (`smcr run`), or exclude it with SMCR_EXCLUDE",
+        0x0302_0000 => "SMC cannot run under IPsec: exclude the connection",
+        0x0303_0000 | 0x0303_0002 => {
+            "check that the local address can bind UDP 4791 (another engine may own it)"
+        }
+        0x0303_0001 | 0x0303_0003 | 0x0303_0005 | 0x0303_0007 | 0x0309_0000 | 0x030d_0000 => {
+            "SMC-D only: no action for SMC-R"
+        }
+        0x0303_0004 | 0x0303_0006 | 0x0303_0009 | 0x0304_0000 | 0x030c_0000 => {
+            "the peer speaks another SMC version or mode: upgrade it to SMC-Rv2"
+        }
+        0x0303_0008 => "configure the same user EID on both sides (SMCR_UEID)",
+        0x0303_000a | 0x0303_000b => "align the peers' max-links / max-connections settings",
+        0x0305_0000 => "the peer uses RMBE eye catchers: not supported",
+        0x0306_0000 => "do not use TCP_FASTOPEN on sockets meant for SMC-R",
+        0x0308_0000 => "check the VLAN configuration of the interface",
+        0x030a_0000 | 0x030b_0000 | 0x0400_0000 => {
+            "transient: the link group was being replaced; retry (persisting: restart the peer)"
+        }
+        0x030e_0000 | 0x030f_0000 => {
+            "make the peer reachable directly (same subnet) or fix the route"
+        }
+        0x0500_0000 => "see the peer's decline code (PEER column) and fix it there",
+        0x0999_0000..=0x0999_0003 => {
+            "internal error: see SMCR_LOG output; report it if it persists"
+        }
+        0 => "more distinct codes than the area counts: see individual rows",
+        _ => "unknown code: see the peer's documentation",
     }
 }
 

@@ -117,6 +117,8 @@ pub struct SmcStream {
     mode: Mode,
     /// This connection's record in the runtime's stats area.
     stat: Option<StatSlot>,
+    /// Negotiation stage times.
+    timeline: Box<Timeline>,
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
     nonblocking: bool,
@@ -127,10 +129,40 @@ struct Smc {
     lg: Arc<LinkGroup>,
 }
 
-/// A claimed record in the stats area, freed with the stream.
-struct StatSlot {
-    area: Arc<crate::stats::Area>,
-    slot: usize,
+/// A claimed record in the stats area, freed with the stream (or, for a socket handed back
+/// to the application as plain TCP, when its descriptor is found closed).
+pub(crate) struct StatSlot {
+    pub(crate) area: Arc<crate::stats::Area>,
+    pub(crate) slot: usize,
+}
+
+/// A listening socket's row in the stats area (`smc-stat -l`), removed when dropped.
+pub struct ListenerRecord {
+    _slot: StatSlot,
+}
+
+impl Runtime {
+    /// Records a listening socket on `local` in the stats area (`None` without an area or a
+    /// free slot). Keep it while the socket listens.
+    pub fn listener_record(&self, local: SocketAddr) -> Option<ListenerRecord> {
+        use crate::stats::conn;
+        let area = self.inner.stats.as_ref()?;
+        let mut rec = crate::stats::ConnRecord::default();
+        rec.words[conn::IN_USE] = 1;
+        if let SocketAddr::V4(a) = local {
+            rec.words[conn::LOCAL] = u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port());
+        }
+        rec.words[conn::STATE] = conn::STATE_LISTEN | 1 << 8;
+        rec.words[conn::SINCE] = Timeline::new().unix_ns;
+        let slot = area.claim_conn()?;
+        area.write_conn(slot, &rec);
+        Some(ListenerRecord {
+            _slot: StatSlot {
+                area: area.clone(),
+                slot,
+            },
+        })
+    }
 }
 
 impl Drop for StatSlot {
@@ -181,7 +213,62 @@ impl_handshake!(handshake::Client);
 impl_handshake!(handshake::Server);
 
 /// Runs the handshake over `tcp` until it has an event; never reads past a CLC message.
-fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<Event> {
+/// When each stage of a connection's negotiation happened (ns after `start`, 0: not yet),
+/// indexed like the stats record's `T_*` words from `T_OPTION`.
+#[derive(Debug, Clone, Copy)]
+struct Timeline {
+    start: Instant,
+    /// Unix time of `start`, ns.
+    unix_ns: u64,
+    at: [u64; 5],
+}
+
+const T_OPTION: usize = 0;
+const T_PROPOSAL: usize = 1;
+const T_ACCEPT: usize = 2;
+const T_CONFIRM: usize = 3;
+const T_LINK: usize = 4;
+
+impl Timeline {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            at: [0; 5],
+        }
+    }
+
+    /// Records a stage the first time it is reached.
+    fn mark(&mut self, stage: usize) {
+        if self.at[stage] == 0 {
+            self.at[stage] = self.start.elapsed().as_nanos().max(1) as u64;
+        }
+    }
+
+    /// A CLC message of ours went out (its type is byte 4).
+    fn sent(&mut self, clc: &[u8]) {
+        match clc.get(4) {
+            Some(1) => self.mark(T_PROPOSAL),
+            Some(2) => self.mark(T_ACCEPT),
+            Some(3) => self.mark(T_CONFIRM),
+            _ => {}
+        }
+    }
+
+    /// The handshake reported that a peer's message arrived.
+    fn event(&mut self, ev: &Event) {
+        match ev {
+            Event::Proposed { .. } => self.mark(T_PROPOSAL),
+            Event::Accepted { .. } => self.mark(T_ACCEPT),
+            Event::Established { .. } => self.mark(T_CONFIRM),
+            _ => {}
+        }
+    }
+}
+
+fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake, tl: &mut Timeline) -> io::Result<Event> {
     // The socket may be non-blocking (the preload negotiates on the application's own
     // socket): wait in poll, never by spinning on EAGAIN.
     let mut buf = [0u8; 1024];
@@ -198,8 +285,10 @@ fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<Event> {
                     Err(e) => return Err(e),
                 }
             }
+            tl.sent(&b);
         }
         if let Some(ev) = hs.poll_event() {
+            tl.event(&ev);
             return Ok(ev);
         }
         let want = hs.wants().min(buf.len());
@@ -283,6 +372,16 @@ fn failed(e: handshake::Error) -> io::Error {
     io::Error::new(kind, e)
 }
 
+/// The inode of the socket at `fd` (as `/proc/PID/fd/N` shows it: `socket:[inode]`).
+pub(crate) fn socket_inode(fd: std::os::fd::RawFd) -> Option<u64> {
+    // SAFETY: fstat into a zeroed stat struct; an invalid fd is an error, not UB.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return None;
+    }
+    Some(st.st_ino)
+}
+
 /// Path MTU of a connected TCP socket (IP_MTU).
 fn path_mtu(tcp: &TcpStream) -> u32 {
     use std::os::fd::AsRawFd;
@@ -352,6 +451,7 @@ fn make_conn(
             reset_reported: false,
             reported: None,
             arrivals: 0,
+            stat: None,
         }),
         cond: parking_lot::Condvar::new(),
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
@@ -387,11 +487,17 @@ impl SmcStream {
     /// creates and connects the socket itself.
     pub fn from_connected(rt: &Runtime, tcp: TcpStream, marked: bool) -> io::Result<Self> {
         let ipv4 = matches!(tcp.peer_addr()?, SocketAddr::V4(_));
-        let verdict = verdict(rt, &tcp, marked, ipv4);
         let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
+        let verdict = verdict(rt, &s.tcp, marked, ipv4);
+        s.timeline.mark(T_OPTION);
         match verdict {
             Err(reason) => s.mode = Mode::Tcp(reason),
-            Ok(()) => s.client_handshake(rt)?,
+            Ok(()) => {
+                if let Err(e) = s.client_handshake(rt) {
+                    rt.inner.handshake_failed();
+                    return Err(e);
+                }
+            }
         }
         s.record(rt, false);
         Ok(s)
@@ -436,15 +542,24 @@ impl SmcStream {
             smc: None,
             mode,
             stat: None,
+            timeline: Box::new(Timeline::new()),
             read_timeout: None,
             write_timeout: None,
             nonblocking: false,
         }
     }
 
-    /// Puts the negotiated connection into the runtime's stats area (and counts a fallback).
+    /// Puts the negotiated connection into the runtime's stats area, counts it, and feeds
+    /// the `metrics` facade.
     fn record(&mut self, rt: &Runtime, server: bool) {
-        use crate::stats::conn;
+        use crate::stats::{conn, total};
+        let handshake = self.timeline.start.elapsed();
+        match &self.mode {
+            Mode::SmcR { first_contact } => {
+                crate::metrics::connection(None, *first_contact, handshake);
+            }
+            Mode::Tcp(r) => crate::metrics::connection(Some(r), false, handshake),
+        }
         let Some(area) = &rt.inner.stats else {
             return;
         };
@@ -457,8 +572,15 @@ impl SmcStream {
         rec.words[conn::LOCAL] = addr(self.tcp.local_addr());
         rec.words[conn::PEER] = addr(self.tcp.peer_addr());
         let mode = match &self.mode {
-            Mode::SmcR { .. } => conn::MODE_SMCR,
+            Mode::SmcR { first_contact } => {
+                area.count(total::SMCR);
+                if *first_contact {
+                    area.count(total::FIRST_CONTACT);
+                }
+                conn::MODE_SMCR
+            }
             Mode::Tcp(r) => {
+                area.count(total::TCP);
                 area.count_fallback(r.code());
                 let peer = match r {
                     FallbackReason::Declined {
@@ -477,11 +599,19 @@ impl SmcStream {
                 smc.conn.rmb.len() as u64 | (smc.conn.sndbuf.len() as u64) << 32;
             rec.words[conn::IDS] = u64::from(smc.conn.token) | u64::from(smc.lg.id) << 32;
         }
-        rec.words[conn::SINCE] = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        rec.words[conn::SINCE] = self.timeline.unix_ns;
+        rec.words[conn::T_OPTION..=conn::T_LINK].copy_from_slice(&self.timeline.at);
         if let Some(slot) = area.claim_conn() {
             area.write_conn(slot, &rec);
+            if let Some(smc) = &self.smc {
+                let mut s = smc.conn.core.lock();
+                s.stat = Some(crate::runtime::StatRef {
+                    area: area.clone(),
+                    slot,
+                    start: self.timeline.start,
+                });
+                s.publish();
+            }
             self.stat = Some(StatSlot {
                 area: area.clone(),
                 slot,
@@ -489,7 +619,25 @@ impl SmcStream {
         }
     }
 
-    /// Counts bytes moved in the stats area.
+    /// The application keeps this connection's TCP socket at descriptor `fd` (a fallback: the
+    /// stream's own duplicate closes now). Its row in the stats area stays, with the
+    /// descriptor and the socket's inode, until that descriptor is found closed (`smc-stat`
+    /// reads the socket's byte counts from the kernel). For the preload shim.
+    pub fn hand_over(mut self, rt: &Runtime, fd: std::os::fd::RawFd) {
+        let Some(st) = self.stat.take() else {
+            return;
+        };
+        let (Some(ino), Ok(Some(mut rec))) = (socket_inode(fd), st.area.read_conn(st.slot)) else {
+            return;
+        };
+        rec.words[crate::stats::conn::FD] = fd as u64 + 1;
+        rec.words[crate::stats::conn::INODE] = ino;
+        st.area.write_conn(st.slot, &rec);
+        rt.inner.keep_fallback_row(st, fd, ino);
+    }
+
+    /// Counts bytes moved in the stats area (and publishes cursors, if the connection's lock
+    /// is free: a reader of the stats never makes the application wait).
     fn counted(&self, r: io::Result<usize>, sent: bool) -> io::Result<usize> {
         if let (Ok(n), Some(st)) = (&r, &self.stat) {
             let n = *n as u64;
@@ -497,6 +645,11 @@ impl SmcStream {
                 st.area.add_bytes(st.slot, n, 0);
             } else {
                 st.area.add_bytes(st.slot, 0, n);
+            }
+            if let Some(smc) = &self.smc
+                && let Some(s) = smc.conn.core.try_lock()
+            {
+                s.publish();
             }
         }
         r
@@ -510,7 +663,7 @@ impl SmcStream {
             Gid::from_ipv4(*local.ip()),
             Instant::now(),
         );
-        let (negotiated, server) = match drive(&mut self.tcp, &mut hs)? {
+        let (negotiated, server) = match drive(&mut self.tcp, &mut hs, &mut self.timeline)? {
             Event::Accepted { negotiated, server } => (negotiated, server),
             Event::Fallback {
                 reason, by_peer, ..
@@ -571,7 +724,7 @@ impl SmcStream {
             Ok(x) => x,
             Err(reason) => {
                 hs.decline(reason).map_err(io::Error::other)?;
-                let ev = drive(&mut self.tcp, &mut hs)?;
+                let ev = drive(&mut self.tcp, &mut hs, &mut self.timeline)?;
                 if let Event::Fallback {
                     reason, by_peer, ..
                 } = ev
@@ -587,13 +740,14 @@ impl SmcStream {
         let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
         let mut finish = |s: &mut Self| -> io::Result<()> {
             hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
-            match drive(&mut s.tcp, &mut hs)? {
+            match drive(&mut s.tcp, &mut hs, &mut s.timeline)? {
                 Event::Confirmed => {}
                 Event::Failed(e) => return Err(failed(e)),
                 other => return Err(io::Error::other(format!("unexpected {other:?}"))),
             }
             if server.first_contact {
                 lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+                s.timeline.mark(T_LINK);
             }
             Ok(())
         };
@@ -691,6 +845,7 @@ impl SmcStream {
             let staged = s.staged;
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
             let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
+            s.publish();
             s.shut_wr = true;
             smc.lg.send_cdc(&cdc, false)?;
             smc.conn.report(&mut s);
@@ -822,18 +977,19 @@ impl SmcStream {
             if s.shut_rd {
                 return Ok(0);
             }
-            if let Some(e) = Self::pending_reset(&mut s) {
-                return Err(e);
-            }
             // A peer that finished cleanly gives EOF even if the link goes away afterwards
-            // (its process exits and deletes the link group right after closing); so does a
-            // reset already reported.
+            // (its process exits and deletes the link group right after closing): checked
+            // before a local failure, which would otherwise turn the clean end into a reset.
+            // So does a reset already reported.
             if s.reset_reported
-                || pf.intersects(
+                || (pf.intersects(
                     ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED,
-                )
+                ) && !pf.contains(ConnStateFlags::PEER_CONN_ABORT))
             {
                 return Ok(0);
+            }
+            if let Some(e) = Self::pending_reset(&mut s) {
+                return Err(e);
             }
             wait(&smc.conn, &mut s, nonblocking, deadline)?;
         }
@@ -995,6 +1151,8 @@ impl Drop for SmcStream {
             return;
         };
         let mut s = smc.conn.core.lock();
+        // Our stats record is freed after this body (field drop): no update may follow.
+        s.stat = None;
         if !s.local_closed {
             s.local_closed = true;
             let staged = s.staged;
@@ -1033,6 +1191,7 @@ pub struct SmcListener {
     wake: TcpListener,
     ready: parking_lot::Mutex<std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>>,
     nonblocking: bool,
+    _stat: Option<ListenerRecord>,
 }
 
 impl SmcListener {
@@ -1048,6 +1207,7 @@ impl SmcListener {
         let tcp: TcpListener = sock.into();
         let local = tcp.local_addr()?;
         let wake = tcp.try_clone()?;
+        let stat = rt.listener_record(local);
         let (tx, ready) = std::sync::mpsc::channel();
         let rt = rt.clone();
         std::thread::Builder::new()
@@ -1075,6 +1235,7 @@ impl SmcListener {
             wake,
             ready: parking_lot::Mutex::new(ready),
             nonblocking: false,
+            _stat: stat,
         })
     }
 
@@ -1120,11 +1281,17 @@ impl SmcStream {
         // accepted socket inherits the mark.
         let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
             && rt.inner.option.is_ok();
-        let verdict = verdict(rt, &tcp, marked, peer.is_ipv4());
         let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
+        let verdict = verdict(rt, &s.tcp, marked, peer.is_ipv4());
+        s.timeline.mark(T_OPTION);
         match verdict {
             Err(r) => s.mode = Mode::Tcp(r),
-            Ok(()) => s.server_handshake(rt)?,
+            Ok(()) => {
+                if let Err(e) = s.server_handshake(rt) {
+                    rt.inner.handshake_failed();
+                    return Err(e);
+                }
+            }
         }
         s.record(rt, true);
         Ok(s)
@@ -1140,7 +1307,7 @@ impl SmcStream {
         let mut hs = handshake::Server::new(rt.inner.cfg.handshake.clone(), Instant::now());
         let decline = |s: &mut Self, hs: &mut handshake::Server, reason| -> io::Result<()> {
             hs.decline(reason).map_err(io::Error::other)?;
-            match drive(&mut s.tcp, hs)? {
+            match drive(&mut s.tcp, hs, &mut s.timeline)? {
                 Event::Fallback {
                     reason, by_peer, ..
                 } => {
@@ -1150,7 +1317,7 @@ impl SmcStream {
                 ev => Err(io::Error::other(format!("unexpected {ev:?}"))),
             }
         };
-        let (client_gid, client_id) = match drive(&mut self.tcp, &mut hs)? {
+        let (client_gid, client_id) = match drive(&mut self.tcp, &mut hs, &mut self.timeline)? {
             Event::Proposed {
                 client_gid,
                 client_id,
@@ -1209,7 +1376,7 @@ impl SmcStream {
         lg.reserve(token);
         hs.accept(&local_ep, first_contact, Instant::now())
             .map_err(io::Error::other)?;
-        let (negotiated, client) = match drive(&mut self.tcp, &mut hs) {
+        let (negotiated, client) = match drive(&mut self.tcp, &mut hs, &mut self.timeline) {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
                 lg.unreserve(token);
@@ -1248,6 +1415,7 @@ impl SmcStream {
         let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
         if first_contact {
             lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+            self.timeline.mark(T_LINK);
         }
         self.mode = Mode::SmcR { first_contact };
         self.smc = Some(Smc { conn, lg });

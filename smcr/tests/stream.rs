@@ -296,9 +296,11 @@ fn connections_and_fallbacks_appear_in_the_stats_area() {
     let path = rt.stats_path().expect("an area").to_owned();
     let area = Area::open(&path).unwrap();
     assert_eq!(area.pid(), std::process::id());
+    // Connection rows (the listener has one too, in state LISTEN).
     let rows = |area: &Area| -> Vec<smcr::stats::ConnRecord> {
         (0..area.conn_slots())
             .filter_map(|i| area.read_conn(i).unwrap())
+            .filter(|r| r.words[conn::STATE] & 0xff != conn::STATE_LISTEN)
             .collect()
     };
     let (l, addr) = listen(&rt);
@@ -371,46 +373,58 @@ fn smc_stat_shows_live_connections_and_fallbacks() {
         assert!(out.status.success());
         String::from_utf8(out.stdout).unwrap()
     };
-    let json = run(&["--json", "--pid", &std::process::id().to_string()]);
+    let me = std::process::id();
+    let doc: serde_json::Value =
+        serde_json::from_str(&run(&["--json", "--pid", &me.to_string()])).expect("JSON");
     let port = addr.port();
-    assert!(
-        json.contains(&format!("\"peer\":\"127.0.0.1:{port}\"")),
-        "{json}"
-    );
-    assert!(
-        json.contains(&format!("\"local\":\"127.0.0.1:{port}\"")),
-        "{json}"
-    );
-    assert_eq!(json.matches("\"mode\":\"TCP\"").count(), 2, "{json}");
-    assert_eq!(json.matches("\"reason\":\"MEM\"").count(), 2, "{json}");
-    assert!(
-        json.contains("\"bytes_sent\":5,\"bytes_received\":8"),
-        "{json}"
-    );
-    assert!(
-        json.contains("\"bytes_sent\":8,\"bytes_received\":5"),
-        "{json}"
-    );
-    // Valid JSON (python3 is a test dependency).
-    let st = std::process::Command::new("python3")
-        .args(["-c", "import json,sys; json.load(sys.stdin)"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut p| {
-            use std::io::Write as _;
-            p.stdin.take().unwrap().write_all(json.as_bytes())?;
-            p.wait()
-        });
-    if let Ok(st) = st {
-        assert!(st.success(), "not JSON: {json}");
+    let conns = doc["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 2, "{doc}");
+    for c in conns {
+        assert_eq!(c["pid"], me);
+        assert_eq!(c["mode"], "TCP");
+        assert_eq!(c["reason"], "MEM");
+        assert_eq!(c["reason_code"], 0x0101_0000);
+        assert_eq!(c["state"], "ACTIVE");
+        let server_side = c["role"] == "server";
+        let (ours, sent, received) = if server_side {
+            ("local", 8, 5)
+        } else {
+            ("peer", 5, 8)
+        };
+        assert_eq!(c[ours], format!("127.0.0.1:{port}"), "{c}");
+        assert_eq!(
+            (c["bytes_sent"].as_u64(), c["bytes_received"].as_u64()),
+            (Some(sent), Some(received)),
+            "{c}"
+        );
+        // The server declined: the client's row carries the peer's diagnosis.
+        assert_eq!(
+            c["peer_reason_code"],
+            if server_side { 0 } else { 0x0101_0000 },
+            "{c}"
+        );
+        assert!(c["stages_us"]["proposal"].is_u64(), "{c}");
+        assert!(c["stages_us"]["confirm_link"].is_null(), "{c}");
     }
+    assert_eq!(doc["listeners"].as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc["fallbacks"][0]["name"], "MEM");
+    assert_eq!(doc["fallbacks"][0]["count"], 2);
+    assert_eq!(doc["processes"][0]["totals"]["tcp_connections"], 2);
     let text = run(&[]);
-    assert!(text.contains("TCP   MEM 0x01010000"), "{text}");
+    assert!(text.contains("TCP  MEM 0x01010000"), "{text}");
+    assert!(text.contains("MEM 0x01010000 by peer"), "{text}");
+    assert!(!text.contains("LISTEN"), "{text}");
+    assert!(run(&["-l"]).contains("LISTEN"));
     let fb = run(&["--fallback"]);
-    assert!(
-        fb.contains("0x01010000   MEM") && fb.contains("       2  "),
-        "{fb}"
-    );
+    assert!(fb.contains("0x01010000  MEM                 2  "), "{fb}");
+    assert!(fb.contains("remedy: "), "{fb}");
+    // reset zeroes the counters in the area itself; the live rows stay.
+    assert!(run(&["reset", "--pid", &me.to_string()]).contains("1 process"));
+    let doc: serde_json::Value = serde_json::from_str(&run(&["--json"])).unwrap();
+    assert_eq!(doc["fallbacks"].as_array().unwrap().len(), 0, "{doc}");
+    assert_eq!(doc["processes"][0]["totals"]["tcp_connections"], 0);
+    assert_eq!(doc["processes"][0]["reset_epoch"], 1);
+    assert_eq!(doc["connections"].as_array().unwrap().len(), 2);
     c.shutdown(std::net::Shutdown::Write).unwrap();
     drop(c);
     server.join().unwrap();
@@ -418,5 +432,152 @@ fn smc_stat_shows_live_connections_and_fallbacks() {
         !run(&["--json"]).contains("\"mode\""),
         "rows gone after close"
     );
+    rt.shutdown();
+}
+
+/// An SMC-R connection as `smc-stat` shows it: both rows with cursors, flags and every
+/// handshake stage (first contact: CONFIRM LINK too), both link groups, Prometheus text.
+#[test]
+fn smc_stat_shows_link_groups_cursors_and_stage_times() {
+    let dir = std::env::temp_dir().join(format!("smcr-stats-lg-{}", std::process::id()));
+    let n = PORT.fetch_add(1, Ordering::Relaxed);
+    let mut cfg = RuntimeConfig::new();
+    cfg.negotiation = Negotiation::Assume;
+    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
+    cfg.stats_dir = Some(dir.clone());
+    let rt = Runtime::new(cfg);
+    let (l, addr) = listen(&rt);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 1000];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&buf[..300]).unwrap();
+        done_rx.recv().unwrap();
+    });
+    let mut c = SmcStream::connect(&rt, addr).unwrap();
+    assert_eq!(
+        c.mode(),
+        &Mode::SmcR {
+            first_contact: true
+        }
+    );
+    c.write_all(&[9u8; 1000]).unwrap();
+    let mut back = [0u8; 300];
+    c.read_exact(&mut back).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_smc-stat"))
+            .arg("--dir")
+            .arg(&dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Cursors are published as CDCs arrive: wait for the server's consumer update.
+    let mut doc = serde_json::Value::Null;
+    for _ in 0..200 {
+        doc = serde_json::from_str(&run(&["--json"])).unwrap();
+        let conns = doc["connections"].as_array().unwrap();
+        if conns.len() == 2
+            && conns
+                .iter()
+                .all(|c| c["cursors"]["peer_cons"] == c["cursors"]["tx_prod"])
+        {
+            break;
+        }
+        thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let conns = doc["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 2, "{doc}");
+    for c in conns {
+        assert_eq!(c["mode"], "SMCR", "{c}");
+        assert!(c["reason"].is_null());
+        let server_side = c["role"] == "server";
+        let (sent, received) = if server_side {
+            (300, 1000)
+        } else {
+            (1000, 300)
+        };
+        assert_eq!(
+            (c["bytes_sent"].as_u64(), c["bytes_received"].as_u64()),
+            (Some(sent), Some(received)),
+            "{c}"
+        );
+        assert_eq!(c["cursors"]["tx_prod"], format!("0:{sent}"), "{c}");
+        assert_eq!(c["cursors"]["peer_cons"], format!("0:{sent}"), "{c}");
+        assert_eq!(c["cursors"]["rx_cons"], format!("0:{received}"), "{c}");
+        // The client shut down writing: PEERCLW1 on its side, APPCLW1 on the server's.
+        let (state, local, peer) = if server_side {
+            ("APPCLW1", "-", "done-writing")
+        } else {
+            ("PEERCLW1", "done-writing", "-")
+        };
+        assert_eq!(c["state"], state, "{c}");
+        assert_eq!(c["flags"]["local"], local, "{c}");
+        assert_eq!(c["flags"]["peer"], peer, "{c}");
+        // Every stage was reached, in order.
+        let st = &c["stages_us"];
+        let t: Vec<u64> = smcr::view::STAGES
+            .iter()
+            .map(|s| st[s].as_u64().unwrap_or_else(|| panic!("{s} missing: {c}")))
+            .collect();
+        assert!(t.windows(2).all(|w| w[0] <= w[1]), "{c}");
+        assert!(c["token"].as_u64().unwrap() != 0 && c["link_group"].as_u64().unwrap() != 0);
+        assert_eq!(c["rmb"], 65536);
+    }
+    let lgs = doc["link_groups"].as_array().unwrap();
+    assert_eq!(lgs.len(), 2, "client's and server's: {doc}");
+    let (a, b) = (&lgs[0], &lgs[1]);
+    assert_ne!(a["role"], b["role"]);
+    assert_eq!(a["qpn"], b["peer_qpn"], "{doc}");
+    assert_eq!(a["peer_qpn"], b["qpn"], "{doc}");
+    for g in lgs {
+        assert_eq!(g["state"], "ACTIVE");
+        assert_eq!(g["connections"], 1);
+        assert_eq!(g["gid"], "::ffff:127.0.0.1");
+    }
+    let links = run(&["-R"]);
+    assert_eq!(links.matches("ACTIVE").count(), 2, "{links}");
+    let details = run(&["-d"]);
+    assert_eq!(
+        details.matches("ms after TCP up: option ").count(),
+        2,
+        "{details}"
+    );
+    assert!(!details.contains("confirm_link -"), "{details}");
+    let prom = run(&["--prometheus"]);
+    let samples = smcr::view::parse_prometheus(&prom).unwrap_or_else(|e| panic!("{e}\n{prom}"));
+    let me = std::process::id().to_string();
+    let get = |name: &str, label: (&str, &str)| {
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name
+                    && l.iter().any(|(k, v)| k == "pid" && *v == me)
+                    && l.iter().any(|(k, v)| k == label.0 && v == label.1)
+            })
+            .map(|s| s.2)
+    };
+    assert_eq!(
+        get("smcr_connections_total", ("mode", "smcr")),
+        Some(2.0),
+        "{prom}"
+    );
+    assert_eq!(
+        get("smcr_open_connections", ("mode", "smcr")),
+        Some(2.0),
+        "{prom}"
+    );
+    assert_eq!(
+        get("smcr_bytes_total", ("direction", "sent")),
+        Some(1300.0),
+        "{prom}"
+    );
+    done_tx.send(()).unwrap();
+    drop(c);
+    server.join().unwrap();
     rt.shutdown();
 }

@@ -18,9 +18,15 @@ pub fn lib() -> PathBuf {
 
 /// The `smcr` launcher of the same profile, built if this run did not build it.
 pub fn smcr_bin() -> PathBuf {
+    bin("smcr")
+}
+
+/// A binary of the smcr package (`smcr`, `smc-stat`) of the same profile, built if this run
+/// did not build it.
+pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("smcr");
+    let bin = profile_dir.join(name);
     let profile = profile_dir.file_name().unwrap().to_str().unwrap();
     let profile = if profile == "debug" { "dev" } else { profile };
     let st = Command::new(env!("CARGO"))
@@ -32,11 +38,11 @@ pub fn smcr_bin() -> PathBuf {
             "-p",
             "smcr",
             "--bin",
-            "smcr",
+            name,
         ])
         .status()
         .unwrap();
-    assert!(st.success(), "building smcr failed");
+    assert!(st.success(), "building {name} failed");
     bin
 }
 

@@ -1,0 +1,223 @@
+//! Byte counts of TCP sockets from the kernel (`sock_diag` netlink, as `ss -i` reads them),
+//! by socket inode. `smc-stat` uses them for connections that fell back to TCP: the
+//! application then talks to the kernel socket directly and the library counts nothing, so a
+//! fallback costs the application no per-call bookkeeping.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const INET_DIAG_INFO: u16 = 2;
+const NLMSG_HDR: usize = 16;
+/// `struct inet_diag_msg`: family, state, timer, retrans, sockid (48), expires, rqueue,
+/// wqueue, uid, inode.
+const DIAG_MSG: usize = 72;
+const DIAG_MSG_INODE: usize = 68;
+/// Offsets in `struct tcp_info` (stable kernel ABI; appended-only; these since Linux 4.19).
+const TCPI_BYTES_RECEIVED: usize = 128;
+const TCPI_BYTES_SENT: usize = 200;
+const TCPI_BYTES_RETRANS: usize = 208;
+
+/// Payload bytes a TCP socket moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpBytes {
+    /// Sent once (`tcpi_bytes_sent - tcpi_bytes_retrans`: retransmissions not counted again;
+    /// the SYN and FIN are not data).
+    pub sent: u64,
+    /// `tcpi_bytes_received`.
+    pub received: u64,
+}
+
+/// All IPv4 TCP sockets of the calling thread's network namespace, by inode.
+pub fn tcp_bytes() -> io::Result<HashMap<u64, TcpBytes>> {
+    // SAFETY: creating a netlink socket; checked below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just created.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut req = [0u8; NLMSG_HDR + 56];
+    let len = req.len() as u32;
+    req[0..4].copy_from_slice(&len.to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    let body = &mut req[NLMSG_HDR..];
+    body[0] = libc::AF_INET as u8;
+    body[1] = libc::IPPROTO_TCP as u8;
+    body[2] = 1 << (INET_DIAG_INFO - 1);
+    body[4..8].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    // SAFETY: sending our buffer on our socket (the kernel is the default destination).
+    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = HashMap::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: receiving into our buffer.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if parse(&buf[..n as usize], &mut out)? {
+            return Ok(out);
+        }
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Parses one datagram of the dump; `Ok(true)` at its end. Malformed input is an error.
+fn parse(mut b: &[u8], out: &mut HashMap<u64, TcpBytes>) -> io::Result<bool> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed sock_diag message");
+    while b.len() >= NLMSG_HDR {
+        let len = u32_at(b, 0).ok_or_else(bad)? as usize;
+        let ty = u16_at(b, 4).ok_or_else(bad)?;
+        if len < NLMSG_HDR || len > b.len() {
+            return Err(bad());
+        }
+        let msg = &b[NLMSG_HDR..len];
+        match ty {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let e = u32_at(msg, 0).ok_or_else(bad)? as i32;
+                return Err(io::Error::from_raw_os_error(-e));
+            }
+            SOCK_DIAG_BY_FAMILY if msg.len() >= DIAG_MSG => {
+                let inode = u64::from(u32_at(msg, DIAG_MSG_INODE).ok_or_else(bad)?);
+                let mut attrs = &msg[DIAG_MSG..];
+                while attrs.len() >= 4 {
+                    let alen = usize::from(u16_at(attrs, 0).ok_or_else(bad)?);
+                    let aty = u16_at(attrs, 2).ok_or_else(bad)?;
+                    if alen < 4 || alen > attrs.len() {
+                        return Err(bad());
+                    }
+                    if aty == INET_DIAG_INFO {
+                        let info = &attrs[4..alen];
+                        if let (Some(sent), Some(retrans), Some(received)) = (
+                            u64_at(info, TCPI_BYTES_SENT),
+                            u64_at(info, TCPI_BYTES_RETRANS),
+                            u64_at(info, TCPI_BYTES_RECEIVED),
+                        ) {
+                            let sent = sent.saturating_sub(retrans);
+                            out.insert(inode, TcpBytes { sent, received });
+                        }
+                    }
+                    let step = (alen + 3) & !3;
+                    attrs = &attrs[step.min(attrs.len())..];
+                }
+            }
+            _ => {}
+        }
+        let step = (len + 3) & !3;
+        b = &b[step.min(b.len())..];
+    }
+    Ok(false)
+}
+
+/// [`tcp_bytes`] in the network namespace of process `pid` (entered on a thread of its own;
+/// needs CAP_SYS_ADMIN when it is not ours).
+pub fn tcp_bytes_of(pid: u32) -> io::Result<HashMap<u64, TcpBytes>> {
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net"))?;
+    let ours = std::fs::metadata("/proc/thread-self/ns/net")?;
+    use std::os::unix::fs::MetadataExt;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return tcp_bytes();
+    }
+    let path = format!("/proc/{pid}/ns/net");
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(path)?;
+        // SAFETY: entering a network namespace on this (short-lived) thread only.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        tcp_bytes()
+    })
+    .join()
+    .map_err(|_| io::Error::other("sock_diag thread panicked"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::MetadataExt;
+
+    fn inode(s: &std::net::TcpStream) -> u64 {
+        let fd = s.as_raw_fd();
+        std::fs::metadata(format!("/proc/self/fd/{fd}"))
+            .map(|m| m.ino())
+            .unwrap()
+    }
+
+    #[test]
+    fn kernel_byte_counts_by_inode() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        c.write_all(&[7u8; 1000]).unwrap();
+        let mut b = [0u8; 1000];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&[1u8; 10]).unwrap();
+        c.read_exact(&mut b[..10]).unwrap();
+        let m = tcp_bytes().unwrap();
+        let got = (m[&inode(&c)], m[&inode(&s)]);
+        assert_eq!(
+            got,
+            (
+                TcpBytes {
+                    sent: 1000,
+                    received: 10
+                },
+                TcpBytes {
+                    sent: 10,
+                    received: 1000
+                }
+            )
+        );
+        assert_eq!(tcp_bytes_of(std::process::id()).unwrap()[&inode(&c)], got.0);
+    }
+
+    #[test]
+    fn malformed_dumps_are_errors_not_panics() {
+        let mut out = HashMap::new();
+        assert!(!parse(&[0u8; 3], &mut out).unwrap());
+        let mut m = vec![0u8; 20];
+        m[0..4].copy_from_slice(&200u32.to_ne_bytes()); // longer than the datagram
+        assert!(parse(&m, &mut out).is_err());
+        let mut m = vec![0u8; NLMSG_HDR + DIAG_MSG + 4];
+        let len = m.len() as u32;
+        m[0..4].copy_from_slice(&len.to_ne_bytes());
+        m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        m[NLMSG_HDR + DIAG_MSG..][..2].copy_from_slice(&2u16.to_ne_bytes()); // attr len < 4
+        assert!(parse(&m, &mut out).is_err());
+        for n in 0..m.len() {
+            let _ = parse(&m[..n], &mut out);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Snapshot tests of every output format, on a fixed snapshot. After an intended format
+//! change, regenerate with `SMCR_UPDATE_SNAPSHOTS=1 cargo test -p smcr --lib view` and
+//! review the diff.
+
+use super::*;
+
+fn example() -> Snapshot {
+    let a = |s: &str| s.parse::<SocketAddrV4>().unwrap();
+    let mapped = |ip: [u8; 4]| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&ip);
+        g
+    };
+    let mut totals = [0; total::COUNT];
+    totals[total::SMCR] = 12;
+    totals[total::TCP] = 3;
+    totals[total::FIRST_CONTACT] = 1;
+    totals[total::LINK_GROUPS] = 1;
+    totals[total::BYTES_SENT] = 1000;
+    totals[total::BYTES_RECEIVED] = 2000;
+    let server = Proc {
+        pid: 4242,
+        comm: "redis-server".into(),
+        conns: vec![
+            Conn {
+                kind: Kind::Smcr,
+                state: 1,
+                server: true,
+                local: a("10.0.0.1:6379"),
+                peer: a("10.0.0.2:40001"),
+                rmb: 65536,
+                sndbuf: 65536,
+                token: 0x1234,
+                lg: 1,
+                sent: 5120,
+                received: 2048,
+                since_ns: 1_700_000_000_000_000_000,
+                stages_ns: [2_000, 150_000, 300_000, 900_000, 2_500_000, 3_100_000],
+                cursors: [5120, 2048, 1 << 32 | 2048, 1 << 32 | 2048],
+                ..Conn::default()
+            },
+            Conn {
+                kind: Kind::Tcp,
+                state: 1,
+                server: true,
+                local: a("10.0.0.1:6379"),
+                peer: a("10.0.0.3:40002"),
+                code: 0x0301_0000,
+                sent: 11,
+                received: 27,
+                fd: Some(9),
+                since_ns: 1_700_000_000_000_000_000,
+                stages_ns: [3_000, 0, 0, 0, 0, 0],
+                ..Conn::default()
+            },
+            Conn {
+                kind: Kind::Tcp,
+                state: 22,
+                server: true,
+                local: a("10.0.0.1:6379"),
+                peer: a("10.0.0.4:40003"),
+                code: 0x0101_0000,
+                peer_code: 0x0101_0000,
+                local_flags: 0,
+                peer_flags: 0x80,
+                ..Conn::default()
+            },
+            Conn {
+                kind: Kind::Listen,
+                state: 10,
+                server: true,
+                local: a("0.0.0.0:6379"),
+                ..Conn::default()
+            },
+        ],
+        links: vec![Link {
+            id: 1,
+            client: false,
+            link_id: 1,
+            state: 3,
+            gid: mapped([10, 0, 0, 1]),
+            peer_gid: mapped([10, 0, 0, 2]),
+            qpn: 0x3a1,
+            peer_qpn: 0x7f2,
+            peer_system: [0x02, 0, 0, 0, 0, 0x2a, 0, 1],
+            mtu: 1024,
+            conns: 1,
+            since_ns: 1_700_000_000_000_000_000,
+        }],
+        fallbacks: vec![(0x0301_0000, 2), (0x0101_0000, 1)],
+        totals,
+        reset_epoch: 0,
+    };
+    let client = Proc {
+        pid: 4300,
+        comm: "redis \"bench\"".into(),
+        conns: vec![Conn {
+            kind: Kind::Smcr,
+            state: 20,
+            local: a("10.0.0.2:40001"),
+            peer: a("10.0.0.1:6379"),
+            rmb: 65536,
+            sndbuf: 65536,
+            token: 0x99,
+            lg: 7,
+            sent: 2048,
+            received: 5120,
+            local_flags: 0x80,
+            ..Conn::default()
+        }],
+        fallbacks: vec![(0x7f00_0004, 4)],
+        ..Proc::default()
+    };
+    Snapshot {
+        procs: vec![server, client],
+    }
+}
+
+fn check(name: &str, got: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/view/snapshots")
+        .join(name);
+    if std::env::var_os("SMCR_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with SMCR_UPDATE_SNAPSHOTS=1)", path.display()));
+    assert!(
+        want == got,
+        "{name} changed; got:\n{got}\n(run with SMCR_UPDATE_SNAPSHOTS=1 and review the diff)"
+    );
+}
+
+#[test]
+fn socket_table() {
+    check(
+        "sockets.txt",
+        &render_sockets(&example(), Rows::Connections, false),
+    );
+    check(
+        "sockets-all-details.txt",
+        &render_sockets(&example(), Rows::All, true),
+    );
+    check(
+        "listeners.txt",
+        &render_sockets(&example(), Rows::Listeners, false),
+    );
+}
+
+#[test]
+fn link_groups() {
+    check("links.txt", &render_links(&example()));
+}
+
+#[test]
+fn fallbacks() {
+    check("fallbacks.txt", &render_fallbacks(&example(), false));
+    let every = render_fallbacks(&example(), true);
+    // Every Linux code and ours is named, with a meaning and a remedy.
+    for c in all_codes() {
+        let (name, meaning) = stats::reason(c);
+        assert!(name != "UNKNOWN" && !meaning.is_empty(), "{c:#x}");
+        assert!(
+            every.contains(&format!("{c:#010x}  {name:<12}")),
+            "{c:#x} missing"
+        );
+    }
+    assert_eq!(all_codes().len(), 40);
+    assert_eq!(every.matches("remedy: ").count(), 40);
+}
+
+#[test]
+fn json_document() {
+    check("snapshot.json", &render_json(&example()));
+}
+
+#[test]
+fn prometheus_exposition() {
+    let text = render_prometheus(&example());
+    check("metrics.prom", &text);
+    parse_prometheus(&text).unwrap();
+}
+
+#[test]
+fn the_prometheus_parser_rejects_bad_text() {
+    for bad in [
+        "smcr_x 1\n",
+        "# TYPE smcr_x counter\nsmcr_x{a=\"b} 1\n",
+        "# TYPE smcr_x counter\nsmcr_x{a=b} 1\n",
+        "# TYPE smcr_x counter\nsmcr_x{a=\"\\q\"} 1\n",
+        "# TYPE smcr_x counter\nsmcr_x one\n",
+        "# TYPE smcr_x counter\n# TYPE smcr_x counter\n",
+        "# TYPE 9x counter\n",
+    ] {
+        assert!(parse_prometheus(bad).is_err(), "{bad:?}");
+    }
+    let ok = parse_prometheus("# TYPE smcr_x counter\nsmcr_x{a=\"q\\\"\\\\\",b=\"\"} 3\n").unwrap();
+    assert_eq!(
+        ok,
+        vec![(
+            "smcr_x".to_owned(),
+            vec![("a".into(), "q\"\\".into()), ("b".into(), String::new())],
+            3.0
+        )]
+    );
+}
+
+#[test]
+fn records_decode_into_rows() {
+    let mut r = stats::ConnRecord::default();
+    r.words[conn::IN_USE] = 1;
+    r.words[conn::LOCAL] = u64::from(u32::from(Ipv4Addr::new(10, 0, 0, 1))) << 16 | 6379;
+    r.words[conn::PEER] = u64::from(u32::from(Ipv4Addr::new(10, 0, 0, 2))) << 16 | 40001;
+    r.words[conn::STATE] = conn::STATE_ACTIVE | 1 << 8 | conn::MODE_TCP << 16;
+    r.words[conn::REASON] = 0x0101_0000 | 0x0101_0000 << 32;
+    r.words[conn::FD] = 10;
+    r.words[conn::T_PROPOSAL] = 5;
+    r.live[conn::live::FLAGS] = 0x80 << 8 | 22 << 16;
+    r.live[conn::live::FIRST_WRITE] = 9;
+    let c = Conn::from_record(&r);
+    assert_eq!(
+        (
+            c.kind,
+            c.state,
+            c.server,
+            c.local.port(),
+            c.peer.port(),
+            c.fd
+        ),
+        (Kind::Tcp, 22, true, 6379, 40001, Some(9))
+    );
+    assert_eq!(c.stages_ns, [0, 5, 0, 0, 0, 9]);
+    assert_eq!(c.fallback(), "MEM 0x01010000 by peer");
+    assert_eq!(c.peer_flags, 0x80);
+}
