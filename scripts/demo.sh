@@ -21,7 +21,7 @@ else
   command -v redis-server >/dev/null || { echo "demo: redis-server missing: run as root once (scripts/setup.sh installs it)" >&2; exit 1; }
   mode=(--assume)
 fi
-cargo build --release --locked -q -p preload -p smcr --bin smcr --bin smc-stat
+cargo build --release --locked -q -p preload -p smcr --lib --bin smcr --bin smc-stat
 smcr=target/release/smcr
 stat=target/release/smc-stat
 addr=127.0.0.2

@@ -569,4 +569,31 @@ fn smc_stat_shows_redis_smcr_and_tcp_clients() {
     if std::env::var_os("SMCR_SHOW").is_some() {
         eprintln!("{table}\n{}", stat(&["-R"]));
     }
+    // A process killed without cleaning up: its area is recognised as stale and removed, its
+    // rows are gone; the server's SMC-R row goes once its link group notices.
+    let killed = smc_client.0.id();
+    drop(smc_client); // SIGKILL
+    let doc: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
+    assert!(
+        doc["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["pid"] != killed),
+        "{doc}"
+    );
+    let areas: Vec<String> = std::fs::read_dir(setup.dir.join("stats"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !areas.iter().any(|a| a.starts_with(&format!("{killed}-"))),
+        "{areas:?}"
+    );
+    assert!(
+        areas
+            .iter()
+            .any(|a| a.starts_with(&format!("{redis_pid}-"))),
+        "{areas:?}"
+    );
 }

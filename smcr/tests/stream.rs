@@ -581,3 +581,43 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
     server.join().unwrap();
     rt.shutdown();
 }
+
+/// `smc-stat --watch N` redraws (home + clear, then the table) every N seconds until stopped.
+#[test]
+fn smc_stat_watch_redraws() {
+    let dir = std::env::temp_dir().join(format!("smcr-stats-watch-{}", std::process::id()));
+    let mut cfg = RuntimeConfig::new();
+    cfg.negotiation = Negotiation::Assume;
+    cfg.stats_dir = Some(dir.clone());
+    let rt = Runtime::new(cfg);
+    let (l, addr) = listen(&rt);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smc-stat"))
+        .arg("--dir")
+        .arg(&dir)
+        .args(["-l", "--watch", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(std::time::Duration::from_millis(1100));
+    child.kill().unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let _ = child.wait();
+    let frames: Vec<&str> = out.split("\x1b[H\x1b[2J").skip(1).collect();
+    assert!(
+        (2..=8).contains(&frames.len()),
+        "{} frames: {out:?}",
+        frames.len()
+    );
+    for f in &frames[..frames.len() - 1] {
+        assert!(f.starts_with("PID"), "{f:?}");
+        assert!(f.contains(&format!("127.0.0.1:{}", addr.port())), "{f:?}");
+    }
+    drop(l);
+    rt.shutdown();
+}
