@@ -245,6 +245,9 @@ pub struct Area {
     path: PathBuf,
     owner: bool,
     writable: bool,
+    /// Where the next connection-slot search starts (slots just freed are found at once, and
+    /// a process with many long-lived rows does not rescan them on every claim).
+    next_conn: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: the mapping is only accessed through atomics; the pointer stays valid until drop.
@@ -333,8 +336,13 @@ impl Area {
                 "not a stats area (magic or version)",
             ));
         }
-        let need = HEADER_WORDS + area.conn_slots() * CONN_WORDS + area.lg_slots() * LG_WORDS;
-        if need > area.words {
+        // Slot counts come from the file: a corrupt one must not overflow the arithmetic.
+        let need = area
+            .conn_slots()
+            .checked_mul(CONN_WORDS)
+            .and_then(|c| c.checked_add(area.lg_slots().checked_mul(LG_WORDS)?))
+            .and_then(|n| n.checked_add(HEADER_WORDS));
+        if need.is_none_or(|n| n > area.words) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "stats area shorter than its header says",
@@ -370,6 +378,7 @@ impl Area {
             path,
             owner: write,
             writable: write,
+            next_conn: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -441,7 +450,9 @@ impl Area {
 
     /// Claims a free connection slot (its `in_use` word 0 → 1); `None` when all are taken.
     pub fn claim_conn(&self) -> Option<usize> {
-        (0..self.conn_slots()).find(|&i| {
+        let n = self.conn_slots();
+        let start = self.next_conn.load(Ordering::Relaxed);
+        let i = (0..n).map(|k| (start + k) % n).find(|&i| {
             let r = self.conn(i);
             claim(r)
                 .then(|| {
@@ -452,7 +463,9 @@ impl Area {
                     }
                 })
                 .is_some()
-        })
+        })?;
+        self.next_conn.store(i + 1, Ordering::Relaxed);
+        Some(i)
     }
 
     /// Writes a connection's locked fields (`rec.words[0]`, `in_use`, must stay non-zero).
@@ -488,6 +501,7 @@ impl Area {
 
     /// Frees a slot (a reader then sees it empty); its bytes go to the process totals.
     pub fn release_conn(&self, slot: usize) {
+        self.next_conn.store(slot, Ordering::Relaxed);
         let r = self.conn(slot);
         self.count_n(total::BYTES_SENT, r[C_BYTES_SENT].load(Ordering::Relaxed));
         self.count_n(
@@ -942,5 +956,97 @@ mod tests {
         assert!(Area::open(&p).is_err());
         std::fs::write(&p, b"short").unwrap();
         assert!(Area::open(&p).is_err());
+        // A valid header whose slot counts do not fit the file (or overflow) is refused.
+        let real = Area::create(&d, 1, 1).unwrap();
+        let mut bytes = std::fs::read(real.path()).unwrap();
+        for (conn, lg) in [
+            (2u64, 1u64),
+            (u64::MAX, 0),
+            (1 << 60, 1 << 60),
+            (0, u64::MAX / 8),
+        ] {
+            bytes[H_CONN_SLOTS * 8..][..8].copy_from_slice(&conn.to_le_bytes());
+            bytes[H_LG_SLOTS * 8..][..8].copy_from_slice(&lg.to_le_bytes());
+            std::fs::write(&p, &bytes).unwrap();
+            assert!(Area::open(&p).is_err(), "{conn} {lg}");
+        }
+    }
+
+    #[test]
+    fn link_groups_live_words_totals_and_reset() {
+        let d = dir("lg");
+        let w = Area::create(&d, 2, 2).unwrap();
+        let r = Area::open(w.path()).unwrap();
+        let g = w.claim_lg().unwrap();
+        let mut rec = LgRecord::default();
+        rec.words[lg::IN_USE] = 1;
+        rec.words[lg::ID] = 7 | lg::ROLE_SERVER << 32 | lg::LINK_ACTIVE << 48;
+        w.write_lg(g, &rec);
+        w.set_lg_conns(g, 3);
+        let got = r.read_lg(g).unwrap().unwrap();
+        assert_eq!((got.words[lg::ID], got.conns), (rec.words[lg::ID], 3));
+        assert_eq!(r.read_lg(1 - g).unwrap(), None);
+        w.release_lg(g);
+        assert_eq!(r.read_lg(g).unwrap(), None);
+        // Live words: plain stores; "once" keeps the first value; a claim clears them.
+        let c = w.claim_conn().unwrap();
+        w.write_conn(
+            c,
+            &ConnRecord {
+                words: [1; 23],
+                ..Default::default()
+            },
+        );
+        w.set_live(c, conn::live::TX_PROD, 5);
+        w.set_live_once(c, conn::live::FIRST_WRITE, 10);
+        w.set_live_once(c, conn::live::FIRST_WRITE, 20);
+        w.add_bytes(c, 30, 40);
+        let got = r.read_conn(c).unwrap().unwrap();
+        assert_eq!(got.live[conn::live::TX_PROD], 5);
+        assert_eq!(got.live[conn::live::FIRST_WRITE], 10);
+        // Released bytes go to the process totals.
+        w.release_conn(c);
+        let c2 = w.claim_conn().unwrap();
+        assert_eq!(c2, c);
+        w.write_conn(
+            c2,
+            &ConnRecord {
+                words: [1; 23],
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            r.read_conn(c2).unwrap().unwrap().live,
+            [0; conn::live::COUNT]
+        );
+        w.count(total::SMCR);
+        w.count(total::SMCR);
+        w.count_fallback(0x0301_0000);
+        let t = r.totals();
+        assert_eq!(
+            (
+                t[total::SMCR],
+                t[total::BYTES_SENT],
+                t[total::BYTES_RECEIVED]
+            ),
+            (2, 30, 40)
+        );
+        assert_eq!(r.fallbacks(), vec![(0x0301_0000, 1)]);
+        // A read-only mapping cannot reset; a read-write one resets for every reader.
+        assert_eq!(
+            r.reset().unwrap_err().kind(),
+            io::ErrorKind::PermissionDenied
+        );
+        Area::open_rw(w.path()).unwrap().reset().unwrap();
+        assert_eq!(r.totals(), [0; total::COUNT]);
+        assert_eq!(r.fallbacks(), vec![]);
+        assert_eq!(r.reset_epoch(), 1);
+        // Counting resumes, in the same (code, count) pair.
+        w.count_fallback(0x0301_0000);
+        assert_eq!(r.fallbacks(), vec![(0x0301_0000, 1)]);
+        assert!(
+            w.path().exists(),
+            "a reader's drop never removes the owner's area"
+        );
     }
 }

@@ -306,6 +306,9 @@ impl Snapshot {
                 let Ok(Some(r)) = a.read_conn(i) else {
                     continue;
                 };
+                if r.words[conn::STATE] == 0 {
+                    continue; // claimed, not written yet
+                }
                 let mut c = Conn::from_record(&r);
                 let inode = r.words[conn::INODE];
                 if let Some(fd) = c.fd {
