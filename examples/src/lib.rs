@@ -3,5 +3,6 @@
 //! SMC-R's CLC does) and then move data the way SMC-R does — RDMA WRITE into the peer's ring
 //! buffer, followed by a SEND that tells the peer what arrived.
 
+pub mod app_bench;
 pub mod peer;
 pub mod smc_bench;

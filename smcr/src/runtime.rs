@@ -231,6 +231,11 @@ impl Runtime {
             Negotiation::TcpOption { dir } => OptionMap::open(dir).map_err(|e| e.to_string()),
             Negotiation::Assume => Err("not used".into()),
         };
+        if let (Negotiation::TcpOption { .. }, Err(_), Some(a)) =
+            (&cfg.negotiation, &option, &cfg_stats)
+        {
+            a.set_unavailable(crate::FallbackReason::CODE_NO_BPF);
+        }
         Self {
             inner: Arc::new(Inner {
                 cfg,

@@ -35,6 +35,7 @@ const H_COMM: usize = 4; // 2 words, 16 bytes
 const H_CONN_SLOTS: usize = 6;
 const H_LG_SLOTS: usize = 7;
 const H_RESET_EPOCH: usize = 8;
+const H_UNAVAILABLE: usize = 9; // fallback code why SMC-R is off for the whole process (0: on)
 const H_TOTALS: usize = 16; // [`total`] counters, up to H_FALLBACKS
 const H_FALLBACKS: usize = 32; // (code, count) pairs up to the header's end
 /// How many distinct fallback codes the header counts.
@@ -630,6 +631,17 @@ impl Area {
             .collect()
     }
 
+    /// Records that SMC-R is unavailable to the whole process, with the fallback code (e.g.
+    /// NOBPF): its connections then never reach the negotiation and have no rows.
+    pub fn set_unavailable(&self, code: u32) {
+        self.slice()[H_UNAVAILABLE].store(u64::from(code), Ordering::Relaxed);
+    }
+
+    /// The code set by [`Area::set_unavailable`] (0: SMC-R is available).
+    pub fn unavailable(&self) -> u32 {
+        self.slice()[H_UNAVAILABLE].load(Ordering::Relaxed) as u32
+    }
+
     /// The reset epoch (bumped by each reset of the counters).
     pub fn reset_epoch(&self) -> u64 {
         self.slice()[H_RESET_EPOCH].load(Ordering::Relaxed)
@@ -742,7 +754,7 @@ pub fn remedy(code: u32) -> &'static str {
     use crate::FallbackReason as F;
     match code {
         F::CODE_NO_BPF => {
-            "load the TCP option program: `smcr bpf install` as root (smcr run does it as root)"
+            "load the TCP option program: `smcr bpf install` as root (smcr run does it as root); under `ip netns exec` /sys/fs/bpf is not mounted: use `nsenter --net=/run/netns/NAME` instead"
         }
         F::CODE_OPTION_NOT_OBSERVED => {
             "run the program inside the cgroup v2 hierarchy the option program is attached to (`smcr bpf status`)"

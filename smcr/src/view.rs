@@ -37,6 +37,8 @@ pub struct Proc {
     pub totals: [u64; total::COUNT],
     /// Times the counters were reset.
     pub reset_epoch: u64,
+    /// Why SMC-R is off for the whole process (a fallback code; 0: it is on).
+    pub unavailable: u32,
 }
 
 /// What a socket row is.
@@ -299,6 +301,7 @@ impl Snapshot {
                 fallbacks: a.fallbacks(),
                 totals: a.totals(),
                 reset_epoch: a.reset_epoch(),
+                unavailable: a.unavailable(),
                 ..Proc::default()
             };
             for i in 0..a.conn_slots() {
@@ -362,6 +365,7 @@ fn merge(into: &mut Proc, p: Proc) {
         *a += b;
     }
     into.reset_epoch = into.reset_epoch.max(p.reset_epoch);
+    into.unavailable = into.unavailable.max(p.unavailable);
 }
 
 /// Which rows the socket table shows.
@@ -415,9 +419,26 @@ fn ms(ns: u64) -> String {
     }
 }
 
+/// Lines saying which processes cannot use SMC-R at all (their sockets have no rows).
+fn unavailable_notes(s: &Snapshot) -> String {
+    let mut o = String::new();
+    for p in s.procs.iter().filter(|p| p.unavailable != 0) {
+        let (name, meaning) = stats::reason(p.unavailable);
+        let _ = writeln!(
+            o,
+            "note: pid {} ({}): SMC-R unavailable, every connection stays TCP: {name} {:#010x}, {meaning}; remedy: {}",
+            p.pid,
+            p.comm,
+            p.unavailable,
+            stats::remedy(p.unavailable)
+        );
+    }
+    o
+}
+
 /// The socket table; `details` adds cursors, flags and stage times under each row (`-d`).
 pub fn render_sockets(s: &Snapshot, rows: Rows, details: bool) -> String {
-    let mut o = String::new();
+    let mut o = unavailable_notes(s);
     let _ = writeln!(
         o,
         "{:<8} {:<15} {:<12} {:<21} {:<21} {:<4} {:<30} {:>12} {:>12} {:>7} {:>7}",
@@ -599,6 +620,7 @@ pub fn render_fallbacks(s: &Snapshot, every: bool) -> String {
         t[total::FIRST_CONTACT],
         t[total::LINK_GROUPS]
     );
+    o += &unavailable_notes(s);
     let _ = writeln!(o, "{:<10}  {:<12} {:>8}  MEANING", "CODE", "NAME", "COUNT");
     let mut counts = fallback_totals(s);
     if every {
@@ -642,8 +664,13 @@ pub fn render_json(s: &Snapshot) -> String {
             .zip(p.totals)
             .map(|(n, v)| format!("\"{n}\":{v}"))
             .collect();
+        let unavailable = if p.unavailable == 0 {
+            "null".to_owned()
+        } else {
+            json_str(stats::reason(p.unavailable).0)
+        };
         procs.push(format!(
-            "{{\"pid\":{},\"command\":{},\"reset_epoch\":{},\"totals\":{{{}}}}}",
+            "{{\"pid\":{},\"command\":{},\"reset_epoch\":{},\"smcr_unavailable\":{unavailable},\"totals\":{{{}}}}}",
             p.pid,
             json_str(&p.comm),
             p.reset_epoch,

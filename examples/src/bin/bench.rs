@@ -1,3 +1,8 @@
+//! `bench apps [--quick|--smoke] [--only SETUPS] [--json FILE] [--svg FILE]` (root): real programs
+//! (redis-benchmark, sockperf, iperf3, a connect+echo+close loop) over plain TCP, smcr on one
+//! host, both across two namespaces, and smcr fallback, with ratios (see
+//! `examples::app_bench`).
+//!
 //! `bench smc [--quick] [--json FILE]`: SmcStream against TcpStream across a veth pair (see
 //! `examples::smc_bench`).
 //!
@@ -147,6 +152,12 @@ fn main() -> Result<()> {
         if args[2] == "smc-server" {
             return examples::smc_bench::server_role(&args[3], &args[4]);
         }
+        if args[2] == "echo-server" {
+            return examples::app_bench::echo_server(&args[3]);
+        }
+        if args[2] == "connect-loop" {
+            return examples::app_bench::connect_loop(&args[3], args[4].parse()?);
+        }
         return child_role(&args[2], &args[3]);
     }
     let what = args.get(1).map(String::as_str).unwrap_or("rdma");
@@ -156,6 +167,32 @@ fn main() -> Result<()> {
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    if what == "apps" {
+        use examples::app_bench;
+        app_bench::check_tools()?;
+        let opt = app_bench::Options {
+            quick,
+            smoke: args.iter().any(|a| a == "--smoke"),
+            only: match arg("--only") {
+                Some(l) => app_bench::parse_setups(&l)?,
+                None => Vec::new(),
+            },
+        };
+        let metrics = app_bench::run(&opt)?;
+        print!("{}", app_bench::table(&metrics));
+        let json = arg("--json").unwrap_or_else(|| "bench-apps.json".into());
+        app_bench::write(json.as_ref(), &app_bench::json(&metrics))?;
+        let svg = arg("--svg").unwrap_or_else(|| "bench-apps.svg".into());
+        app_bench::write(svg.as_ref(), &app_bench::svg(&metrics))?;
+        eprintln!("wrote {json} and {svg}");
+        return Ok(());
+    }
     if what == "smc" {
         let json = examples::smc_bench::suite(quick)?;
         if let Some(p) = json_path {
@@ -166,7 +203,7 @@ fn main() -> Result<()> {
     }
     ensure!(
         what == "rdma",
-        "usage: bench {{rdma|smc}} [--quick] [--json FILE]"
+        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       bench apps [--quick] [--only SETUPS] [--json FILE] [--svg FILE]"
     );
     let (bytes, runs, iters) = if quick {
         (256u64 << 20, 3, 2000)

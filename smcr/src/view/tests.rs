@@ -92,6 +92,7 @@ fn example() -> Snapshot {
         fallbacks: vec![(0x0301_0000, 2), (0x0101_0000, 1)],
         totals,
         reset_epoch: 0,
+        unavailable: 0,
     };
     let client = Proc {
         pid: 4300,
@@ -113,8 +114,14 @@ fn example() -> Snapshot {
         fallbacks: vec![(0x7f00_0004, 4)],
         ..Proc::default()
     };
+    let off = Proc {
+        pid: 4400,
+        comm: "curl".into(),
+        unavailable: 0x7f00_0001,
+        ..Proc::default()
+    };
     Snapshot {
-        procs: vec![server, client],
+        procs: vec![server, client, off],
     }
 }
 
@@ -169,7 +176,7 @@ fn fallbacks() {
         );
     }
     assert_eq!(all_codes().len(), 40);
-    assert_eq!(every.matches("remedy: ").count(), 40);
+    assert_eq!(every.matches("  remedy: ").count(), 40);
 }
 
 #[test]

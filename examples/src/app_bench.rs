@@ -1,0 +1,731 @@
+//! `bench apps`: real programs (redis-benchmark, sockperf, iperf3, and a connect+echo+close
+//! loop) side by side in one run, in five setups: plain TCP on one host, smcr on one host,
+//! plain TCP across two network namespaces (veth), smcr across them (our RoCE v2 over UDP),
+//! and smcr fallback (server under the shim, client plain). Prints a table of ratios against
+//! the plain TCP of the same topology, writes JSON and an SVG chart. Every smcr run checks the
+//! server's stats area: the connections must have been SMC-R (or, for the fallback setup, TCP
+//! with PEERNOSMC), otherwise the bench says so and fails. Needs root (namespaces, the TCP
+//! option program) and the tools `scripts/setup.sh` installs.
+
+use anyhow::{Context, Result, bail, ensure};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where a run happens and who is under the shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// Plain TCP, one host (loopback).
+    TcpLocal,
+    /// Both ends under the shim, one host.
+    SmcrLocal,
+    /// Plain TCP across two namespaces.
+    TcpNetns,
+    /// Both ends under the shim across two namespaces.
+    SmcrNetns,
+    /// Server under the shim, client plain, one host: every connection falls back.
+    Fallback,
+}
+
+impl Setup {
+    /// All, in table order.
+    pub const ALL: [Self; 5] = [
+        Self::TcpLocal,
+        Self::SmcrLocal,
+        Self::TcpNetns,
+        Self::SmcrNetns,
+        Self::Fallback,
+    ];
+
+    /// Its name in the table and the JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TcpLocal => "tcp-local",
+            Self::SmcrLocal => "smcr-local",
+            Self::TcpNetns => "tcp-netns",
+            Self::SmcrNetns => "smcr-netns",
+            Self::Fallback => "fallback",
+        }
+    }
+
+    /// The plain-TCP setup it is compared with.
+    pub fn baseline(self) -> Option<Self> {
+        match self {
+            Self::SmcrLocal | Self::Fallback => Some(Self::TcpLocal),
+            Self::SmcrNetns => Some(Self::TcpNetns),
+            _ => None,
+        }
+    }
+
+    fn netns(self) -> bool {
+        matches!(self, Self::TcpNetns | Self::SmcrNetns)
+    }
+
+    fn shim(self, server: bool) -> bool {
+        match self {
+            Self::SmcrLocal | Self::SmcrNetns => true,
+            Self::Fallback => server,
+            _ => false,
+        }
+    }
+}
+
+/// One figure of one workload.
+#[derive(Debug, Clone)]
+pub struct Metric {
+    /// e.g. `redis SET -P 1 (req/s)`.
+    pub name: String,
+    /// Bigger is better (throughput) or smaller (latency).
+    pub higher_is_better: bool,
+    /// By setup (missing if that setup was not run or failed to produce it).
+    pub values: Vec<(Setup, f64)>,
+}
+
+impl Metric {
+    fn get(&self, s: Setup) -> Option<f64> {
+        self.values.iter().find(|(t, _)| *t == s).map(|v| v.1)
+    }
+
+    /// `value / baseline value` for a setup that has a baseline.
+    pub fn ratio(&self, s: Setup) -> Option<f64> {
+        let b = self.get(s.baseline()?)?;
+        let v = self.get(s)?;
+        (b > 0.0).then_some(v / b)
+    }
+}
+
+/// Options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Shorter runs.
+    pub quick: bool,
+    /// Tiny runs that only check every workload works in every setup (the CI test).
+    pub smoke: bool,
+    /// Only these setups (and their baselines).
+    pub only: Vec<Setup>,
+}
+
+const SERVER_ADDR_LOCAL: &str = "127.0.0.2";
+const NS_A: &str = "10.78.0.1";
+const NS_B: &str = "10.78.0.2";
+
+struct Env {
+    lib: PathBuf,
+    bpf: PathBuf,
+    stats: PathBuf,
+    work: PathBuf,
+    ns: Option<(String, String)>,
+    next_port: std::cell::Cell<u16>,
+}
+
+impl Env {
+    fn new(need_ns: bool) -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let lib = exe.parent().context("exe dir")?.join("libsmcr_preload.so");
+        ensure!(
+            lib.exists(),
+            "{} missing: build with `cargo build --release -p preload -p examples`",
+            lib.display()
+        );
+        let pid = std::process::id();
+        let work = std::env::temp_dir().join(format!("smcr-bench-{pid}"));
+        std::fs::create_dir_all(&work)?;
+        let bpf = PathBuf::from(format!("/sys/fs/bpf/smcr-bench-{pid}"));
+        smcr::option::install(&bpf)
+            .map_err(|e| anyhow::anyhow!("installing the TCP option program (root?): {e}"))?;
+        let mut env = Self {
+            lib,
+            bpf,
+            stats: work.join("stats"),
+            work,
+            ns: None,
+            next_port: std::cell::Cell::new(30000 + (pid % 2000) as u16 * 10),
+        };
+        if need_ns {
+            let (a, b) = (format!("smcr-bench-{pid}-a"), format!("smcr-bench-{pid}-b"));
+            let (va, vb) = (format!("sb{pid}a"), format!("sb{pid}b"));
+            let ip = |args: &[&str]| -> Result<()> {
+                let st = Command::new("ip").args(args).status()?;
+                ensure!(st.success(), "ip {args:?} failed");
+                Ok(())
+            };
+            ip(&["netns", "add", &a])?;
+            ip(&["netns", "add", &b])?;
+            env.ns = Some((a.clone(), b.clone()));
+            ip(&[
+                "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
+            ])?;
+            for (ns, dev, addr) in [(&a, &va, NS_A), (&b, &vb, NS_B)] {
+                ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+                ip(&["-n", ns, "link", "set", dev, "up"])?;
+                ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            }
+        }
+        Ok(env)
+    }
+
+    fn port(&self) -> u16 {
+        let p = self.next_port.get();
+        self.next_port.set(p + 1);
+        p
+    }
+
+    fn server_addr(&self, s: Setup) -> &'static str {
+        if s.netns() { NS_B } else { SERVER_ADDR_LOCAL }
+    }
+
+    /// `prog` for one side of a setup: in its namespace, under the shim if that side is.
+    fn cmd(&self, s: Setup, server: bool, prog: &str) -> Command {
+        let mut c = match (&self.ns, s.netns()) {
+            (Some((a, b)), true) => {
+                // nsenter --net, not `ip netns exec`: that one also gives the program a
+                // mount namespace with a fresh /sys, where the option program's pins
+                // (/sys/fs/bpf) are not visible.
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{}", if server { b } else { a }))
+                    .arg(prog);
+                c
+            }
+            _ => Command::new(prog),
+        };
+        if s.shim(server) {
+            c.env("LD_PRELOAD", &self.lib)
+                .env("SMCR_BPF_DIR", &self.bpf)
+                .env("SMCR_STATS_DIR", &self.stats);
+        }
+        c
+    }
+
+    fn wait_listening(&self, s: Setup, port: u16) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut c = match (&self.ns, s.netns()) {
+                (Some((_, b)), true) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", b, "ss"]);
+                    c
+                }
+                _ => Command::new("ss"),
+            };
+            let out = c
+                .args(["-ltnH", &format!("( sport = :{port} )")])
+                .output()?;
+            if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port}")) {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "nothing listens on port {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The server's stats say its connections were SMC-R (or TCP with PEERNOSMC for the
+    /// fallback setup): at least `min` of them, none of the other kind.
+    fn check(&self, s: Setup, server: &Child, min: u64, what: &str) -> Result<()> {
+        if !s.shim(true) {
+            return Ok(());
+        }
+        let snap = smcr::view::Snapshot::collect(&self.stats, Some(server.id()));
+        let p = snap
+            .procs
+            .first()
+            .with_context(|| format!("{what} ({}): the server has no stats area", s.name()))?;
+        let (smcr, tcp) = (
+            p.totals[smcr::stats::total::SMCR],
+            p.totals[smcr::stats::total::TCP],
+        );
+        if s == Setup::Fallback {
+            let peernosmc = p
+                .fallbacks
+                .iter()
+                .find(|(c, _)| *c == 0x0301_0000)
+                .map_or(0, |f| f.1);
+            ensure!(
+                smcr == 0 && peernosmc >= min,
+                "{what} (fallback): expected ≥{min} PEERNOSMC fallbacks and no SMC-R, stats say {smcr} SMC-R, {tcp} TCP {:?}",
+                p.fallbacks
+            );
+        } else {
+            ensure!(
+                smcr >= min && tcp == 0,
+                "{what} ({}): NOT over SMC-R — stats say {smcr} SMC-R and {tcp} TCP connections (fallbacks {:?})",
+                s.name(),
+                p.fallbacks
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some((a, b)) = &self.ns {
+            for ns in [a, b] {
+                let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
+        let _ = smcr::option::uninstall(&self.bpf);
+        let _ = std::fs::remove_dir_all(&self.work);
+    }
+}
+
+/// A background process, killed on drop.
+struct Bg(Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn output(c: &mut Command, what: &str) -> Result<String> {
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {what}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(out.status.success(), "{what} failed: {text}");
+    Ok(text)
+}
+
+/// redis-benchmark SET and GET requests/s.
+fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, f64)> {
+    let port = env.port();
+    let addr = env.server_addr(s);
+    let server = Bg(env
+        .cmd(s, true, "redis-server")
+        .args(["--bind", addr, "--port", &port.to_string()])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+        ])
+        .arg(&env.work)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("redis-server")?);
+    env.wait_listening(s, port)?;
+    let out = output(
+        env.cmd(s, false, "redis-benchmark")
+            .args(["-h", addr, "-p", &port.to_string(), "-q"])
+            .args(["-t", "set,get", "-c", "50"])
+            .args(["-n", &n.to_string(), "-P", &pipeline.to_string()])
+            .args(["-d", &size.to_string()]),
+        "redis-benchmark",
+    )?;
+    let rate = |test: &str| -> Result<f64> {
+        // With -q, each finished test prints "SET: 12345.67 requests per second, p50=…" (after
+        // progress lines ending in \r).
+        out.split(['\r', '\n'])
+            .filter_map(|l| l.trim().strip_prefix(&format!("{test}: ")))
+            .find_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+            .filter(|_| out.contains("requests per second"))
+            .with_context(|| format!("no {test} rate in: {out}"))
+    };
+    let r = (rate("SET")?, rate("GET")?);
+    env.check(s, &server.0, 50, "redis")?;
+    Ok(r)
+}
+
+/// sockperf ping-pong p50 and p99 (µs, sockperf's one-way figures).
+fn sockperf(env: &Env, s: Setup, size: u32, secs: u32) -> Result<(f64, f64)> {
+    let port = env.port();
+    let addr = env.server_addr(s);
+    let server = Bg(env
+        .cmd(s, true, "sockperf")
+        .args(["sr", "--tcp", "-i", addr, "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("sockperf server")?);
+    env.wait_listening(s, port)?;
+    let out = output(
+        env.cmd(s, false, "sockperf").args([
+            "pp",
+            "--tcp",
+            "-i",
+            addr,
+            "-p",
+            &port.to_string(),
+            "-m",
+            &size.to_string(),
+            "-t",
+            &secs.to_string(),
+        ]),
+        "sockperf pp",
+    )?;
+    let pct = |p: &str| -> Result<f64> {
+        out.lines()
+            .find_map(|l| {
+                l.split(&format!("percentile {p} ="))
+                    .nth(1)?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .with_context(|| format!("no percentile {p} in: {out}"))
+    };
+    let r = (pct("50.000")?, pct("99.000")?);
+    env.check(s, &server.0, 1, "sockperf")?;
+    Ok(r)
+}
+
+/// iperf3 bulk throughput, Gbit/s (received).
+fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<f64> {
+    let port = env.port();
+    let addr = env.server_addr(s);
+    let server = Bg(env
+        .cmd(s, true, "iperf3")
+        .args(["-s", "-1", "-B", addr, "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("iperf3 server")?);
+    env.wait_listening(s, port)?;
+    let out = output(
+        env.cmd(s, false, "iperf3").args([
+            "-c",
+            addr,
+            "-p",
+            &port.to_string(),
+            "-t",
+            &secs.to_string(),
+            "-J",
+        ]),
+        "iperf3 client",
+    )?;
+    // "sum_received": { ... "bits_per_second": X ... }
+    let at = out
+        .find("\"sum_received\"")
+        .with_context(|| format!("no sum_received in: {out}"))?;
+    let bps = out[at..]
+        .split("\"bits_per_second\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '\n', '}']).next())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .context("no bits_per_second")?;
+    env.check(s, &server.0, 1, "iperf3")?;
+    Ok(bps / 1e9)
+}
+
+/// Connections per second: connect, echo 32 bytes, close, in a loop for `secs`.
+fn conn_rate(env: &Env, s: Setup, secs: u32) -> Result<f64> {
+    let port = env.port();
+    let addr = env.server_addr(s);
+    let exe = std::env::current_exe()?;
+    let exe = exe.to_str().context("exe path")?;
+    let server = Bg(env
+        .cmd(s, true, exe)
+        .args(["--role", "echo-server", &format!("{addr}:{port}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("echo server")?);
+    env.wait_listening(s, port)?;
+    let out = output(
+        env.cmd(s, false, exe).args([
+            "--role",
+            "connect-loop",
+            &format!("{addr}:{port}"),
+            &secs.to_string(),
+        ]),
+        "connect loop",
+    )?;
+    let rate = out
+        .lines()
+        .find_map(|l| l.strip_prefix("conns/s ")?.trim().parse::<f64>().ok())
+        .with_context(|| format!("no rate in: {out}"))?;
+    env.check(s, &server.0, 10, "connect+echo+close")?;
+    Ok(rate)
+}
+
+/// The echo server of the connection-rate test (one thread per connection).
+pub fn echo_server(addr: &str) -> Result<()> {
+    let l = std::net::TcpListener::bind(addr)?;
+    for c in l.incoming() {
+        let Ok(mut c) = c else { continue };
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut b = [0u8; 64];
+            while let Ok(n) = c.read(&mut b) {
+                if n == 0 || c.write_all(&b[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The client of the connection-rate test: prints `conns/s R`.
+pub fn connect_loop(addr: &str, secs: u64) -> Result<()> {
+    use std::io::{Read, Write};
+    let t = Instant::now();
+    let mut n = 0u64;
+    while t.elapsed() < Duration::from_secs(secs) {
+        let mut c = std::net::TcpStream::connect(addr)?;
+        c.write_all(&[7u8; 32])?;
+        let mut b = [0u8; 32];
+        c.read_exact(&mut b)?;
+        drop(c);
+        n += 1;
+    }
+    println!("conns/s {:.1}", n as f64 / t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs everything; returns the metrics.
+pub fn run(opt: &Options) -> Result<Vec<Metric>> {
+    let mut setups: Vec<Setup> = if opt.only.is_empty() {
+        Setup::ALL.to_vec()
+    } else {
+        let mut v = opt.only.clone();
+        v.extend(opt.only.iter().filter_map(|s| s.baseline()));
+        Setup::ALL.into_iter().filter(|s| v.contains(s)).collect()
+    };
+    setups.dedup();
+    let env = Env::new(setups.iter().any(|s| s.netns()))?;
+    let (n, secs) = if opt.smoke {
+        (2_000, 1)
+    } else if opt.quick {
+        (20_000, 2)
+    } else {
+        (200_000, 5)
+    };
+    let mut metrics: Vec<Metric> = Vec::new();
+    let mut put = |name: String, higher: bool, s: Setup, v: f64| match metrics
+        .iter_mut()
+        .find(|m| m.name == name)
+    {
+        Some(m) => m.values.push((s, v)),
+        None => metrics.push(Metric {
+            name,
+            higher_is_better: higher,
+            values: vec![(s, v)],
+        }),
+    };
+    for &s in &setups {
+        eprintln!("== {}", s.name());
+        for (p, d) in [(1, 3), (16, 3), (1, 1024)] {
+            let (set, get) = redis(&env, s, p, d, if p == 16 { n * 4 } else { n })
+                .with_context(|| format!("redis -P {p} -d {d} ({})", s.name()))?;
+            let tag = if d == 3 {
+                format!("-P {p}")
+            } else {
+                format!("-d {d}")
+            };
+            eprintln!("  redis {tag}: SET {set:.0} GET {get:.0} req/s");
+            put(format!("redis SET {tag} (req/s)"), true, s, set);
+            put(format!("redis GET {tag} (req/s)"), true, s, get);
+        }
+        for size in [64, 1024] {
+            let (p50, p99) = sockperf(&env, s, size, secs)
+                .with_context(|| format!("sockperf {size} B ({})", s.name()))?;
+            eprintln!("  sockperf pp {size} B: p50 {p50:.2} p99 {p99:.2} us");
+            put(format!("sockperf pp {size} B p50 (us)"), false, s, p50);
+            put(format!("sockperf pp {size} B p99 (us)"), false, s, p99);
+        }
+        let g = iperf3(&env, s, secs).with_context(|| format!("iperf3 ({})", s.name()))?;
+        eprintln!("  iperf3: {g:.2} Gbit/s");
+        put("iperf3 (Gbit/s)".into(), true, s, g);
+        let c = conn_rate(&env, s, secs).with_context(|| format!("conn rate ({})", s.name()))?;
+        eprintln!("  connect+echo+close: {c:.0}/s");
+        put("connect+echo+close (conn/s)".into(), true, s, c);
+    }
+    Ok(metrics)
+}
+
+/// The table: values per setup, and each smcr setup's ratio to its TCP baseline.
+pub fn table(metrics: &[Metric]) -> String {
+    let mut o = String::new();
+    let cols: Vec<Setup> = Setup::ALL
+        .into_iter()
+        .filter(|s| metrics.iter().any(|m| m.get(*s).is_some()))
+        .collect();
+    let _ = write!(o, "{:<32}", "metric");
+    for s in &cols {
+        let _ = write!(o, " {:>12}", s.name());
+        if s.baseline().is_some() {
+            let _ = write!(o, " {:>7}", "ratio");
+        }
+    }
+    o.push('\n');
+    for m in metrics {
+        let _ = write!(o, "{:<32}", m.name);
+        for s in &cols {
+            match m.get(*s) {
+                Some(v) if v >= 1000.0 => {
+                    let _ = write!(o, " {v:>12.0}");
+                }
+                Some(v) => {
+                    let _ = write!(o, " {v:>12.2}");
+                }
+                None => {
+                    let _ = write!(o, " {:>12}", "-");
+                }
+            }
+            if s.baseline().is_some() {
+                match m.ratio(*s) {
+                    Some(r) => {
+                        let _ = write!(o, " {:>6.2}x", r);
+                    }
+                    None => {
+                        let _ = write!(o, " {:>7}", "-");
+                    }
+                }
+            }
+        }
+        o.push('\n');
+    }
+    o.push_str(
+        "ratio: the setup's value / plain TCP's in the same topology (latency: lower is better)\n",
+    );
+    o
+}
+
+/// JSON: `{"setups": [...], "metrics": [{name, higher_is_better, values{setup: v}, ratios{setup: r}}]}`.
+pub fn json(metrics: &[Metric]) -> String {
+    let items: Vec<String> = metrics
+        .iter()
+        .map(|m| {
+            let values: Vec<String> = m
+                .values
+                .iter()
+                .map(|(s, v)| format!("\"{}\":{v}", s.name()))
+                .collect();
+            let ratios: Vec<String> = Setup::ALL
+                .iter()
+                .filter_map(|s| Some(format!("\"{}\":{:.4}", s.name(), m.ratio(*s)?)))
+                .collect();
+            format!(
+                "{{\"name\":\"{}\",\"higher_is_better\":{},\"values\":{{{}}},\"ratios\":{{{}}}}}",
+                m.name,
+                m.higher_is_better,
+                values.join(","),
+                ratios.join(",")
+            )
+        })
+        .collect();
+    let setups: Vec<String> = Setup::ALL
+        .iter()
+        .map(|s| format!("\"{}\"", s.name()))
+        .collect();
+    format!(
+        "{{\"setups\":[{}],\"metrics\":[{}]}}\n",
+        setups.join(","),
+        items.join(",")
+    )
+}
+
+/// An SVG bar chart of the ratios (one group per metric; a line at 1.0x).
+pub fn svg(metrics: &[Metric]) -> String {
+    let series = [Setup::SmcrLocal, Setup::SmcrNetns, Setup::Fallback];
+    let colors = ["#1f77b4", "#ff7f0e", "#7f7f7f"];
+    let max = metrics
+        .iter()
+        .flat_map(|m| series.iter().filter_map(|s| m.ratio(*s)))
+        .fold(1.5f64, f64::max)
+        .min(20.0);
+    let (left, bar, gap, width) = (250.0, 10.0, 8.0, 500.0);
+    let group = bar * series.len() as f64 + gap;
+    let height = 40.0 + group * metrics.len() as f64 + 30.0;
+    let x = |r: f64| left + width * (r.min(max) / max);
+    let mut o = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+        left + width + 60.0
+    );
+    let _ = writeln!(
+        o,
+        "<text x=\"10\" y=\"18\" font-size=\"13\">smcr / plain TCP (same topology); latency rows: lower is better</text>"
+    );
+    for (i, m) in metrics.iter().enumerate() {
+        let y0 = 30.0 + group * i as f64;
+        let _ = writeln!(
+            o,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+            left - 6.0,
+            y0 + bar * 1.8,
+            m.name
+        );
+        for (k, s) in series.iter().enumerate() {
+            if let Some(r) = m.ratio(*s) {
+                let y = y0 + bar * k as f64;
+                let _ = writeln!(
+                    o,
+                    "<rect x=\"{left}\" y=\"{y}\" width=\"{:.1}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{r:.2}x</text>",
+                    x(r) - left,
+                    bar - 1.0,
+                    colors[k],
+                    x(r) + 3.0,
+                    y + bar - 2.0
+                );
+            }
+        }
+    }
+    let bottom = 30.0 + group * metrics.len() as f64;
+    let _ = writeln!(
+        o,
+        "<line x1=\"{0:.1}\" y1=\"26\" x2=\"{0:.1}\" y2=\"{bottom}\" stroke=\"black\" stroke-dasharray=\"4 3\"/><text x=\"{0:.1}\" y=\"{1:.1}\" text-anchor=\"middle\">1.0x</text>",
+        x(1.0),
+        bottom + 12.0
+    );
+    for (k, s) in series.iter().enumerate() {
+        let lx = left + 150.0 * k as f64;
+        let _ = writeln!(
+            o,
+            "<rect x=\"{lx}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            bottom + 18.0,
+            colors[k],
+            lx + 14.0,
+            bottom + 27.0,
+            s.name()
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// Parses `--only a,b`.
+pub fn parse_setups(list: &str) -> Result<Vec<Setup>> {
+    list.split(',')
+        .map(|n| {
+            Setup::ALL
+                .into_iter()
+                .find(|s| s.name() == n.trim())
+                .with_context(|| format!("unknown setup {n:?}"))
+        })
+        .collect()
+}
+
+/// Writes `text` to `path`.
+pub fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Errors unless the tools are there.
+pub fn check_tools() -> Result<()> {
+    for t in [
+        "redis-server",
+        "redis-benchmark",
+        "sockperf",
+        "iperf3",
+        "ss",
+        "ip",
+    ] {
+        let ok = Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            bail!("{t} is missing: run scripts/setup.sh as root");
+        }
+    }
+    Ok(())
+}
