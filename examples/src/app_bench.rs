@@ -498,45 +498,98 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
     } else {
         (200_000, 5)
     };
-    let mut metrics: Vec<Metric> = Vec::new();
-    let mut put = |name: String, higher: bool, s: Setup, v: f64| match metrics
+    // Workloads outermost, setups interleaved within each repetition: a slow spell of the
+    // machine then hits every setup of a figure alike; the median of the repetitions is kept.
+    let reps = if opt.smoke || opt.quick { 1 } else { 3 };
+    let mut samples: Vec<(String, bool, Setup, Vec<f64>)> = Vec::new();
+    let mut put = |name: String, higher: bool, s: Setup, v: f64| match samples
         .iter_mut()
-        .find(|m| m.name == name)
+        .find(|m| m.0 == name && m.2 == s)
     {
-        Some(m) => m.values.push((s, v)),
-        None => metrics.push(Metric {
-            name,
-            higher_is_better: higher,
-            values: vec![(s, v)],
-        }),
+        Some(m) => m.3.push(v),
+        None => samples.push((name, higher, s, vec![v])),
     };
-    for &s in &setups {
-        eprintln!("== {}", s.name());
-        for (p, d) in [(1, 3), (16, 3), (1, 1024)] {
-            let (set, get) = redis(&env, s, p, d, if p == 16 { n * 4 } else { n })
-                .with_context(|| format!("redis -P {p} -d {d} ({})", s.name()))?;
-            let tag = if d == 3 {
-                format!("-P {p}")
-            } else {
-                format!("-d {d}")
-            };
-            eprintln!("  redis {tag}: SET {set:.0} GET {get:.0} req/s");
-            put(format!("redis SET {tag} (req/s)"), true, s, set);
-            put(format!("redis GET {tag} (req/s)"), true, s, get);
+    type Run<'a> = Box<dyn Fn(&Env, Setup) -> Result<Vec<(String, bool, f64)>> + 'a>;
+    let mut workloads: Vec<(&str, Run<'_>)> = Vec::new();
+    for (p, d) in [(1u32, 3u32), (16, 3), (1, 1024)] {
+        let tag = if d == 3 {
+            format!("-P {p}")
+        } else {
+            format!("-d {d}")
+        };
+        let count = if p == 16 { n * 4 } else { n };
+        workloads.push((
+            "redis",
+            Box::new(move |env: &Env, s: Setup| {
+                let (set, get) = redis(env, s, p, d, count)
+                    .with_context(|| format!("redis {tag} ({})", s.name()))?;
+                eprintln!(
+                    "  {}: redis {tag}: SET {set:.0} GET {get:.0} req/s",
+                    s.name()
+                );
+                Ok(vec![
+                    (format!("redis SET {tag} (req/s)"), true, set),
+                    (format!("redis GET {tag} (req/s)"), true, get),
+                ])
+            }),
+        ));
+    }
+    for size in [64u32, 1024] {
+        workloads.push((
+            "sockperf",
+            Box::new(move |env: &Env, s: Setup| {
+                let (p50, p99) = sockperf(env, s, size, secs)
+                    .with_context(|| format!("sockperf {size} B ({})", s.name()))?;
+                eprintln!(
+                    "  {}: sockperf pp {size} B: p50 {p50:.2} p99 {p99:.2} us",
+                    s.name()
+                );
+                Ok(vec![
+                    (format!("sockperf pp {size} B p50 (us)"), false, p50),
+                    (format!("sockperf pp {size} B p99 (us)"), false, p99),
+                ])
+            }),
+        ));
+    }
+    workloads.push((
+        "iperf3",
+        Box::new(move |env: &Env, s: Setup| {
+            let g = iperf3(env, s, secs).with_context(|| format!("iperf3 ({})", s.name()))?;
+            eprintln!("  {}: iperf3: {g:.2} Gbit/s", s.name());
+            Ok(vec![("iperf3 (Gbit/s)".into(), true, g)])
+        }),
+    ));
+    workloads.push((
+        "connections",
+        Box::new(move |env: &Env, s: Setup| {
+            let c = conn_rate(env, s, secs)
+                .with_context(|| format!("connect+echo+close ({})", s.name()))?;
+            eprintln!("  {}: connect+echo+close: {c:.0}/s", s.name());
+            Ok(vec![("connect+echo+close (conn/s)".into(), true, c)])
+        }),
+    ));
+    for (what, w) in &workloads {
+        for rep in 0..reps {
+            eprintln!("== {what} ({}/{reps})", rep + 1);
+            for &s in &setups {
+                for (name, higher, v) in w(&env, s)? {
+                    put(name, higher, s, v);
+                }
+            }
         }
-        for size in [64, 1024] {
-            let (p50, p99) = sockperf(&env, s, size, secs)
-                .with_context(|| format!("sockperf {size} B ({})", s.name()))?;
-            eprintln!("  sockperf pp {size} B: p50 {p50:.2} p99 {p99:.2} us");
-            put(format!("sockperf pp {size} B p50 (us)"), false, s, p50);
-            put(format!("sockperf pp {size} B p99 (us)"), false, s, p99);
+    }
+    let mut metrics: Vec<Metric> = Vec::new();
+    for (name, higher, s, mut v) in samples {
+        v.sort_by(f64::total_cmp);
+        let median = v[v.len() / 2];
+        match metrics.iter_mut().find(|m| m.name == name) {
+            Some(m) => m.values.push((s, median)),
+            None => metrics.push(Metric {
+                name,
+                higher_is_better: higher,
+                values: vec![(s, median)],
+            }),
         }
-        let g = iperf3(&env, s, secs).with_context(|| format!("iperf3 ({})", s.name()))?;
-        eprintln!("  iperf3: {g:.2} Gbit/s");
-        put("iperf3 (Gbit/s)".into(), true, s, g);
-        let c = conn_rate(&env, s, secs).with_context(|| format!("conn rate ({})", s.name()))?;
-        eprintln!("  connect+echo+close: {c:.0}/s");
-        put("connect+echo+close (conn/s)".into(), true, s, c);
     }
     Ok(metrics)
 }

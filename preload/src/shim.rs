@@ -899,14 +899,28 @@ fn acceptor(fd: i32, l: &Arc<Listener>) {
             continue;
         };
         drop(low);
+        let rt = runtime();
+        let Ok(dup) = conn.try_clone() else { continue };
+        // A peer that cannot negotiate (no SMC-R option in its SYN) is served here: no thread,
+        // no wait (issue 7: a fallback costs about what plain TCP costs).
+        let tcp = match SmcStream::accept_fallback(&rt, TcpStream::from(dup)) {
+            Ok(s) => {
+                log::line(format_args!(
+                    "fd {fd} accept {:?}: {}",
+                    s.peer_addr().ok(),
+                    describe(s.mode())
+                ));
+                enqueue(l, Ready::Tcp(conn, s));
+                continue;
+            }
+            Err(tcp) => tcp,
+        };
         let l = l.clone();
         let _ = std::thread::Builder::new()
             .name("smcr-handshake".into())
             .spawn(move || {
                 let _b = Bypass::new();
                 let rt = runtime();
-                let Ok(dup) = conn.try_clone() else { return };
-                let tcp = TcpStream::from(dup);
                 let peer = tcp.peer_addr().ok();
                 let ready = match SmcStream::from_accepted(&rt, tcp) {
                     Ok(s) => {
@@ -928,19 +942,25 @@ fn acceptor(fd: i32, l: &Arc<Listener>) {
                         return;
                     }
                 };
-                let mut q = l.queue.lock();
-                if l.closed.load(Ordering::Acquire) {
-                    return;
-                }
-                q.push_back(ready);
-                l.ready_state(true);
-                if q.len() > 1 {
-                    // Already readable: a new arrival still wakes edge-triggered epoll.
-                    l.pair.pulse();
-                }
-                l.cond.notify_one();
+                enqueue(&l, ready);
             });
     }
+}
+
+/// Queues a negotiated connection for the application's `accept` and shows the listener
+/// readable.
+fn enqueue(l: &Listener, ready: Ready) {
+    let mut q = l.queue.lock();
+    if l.closed.load(Ordering::Acquire) {
+        return;
+    }
+    q.push_back(ready);
+    l.ready_state(true);
+    if q.len() > 1 {
+        // Already readable: a new arrival still wakes edge-triggered epoll.
+        l.pair.pulse();
+    }
+    l.cond.notify_one();
 }
 
 /// Whether `fd` is in non-blocking mode.

@@ -510,6 +510,29 @@ impl SmcStream {
         Self::negotiate_server(rt, tcp, peer)
     }
 
+    /// For an acceptor, before any handshake: when the accepted connection (from a listener
+    /// marked with [`Runtime::mark`]) cannot negotiate — its peer sent no SMC-R option, it is
+    /// not IPv4, the option program is unusable — the TCP-mode stream at once (recorded and
+    /// counted like any fallback). Otherwise `tcp` comes back for [`SmcStream::from_accepted`],
+    /// which blocks for the CLC handshake. Lets an acceptor serve plain peers inline, without
+    /// a thread per connection.
+    pub fn accept_fallback(rt: &Runtime, tcp: TcpStream) -> Result<Self, TcpStream> {
+        let Ok(peer) = tcp.peer_addr() else {
+            return Err(tcp);
+        };
+        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok();
+        match verdict(rt, &tcp, marked, peer.is_ipv4()) {
+            Ok(()) => Err(tcp),
+            Err(r) => {
+                let mut s = Self::plain(tcp, Mode::Tcp(r));
+                s.timeline.mark(T_OPTION);
+                s.record(rt, true);
+                Ok(s)
+            }
+        }
+    }
+
     /// The TCP connection underneath (for addresses and socket options; after SMC-R is
     /// established no data goes over it).
     pub fn tcp(&self) -> &TcpStream {
