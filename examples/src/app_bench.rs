@@ -463,6 +463,127 @@ pub fn echo_server(addr: &str) -> Result<()> {
     Ok(())
 }
 
+/// The client of the memory and idle test: one connection (echoed once), `one` on stdout; at
+/// a line on stdin `n` more, `all`; then holds them until stdin closes.
+pub fn hold(addr: &str, n: usize) -> Result<()> {
+    use std::io::{BufRead, Read, Write};
+    let open = || -> Result<std::net::TcpStream> {
+        let mut c = std::net::TcpStream::connect(addr)?;
+        c.write_all(&[1u8; 16])?;
+        c.read_exact(&mut [0u8; 16])?;
+        Ok(c)
+    };
+    let mut held = vec![open()?];
+    println!("one");
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    stdin.lock().read_line(&mut line)?;
+    for _ in 0..n {
+        held.push(open()?);
+    }
+    println!("all");
+    line.clear();
+    stdin.lock().read_line(&mut line)?;
+    drop(held);
+    Ok(())
+}
+
+/// Resident memory of a process, KiB.
+fn rss_kib(pid: u32) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .context("no VmRSS")
+}
+
+/// CPU time a process used so far, ms (user + system).
+fn cpu_ms(pid: u32) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = &s[s.rfind(')').context("stat")? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks * 1000.0 / hz)
+}
+
+/// Memory per connection and for the first connection (link group, device, engine), on the
+/// server and the client, and the CPU both use over `idle` with `n + 1` idle connections.
+fn memory_and_idle(
+    env: &Env,
+    s: Setup,
+    n: usize,
+    idle: Duration,
+) -> Result<Vec<(String, bool, f64)>> {
+    use std::io::{BufRead, BufReader, Write};
+    let port = env.port();
+    let addr = env.server_addr(s);
+    let exe = std::env::current_exe()?;
+    let exe = exe.to_str().context("exe path")?;
+    let server = Bg(env
+        .cmd(s, true, exe)
+        .args(["--role", "echo-server", &format!("{addr}:{port}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("echo server")?);
+    env.wait_listening(s, port)?;
+    let spid = server.0.id();
+    let r0 = rss_kib(spid)?;
+    let mut client = Bg(env
+        .cmd(s, false, exe)
+        .args(["--role", "hold", &format!("{addr}:{port}"), &n.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("hold client")?);
+    let cpid = client.0.id();
+    let mut lines = BufReader::new(client.0.stdout.take().context("stdout")?).lines();
+    let mut input = client.0.stdin.take().context("stdin")?;
+    let expect = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>,
+                  what: &str|
+     -> Result<()> {
+        match lines.next() {
+            Some(Ok(l)) if l == what => Ok(()),
+            other => bail!("hold client: expected {what}, got {other:?}"),
+        }
+    };
+    expect(&mut lines, "one")?;
+    let (s1, c1) = (rss_kib(spid)?, rss_kib(cpid)?);
+    writeln!(input, "more")?;
+    expect(&mut lines, "all")?;
+    let (s2, c2) = (rss_kib(spid)?, rss_kib(cpid)?);
+    let (sc, cc) = (cpu_ms(spid)?, cpu_ms(cpid)?);
+    std::thread::sleep(idle);
+    let idle_ms = (cpu_ms(spid)? - sc) + (cpu_ms(cpid)? - cc);
+    env.check(s, &server.0, n as u64, "memory and idle")?;
+    drop(input);
+    let secs = idle.as_secs_f64();
+    Ok(vec![
+        ("server RSS, first connection (KiB)".into(), false, s1 - r0),
+        (
+            "server RSS per further connection (KiB)".into(),
+            false,
+            (s2 - s1) / n as f64,
+        ),
+        (
+            "client RSS per further connection (KiB)".into(),
+            false,
+            (c2 - c1) / n as f64,
+        ),
+        (
+            format!("idle CPU, {} conns, both (ms per {secs:.0} s)", n + 1),
+            false,
+            idle_ms,
+        ),
+    ])
+}
+
 /// The client of the connection-rate test: prints `conns/s R`.
 pub fn connect_loop(addr: &str, secs: u64) -> Result<()> {
     use std::io::{Read, Write};
@@ -568,7 +689,21 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
             Ok(vec![("connect+echo+close (conn/s)".into(), true, c)])
         }),
     ));
+    let idle = Duration::from_secs(if opt.smoke { 1 } else { 10 });
+    workloads.push((
+        "memory and idle",
+        Box::new(move |env: &Env, s: Setup| {
+            let v = memory_and_idle(env, s, 100, idle)
+                .with_context(|| format!("memory and idle ({})", s.name()))?;
+            for (name, _, x) in &v {
+                eprintln!("  {}: {name}: {x:.1}", s.name());
+            }
+            Ok(v)
+        }),
+    ));
     for (what, w) in &workloads {
+        // Memory and idle CPU are not noisy the same way, and each run idles for a while.
+        let reps = if *what == "memory and idle" { 1 } else { reps };
         for rep in 0..reps {
             eprintln!("== {what} ({}/{reps})", rep + 1);
             for &s in &setups {
@@ -601,7 +736,7 @@ pub fn table(metrics: &[Metric]) -> String {
         .into_iter()
         .filter(|s| metrics.iter().any(|m| m.get(*s).is_some()))
         .collect();
-    let _ = write!(o, "{:<32}", "metric");
+    let _ = write!(o, "{:<42}", "metric");
     for s in &cols {
         let _ = write!(o, " {:>12}", s.name());
         if s.baseline().is_some() {
@@ -610,7 +745,7 @@ pub fn table(metrics: &[Metric]) -> String {
     }
     o.push('\n');
     for m in metrics {
-        let _ = write!(o, "{:<32}", m.name);
+        let _ = write!(o, "{:<42}", m.name);
         for s in &cols {
             match m.get(*s) {
                 Some(v) if v >= 1000.0 => {

@@ -59,14 +59,32 @@ fn bench_apps_smoke_run() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let metrics = doc["metrics"].as_array().unwrap();
-    assert_eq!(metrics.len(), 12, "{doc}");
+    assert_eq!(metrics.len(), 16, "{doc}");
     for m in metrics {
-        for s in ["smcr-local", "smcr-netns", "fallback"] {
-            assert!(m["ratios"][s].as_f64().is_some_and(|r| r > 0.0), "{m}");
+        let name = m["name"].as_str().unwrap();
+        for s in [
+            "tcp-local",
+            "smcr-local",
+            "tcp-netns",
+            "smcr-netns",
+            "fallback",
+        ] {
+            assert!(m["values"][s].is_number(), "{s} missing: {m}");
+        }
+        // Memory and CPU figures of plain TCP can be ~0: no ratio then.
+        if !name.contains("RSS") && !name.contains("CPU") {
+            for s in ["smcr-local", "smcr-netns", "fallback"] {
+                assert!(m["ratios"][s].as_f64().is_some_and(|r| r > 0.0), "{m}");
+            }
         }
     }
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    assert_eq!(svg.matches("<rect").count(), 12 * 3 + 3, "{svg}");
+    // A bar per ratio, plus the legend's three.
+    let bars: usize = metrics
+        .iter()
+        .map(|m| m["ratios"].as_object().unwrap().len())
+        .sum();
+    assert_eq!(svg.matches("<rect").count(), bars + 3, "{svg}");
     let _ = std::fs::remove_dir_all(&dir);
 }

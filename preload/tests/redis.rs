@@ -494,8 +494,27 @@ fn smc_stat_shows_redis_smcr_and_tcp_clients() {
         assert!(out.status.success(), "smc-stat {args:?}");
         String::from_utf8(out.stdout).unwrap()
     };
-    let doc: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
     let redis_pid = server.0.id();
+    // redis counts a reply once its write returned, which the client's read may precede by a
+    // moment: read the stats until the server's rows have caught up (or 5 s passed).
+    let caught_up = |doc: &serde_json::Value| {
+        let sent: u64 = doc["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["pid"] == redis_pid)
+            .map(|c| c["bytes_sent"].as_u64().unwrap_or(0))
+            .sum();
+        sent == smc_received + plain_received
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let doc = loop {
+        let doc: serde_json::Value = serde_json::from_str(&stat(&["--json"])).unwrap();
+        if caught_up(&doc) || Instant::now() > deadline {
+            break doc;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let rows: Vec<&serde_json::Value> = doc["connections"]
         .as_array()
         .unwrap()

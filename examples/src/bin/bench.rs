@@ -158,6 +158,9 @@ fn main() -> Result<()> {
         if args[2] == "connect-loop" {
             return examples::app_bench::connect_loop(&args[3], args[4].parse()?);
         }
+        if args[2] == "hold" {
+            return examples::app_bench::hold(&args[3], args[4].parse()?);
+        }
         return child_role(&args[2], &args[3]);
     }
     let what = args.get(1).map(String::as_str).unwrap_or("rdma");
