@@ -1480,6 +1480,7 @@ impl ConnShared {
                 self.abort(&mut s, lg, format!("peer broke the CDC protocol: {e}"));
             }
         }
+        s.publish();
         let peer = s.core.peer_flags();
         let both_closed = s.local_closed
             && (peer.contains(ConnStateFlags::PEER_CONN_CLOSED)

@@ -659,8 +659,8 @@ impl SmcStream {
         rt.inner.keep_fallback_row(st, fd, ino);
     }
 
-    /// Counts bytes moved in the stats area (and publishes cursors, if the connection's lock
-    /// is free: a reader of the stats never makes the application wait).
+    /// Counts bytes moved in the stats area (cursors are published under the connection's
+    /// lock where they change: reads, writes, CDCs).
     fn counted(&self, r: io::Result<usize>, sent: bool) -> io::Result<usize> {
         if let (Ok(n), Some(st)) = (&r, &self.stat) {
             let n = *n as u64;
@@ -668,11 +668,6 @@ impl SmcStream {
                 st.area.add_bytes(st.slot, n, 0);
             } else {
                 st.area.add_bytes(st.slot, 0, n);
-            }
-            if let Some(smc) = &self.smc
-                && let Some(s) = smc.conn.core.try_lock()
-            {
-                s.publish();
             }
         }
         r
@@ -993,6 +988,7 @@ impl SmcStream {
                 if let Some(cdc) = s.core.consume(n) {
                     smc.lg.send_cdc(&cdc, false)?;
                 }
+                s.publish();
                 smc.conn.report(&mut s);
                 return Ok(n as usize);
             }

@@ -476,16 +476,25 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
         assert!(out.status.success());
         String::from_utf8(out.stdout).unwrap()
     };
-    // Cursors are published as CDCs arrive: wait for the server's consumer update.
+    // Cursors and flags are published as CDCs come and go, without waiting for a busy lock:
+    // read until both rows show the final state (or 2 s passed; the asserts below then say
+    // what is missing).
+    let settled = |c: &serde_json::Value| {
+        let (sent, received) = if c["role"] == "server" {
+            (300, 1000)
+        } else {
+            (1000, 300)
+        };
+        c["cursors"]["tx_prod"] == format!("0:{sent}")
+            && c["cursors"]["peer_cons"] == format!("0:{sent}")
+            && c["cursors"]["rx_cons"] == format!("0:{received}")
+            && c["state"] != "ACTIVE"
+    };
     let mut doc = serde_json::Value::Null;
     for _ in 0..200 {
         doc = serde_json::from_str(&run(&["--json"])).unwrap();
         let conns = doc["connections"].as_array().unwrap();
-        if conns.len() == 2
-            && conns
-                .iter()
-                .all(|c| c["cursors"]["peer_cons"] == c["cursors"]["tx_prod"])
-        {
+        if conns.len() == 2 && conns.iter().all(settled) {
             break;
         }
         thread::sleep(std::time::Duration::from_millis(10));
