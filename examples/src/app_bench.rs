@@ -120,7 +120,39 @@ struct Env {
 }
 
 impl Env {
+    /// Removes what an interrupted earlier run left behind: its namespaces and option-program
+    /// pins (named after a pid that no longer exists).
+    fn clean_leftovers() {
+        let dead = |name: &str| {
+            name.strip_prefix("smcr-bench-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+                .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+        };
+        for e in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if dead(&n) {
+                let _ = Command::new("ip").args(["netns", "del", &n]).status();
+            }
+        }
+        for e in std::fs::read_dir("/sys/fs/bpf")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if dead(&n) {
+                let _ = smcr::option::uninstall(&e.path());
+            }
+        }
+    }
+
     fn new(need_ns: bool) -> Result<Self> {
+        Self::clean_leftovers();
         let exe = std::env::current_exe()?;
         let lib = exe.parent().context("exe dir")?.join("libsmcr_preload.so");
         ensure!(
@@ -189,6 +221,16 @@ impl Env {
             }
             _ => Command::new(prog),
         };
+        // Die with the bench, even when it is killed (no Drop then): a leftover shimmed server
+        // would keep its address's RoCE port and fail the next run (NOSMCRDEV).
+        // SAFETY: prctl is async-signal-safe; no allocation between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         if s.shim(server) {
             c.env("LD_PRELOAD", &self.lib)
                 .env("SMCR_BPF_DIR", &self.bpf)
