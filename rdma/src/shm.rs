@@ -43,15 +43,28 @@ impl Segment {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty segment"));
         }
-        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        let fd = rustix::fs::memfd_create(
+            name,
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )?;
         rustix::fs::ftruncate(&fd, len as u64)?;
+        // Its size is final: a peer that shrank it would make our next access a SIGBUS.
+        rustix::fs::fcntl_add_seals(
+            &fd,
+            rustix::fs::SealFlags::SHRINK
+                | rustix::fs::SealFlags::GROW
+                | rustix::fs::SealFlags::SEAL,
+        )?;
         Self::map(fd, len)
     }
 
     /// Maps a segment received from another process (its size is the file's).
     pub fn open(fd: OwnedFd) -> io::Result<Self> {
         let st = rustix::fs::fstat(&fd)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size <= 0 {
+        // Only a segment whose size cannot change under us (see `create`).
+        let sealed = rustix::fs::fcntl_get_seals(&fd)
+            .is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
+        if !sealed || st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size <= 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "not a memory segment",
@@ -239,9 +252,9 @@ pub struct Ring {
 
 impl Ring {
     /// Bytes a ring of `slots` slots of `slot_size` bytes needs (`slot_size` includes a
-    /// 4-byte length; both powers of two).
+    /// 4-byte length; both powers of two). Saturates for absurd sizes (which then do not fit).
     pub fn bytes(slots: usize, slot_size: usize) -> usize {
-        R_SLOTS_AT + slots * slot_size
+        slots.saturating_mul(slot_size).saturating_add(R_SLOTS_AT)
     }
 
     /// Lays out a new, empty ring at `base` in `seg`.
@@ -251,7 +264,12 @@ impl Ring {
         slots: usize,
         slot_size: usize,
     ) -> Result<Self, RingError> {
-        if !slots.is_power_of_two() || !slot_size.is_power_of_two() || slot_size < 8 {
+        // The same limits `attach` checks, so a ring we make can be attached.
+        if !slots.is_power_of_two()
+            || !slot_size.is_power_of_two()
+            || !(8..=1 << 20).contains(&slot_size)
+            || slots > 1 << 24
+        {
             return Err(RingError::Corrupt(
                 "slot count and size must be powers of two",
             ));

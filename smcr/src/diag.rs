@@ -106,7 +106,11 @@ fn parse(mut b: &[u8], out: &mut HashMap<u64, TcpBytes>) -> io::Result<bool> {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
                 let e = u32_at(msg, 0).ok_or_else(bad)? as i32;
-                return Err(io::Error::from_raw_os_error(-e));
+                if e == 0 {
+                    // An acknowledgement, not an error.
+                } else {
+                    return Err(io::Error::from_raw_os_error(e.wrapping_neg()));
+                }
             }
             SOCK_DIAG_BY_FAMILY if msg.len() >= DIAG_MSG => {
                 let inode = u64::from(u32_at(msg, DIAG_MSG_INODE).ok_or_else(bad)?);

@@ -524,6 +524,10 @@ pub(crate) struct LinkGroup {
 struct LgStat {
     area: Arc<crate::stats::Area>,
     slot: usize,
+    /// Serialises writers of the record (the poller and a failing thread may both publish).
+    write: Mutex<()>,
+    /// Unix time of creation (ns).
+    since: u64,
 }
 
 impl Drop for LgStat {
@@ -624,6 +628,10 @@ impl LinkGroup {
                 Some(LgStat {
                     area: area.clone(),
                     slot: area.claim_lg()?,
+                    write: Mutex::new(()),
+                    since: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64),
                 })
             }),
         }))
@@ -634,6 +642,13 @@ impl LinkGroup {
     fn publish(&self, state: u64) {
         use crate::stats::lg;
         let Some(st) = &self.stat else { return };
+        let _one_writer = st.write.lock();
+        // Once down, always shown down (a late ACTIVE from the poller must not win).
+        let state = if self.is_down() {
+            lg::LINK_INACTIVE
+        } else {
+            state
+        };
         let gid = |g: &Gid| {
             [
                 u64::from_be_bytes(g.0[..8].try_into().expect("8 bytes")),
@@ -653,9 +668,7 @@ impl LinkGroup {
         rec.words[lg::QPNS] =
             u64::from(qpn) | u64::from(self.peer_qpn.load(Ordering::Relaxed)) << 32;
         rec.words[lg::PEER_SYSTEM] = u64::from_be_bytes(self.peer_id.0);
-        rec.words[lg::SINCE] = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        rec.words[lg::SINCE] = st.since;
         rec.words[lg::MTU] = u64::from(self.mtu.bytes().unwrap_or(0));
         st.area.write_lg(st.slot, &rec);
     }
@@ -1145,7 +1158,9 @@ impl LinkGroup {
                 }
             }
             st.sndbuf_pool.clear();
-            st.core.drain()
+            let conns = st.core.drain();
+            self.publish_conns(&st);
+            conns
         };
         for c in conns {
             c.fail(reason);

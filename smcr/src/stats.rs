@@ -246,6 +246,9 @@ pub struct Area {
     path: PathBuf,
     owner: bool,
     writable: bool,
+    /// Slot counts, fixed when created or opened (the file could be changed later).
+    conn_slots: usize,
+    lg_slots: usize,
     /// Where the next connection-slot search starts (slots just freed are found at once, and
     /// a process with many long-lived rows does not rescan them on every claim).
     next_conn: std::sync::atomic::AtomicUsize,
@@ -265,20 +268,35 @@ impl Area {
         std::fs::create_dir_all(dir)?;
         // Readers of other users may look; nothing in the area is secret beyond addresses.
         let _ = std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+        // A directory another user made (before us) is theirs to play tricks in: not used.
+        {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::symlink_metadata(dir)?;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if !m.is_dir() || (m.uid() != me && m.uid() != 0) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("{} is not a directory of root or ours", dir.display()),
+                ));
+            }
+        }
         let pid = std::process::id();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("{pid}-{n}.stats"));
         let words = HEADER_WORDS + conn_slots * CONN_WORDS + lg_slots * LG_WORDS;
         let tmp = dir.join(format!(".{pid}-{n}.stats.tmp"));
+        // A new file, never one that is there (a planted symlink would be followed).
+        let _ = std::fs::remove_file(&tmp);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(&tmp)?;
         f.set_len((words * 8) as u64)?;
-        let area = Self::map(&f, words, true, path.clone())?;
+        let mut area = Self::map(&f, words, true, path.clone())?;
         debug_assert!(area.owner);
+        (area.conn_slots, area.lg_slots) = (conn_slots, lg_slots);
         let h = area.slice();
         h[H_VERSION].store(VERSION, Ordering::Relaxed);
         h[H_PID].store(u64::from(pid), Ordering::Relaxed);
@@ -315,11 +333,21 @@ impl Area {
     }
 
     fn open_with(path: &Path, rw: bool) -> io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Not through a symlink, and never blocking on a FIFO someone planted.
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(rw)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)?;
-        let len = f.metadata()?.len() as usize;
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a stats area (not a regular file)",
+            ));
+        }
+        let len = meta.len() as usize;
         if len < HEADER_WORDS * 8 || !len.is_multiple_of(8) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -337,11 +365,16 @@ impl Area {
                 "not a stats area (magic or version)",
             ));
         }
-        // Slot counts come from the file: a corrupt one must not overflow the arithmetic.
-        let need = area
-            .conn_slots()
+        // Slot counts come from the file: read once (the file may change later), and a
+        // corrupt one must not overflow the arithmetic.
+        let (conns, lgs) = (
+            h[H_CONN_SLOTS].load(Ordering::Relaxed) as usize,
+            h[H_LG_SLOTS].load(Ordering::Relaxed) as usize,
+        );
+        (area.conn_slots, area.lg_slots) = (conns, lgs);
+        let need = conns
             .checked_mul(CONN_WORDS)
-            .and_then(|c| c.checked_add(area.lg_slots().checked_mul(LG_WORDS)?))
+            .and_then(|c| c.checked_add(lgs.checked_mul(LG_WORDS)?))
             .and_then(|n| n.checked_add(HEADER_WORDS));
         if need.is_none_or(|n| n > area.words) {
             return Err(io::Error::new(
@@ -379,6 +412,8 @@ impl Area {
             path,
             owner: write,
             writable: write,
+            conn_slots: 0,
+            lg_slots: 0,
             next_conn: std::sync::atomic::AtomicUsize::new(0),
         })
     }
@@ -415,12 +450,12 @@ impl Area {
 
     /// Connection slots.
     pub fn conn_slots(&self) -> usize {
-        self.slice()[H_CONN_SLOTS].load(Ordering::Relaxed) as usize
+        self.conn_slots
     }
 
     /// Link-group slots.
     pub fn lg_slots(&self) -> usize {
-        self.slice()[H_LG_SLOTS].load(Ordering::Relaxed) as usize
+        self.lg_slots
     }
 
     /// Whether the owner is gone: no such process, or the pid now belongs to a process that
@@ -509,7 +544,7 @@ impl Area {
             total::BYTES_RECEIVED,
             r[C_BYTES_RECEIVED].load(Ordering::Relaxed),
         );
-        self.write_conn(slot, &ConnRecord::default());
+        seq_free(r, C_BYTES_SENT);
     }
 
     /// A consistent copy of a slot, or `None` if it is free. Retries while a writer is in
@@ -557,7 +592,7 @@ impl Area {
 
     /// Frees a link-group slot.
     pub fn release_lg(&self, slot: usize) {
-        self.write_lg(slot, &LgRecord::default());
+        seq_free(self.lg(slot), L_CONNS);
     }
 
     /// A consistent copy of a link-group slot, or `None` if it is free (see
@@ -600,7 +635,13 @@ impl Area {
     pub fn count_fallback(&self, code: u32) {
         let h = self.slice();
         let key = u64::from(code) | 1 << 32; // never 0: 0 marks a free pair
-        for i in 0..FALLBACK_CODES {
+        // The last pair is kept for code 0 ("other"), so it always has room.
+        let pairs = if code == 0 {
+            FALLBACK_CODES - 1..FALLBACK_CODES
+        } else {
+            0..FALLBACK_CODES - 1
+        };
+        for i in pairs {
             let k = &h[H_FALLBACKS + 2 * i];
             let cur = k.load(Ordering::Acquire);
             let owned = cur == key
@@ -694,6 +735,18 @@ fn seq_write(r: &[AtomicU64], words: &[u64]) {
         r[1 + i].store(*w, Ordering::Relaxed);
     }
     r[0].fetch_add(1, Ordering::Release);
+}
+
+/// Frees a record: clears words `2..end` under the lock while `in_use` (word 1) still holds
+/// it, and only then releases `in_use`, so a claimer never races the clearing.
+fn seq_free(r: &[AtomicU64], end: usize) {
+    r[0].fetch_add(1, Ordering::AcqRel);
+    fence(Ordering::Release);
+    for w in &r[2..end] {
+        w.store(0, Ordering::Relaxed);
+    }
+    r[0].fetch_add(1, Ordering::Release);
+    r[1].store(0, Ordering::Release);
 }
 
 /// Reads `r[1..]` into `out` consistently; `Ok(false)` if the record is free (word 0 of
@@ -1060,5 +1113,34 @@ mod tests {
             w.path().exists(),
             "a reader's drop never removes the owner's area"
         );
+    }
+
+    #[test]
+    fn planted_fifos_and_symlinks_are_not_areas_and_never_block() {
+        let d = dir("planted");
+        std::fs::create_dir_all(&d).unwrap();
+        let fifo = d.join("1-0.stats");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let real = Area::create(&d, 1, 1).unwrap();
+        std::os::unix::fs::symlink(real.path(), d.join("2-0.stats")).unwrap();
+        // Neither blocks (a FIFO opened without O_NONBLOCK would wait for a writer).
+        assert!(Area::open(&fifo).is_err());
+        assert!(Area::open(&d.join("2-0.stats")).is_err());
+        assert!(clean_stale(&d).is_empty());
+        assert!(Area::open(real.path()).is_ok());
+    }
+
+    #[test]
+    fn codes_beyond_the_counters_go_to_other() {
+        let d = dir("other");
+        let w = Area::create(&d, 1, 0).unwrap();
+        for c in 1..=FALLBACK_CODES as u32 + 5 {
+            w.count_fallback(0x0500_0000 + c);
+        }
+        let f = w.fallbacks();
+        assert_eq!(f.len(), FALLBACK_CODES);
+        assert_eq!(f.iter().find(|(c, _)| *c == 0), Some(&(0, 6)));
     }
 }

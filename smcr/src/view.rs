@@ -297,7 +297,12 @@ impl Snapshot {
             let mut kernel = None;
             let mut p = Proc {
                 pid: a.pid(),
-                comm: a.comm(),
+                // A command name is the program's to choose: no control characters in tables.
+                comm: a
+                    .comm()
+                    .chars()
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect(),
                 fallbacks: a.fallbacks(),
                 totals: a.totals(),
                 reset_epoch: a.reset_epoch(),
@@ -357,12 +362,12 @@ fn merge(into: &mut Proc, p: Proc) {
     into.links.extend(p.links);
     for (code, n) in p.fallbacks {
         match into.fallbacks.iter_mut().find(|(c, _)| *c == code) {
-            Some((_, m)) => *m += n,
+            Some((_, m)) => *m = m.saturating_add(n),
             None => into.fallbacks.push((code, n)),
         }
     }
     for (a, b) in into.totals.iter_mut().zip(p.totals) {
-        *a += b;
+        *a = a.saturating_add(b);
     }
     into.reset_epoch = into.reset_epoch.max(p.reset_epoch);
     into.unavailable = into.unavailable.max(p.unavailable);
@@ -571,7 +576,8 @@ pub fn fallback_totals(s: &Snapshot) -> BTreeMap<u32, u64> {
     let mut t = BTreeMap::new();
     for p in &s.procs {
         for &(code, n) in &p.fallbacks {
-            *t.entry(code).or_default() += n;
+            let e = t.entry(code).or_default();
+            *e = u64::saturating_add(*e, n);
         }
     }
     t
@@ -579,10 +585,10 @@ pub fn fallback_totals(s: &Snapshot) -> BTreeMap<u32, u64> {
 
 /// Process counters summed.
 pub fn totals(s: &Snapshot) -> [u64; total::COUNT] {
-    let mut t = [0; total::COUNT];
+    let mut t = [0u64; total::COUNT];
     for p in &s.procs {
         for (a, b) in t.iter_mut().zip(p.totals) {
-            *a += b;
+            *a = a.saturating_add(b);
         }
     }
     t
@@ -859,22 +865,27 @@ pub fn render_prometheus(s: &Snapshot) -> String {
         per(&|p| vec![(who(p), p.links.len() as u64)]),
     );
     let bytes = |p: &Proc, sent: bool| {
-        let live: u64 = p
+        let live = p
             .conns
             .iter()
             .filter(|c| c.kind == Kind::Smcr)
-            .map(|c| if sent { c.sent } else { c.received })
-            .sum();
-        live + p.totals[if sent {
-            total::BYTES_SENT
-        } else {
-            total::BYTES_RECEIVED
-        }]
+            .fold(0u64, |a, c| {
+                a.saturating_add(if sent { c.sent } else { c.received })
+            });
+        live.saturating_add(
+            p.totals[if sent {
+                total::BYTES_SENT
+            } else {
+                total::BYTES_RECEIVED
+            }],
+        )
     };
+    // A gauge, not a counter: a connection closing while the snapshot is taken can be seen
+    // in neither or both places for a moment, and a counter must never go down.
     family(
-        "smcr_bytes_total",
-        "counter",
-        "Payload bytes of the connections the library carries (open SMC-R ones and closed ones), by direction.",
+        "smcr_bytes",
+        "gauge",
+        "Payload bytes of the connections the library carries (open SMC-R ones and closed ones), by direction; approximate while connections close.",
         per(&|p| {
             vec![
                 (format!("{},direction=\"sent\"", who(p)), bytes(p, true)),

@@ -581,7 +581,7 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
         "{prom}"
     );
     assert_eq!(
-        get("smcr_bytes_total", ("direction", "sent")),
+        get("smcr_bytes", ("direction", "sent")),
         Some(1300.0),
         "{prom}"
     );

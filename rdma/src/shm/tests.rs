@@ -272,3 +272,19 @@ fn descriptor_passing_refuses_empty_messages_and_reports_no_descriptor() {
     let (n, fd) = recv_fd(b.as_fd(), &mut buf).unwrap();
     assert_eq!((&buf[..n], fd.is_none()), (&b"plain"[..], true));
 }
+
+#[test]
+fn only_sealed_segments_are_accepted() {
+    // Ours are sealed against resizing.
+    let s = Segment::create("t", 4096).unwrap();
+    let dup = s.fd().try_clone_to_owned().unwrap();
+    assert!(
+        rustix::fs::ftruncate(&dup, 0).is_err(),
+        "a sealed segment cannot shrink"
+    );
+    assert!(Segment::open(dup).is_ok());
+    // A memfd a peer could still shrink is refused.
+    let raw = rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&raw, 4096).unwrap();
+    assert!(Segment::open(raw).is_err());
+}
