@@ -92,7 +92,12 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// Parses one datagram of the dump; `Ok(true)` at its end. Malformed input is an error.
+/// Parses one datagram of a sock_diag dump into `out` (inode → bytes); `Ok(true)` at the
+/// dump's end. Malformed input is an error, never a panic (fuzzed: `fuzz/fuzz_targets`).
+pub fn parse_datagram(b: &[u8], out: &mut HashMap<u64, TcpBytes>) -> io::Result<bool> {
+    parse(b, out)
+}
+
 fn parse(mut b: &[u8], out: &mut HashMap<u64, TcpBytes>) -> io::Result<bool> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed sock_diag message");
     while b.len() >= NLMSG_HDR {
