@@ -261,6 +261,26 @@ impl Env {
         }
     }
 
+    /// Starts the server of a workload on a fresh port (under the shim if the setup says so)
+    /// and waits until it listens; `args` makes its arguments from the address and port.
+    fn serve(
+        &self,
+        s: Setup,
+        prog: &str,
+        args: impl FnOnce(&str, &str) -> Vec<String>,
+    ) -> Result<(Bg, &'static str, u16)> {
+        let port = self.port();
+        let addr = self.server_addr(s);
+        let server = Bg(self
+            .cmd(s, true, prog)
+            .args(args(addr, &port.to_string()))
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {prog}"))?);
+        self.wait_listening(s, port)?;
+        Ok((server, addr, port))
+    }
+
     /// The server's stats say its connections were SMC-R (or TCP with PEERNOSMC for the
     /// fallback setup): at least `min` of them, none of the other kind.
     fn check(&self, s: Setup, server: &Child, min: u64, what: &str) -> Result<()> {
@@ -337,12 +357,13 @@ fn output(c: &mut Command, what: &str) -> Result<String> {
 
 /// redis-benchmark SET and GET requests/s.
 fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, f64)> {
-    let port = env.port();
-    let addr = env.server_addr(s);
-    let server = Bg(env
-        .cmd(s, true, "redis-server")
-        .args(["--bind", addr, "--port", &port.to_string()])
-        .args([
+    let work = env.work.to_string_lossy().into_owned();
+    let (server, addr, port) = env.serve(s, "redis-server", |addr, port| {
+        [
+            "--bind",
+            addr,
+            "--port",
+            port,
             "--save",
             "",
             "--appendonly",
@@ -350,12 +371,11 @@ fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, 
             "--protected-mode",
             "no",
             "--dir",
-        ])
-        .arg(&env.work)
-        .stdout(Stdio::null())
-        .spawn()
-        .context("redis-server")?);
-    env.wait_listening(s, port)?;
+            &work,
+        ]
+        .map(String::from)
+        .to_vec()
+    })?;
     let out = output(
         env.cmd(s, false, "redis-benchmark")
             .args(["-h", addr, "-p", &port.to_string(), "-q"])
@@ -380,15 +400,11 @@ fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, 
 
 /// sockperf ping-pong p50 and p99 (µs, sockperf's one-way figures).
 fn sockperf(env: &Env, s: Setup, size: u32, secs: u32) -> Result<(f64, f64)> {
-    let port = env.port();
-    let addr = env.server_addr(s);
-    let server = Bg(env
-        .cmd(s, true, "sockperf")
-        .args(["sr", "--tcp", "-i", addr, "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("sockperf server")?);
-    env.wait_listening(s, port)?;
+    let (server, addr, port) = env.serve(s, "sockperf", |addr, port| {
+        ["sr", "--tcp", "-i", addr, "-p", port]
+            .map(String::from)
+            .to_vec()
+    })?;
     let out = output(
         env.cmd(s, false, "sockperf").args([
             "pp",
@@ -422,15 +438,11 @@ fn sockperf(env: &Env, s: Setup, size: u32, secs: u32) -> Result<(f64, f64)> {
 
 /// iperf3 bulk throughput, Gbit/s (received).
 fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<f64> {
-    let port = env.port();
-    let addr = env.server_addr(s);
-    let server = Bg(env
-        .cmd(s, true, "iperf3")
-        .args(["-s", "-1", "-B", addr, "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("iperf3 server")?);
-    env.wait_listening(s, port)?;
+    let (server, addr, port) = env.serve(s, "iperf3", |addr, port| {
+        ["-s", "-1", "-B", addr, "-p", port]
+            .map(String::from)
+            .to_vec()
+    })?;
     let out = output(
         env.cmd(s, false, "iperf3").args([
             "-c",
@@ -459,17 +471,15 @@ fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<f64> {
 
 /// Connections per second: connect, echo 32 bytes, close, in a loop for `secs`.
 fn conn_rate(env: &Env, s: Setup, secs: u32) -> Result<f64> {
-    let port = env.port();
-    let addr = env.server_addr(s);
     let exe = std::env::current_exe()?;
     let exe = exe.to_str().context("exe path")?;
-    let server = Bg(env
-        .cmd(s, true, exe)
-        .args(["--role", "echo-server", &format!("{addr}:{port}")])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("echo server")?);
-    env.wait_listening(s, port)?;
+    let (server, addr, port) = env.serve(s, exe, |addr, port| {
+        vec![
+            "--role".into(),
+            "echo-server".into(),
+            format!("{addr}:{port}"),
+        ]
+    })?;
     let out = output(
         env.cmd(s, false, exe).args([
             "--role",
@@ -564,17 +574,15 @@ fn memory_and_idle(
     idle: Duration,
 ) -> Result<Vec<(String, bool, f64)>> {
     use std::io::{BufRead, BufReader, Write};
-    let port = env.port();
-    let addr = env.server_addr(s);
     let exe = std::env::current_exe()?;
     let exe = exe.to_str().context("exe path")?;
-    let server = Bg(env
-        .cmd(s, true, exe)
-        .args(["--role", "echo-server", &format!("{addr}:{port}")])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("echo server")?);
-    env.wait_listening(s, port)?;
+    let (server, addr, port) = env.serve(s, exe, |addr, port| {
+        vec![
+            "--role".into(),
+            "echo-server".into(),
+            format!("{addr}:{port}"),
+        ]
+    })?;
     let spid = server.0.id();
     let r0 = rss_kib(spid)?;
     let mut client = Bg(env

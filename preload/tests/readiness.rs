@@ -6,19 +6,14 @@
 //! expectations are what Linux TCP gives; a failure there means the script is wrong), then
 //! under the shim, where the log must show that every connection was SMC-R.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-fn lib() -> PathBuf {
-    // `cargo test` rebuilds the cdylib next to the test binary (target/<profile>/deps); the
-    // copy in target/<profile> is only refreshed by `cargo build`.
-    let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().join("libsmcr_preload.so");
-    assert!(lib.exists(), "{} not built", lib.display());
-    lib
-}
+use common::lib;
 
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/readiness.py")
@@ -129,20 +124,7 @@ fn check(group: &str, conns: usize) {
         "under the shim: {failed}\n--- script output:\n{}\n--- shim log:\n{logged}",
         shim.out
     );
-    let lines = |what: &str| -> Vec<&str> {
-        logged
-            .lines()
-            .filter(|l| l.contains(&format!(" {what} Some(")))
-            .collect()
-    };
-    for what in ["connect", "accept"] {
-        let l = lines(what);
-        assert!(
-            l.iter().all(|l| l.contains("): SMC-R")),
-            "a {what} was not SMC-R:\n{logged}"
-        );
-        assert_eq!(l.len(), conns, "expected {conns} SMC-R {what}s:\n{logged}");
-    }
+    common::assert_all_smcr(&logged, conns);
 }
 
 /// Check 1: Level-triggered: EPOLLIN while data is unread, repeatedly, gone once all is

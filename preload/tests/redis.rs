@@ -10,30 +10,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn lib() -> PathBuf {
-    // `cargo test` rebuilds the cdylib next to the test binary (target/<profile>/deps).
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().join("libsmcr_preload.so")
-}
+use common::{have, lib};
 
-fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert_ne!(
-            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
-            Ok("1"),
-            "{tool} missing (scripts/setup.sh installs it)"
-        );
-        eprintln!("SKIP: {tool} is not installed (scripts/setup.sh installs it)");
-    }
-    ok
-}
-
-fn root() -> bool {
+/// Whether the TCP option program can be used (root): otherwise both ends `assume`.
+fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
@@ -200,7 +180,7 @@ fn redis_benchmark_over_smcr() {
     if !have("redis-server") || !have("redis-benchmark") || !have("ss") {
         return;
     }
-    let setup = Setup::new("main", root());
+    let setup = Setup::new("main", is_root());
     let port = 17000 + (std::process::id() % 1000) as u16 * 2;
     let server = setup.server(true, port);
 
@@ -312,13 +292,7 @@ fn mixed_redis_pairs_run_over_tcp_with_the_reason() {
     if !have("redis-server") || !have("redis-benchmark") {
         return;
     }
-    if !root() {
-        assert_ne!(
-            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
-            Ok("1"),
-            "needs root"
-        );
-        eprintln!("SKIP: mixed pairs need the TCP option program (root)");
+    if !common::root("mixed pairs (the TCP option program)") {
         return;
     }
     let setup = Setup::new("mixed", true);
@@ -450,13 +424,7 @@ fn smc_stat_shows_redis_smcr_and_tcp_clients() {
     if !have("redis-server") || !have("python3") {
         return;
     }
-    if !root() {
-        assert_ne!(
-            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
-            Ok("1"),
-            "needs root"
-        );
-        eprintln!("SKIP: a plain client next to an SMC-R one needs the TCP option program (root)");
+    if !common::root("a plain client next to an SMC-R one (the TCP option program)") {
         return;
     }
     use std::io::{BufRead, BufReader};

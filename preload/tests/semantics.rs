@@ -139,17 +139,7 @@ fn check(group: &str, idx: u16) {
     );
     let n = conns(&plain.out);
     assert_eq!(n, conns(&shim.out), "both runs make the same connections");
-    for what in ["connect", "accept"] {
-        let lines: Vec<&str> = logged
-            .lines()
-            .filter(|l| l.contains(&format!(" {what} Some(")))
-            .collect();
-        assert!(
-            lines.iter().all(|l| l.contains("): SMC-R")),
-            "a {what} was not SMC-R:\n{logged}"
-        );
-        assert_eq!(lines.len(), n, "expected {n} SMC-R {what}s:\n{logged}");
-    }
+    common::assert_all_smcr(&logged, n);
 }
 
 /// Check 1: recv(n) with less data there returns what is there; a blocking recv waits.

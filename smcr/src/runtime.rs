@@ -1445,6 +1445,7 @@ impl ConnShared {
             }
             Err(e) => {
                 s.failed.get_or_insert_with(|| e.to_string());
+                s.publish();
                 drop(s);
                 self.wake();
             }
@@ -1510,6 +1511,7 @@ impl ConnShared {
     fn fail(&self, reason: &str) {
         let mut s = self.core.lock();
         s.failed.get_or_insert_with(|| reason.to_owned());
+        s.publish();
         drop(s);
         self.wake();
     }
@@ -1545,11 +1547,7 @@ impl ConnShared {
     pub(crate) fn wake(&self) {
         if self.readiness.get().is_some() {
             let mut s = self.core.lock();
-            s.publish();
             self.report(&mut s);
-        } else if let Some(s) = self.core.try_lock() {
-            // Stats only: never wait for an application thread here.
-            s.publish();
         }
         self.cond.notify_all();
         for fd in self.events.iter().filter_map(std::sync::OnceLock::get) {

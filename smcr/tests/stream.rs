@@ -10,13 +10,35 @@ use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 static PORT: AtomicU16 = AtomicU16::new(0);
 
-/// A runtime that assumes SMC-R (no BPF needed) on its own RoCE port, so tests run in parallel.
-fn runtime() -> Runtime {
+/// Settings that assume SMC-R (no BPF needed) on a RoCE port of their own, so tests run in
+/// parallel.
+fn config() -> RuntimeConfig {
     let n = PORT.fetch_add(1, Ordering::Relaxed);
     let mut cfg = RuntimeConfig::new();
     cfg.negotiation = Negotiation::Assume;
     cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
-    Runtime::new(cfg)
+    cfg
+}
+
+fn runtime() -> Runtime {
+    Runtime::new(config())
+}
+
+/// The directory of a test's stats areas.
+fn stats_dir(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("smcr-stats-{tag}-{}", std::process::id()))
+}
+
+/// `smc-stat --dir DIR ARGS…`, which must succeed; its output.
+fn smc_stat(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smc-stat"))
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn listen(rt: &Runtime) -> (SmcListener, SocketAddr) {
@@ -286,11 +308,8 @@ fn abort_fails_both_ends_with_connection_reset() {
 #[test]
 fn connections_and_fallbacks_appear_in_the_stats_area() {
     use smcr::stats::{Area, conn};
-    let dir = std::env::temp_dir().join(format!("smcr-stats-it-{}", std::process::id()));
-    let n = PORT.fetch_add(1, Ordering::Relaxed);
-    let mut cfg = RuntimeConfig::new();
-    cfg.negotiation = Negotiation::Assume;
-    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
+    let dir = stats_dir("it");
+    let mut cfg = config();
     cfg.stats_dir = Some(dir.clone());
     let rt = Runtime::new(cfg);
     let path = rt.stats_path().expect("an area").to_owned();
@@ -341,11 +360,8 @@ fn connections_and_fallbacks_appear_in_the_stats_area() {
 /// `smc-stat` (another process) reads this process's area while its connections are open.
 #[test]
 fn smc_stat_shows_live_connections_and_fallbacks() {
-    let dir = std::env::temp_dir().join(format!("smcr-stats-cli-{}", std::process::id()));
-    let n = PORT.fetch_add(1, Ordering::Relaxed);
-    let mut cfg = RuntimeConfig::new();
-    cfg.negotiation = Negotiation::Assume;
-    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
+    let dir = stats_dir("cli");
+    let mut cfg = config();
     cfg.stats_dir = Some(dir.clone());
     cfg.rmb_budget = 0; // the server declines every connection: MEM fallbacks
     let rt = Runtime::new(cfg);
@@ -363,16 +379,7 @@ fn smc_stat_shows_live_connections_and_fallbacks() {
     c.write_all(b"hello").unwrap();
     let mut back = [0u8; 8];
     c.read_exact(&mut back).unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_smc-stat"))
-            .arg("--dir")
-            .arg(&dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run = |args: &[&str]| smc_stat(&dir, args);
     let me = std::process::id();
     let doc: serde_json::Value =
         serde_json::from_str(&run(&["--json", "--pid", &me.to_string()])).expect("JSON");
@@ -439,11 +446,8 @@ fn smc_stat_shows_live_connections_and_fallbacks() {
 /// handshake stage (first contact: CONFIRM LINK too), both link groups, Prometheus text.
 #[test]
 fn smc_stat_shows_link_groups_cursors_and_stage_times() {
-    let dir = std::env::temp_dir().join(format!("smcr-stats-lg-{}", std::process::id()));
-    let n = PORT.fetch_add(1, Ordering::Relaxed);
-    let mut cfg = RuntimeConfig::new();
-    cfg.negotiation = Negotiation::Assume;
-    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
+    let dir = stats_dir("lg");
+    let mut cfg = config();
     cfg.stats_dir = Some(dir.clone());
     let rt = Runtime::new(cfg);
     let (l, addr) = listen(&rt);
@@ -466,16 +470,7 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
     let mut back = [0u8; 300];
     c.read_exact(&mut back).unwrap();
     c.shutdown(std::net::Shutdown::Write).unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_smc-stat"))
-            .arg("--dir")
-            .arg(&dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run = |args: &[&str]| smc_stat(&dir, args);
     // Cursors and flags are published as CDCs come and go, without waiting for a busy lock:
     // read until both rows show the final state (or 2 s passed; the asserts below then say
     // what is missing).
@@ -594,9 +589,8 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
 /// `smc-stat --watch N` redraws (home + clear, then the table) every N seconds until stopped.
 #[test]
 fn smc_stat_watch_redraws() {
-    let dir = std::env::temp_dir().join(format!("smcr-stats-watch-{}", std::process::id()));
-    let mut cfg = RuntimeConfig::new();
-    cfg.negotiation = Negotiation::Assume;
+    let dir = stats_dir("watch");
+    let mut cfg = config();
     cfg.stats_dir = Some(dir.clone());
     let rt = Runtime::new(cfg);
     let (l, addr) = listen(&rt);

@@ -231,6 +231,21 @@ impl Drop for NetPair {
     }
 }
 
+/// Asserts that the shim's log shows exactly `n` connects and `n` accepts, all SMC-R.
+pub fn assert_all_smcr(log: &str, n: usize) {
+    for what in ["connect", "accept"] {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!(" {what} Some(")))
+            .collect();
+        assert!(
+            lines.iter().all(|l| l.contains("): SMC-R")),
+            "a {what} was not SMC-R:\n{log}"
+        );
+        assert_eq!(lines.len(), n, "expected {n} SMC-R {what}s:\n{log}");
+    }
+}
+
 /// Text of a finished command, asserting success.
 pub fn run_ok(c: &mut Command, what: &str) -> String {
     let out = c.output().unwrap();
