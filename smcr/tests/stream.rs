@@ -263,6 +263,18 @@ fn missing_option_program_is_reported_once_and_connections_fall_back() {
         area.fallbacks(),
         vec![(smcr::FallbackReason::CODE_NO_BPF, 1)]
     );
+    // The whole process is marked: smc-stat says SMC-R is unavailable here, and why.
+    assert_eq!(area.unavailable(), smcr::FallbackReason::CODE_NO_BPF);
+    let dir = rt.stats_path().unwrap().parent().unwrap().to_owned();
+    let me = std::process::id().to_string();
+    let text = smc_stat(&dir, &["--pid", &me]);
+    assert!(
+        text.contains("SMC-R unavailable") && text.contains("NOBPF"),
+        "{text}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&smc_stat(&dir, &["--json", "--pid", &me])).unwrap();
+    assert_eq!(doc["processes"][0]["smcr_unavailable"], "NOBPF", "{doc}");
     let row = (0..area.conn_slots())
         .find_map(|i| area.read_conn(i).unwrap())
         .unwrap();
