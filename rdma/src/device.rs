@@ -86,6 +86,11 @@ pub struct DeviceStats {
     pub rx_wrong_source: u64,
     /// Times an application thread woke the engine.
     pub engine_kicks: u64,
+    /// Same-host offers accepted (a peer's QP on this host sends to ours through shared
+    /// memory).
+    pub shm_offers: u64,
+    /// QPs failed because their shared memory was corrupt or refused an access.
+    pub shm_faults: u64,
 }
 
 #[derive(Default)]
@@ -100,6 +105,8 @@ struct AtomicStats {
     rx_unknown_qp: AtomicU64,
     rx_wrong_source: AtomicU64,
     engine_kicks: AtomicU64,
+    shm_offers: AtomicU64,
+    shm_faults: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -111,6 +118,9 @@ pub(crate) struct CqShared {
     pub(crate) queue: Mutex<VecDeque<WorkCompletion>>,
     pub(crate) event: OwnedFd,
     pub(crate) armed: AtomicBool,
+    /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
+    /// turns their ring entries into completions.
+    pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<QpShared>>>,
 }
 
 impl CqShared {
@@ -120,6 +130,7 @@ impl CqShared {
             queue: Mutex::new(VecDeque::new()),
             event,
             armed: AtomicBool::new(false),
+            shm_qps: Mutex::new(Vec::new()),
         })
     }
 
@@ -138,6 +149,8 @@ pub(crate) struct QpCore {
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
     timer_at: Option<Instant>,
+    /// Same-host transport state (QPs of a shared protection domain).
+    pub(crate) shm: Option<crate::samehost::ShmQp>,
 }
 
 pub(crate) struct QpShared {
@@ -146,7 +159,12 @@ pub(crate) struct QpShared {
 }
 
 impl QpShared {
-    pub(crate) fn new(rc: RcQp, send_cq: Arc<CqShared>, recv_cq: Arc<CqShared>) -> Self {
+    pub(crate) fn new(
+        rc: RcQp,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        shm: Option<crate::samehost::ShmQp>,
+    ) -> Self {
         Self {
             qpn: rc.qp_num(),
             core: Mutex::new(QpCore {
@@ -155,6 +173,7 @@ impl QpShared {
                 send_cq,
                 recv_cq,
                 timer_at: None,
+                shm,
             }),
         }
     }
@@ -236,7 +255,20 @@ pub(crate) struct Shared {
     /// The engine thread's epoll set (socket and kick eventfd).
     epoll: OwnedFd,
     stats: AtomicStats,
+    /// The same-host rendezvous (abstract Unix socket), if it could be bound.
+    rendezvous: Option<OwnedFd>,
+    /// Accepted rendezvous connections whose offer has not arrived yet, by descriptor number.
+    offers: Mutex<HashMap<i32, OwnedFd>>,
 }
+
+/// Engine epoll tags.
+const EV_SOCK: u64 = 0;
+const EV_KICK: u64 = 1;
+const EV_RENDEZVOUS: u64 = 2;
+/// `EV_OFFER | fd`: an accepted connection whose offer is awaited.
+const EV_OFFER: u64 = 3 << 32;
+/// `EV_PEER | qpn`: the connection a QP's peer offer came on.
+const EV_PEER: u64 = 4 << 32;
 
 impl Shared {
     pub(crate) fn open(mut cfg: DeviceConfig) -> io::Result<Arc<Self>> {
@@ -294,15 +326,25 @@ impl Shared {
         epoll::add(
             &ep,
             sock.fd().as_fd(),
-            epoll::EventData::new_u64(0),
+            epoll::EventData::new_u64(EV_SOCK),
             epoll::EventFlags::IN,
         )?;
         epoll::add(
             &ep,
             kick.as_fd(),
-            epoll::EventData::new_u64(1),
+            epoll::EventData::new_u64(EV_KICK),
             epoll::EventFlags::IN,
         )?;
+        // Not fatal: without it, peers on this host use UDP to reach us.
+        let rendezvous = crate::samehost::listen(local).ok();
+        if let Some(r) = &rendezvous {
+            epoll::add(
+                &ep,
+                r.as_fd(),
+                epoll::EventData::new_u64(EV_RENDEZVOUS),
+                epoll::EventFlags::IN,
+            )?;
+        }
         Ok(Arc::new(Self {
             cfg,
             sock,
@@ -327,6 +369,8 @@ impl Shared {
             }),
             epoll: ep,
             stats: AtomicStats::default(),
+            rendezvous,
+            offers: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -344,6 +388,8 @@ impl Shared {
             rx_unknown_qp: l(&s.rx_unknown_qp),
             rx_wrong_source: l(&s.rx_wrong_source),
             engine_kicks: l(&s.engine_kicks),
+            shm_offers: l(&s.shm_offers),
+            shm_faults: l(&s.shm_faults),
         }
     }
 
@@ -376,6 +422,20 @@ impl Shared {
     /// Sends what the QP has to send, hands out its completions and re-arms its timer.
     /// Called with the QP locked, from any thread.
     pub(crate) fn drive(&self, core: &mut QpCore, now: Instant) {
+        let mut retry = false;
+        if let Some(shm) = &mut core.shm {
+            if shm.active {
+                shm.flush(&mut core.rc);
+                shm.ring_bell();
+                retry = shm.backlog_len() > 0;
+            }
+            if let Err(f) = shm.receive(&mut core.rc) {
+                bump(&self.stats.shm_faults, 1);
+                core.rc.fail();
+                shm.disconnect();
+                let _ = f;
+            }
+        }
         if let Some(dst) = core.av {
             self.transmit(core, dst, now);
         }
@@ -385,7 +445,13 @@ impl Shared {
                 CqSide::Recv => core.recv_cq.push(wc),
             }
         }
-        if let Some(t) = core.rc.poll_timeout()
+        let mut next = core.rc.poll_timeout();
+        if retry {
+            // The peer's ring is full: look again soon (its consumer frees slots as it goes).
+            let r = now + Duration::from_micros(200);
+            next = Some(next.map_or(r, |t| t.min(r)));
+        }
+        if let Some(t) = next
             && core.timer_at.is_none_or(|old| t < old)
         {
             core.timer_at = Some(t);
@@ -548,6 +614,88 @@ impl Shared {
         }
     }
 
+    /// Accepts connections on the rendezvous; their offers are read when they arrive.
+    fn accept_offers(&self) {
+        let Some(l) = &self.rendezvous else { return };
+        while let Ok(c) = rustix::net::accept_with(
+            l,
+            rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+        ) {
+            if !crate::samehost::trusted(c.as_fd()) {
+                continue; // another user: dropped, its QP stays on UDP
+            }
+            use std::os::fd::AsRawFd;
+            let raw = c.as_raw_fd();
+            if epoll::add(
+                &self.epoll,
+                c.as_fd(),
+                epoll::EventData::new_u64(EV_OFFER | u64::from(raw as u32)),
+                epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+            )
+            .is_ok()
+            {
+                self.offers.lock().insert(raw, c);
+            }
+        }
+    }
+
+    /// Reads the offer on accepted connection `raw` and gives it to its QP.
+    fn take_offer(&self, raw: i32) {
+        let Some(conn) = self.offers.lock().remove(&raw) else {
+            return;
+        };
+        let mut buf = [0u8; crate::samehost::OFFER_LEN + 1];
+        let (n, fds) = match crate::shm::recv_fds(conn.as_fd(), &mut buf) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.offers.lock().insert(raw, conn);
+                return;
+            }
+            Err(_) => return,
+        };
+        let _ = epoll::delete(&self.epoll, conn.as_fd());
+        let Some(offer) = crate::samehost::Offer::parse(&buf[..n]) else {
+            return;
+        };
+        let Some(qp) = self.lookup(offer.to_qpn) else {
+            return;
+        };
+        let Ok(tx) = crate::samehost::PeerTx::new(&offer, fds, conn) else {
+            return;
+        };
+        let mut core = qp.core.lock();
+        let Some(shm) = &mut core.shm else { return };
+        if epoll::add(
+            &self.epoll,
+            tx.conn.as_fd(),
+            epoll::EventData::new_u64(EV_PEER | u64::from(offer.to_qpn)),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )
+        .is_err()
+        {
+            return;
+        }
+        // A newer offer replaces an older one (the peer QP was recreated).
+        shm.tx = Some(tx);
+        bump(&self.stats.shm_offers, 1);
+        self.drive(&mut core, Instant::now());
+    }
+
+    /// The peer of QP `qpn` went away (its offer's connection closed): deliver what it left
+    /// in our ring, then fail the QP so its user learns at once.
+    fn peer_gone(&self, qpn: u32) {
+        let Some(qp) = self.lookup(qpn) else { return };
+        let mut core = qp.core.lock();
+        let QpCore { rc, shm, .. } = &mut *core;
+        let Some(shm) = shm else { return };
+        let Some(tx) = &shm.tx else { return };
+        let _ = epoll::delete(&self.epoll, tx.conn.as_fd());
+        let _ = shm.receive(rc);
+        shm.disconnect();
+        rc.fail();
+        self.drive(&mut core, Instant::now());
+    }
+
     pub(crate) fn lookup(&self, qpn: u32) -> Option<Arc<QpShared>> {
         self.qps.read().get(&qpn).cloned()
     }
@@ -646,7 +794,7 @@ impl Shared {
         let _ = epoll::modify(
             &self.epoll,
             self.sock.fd().as_fd(),
-            epoll::EventData::new_u64(0),
+            epoll::EventData::new_u64(EV_SOCK),
             flags,
         );
     }
@@ -658,15 +806,23 @@ impl Shared {
         let deadline = timeout.map(|t| Instant::now() + t);
         let Some(mut rx) = self.rx.try_lock() else {
             cq.armed.store(true, Ordering::Release);
-            if cq.queue.lock().is_empty() && wait_readable(&cq.event, timeout)? {
+            let pending = self.shm_waiting(cq, true);
+            if !pending && cq.queue.lock().is_empty() && wait_readable(&cq.event, timeout)? {
                 drain_eventfd(&cq.event);
             }
+            self.shm_waiting(cq, false);
+            self.shm_poll(cq);
             return Ok(());
         };
         self.engine_rx_interest(false);
         let res = loop {
             // Armed only while asleep: completions this thread produces itself need no signal.
             cq.armed.store(true, Ordering::Release);
+            // Same-host producers ring the CQ's eventfd only when told we sleep.
+            if self.shm_waiting(cq, true) {
+                self.shm_waiting(cq, false);
+                self.shm_poll(cq);
+            }
             if !cq.queue.lock().is_empty() {
                 break Ok(());
             }
@@ -684,12 +840,14 @@ impl Shared {
                 Err(e) => break Err(e.into()),
             };
             cq.armed.store(false, Ordering::Release);
+            self.shm_waiting(cq, false);
             if fds[1].revents().contains(rustix::event::PollFlags::IN) {
                 drain_eventfd(&cq.event);
             }
             if fds[0].revents().contains(rustix::event::PollFlags::IN) {
                 self.rx_drain(&mut rx, 64);
             }
+            self.shm_poll(cq);
             if !cq.queue.lock().is_empty() {
                 break Ok(());
             }
@@ -703,6 +861,40 @@ impl Shared {
         drop(rx);
         self.engine_rx_interest(true);
         res
+    }
+}
+
+impl Shared {
+    /// Delivers what the same-host rings of `cq`'s QPs hold (and sends what waits for ring
+    /// space), on the calling thread.
+    pub(crate) fn shm_poll(&self, cq: &CqShared) {
+        let mut list = cq.shm_qps.lock();
+        if list.is_empty() {
+            return;
+        }
+        list.retain(|w| w.strong_count() > 0);
+        let now = Instant::now();
+        for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
+            let mut core = qp.core.lock();
+            if core.shm.as_ref().is_some_and(|s| s.rx_pending(&core.rc)) {
+                self.drive(&mut core, now);
+            }
+        }
+    }
+
+    /// Tells the producers of `cq`'s rings whether we sleep; returns whether something can be
+    /// delivered already (then do not sleep).
+    fn shm_waiting(&self, cq: &CqShared, on: bool) -> bool {
+        let list = cq.shm_qps.lock();
+        let mut pending = false;
+        for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
+            let core = qp.core.lock();
+            if let Some(shm) = &core.shm {
+                shm.set_waiting(on);
+                pending |= on && shm.rx_pending(&core.rc);
+            }
+        }
+        pending
     }
 }
 
@@ -720,7 +912,7 @@ fn timespec(d: Duration) -> rustix::time::Timespec {
 
 /// The engine thread's loop: timers, and receiving while no application thread does.
 pub(crate) fn run_engine(shared: Arc<Shared>) {
-    let mut evbuf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
+    let mut evbuf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 16];
     while !shared.stop.load(Ordering::Acquire) {
         run_timers(&shared, Instant::now());
         // Decide how long to sleep, under the timer lock so that `schedule` sees a consistent
@@ -735,13 +927,19 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             next.map(|t| t.saturating_duration_since(Instant::now()))
         };
         let ts = timeout.map(timespec);
-        let (kicked, readable) = match epoll::wait(&shared.epoll, &mut evbuf, ts.as_ref()) {
-            Ok((evs, _)) => (
-                evs.iter().any(|ev| ev.data.u64() == 1),
-                evs.iter().any(|ev| ev.data.u64() == 0),
-            ),
-            Err(_) => (false, false),
-        };
+        let (mut kicked, mut readable) = (false, false);
+        if let Ok((evs, _)) = epoll::wait(&shared.epoll, &mut evbuf, ts.as_ref()) {
+            for ev in evs.iter() {
+                match ev.data.u64() {
+                    EV_SOCK => readable = true,
+                    EV_KICK => kicked = true,
+                    EV_RENDEZVOUS => shared.accept_offers(),
+                    t if t & !0xFFFF_FFFF == EV_OFFER => shared.take_offer(t as u32 as i32),
+                    t if t & !0xFFFF_FFFF == EV_PEER => shared.peer_gone(t as u32),
+                    _ => {}
+                }
+            }
+        }
         shared.sleep_until.store(0, Ordering::Release);
         if kicked {
             drain_eventfd(&shared.kick);

@@ -17,6 +17,7 @@
 mod device;
 pub mod mr;
 pub mod rc;
+mod samehost;
 pub mod shm;
 pub mod transport;
 mod verbs;

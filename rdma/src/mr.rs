@@ -100,6 +100,39 @@ impl Drop for Mapping {
     }
 }
 
+/// Where a region's bytes live.
+enum Memory {
+    /// Private anonymous memory.
+    Private(Mapping),
+    /// A slice of a protection domain's shared arena (same-host peers map it).
+    Arena {
+        arena: Arc<crate::samehost::Arena>,
+        key: u32,
+        ptr: NonNull<u8>,
+        off: usize,
+        len: usize,
+    },
+}
+
+// SAFETY: as for `Mapping`: plain memory reached through raw pointers only.
+unsafe impl Send for Memory {}
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    fn ptr(&self) -> NonNull<u8> {
+        match self {
+            Self::Private(m) => m.ptr,
+            Self::Arena { ptr, .. } => *ptr,
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Self::Private(m) => m.len,
+            Self::Arena { len, .. } => *len,
+        }
+    }
+}
+
 /// A registered region: memory, key, protection domain, address and rights. Shared by the
 /// application's [`MemoryRegion`](crate::MemoryRegion) handle and the engine.
 pub struct Region {
@@ -107,7 +140,22 @@ pub struct Region {
     pub(crate) pd: u32,
     pub(crate) iova: u64,
     pub(crate) access: Access,
-    mem: Mapping,
+    mem: Memory,
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Self::Arena {
+            arena,
+            key,
+            off,
+            len,
+            ..
+        } = self
+        {
+            arena.release(*key, *off, *len);
+        }
+    }
 }
 
 impl core::fmt::Debug for Region {
@@ -116,7 +164,7 @@ impl core::fmt::Debug for Region {
             .field("key", &format_args!("{:#010x}", self.key))
             .field("pd", &self.pd)
             .field("addr", &format_args!("{:#x}", self.iova))
-            .field("len", &self.mem.len)
+            .field("len", &self.mem.len())
             .field("access", &self.access)
             .finish()
     }
@@ -125,12 +173,12 @@ impl core::fmt::Debug for Region {
 impl Region {
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mem.len
+        self.mem.len()
     }
 
     /// The region has no bytes.
     pub fn is_empty(&self) -> bool {
-        self.mem.len == 0
+        self.mem.len() == 0
     }
 
     /// The key (local and remote keys are the same number, as in rxe).
@@ -176,7 +224,7 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
-                self.mem.ptr.as_ptr().add(offset),
+                self.mem.ptr().as_ptr().add(offset),
                 data.len(),
             );
         }
@@ -192,7 +240,7 @@ impl Region {
         // SAFETY: as in `write`.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                self.mem.ptr.as_ptr().add(offset),
+                self.mem.ptr().as_ptr().add(offset),
                 out.as_mut_ptr(),
                 out.len(),
             );
@@ -202,7 +250,7 @@ impl Region {
     /// Pointer to the first byte. The memory may be written by the engine at any time while
     /// the region is registered; access it only through raw pointers or the copy methods.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.mem.ptr.as_ptr()
+        self.mem.ptr().as_ptr()
     }
 }
 
@@ -244,7 +292,18 @@ impl MrTable {
 
     /// Allocates and registers `len` bytes of zeroed memory in protection domain `pd`.
     pub fn register(&self, pd: u32, len: usize, access: Access) -> std::io::Result<Arc<Region>> {
-        let mem = Mapping::new(len)?;
+        self.register_in(pd, len, access, None)
+    }
+
+    /// As [`Self::register`], with the memory taken from `arena` when given (a shared
+    /// protection domain's memory, which same-host peers map).
+    pub(crate) fn register_in(
+        &self,
+        pd: u32,
+        len: usize,
+        access: Access,
+        arena: Option<&Arc<crate::samehost::Arena>>,
+    ) -> std::io::Result<Arc<Region>> {
         let tag = self.next_tag();
         let mut slots = self.slots.write();
         let index = match slots.iter().skip(1).position(Option::is_none) {
@@ -260,6 +319,22 @@ impl MrTable {
         let key = ((index as u32) << 8) | u32::from(tag);
         // The IOVA peers see: a per-region base that reveals nothing about our address space.
         let iova = (u64::from(key) << 32) | 0x1000_0000;
+        let mem = match arena {
+            None => Memory::Private(Mapping::new(len)?),
+            Some(a) => {
+                let (off, ptr) = a.alloc(len)?;
+                let mem = Memory::Arena {
+                    arena: a.clone(),
+                    key,
+                    ptr,
+                    off,
+                    len,
+                };
+                // On failure `mem` is dropped, which gives the range back.
+                a.publish(key, access, off, len, iova)?;
+                mem
+            }
+        };
         let mr = Arc::new(Region {
             key,
             pd,

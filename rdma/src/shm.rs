@@ -108,6 +108,11 @@ impl Segment {
         self.fd.as_fd()
     }
 
+    /// The first byte of the mapping.
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Copies `data` in at `off`; `false` (nothing written) if it does not fit.
     pub fn write(&self, off: usize, data: &[u8]) -> bool {
         if off.checked_add(data.len()).is_none_or(|end| end > self.len) {
@@ -128,7 +133,43 @@ impl Segment {
         true
     }
 
-    fn u64_at(&self, off: usize) -> &AtomicU64 {
+    /// Copies `n` bytes from `src` into the segment at `off`; `false` if out of bounds.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `n` bytes.
+    pub(crate) unsafe fn copy_in_raw(&self, off: usize, src: *const u8, n: usize) -> bool {
+        if off.checked_add(n).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        // SAFETY: in bounds (checked); the caller vouches for `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.ptr.add(off), n) };
+        true
+    }
+
+    /// Copies `n` bytes at `off` out to `dst`; `false` if out of bounds.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `n` bytes.
+    pub(crate) unsafe fn copy_out_raw(&self, off: usize, dst: *mut u8, n: usize) -> bool {
+        if off.checked_add(n).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), dst, n) };
+        true
+    }
+
+    /// Gives the pages of `[off, off + len)` back to the system; they read as zeroes after.
+    pub(crate) fn punch(&self, off: usize, len: usize) {
+        let _ = rustix::fs::fallocate(
+            &self.fd,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            off as u64,
+            len as u64,
+        );
+    }
+
+    pub(crate) fn u64_at(&self, off: usize) -> &AtomicU64 {
         assert!(
             off.is_multiple_of(8) && off + 8 <= self.len,
             "control word out of bounds"
@@ -137,7 +178,7 @@ impl Segment {
         unsafe { &*self.ptr.add(off).cast::<AtomicU64>() }
     }
 
-    fn u32_at(&self, off: usize) -> &AtomicU32 {
+    pub(crate) fn u32_at(&self, off: usize) -> &AtomicU32 {
         assert!(
             off.is_multiple_of(4) && off + 4 <= self.len,
             "control word out of bounds"
@@ -156,6 +197,11 @@ impl Drop for Segment {
 
 /// Sends `fd` with `data` (at least one byte) over a Unix stream or datagram socket.
 pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    send_fds(sock, &[fd], data)
+}
+
+/// Sends up to four descriptors with `data` (at least one byte) in one message.
+pub fn send_fds(sock: BorrowedFd<'_>, fds: &[BorrowedFd<'_>], data: &[u8]) -> io::Result<()> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     use std::mem::MaybeUninit;
     if data.is_empty() {
@@ -164,10 +210,9 @@ pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, data: &[u8]) -> io::Res
             "a descriptor travels with at least one byte",
         ));
     }
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd];
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+    if fds.len() > 4 || !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::other("control buffer too small"));
     }
     let n = rustix::net::sendmsg(
@@ -188,7 +233,21 @@ pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, data: &[u8]) -> io::Res
 /// Receives bytes into `buf` and the descriptor sent with them, if any (a message carrying
 /// more than one descriptor is refused: the extra ones are closed).
 pub fn recv_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let (n, mut got) = recv_fds(sock, buf)?;
+    if got.len() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more than one descriptor in a message",
+        ));
+    }
+    Ok((n, got.pop()))
+}
+
+/// Receives bytes into `buf` and up to four descriptors sent with them (never blocks longer
+/// than the socket does). A message whose descriptors were cut off (more than four) is an
+/// error; the ones that did arrive are closed.
+pub fn recv_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
     use std::mem::MaybeUninit;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -204,13 +263,13 @@ pub fn recv_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Optio
             got.extend(fds);
         }
     }
-    if got.len() > 1 {
+    if r.flags.contains(ReturnFlags::CTRUNC) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "more than one descriptor in a message",
+            "descriptors cut off (control data truncated)",
         ));
     }
-    Ok((r.bytes, got.pop()))
+    Ok((r.bytes, got))
 }
 
 /// What can go wrong with a [`Ring`].
@@ -343,6 +402,18 @@ impl Ring {
 
     /// Producer: appends `msg`, and rings the doorbell if the consumer sleeps.
     pub fn push(&self, msg: &[u8]) -> Result<(), RingError> {
+        if self.push_quiet(msg)? {
+            let bell = self.seg.u32_at(self.base + R_DOORBELL);
+            bell.fetch_add(1, Ordering::Release);
+            // Shared (not PRIVATE): the sleeper is another process.
+            let _ = rustix::thread::futex::wake(bell, rustix::thread::futex::Flags::empty(), 1);
+        }
+        Ok(())
+    }
+
+    /// Producer: appends `msg` without ringing; returns whether the consumer said it sleeps
+    /// (then the caller wakes it by its own means, e.g. an eventfd).
+    pub fn push_quiet(&self, msg: &[u8]) -> Result<bool, RingError> {
         if msg.len() > self.max_message() {
             return Err(RingError::TooLong(msg.len()));
         }
@@ -359,21 +430,23 @@ impl Ring {
         self.seg.write(at, &(msg.len() as u32).to_le_bytes());
         self.seg.write(at + SLOT_HDR, msg);
         self.tail().store(tail.wrapping_add(1), Ordering::Release);
-        // Pairs with the consumer's fence in `wait`: either it sees the new tail, or we see
-        // its waiting flag.
+        // Pairs with the consumer's fence in `wait`/`set_waiting`: either it sees the new
+        // tail, or we see its waiting flag.
         fence(Ordering::SeqCst);
-        if self
+        Ok(self
             .seg
             .u32_at(self.base + R_WAITING)
             .load(Ordering::Relaxed)
-            != 0
-        {
-            let bell = self.seg.u32_at(self.base + R_DOORBELL);
-            bell.fetch_add(1, Ordering::Release);
-            // Shared (not PRIVATE): the sleeper is another process.
-            let _ = rustix::thread::futex::wake(bell, rustix::thread::futex::Flags::empty(), 1);
-        }
-        Ok(())
+            != 0)
+    }
+
+    /// Consumer: says whether it is about to sleep (producers then wake it). After setting
+    /// it, check [`Ring::is_empty`] once more before sleeping.
+    pub fn set_waiting(&self, on: bool) {
+        self.seg
+            .u32_at(self.base + R_WAITING)
+            .store(u32::from(on), Ordering::Relaxed);
+        fence(Ordering::SeqCst);
     }
 
     /// Consumer: copies the next message into `out` and returns its length, or `None` when

@@ -74,7 +74,23 @@ impl Device {
         ProtectionDomain {
             guard: self.guard.clone(),
             id,
+            arena: None,
         }
+    }
+
+    /// Allocates a protection domain whose memory regions live in shared memory (a sealed
+    /// memfd of up to 4 GiB, used as regions are registered), so that its queue pairs can use
+    /// the same-host transport with peers on this host and in this network namespace: an RDMA
+    /// WRITE becomes a copy into the peer's region, a SEND an entry in a shared ring (see
+    /// `docs/rdma.md`). Peers elsewhere are reached over UDP as usual. A same-host peer (of
+    /// the same user) can reach every region of the domain, so use one domain per peer.
+    pub fn alloc_shared_pd(&self) -> io::Result<ProtectionDomain> {
+        let id = self.shared().next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(ProtectionDomain {
+            guard: self.guard.clone(),
+            id,
+            arena: Some(crate::samehost::Arena::create()?),
+        })
     }
 
     /// Creates a completion queue.
@@ -108,12 +124,17 @@ impl std::fmt::Debug for Device {
 pub struct ProtectionDomain {
     guard: Arc<EngineGuard>,
     id: u32,
+    arena: Option<Arc<crate::samehost::Arena>>,
 }
 
 impl ProtectionDomain {
     /// Allocates `len` bytes of zeroed, page-aligned memory and registers it (`ibv_reg_mr`).
     pub fn reg_mr(&self, len: usize, access: Access) -> io::Result<MemoryRegion> {
-        let region = self.guard.shared.mrs.register(self.id, len, access)?;
+        let region = self
+            .guard
+            .shared
+            .mrs
+            .register_in(self.id, len, access, self.arena.as_ref())?;
         Ok(MemoryRegion {
             region,
             guard: self.guard.clone(),
@@ -137,12 +158,21 @@ impl ProtectionDomain {
             }
         };
         let rc = RcQp::new(qpn, self.id, caps, sq_sig_all);
+        let shm = match &self.arena {
+            Some(a) => Some(crate::samehost::ShmQp::new(a.clone())?),
+            None => None,
+        };
+        let same_host = shm.is_some();
         let qp = Arc::new(QpShared::new(
             rc,
             send_cq.shared.clone(),
             recv_cq.shared.clone(),
+            shm,
         ));
         shared.qps.write().insert(qpn, qp.clone());
+        if same_host {
+            recv_cq.shared.shm_qps.lock().push(Arc::downgrade(&qp));
+        }
         Ok(QueuePair {
             qp,
             guard: self.guard.clone(),
@@ -217,6 +247,7 @@ pub struct CompletionQueue {
 impl CompletionQueue {
     /// Takes up to `out.len()` completions (`ibv_poll_cq`).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        self.guard.shared.shm_poll(&self.shared);
         let mut q = self.shared.queue.lock();
         let n = out.len().min(q.len());
         for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
@@ -282,12 +313,35 @@ impl QueuePair {
     /// engine's address.
     pub fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
         let mut core = self.qp.core.lock();
-        if attr.qp_state == QpState::Rtr && core.rc.state() == QpState::Init && attr.av.is_none() {
+        let from = core.rc.state();
+        if attr.qp_state == QpState::Rtr && from == QpState::Init && attr.av.is_none() {
             return Err(ModifyError::MissingAttr("av"));
         }
         core.rc.modify(attr)?;
         if let Some(av) = attr.av {
             core.av = Some(av);
+        }
+        let shared = &self.guard.shared;
+        let core_ref = &mut *core;
+        if let Some(shm) = &mut core_ref.shm {
+            match attr.qp_state {
+                QpState::Reset | QpState::Error => shm.disconnect(),
+                QpState::Rtr if from == QpState::Init => {
+                    // Offer our shared memory to the peer; if it is on this host it will send
+                    // to us through it (and we to it once its offer arrives).
+                    let offer = crate::samehost::Offer {
+                        to_qpn: core_ref.rc.dest_qp_num(),
+                        from_qpn: self.qp.qpn,
+                        from: shared.local,
+                    };
+                    let [arena, ring] = shm.offer_fds();
+                    let bell = core_ref.recv_cq.event.as_fd();
+                    shm.offered = core_ref
+                        .av
+                        .and_then(|av| crate::samehost::send_offer(av, &offer, [arena, ring, bell]));
+                }
+                _ => {}
+            }
         }
         self.guard.shared.drive(&mut core, Instant::now());
         Ok(())
@@ -299,14 +353,36 @@ impl QueuePair {
         let shared = &self.guard.shared;
         let mut core = self.qp.core.lock();
         let mut res = Ok(());
-        for wr in wrs {
-            if let Err(e) = core.rc.post_send(wr, &shared.mrs) {
-                res = Err(e);
-                break;
+        let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
+        let same_host = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
+        match shm {
+            Some(shm) if same_host => {
+                for wr in wrs {
+                    if let Err(e) = shm.post(rc, wr, &shared.mrs) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+            }
+            _ => {
+                for wr in wrs {
+                    if let Err(e) = rc.post_send(wr, &shared.mrs) {
+                        res = Err(e);
+                        break;
+                    }
+                }
             }
         }
         shared.drive(&mut core, Instant::now());
         res
+    }
+
+    /// Whether requests go through shared memory (the peer is on this host and in this
+    /// network namespace; see [`Device::alloc_shared_pd`]) rather than UDP.
+    pub fn is_same_host(&self) -> bool {
+        let mut core = self.qp.core.lock();
+        let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
+        shm.as_mut().is_some_and(|s| s.ready(rc, *av))
     }
 
     /// Posts receive requests (`ibv_post_recv`).

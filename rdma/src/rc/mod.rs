@@ -24,6 +24,7 @@ mod sgl;
 pub use qp::{ModifyError, QpAttr, QpCaps, QpState, RcQp};
 
 pub use responder::ResponderStats;
+pub(crate) use responder::RecvWqe;
 pub(crate) use sgl::SgList;
 
 use bitflags::bitflags;

@@ -485,6 +485,50 @@ impl RcQp {
         )
     }
 
+    // Hooks of the same-host transport (`crate::samehost`): below the QP, shared memory
+    // instead of packets. The QP keeps its state, queues and completion rules.
+
+    /// The protection domain.
+    pub(crate) fn pd(&self) -> u32 {
+        self.pd
+    }
+
+    /// The capabilities it was created with.
+    pub(crate) fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Every send request produces a completion.
+    pub(crate) fn sq_sig_all(&self) -> bool {
+        self.sq_sig_all
+    }
+
+    /// The oldest posted receive request, taken off the queue (RTR and RTS only).
+    pub(crate) fn take_recv(&mut self) -> Option<RecvWqe> {
+        match self.state {
+            QpState::Rtr | QpState::Rts => self.resp.as_mut()?.rq.pop_front(),
+            _ => None,
+        }
+    }
+
+    /// Whether a receive request is posted (RTR and RTS only).
+    pub(crate) fn has_recv(&self) -> bool {
+        matches!(self.state, QpState::Rtr | QpState::Rts)
+            && self.resp.as_ref().is_some_and(|r| !r.rq.is_empty())
+    }
+
+    /// Queues a completion produced outside the packet path.
+    pub(crate) fn push_completion(&mut self, side: CqSide, wc: WorkCompletion) {
+        self.flushed.push_back((side, wc));
+    }
+
+    /// Enters the error state (flushing what is queued), unless already there.
+    pub(crate) fn fail(&mut self) {
+        if self.state != QpState::Error {
+            self.enter_error();
+        }
+    }
+
     /// Send requests not yet completed.
     pub fn send_queue_len(&self) -> usize {
         self.req.as_ref().map_or(0, Requester::outstanding)

@@ -92,6 +92,15 @@ impl SgList {
         });
     }
 
+    /// Visits `[at, at + n)` as raw pieces (pointer, length, bytes before it), for copies to
+    /// and from shared memory. The pointers are valid while the list lives.
+    pub(crate) fn raw_pieces(&self, at: usize, n: usize, mut f: impl FnMut(*mut u8, usize, usize)) {
+        self.pieces(at, n, |mr, off, take, done| {
+            // SAFETY: `off + take` lies inside the region (checked at post time).
+            f(unsafe { mr.as_ptr().add(off) }, take, done)
+        });
+    }
+
     /// Copies `out.len()` bytes starting at message offset `at` into `out`.
     pub(crate) fn gather(&self, at: usize, out: &mut [u8]) {
         let n = out.len();

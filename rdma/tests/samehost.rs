@@ -1,0 +1,474 @@
+//! The same-host transport: two devices of one host (here one process, two loopback
+//! addresses or ports) whose QPs are in shared protection domains move data through shared
+//! memory, with the semantics of the UDP path.
+
+use rdma::*;
+use std::time::{Duration, Instant};
+
+struct Side {
+    dev: Device,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side(shared: bool, caps: QpCaps) -> Side {
+    let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+    let pd = if shared {
+        dev.alloc_shared_pd().unwrap()
+    } else {
+        dev.alloc_pd()
+    };
+    let cq = dev.create_cq().unwrap();
+    let qp = pd.create_qp(&cq, &cq, caps, false).unwrap();
+    Side { dev, pd, cq, qp }
+}
+
+fn pair(shared: bool) -> (Side, Side) {
+    pair_caps(shared, QpCaps::default())
+}
+
+fn pair_caps(shared: bool, caps: QpCaps) -> (Side, Side) {
+    let a = side(shared, caps);
+    let b = side(shared, caps);
+    for (me, peer, my_psn, peer_psn) in [(&a, &b, 0xFF_FFF0, 77), (&b, &a, 77, 0xFF_FFF0)] {
+        me.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+        me.qp
+            .modify(&QpAttr {
+                path_mtu: Some(Mtu::Mtu1024),
+                dest_qp_num: Some(peer.qp.qp_num()),
+                rq_psn: Some(Psn::new(peer_psn)),
+                av: Some(peer.dev.local_addr()),
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .unwrap();
+        me.qp
+            .modify(&QpAttr {
+                sq_psn: Some(Psn::new(my_psn)),
+                timeout: Some(14),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .unwrap();
+    }
+    (a, b)
+}
+
+/// Waits until both QPs hold each other's offers (the engine threads take them).
+fn wait_same_host(a: &Side, b: &Side) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while !(a.qp.is_same_host() && b.qp.is_same_host()) {
+        assert!(Instant::now() < until, "offers not taken in 5 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
+    let mut wc = [WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+    }];
+    let n = cq.wait(&mut wc, Some(Duration::from_secs(20))).unwrap();
+    assert_eq!(n, 1, "timed out waiting for a completion");
+    wc[0]
+}
+
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+#[test]
+fn write_and_send_go_through_shared_memory() {
+    let (a, b) = pair(true);
+    wait_same_host(&a, &b);
+    let src = a.pd.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+    let rmb =
+        b.pd.reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(1 << 20, 1);
+    src.write(0, &data);
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 42,
+        sg_list: &[rbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[
+        SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: rmb.addr(),
+                rkey: rmb.rkey(),
+            },
+            sg_list: &[src.sge(0, 1 << 20)],
+            flags: SendFlags::SIGNALED,
+        },
+        SendWr {
+            wr_id: 2,
+            opcode: WrOpcode::Send,
+            sg_list: &[src.sge(100, 44)],
+            flags: SendFlags::SIGNALED,
+        },
+    ])
+    .unwrap();
+    let r = wait_one(&b.cq);
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.opcode),
+        (42, WcStatus::Success, 44, WcOpcode::Recv)
+    );
+    let mut got = vec![0u8; 1 << 20];
+    rmb.read(0, &mut got);
+    assert!(got == data, "RMB content differs");
+    let mut msg = [0u8; 44];
+    rbuf.read(0, &mut msg);
+    assert_eq!(&msg[..], &data[100..144]);
+    assert_eq!(wait_one(&a.cq).wr_id, 1);
+    assert_eq!(wait_one(&a.cq).wr_id, 2);
+    assert_eq!(a.dev.stats().tx_packets, 0, "nothing went over UDP");
+    assert_eq!(b.dev.stats().tx_packets, 0, "nothing went over UDP");
+    assert_eq!(a.dev.stats().shm_offers, 1);
+    assert_eq!(b.dev.stats().shm_offers, 1);
+}
+
+#[test]
+fn long_sends_immediates_and_reads() {
+    let (a, b) = pair(true);
+    wait_same_host(&a, &b);
+    let src = a.pd.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(64 << 10, 7);
+    src.write(0, &data);
+    let rbuf = b.pd.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+    let rmb = b
+        .pd
+        .reg_mr(
+            8192,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    // Two receive requests, the first in two pieces.
+    b.qp.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sg_list: &[rbuf.sge(0, 1000), rbuf.sge(4096, 40000)],
+        },
+        RecvWr {
+            wr_id: 2,
+            sg_list: &[rbuf.sge(48 << 10, 16)],
+        },
+    ])
+    .unwrap();
+    a.qp.post_send(&[
+        SendWr {
+            wr_id: 10,
+            opcode: WrOpcode::SendWithImm(0xABCD),
+            sg_list: &[src.sge(0, 30000)],
+            flags: SendFlags::SIGNALED,
+        },
+        SendWr {
+            wr_id: 11,
+            opcode: WrOpcode::RdmaWriteWithImm {
+                remote_addr: rmb.addr() + 8,
+                rkey: rmb.rkey(),
+                imm: 99,
+            },
+            sg_list: &[src.sge(0, 100)],
+            flags: SendFlags::SIGNALED,
+        },
+    ])
+    .unwrap();
+    let r = wait_one(&b.cq);
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.imm_data),
+        (1, WcStatus::Success, 30000, Some(0xABCD))
+    );
+    let mut got = vec![0u8; 30000];
+    rbuf.read(0, &mut got[..1000]);
+    rbuf.read(4096, &mut got[1000..]);
+    assert!(got == data[..30000], "long SEND scattered wrongly");
+    let r = wait_one(&b.cq);
+    assert_eq!(
+        (r.wr_id, r.opcode, r.byte_len, r.imm_data),
+        (2, WcOpcode::RecvRdmaWithImm, 100, Some(99))
+    );
+    let mut w = [0u8; 100];
+    rmb.read(8, &mut w);
+    assert_eq!(&w[..], &data[..100]);
+    // READ back what was written.
+    let dst = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 12,
+        opcode: WrOpcode::RdmaRead {
+            remote_addr: rmb.addr() + 8,
+            rkey: rmb.rkey(),
+        },
+        sg_list: &[dst.sge(0, 100)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let c = wait_one(&a.cq);
+        assert_eq!(c.status, WcStatus::Success);
+        seen.push(c.wr_id);
+    }
+    assert_eq!(seen, [10, 11, 12], "completions in order");
+    let mut back = [0u8; 100];
+    dst.read(0, &mut back);
+    assert_eq!(&back[..], &data[..100]);
+}
+
+#[test]
+fn a_receive_that_comes_late_gets_the_message() {
+    let (a, b) = pair(true);
+    wait_same_host(&a, &b);
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    src.write(0, b"late");
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 4)],
+        flags: SendFlags::empty(),
+    }])
+    .unwrap();
+    let mut none = [WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+    }];
+    assert_eq!(
+        b.cq.wait(&mut none, Some(Duration::from_millis(50)))
+            .unwrap(),
+        0,
+        "no receive posted: nothing completes"
+    );
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 5,
+        sg_list: &[rbuf.sge(0, 64)],
+    }])
+    .unwrap();
+    let r = wait_one(&b.cq);
+    assert_eq!((r.wr_id, r.byte_len), (5, 4));
+    let mut m = [0u8; 4];
+    rbuf.read(0, &mut m);
+    assert_eq!(&m, b"late");
+}
+
+#[test]
+fn a_full_ring_holds_requests_back_without_losing_any() {
+    let caps = QpCaps {
+        max_send_wr: 4096,
+        max_recv_wr: 4096,
+        ..QpCaps::default()
+    };
+    let (a, b) = pair_caps(true, caps);
+    wait_same_host(&a, &b);
+    let src = a.pd.reg_mr(4096 * 8, Access::LOCAL_WRITE).unwrap();
+    let rbuf = b.pd.reg_mr(64 * 3000, Access::LOCAL_WRITE).unwrap();
+    // 3000 messages into a ring of 1024 slots, while the receiver posts slowly.
+    let n = 3000usize;
+    let wrs: Vec<SendWr> = (0..n)
+        .map(|i| SendWr {
+            wr_id: i as u64,
+            opcode: WrOpcode::SendWithImm(i as u32),
+            sg_list: &[],
+            flags: SendFlags::SIGNALED,
+        })
+        .collect();
+    src.write(0, &[1; 64]);
+    a.qp.post_send(&wrs).unwrap();
+    let mut received = 0usize;
+    let mut posted = 0usize;
+    while received < n {
+        if posted < n {
+            let k = (n - posted).min(100);
+            let rws: Vec<_> = (posted..posted + k)
+                .map(|i| (i, [rbuf.sge(i * 64, 64)]))
+                .collect();
+            let rw: Vec<RecvWr> = rws
+                .iter()
+                .map(|(i, s)| RecvWr {
+                    wr_id: *i as u64,
+                    sg_list: s,
+                })
+                .collect();
+            b.qp.post_recv(&rw).unwrap();
+            posted += k;
+        }
+        let c = wait_one(&b.cq);
+        assert_eq!(c.status, WcStatus::Success);
+        assert_eq!(c.imm_data, Some(received as u32), "in order, none lost");
+        received += 1;
+    }
+    let mut sent = 0;
+    while sent < n {
+        let c = wait_one(&a.cq);
+        assert_eq!((c.status, c.wr_id), (WcStatus::Success, sent as u64), "send {sent}");
+        sent += 1;
+    }
+}
+
+#[test]
+fn bad_rkeys_and_ranges_are_refused_and_nothing_is_touched() {
+    for case in ["wrong rkey", "out of bounds", "no write right"] {
+        let (a, b) = pair(true);
+        wait_same_host(&a, &b);
+        let src = a.pd.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+        src.write(0, &[0xEE; 8192]);
+        let guard =
+            b.pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let rmb =
+            b.pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let ro = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let (addr, rkey, len) = match case {
+            "wrong rkey" => (rmb.addr(), rmb.rkey() ^ 0x01, 100),
+            "out of bounds" => (rmb.addr() + 4000, rmb.rkey(), 200),
+            _ => (ro.addr(), ro.rkey(), 10),
+        };
+        a.qp.post_send(&[SendWr {
+            wr_id: 7,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: addr,
+                rkey,
+            },
+            sg_list: &[src.sge(0, len)],
+            flags: SendFlags::SIGNALED,
+        }])
+        .unwrap();
+        let wc = wait_one(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::RemAccessErr), "{case}");
+        assert_eq!(a.qp.state(), QpState::Error, "{case}");
+        // The peer learns through the closed offer connection.
+        let until = Instant::now() + Duration::from_secs(5);
+        while b.qp.state() != QpState::Error {
+            assert!(Instant::now() < until, "peer QP not failed ({case})");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut got = vec![1u8; 4096];
+        for mr in [&rmb, &guard, &ro] {
+            mr.read(0, &mut got);
+            assert!(got.iter().all(|&x| x == 0), "memory was touched ({case})");
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_goes_away_fails_the_qp_at_once_after_delivering_what_it_sent() {
+    let (a, b) = pair(true);
+    wait_same_host(&a, &b);
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    src.write(0, b"last words");
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sg_list: &[rbuf.sge(0, 64)],
+        },
+        RecvWr {
+            wr_id: 2,
+            sg_list: &[rbuf.sge(64, 64)],
+        },
+    ])
+    .unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 10)],
+        flags: SendFlags::empty(),
+    }])
+    .unwrap();
+    let t0 = Instant::now();
+    drop(a);
+    let r = wait_one(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 10));
+    let r = wait_one(&b.cq);
+    assert_eq!((r.wr_id, r.status), (2, WcStatus::WrFlushErr));
+    assert_eq!(b.qp.state(), QpState::Error);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn private_domains_stay_on_udp() {
+    let (a, b) = pair(false);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!a.qp.is_same_host() && !b.qp.is_same_host());
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[rbuf.sge(0, 64)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 8)],
+        flags: SendFlags::empty(),
+    }])
+    .unwrap();
+    assert_eq!(wait_one(&b.cq).byte_len, 8);
+    assert!(a.dev.stats().tx_packets > 0);
+    assert_eq!(b.dev.stats().shm_offers, 0);
+}
+
+#[test]
+fn a_shared_domain_talks_udp_to_a_private_one() {
+    let a = side(true, QpCaps::default());
+    let b = side(false, QpCaps::default());
+    for (me, peer) in [(&a, &b), (&b, &a)] {
+        me.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+        me.qp
+            .modify(&QpAttr {
+                path_mtu: Some(Mtu::Mtu1024),
+                dest_qp_num: Some(peer.qp.qp_num()),
+                rq_psn: Some(Psn::new(5)),
+                av: Some(peer.dev.local_addr()),
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .unwrap();
+        me.qp
+            .modify(&QpAttr {
+                sq_psn: Some(Psn::new(5)),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let ra = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let rb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    for (qp, mr) in [(&a.qp, &ra), (&b.qp, &rb)] {
+        qp.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: &[mr.sge(0, 64)],
+        }])
+        .unwrap();
+    }
+    for qp in [&a.qp, &b.qp] {
+        qp.post_send(&[SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::Send,
+            sg_list: &[],
+            flags: SendFlags::empty(),
+        }])
+        .unwrap();
+    }
+    let _ = src;
+    assert_eq!(wait_one(&b.cq).status, WcStatus::Success);
+    assert_eq!(wait_one(&a.cq).status, WcStatus::Success);
+    assert!(!a.qp.is_same_host() && !b.qp.is_same_host());
+}
