@@ -433,7 +433,7 @@ impl Shared {
                 bump(&self.stats.shm_faults, 1);
                 core.rc.fail();
                 shm.disconnect();
-                let _ = f;
+                shm.fault = Some(f.0);
             }
         }
         if let Some(dst) = core.av {

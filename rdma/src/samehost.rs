@@ -218,7 +218,10 @@ impl PeerArena {
             // The table itself may lie: the range must be inside the mapping.
             let start = off.checked_add(rel).filter(|s| *s >= DATA_AT as u64);
             return match start {
-                Some(s) if s.checked_add(len).is_some_and(|e| e <= self.seg.len() as u64) => {
+                Some(s)
+                    if s.checked_add(len)
+                        .is_some_and(|e| e <= self.seg.len() as u64) =>
+                {
                     Ok(s as usize)
                 }
                 _ => Err(AccessError::BadKey(rkey)),
@@ -424,6 +427,8 @@ pub(crate) struct ShmQp {
     backlog: VecDeque<Backlog>,
     rx: Option<RxCur>,
     ring_bell: bool,
+    /// Why the shared memory path failed, for diagnostics.
+    pub(crate) fault: Option<&'static str>,
 }
 
 /// The QP's shared memory broke (peer wrote garbage, or an access was refused).
@@ -448,6 +453,7 @@ impl ShmQp {
             backlog: VecDeque::new(),
             rx: None,
             ring_bell: false,
+            fault: None,
         })
     }
 
@@ -492,7 +498,10 @@ impl ShmQp {
         match rc.state() {
             crate::rc::QpState::Rts => {}
             crate::rc::QpState::Error => {
-                rc.push_completion(CqSide::Send, wc(rc, wr.wr_id, WcStatus::WrFlushErr, &wr.opcode, 0));
+                rc.push_completion(
+                    CqSide::Send,
+                    wc(rc, wr.wr_id, WcStatus::WrFlushErr, &wr.opcode, 0),
+                );
                 return Ok(());
             }
             s => return Err(PostError::InvalidState(s)),
@@ -505,7 +514,13 @@ impl ShmQp {
         } else {
             Access::empty()
         };
-        let sgl = SgList::resolve(mrs, rc.pd(), wr.sg_list, rc.caps().max_send_sge as usize, need)?;
+        let sgl = SgList::resolve(
+            mrs,
+            rc.pd(),
+            wr.sg_list,
+            rc.caps().max_send_sge as usize,
+            need,
+        )?;
         let signaled = wr.flags.contains(SendFlags::SIGNALED) || rc.sq_sig_all();
         self.backlog.push_back(Backlog {
             wr_id: wr.wr_id,
@@ -529,7 +544,10 @@ impl ShmQp {
         while let Some(b) = self.backlog.front_mut() {
             if rc.state() != crate::rc::QpState::Rts {
                 let b = self.backlog.pop_front().expect("non-empty");
-                rc.push_completion(CqSide::Send, wc(rc, b.wr_id, WcStatus::WrFlushErr, &b.op, 0));
+                rc.push_completion(
+                    CqSide::Send,
+                    wc(rc, b.wr_id, WcStatus::WrFlushErr, &b.op, 0),
+                );
                 continue;
             }
             let Some(tx) = &self.tx else { return };
@@ -538,7 +556,10 @@ impl ShmQp {
                     let b = self.backlog.pop_front().expect("non-empty");
                     if b.signaled {
                         let n = b.sgl.len() as u32;
-                        rc.push_completion(CqSide::Send, wc(rc, b.wr_id, WcStatus::Success, &b.op, n));
+                        rc.push_completion(
+                            CqSide::Send,
+                            wc(rc, b.wr_id, WcStatus::Success, &b.op, n),
+                        );
                     }
                 }
                 Ok(false) => return, // ring full: retried later
@@ -629,7 +650,10 @@ impl ShmQp {
             let Some(cur) = self.rx.as_mut() else {
                 return Err(ShmFault("continuation without a message"));
             };
-            if op != cur.op || data.len() > cur.total - cur.done || (op == E_WRITE_IMM && !data.is_empty()) {
+            if op != cur.op
+                || data.len() > cur.total - cur.done
+                || (op == E_WRITE_IMM && !data.is_empty())
+            {
                 return Err(ShmFault("ring entry does not continue its message"));
             }
             cur.wqe.sgl.scatter(cur.done, data);

@@ -130,11 +130,11 @@ pub struct ProtectionDomain {
 impl ProtectionDomain {
     /// Allocates `len` bytes of zeroed, page-aligned memory and registers it (`ibv_reg_mr`).
     pub fn reg_mr(&self, len: usize, access: Access) -> io::Result<MemoryRegion> {
-        let region = self
-            .guard
-            .shared
-            .mrs
-            .register_in(self.id, len, access, self.arena.as_ref())?;
+        let region =
+            self.guard
+                .shared
+                .mrs
+                .register_in(self.id, len, access, self.arena.as_ref())?;
         Ok(MemoryRegion {
             region,
             guard: self.guard.clone(),
@@ -336,9 +336,9 @@ impl QueuePair {
                     };
                     let [arena, ring] = shm.offer_fds();
                     let bell = core_ref.recv_cq.event.as_fd();
-                    shm.offered = core_ref
-                        .av
-                        .and_then(|av| crate::samehost::send_offer(av, &offer, [arena, ring, bell]));
+                    shm.offered = core_ref.av.and_then(|av| {
+                        crate::samehost::send_offer(av, &offer, [arena, ring, bell])
+                    });
                 }
                 _ => {}
             }
@@ -402,7 +402,17 @@ impl QueuePair {
 
     /// A summary of the transport state (PSNs, window, timers), for diagnostics.
     pub fn summary(&self) -> String {
-        self.qp.core.lock().rc.summary(Instant::now())
+        let core = self.qp.core.lock();
+        let mut s = core.rc.summary(Instant::now());
+        if let Some(shm) = &core.shm {
+            s.push_str(if shm.active { " | same-host" } else { " | udp" });
+            if let Some(f) = shm.fault {
+                s.push_str(" (shared memory failed: ");
+                s.push_str(f);
+                s.push(')');
+            }
+        }
+        s
     }
 
     /// What the responder refused so far (sequence errors, RNR, access errors…).

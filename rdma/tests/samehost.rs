@@ -143,9 +143,8 @@ fn long_sends_immediates_and_reads() {
     let data = pattern(64 << 10, 7);
     src.write(0, &data);
     let rbuf = b.pd.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
-    let rmb = b
-        .pd
-        .reg_mr(
+    let rmb =
+        b.pd.reg_mr(
             8192,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
         )
@@ -311,7 +310,11 @@ fn a_full_ring_holds_requests_back_without_losing_any() {
     let mut sent = 0;
     while sent < n {
         let c = wait_one(&a.cq);
-        assert_eq!((c.status, c.wr_id), (WcStatus::Success, sent as u64), "send {sent}");
+        assert_eq!(
+            (c.status, c.wr_id),
+            (WcStatus::Success, sent as u64),
+            "send {sent}"
+        );
         sent += 1;
     }
 }

@@ -72,6 +72,9 @@ pub struct RuntimeConfig {
     /// Where the shared-memory stats area goes (`None`: no area; `smc-stat` will not see
     /// this process). Default `/dev/shm/smcr`.
     pub stats_dir: Option<PathBuf>,
+    /// Link groups with a peer on this host (same network namespace, same user) move data
+    /// through shared memory instead of RoCE v2/UDP (`SMCR_SAME_HOST=off` disables it).
+    pub same_host: bool,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -108,6 +111,7 @@ impl RuntimeConfig {
             linger: LINGER,
             rmb_budget: 1 << 30,
             stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
+            same_host: true,
         }
     }
 }
@@ -139,6 +143,9 @@ impl RuntimeConfig {
             if !ueids.is_empty() {
                 cfg.handshake.ueids = ueids;
             }
+        }
+        if matches!(var("SMCR_SAME_HOST").as_deref(), Some("off" | "0" | "no")) {
+            cfg.same_host = false;
         }
         match var("SMCR_STATS_DIR").as_deref() {
             Some("off") => cfg.stats_dir = None,
@@ -208,7 +215,6 @@ type PendingLock = Arc<Mutex<()>>;
 pub(crate) struct Dev {
     pub(crate) ip: Ipv4Addr,
     pub(crate) device: Device,
-    pub(crate) pd: ProtectionDomain,
     pub(crate) mac: Mac,
 }
 
@@ -354,12 +360,10 @@ impl Inner {
             return Ok(d.clone());
         }
         let device = Device::open(DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port)))?;
-        let pd = device.alloc_pd();
         let o = ip.octets();
         let d = Arc::new(Dev {
             ip,
             device,
-            pd,
             // Locally administered, derived from the address: our "port" has no real MAC.
             mac: Mac([0x02, 0x00, o[0], o[1], o[2], o[3]]),
         });
@@ -503,6 +507,9 @@ pub(crate) struct LinkGroup {
     pub(crate) dev: Arc<Dev>,
     pub(crate) qp: QueuePair,
     cq: CompletionQueue,
+    /// The group's own protection domain: with a same-host peer its memory is shared with
+    /// that peer (and only that peer), so RMBs of other peers are never in reach.
+    pd: ProtectionDomain,
     pub(crate) peer_gid: Gid,
     /// The peer's system ID (from its Proposal or Accept): a restarted peer process on the same
     /// address is another system, with link groups of its own (Linux's `smcr_lgr_match`).
@@ -574,9 +581,14 @@ impl LinkGroup {
             max_recv_wr: RECV_SLOTS as u32,
             ..QpCaps::default()
         };
-        let qp = dev.pd.create_qp(&cq, &cq, caps, false)?;
-        let recv_mr = dev.pd.reg_mr(SLOT * RECV_SLOTS, Access::LOCAL_WRITE)?;
-        let send_mr = dev.pd.reg_mr(SLOT * SEND_SLOTS, Access::LOCAL_WRITE)?;
+        let pd = if rt.cfg.same_host {
+            dev.device.alloc_shared_pd()?
+        } else {
+            dev.device.alloc_pd()
+        };
+        let qp = pd.create_qp(&cq, &cq, caps, false)?;
+        let recv_mr = pd.reg_mr(SLOT * RECV_SLOTS, Access::LOCAL_WRITE)?;
+        let send_mr = pd.reg_mr(SLOT * SEND_SLOTS, Access::LOCAL_WRITE)?;
         qp.modify(&QpAttr::state(QpState::Init))
             .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
         for i in 0..RECV_SLOTS {
@@ -592,6 +604,7 @@ impl LinkGroup {
             dev,
             qp,
             cq,
+            pd,
             peer_gid,
             peer_id,
             peer_qpn: AtomicU32::new(0),
@@ -670,6 +683,11 @@ impl LinkGroup {
         rec.words[lg::PEER_SYSTEM] = u64::from_be_bytes(self.peer_id.0);
         rec.words[lg::SINCE] = st.since;
         rec.words[lg::MTU] = u64::from(self.mtu.bytes().unwrap_or(0));
+        rec.words[lg::TRANSPORT] = if self.qp.is_same_host() {
+            lg::TRANSPORT_SHM
+        } else {
+            lg::TRANSPORT_UDP
+        };
         st.area.write_lg(st.slot, &rec);
     }
 
@@ -899,6 +917,7 @@ impl LinkGroup {
             imm_data: None,
             qp_num: 0,
         }; 64];
+        let mut shown_shm = false;
         loop {
             let wait = {
                 let st = self.st.lock();
@@ -909,6 +928,17 @@ impl LinkGroup {
                         .min(Duration::from_millis(cap))
                 })
             };
+            if !shown_shm && self.qp.is_same_host() {
+                // The switch to shared memory happens once the first UDP exchanges are
+                // acknowledged: show it.
+                shown_shm = true;
+                let up = self.st.lock().up;
+                self.publish(if up {
+                    crate::stats::lg::LINK_ACTIVE
+                } else {
+                    crate::stats::lg::LINK_ACTIVATING
+                });
+            }
             let n = match self.cq.wait(&mut wcs, Some(wait)) {
                 Ok(n) => n,
                 Err(e) => {
@@ -1045,7 +1075,6 @@ impl LinkGroup {
             return Err(clc::DeclineReason::MEM);
         }
         match self
-            .dev
             .pd
             .reg_mr(size as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         {
@@ -1070,7 +1099,7 @@ impl LinkGroup {
             }
         }
         Ok(Arc::new(
-            self.dev.pd.reg_mr(size as usize, Access::LOCAL_WRITE)?,
+            self.pd.reg_mr(size as usize, Access::LOCAL_WRITE)?,
         ))
     }
 

@@ -193,6 +193,12 @@ pub mod lg {
     pub const SINCE: usize = 8;
     /// Low 32 bits: path MTU bytes; high 32: the most connections the peer allows.
     pub const MTU: usize = 9;
+    /// How the link moves data: [`TRANSPORT_UDP`] or [`TRANSPORT_SHM`] (0: not known).
+    pub const TRANSPORT: usize = 10;
+    /// RoCE v2 over UDP.
+    pub const TRANSPORT_UDP: u64 = 1;
+    /// Same-host shared memory.
+    pub const TRANSPORT_SHM: u64 = 2;
     /// Role: we sent the Proposal.
     pub const ROLE_CLIENT: u64 = 1;
     /// Role: we answered it.

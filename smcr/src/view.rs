@@ -148,6 +148,8 @@ pub struct Link {
     pub peer_system: [u8; 8],
     /// Path MTU in bytes.
     pub mtu: u32,
+    /// How data moves: "udp" (RoCE v2), "shm" (same-host shared memory) or "-".
+    pub transport: &'static str,
     /// Connections on it now.
     pub conns: u64,
     /// Unix time (ns) of creation.
@@ -263,6 +265,11 @@ impl Link {
             peer_qpn: (w[lg::QPNS] >> 32) as u32,
             peer_system: w[lg::PEER_SYSTEM].to_be_bytes(),
             mtu: w[lg::MTU] as u32,
+            transport: match w[lg::TRANSPORT] {
+                lg::TRANSPORT_UDP => "udp",
+                lg::TRANSPORT_SHM => "shm",
+                _ => "-",
+            },
             conns: r.conns,
             since_ns: w[lg::SINCE],
         }
@@ -532,7 +539,7 @@ pub fn render_links(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5}",
+        "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9}",
         "PID",
         "COMMAND",
         "LG-ID",
@@ -545,13 +552,14 @@ pub fn render_links(s: &Snapshot) -> String {
         "GID",
         "PEER-GID",
         "PEER-SYSTEM-ID",
-        "MTU"
+        "MTU",
+        "TRANSPORT"
     );
     for p in &s.procs {
         for l in &p.links {
             let _ = writeln!(
                 o,
-                "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5}",
+                "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9}",
                 p.pid,
                 p.comm,
                 l.id,
@@ -564,7 +572,8 @@ pub fn render_links(s: &Snapshot) -> String {
                 gid_text(&l.gid),
                 gid_text(&l.peer_gid),
                 hex(&l.peer_system),
-                l.mtu
+                l.mtu,
+                l.transport
             );
         }
     }
@@ -736,7 +745,7 @@ pub fn render_json(s: &Snapshot) -> String {
         }
         for l in &p.links {
             links.push(format!(
-                "{{\"pid\":{},\"command\":{},\"id\":{},\"role\":\"{}\",\"link_id\":{},\"state\":\"{}\",\"connections\":{},\"qpn\":{},\"peer_qpn\":{},\"gid\":\"{}\",\"peer_gid\":\"{}\",\"peer_system_id\":\"{}\",\"mtu\":{},\"since_ns\":{}}}",
+                "{{\"pid\":{},\"command\":{},\"id\":{},\"role\":\"{}\",\"link_id\":{},\"state\":\"{}\",\"connections\":{},\"qpn\":{},\"peer_qpn\":{},\"gid\":\"{}\",\"peer_gid\":\"{}\",\"peer_system_id\":\"{}\",\"mtu\":{},\"transport\":\"{}\",\"since_ns\":{}}}",
                 p.pid,
                 json_str(&p.comm),
                 l.id,
@@ -750,6 +759,7 @@ pub fn render_json(s: &Snapshot) -> String {
                 gid_text(&l.peer_gid),
                 hex(&l.peer_system),
                 l.mtu,
+                l.transport,
                 l.since_ns
             ));
         }

@@ -554,9 +554,12 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
         assert_eq!(g["state"], "ACTIVE");
         assert_eq!(g["connections"], 1);
         assert_eq!(g["gid"], "::ffff:127.0.0.1");
+        // Both ends on this host, in one network namespace: shared memory, not UDP.
+        assert_eq!(g["transport"], "shm", "{doc}");
     }
     let links = run(&["-R"]);
     assert_eq!(links.matches("ACTIVE").count(), 2, "{links}");
+    assert_eq!(links.matches(" shm").count(), 2, "{links}");
     let details = run(&["-d"]);
     assert_eq!(
         details.matches("ms after TCP up: option ").count(),

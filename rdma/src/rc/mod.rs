@@ -23,8 +23,8 @@ mod sgl;
 
 pub use qp::{ModifyError, QpAttr, QpCaps, QpState, RcQp};
 
-pub use responder::ResponderStats;
 pub(crate) use responder::RecvWqe;
+pub use responder::ResponderStats;
 pub(crate) use sgl::SgList;
 
 use bitflags::bitflags;

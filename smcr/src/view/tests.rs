@@ -86,6 +86,7 @@ fn example() -> Snapshot {
             peer_qpn: 0x7f2,
             peer_system: [0x02, 0, 0, 0, 0, 0x2a, 0, 1],
             mtu: 1024,
+            transport: "udp",
             conns: 1,
             since_ns: 1_700_000_000_000_000_000,
         }],
