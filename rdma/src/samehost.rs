@@ -400,6 +400,9 @@ struct Backlog {
     sgl: SgList,
     /// Bytes of a SEND already pushed.
     done: usize,
+    /// A SEND's payload, copied when it has to wait (the caller may reuse its buffer as
+    /// soon as `post_send` returns: a same-host SEND is complete when posted).
+    owned: Option<Vec<u8>>,
     /// The data of a WRITE is already copied.
     written: bool,
 }
@@ -528,9 +531,18 @@ impl ShmQp {
             signaled,
             sgl,
             done: 0,
+            owned: None,
             written: false,
         });
         self.flush(rc);
+        if let Some(b) = self.backlog.back_mut()
+            && b.owned.is_none()
+            && matches!(b.op, WrOpcode::Send | WrOpcode::SendWithImm(_))
+        {
+            let mut v = vec![0u8; b.sgl.len()];
+            b.sgl.gather(0, &mut v);
+            b.owned = Some(v);
+        }
         Ok(())
     }
 
@@ -751,7 +763,10 @@ fn execute(tx: &PeerTx, b: &mut Backlog, bell: &mut bool) -> Result<bool, WcStat
                 if b.done + take == len {
                     flags |= F_LAST;
                 }
-                b.sgl.gather(b.done, &mut chunk[..take]);
+                match &b.owned {
+                    Some(v) => chunk[..take].copy_from_slice(&v[b.done..b.done + take]),
+                    None => b.sgl.gather(b.done, &mut chunk[..take]),
+                }
                 if !push(tx, op, flags, imm, len, &chunk[..take], bell)? {
                     return Ok(false);
                 }

@@ -378,7 +378,9 @@ impl QueuePair {
     }
 
     /// Whether requests go through shared memory (the peer is on this host and in this
-    /// network namespace; see [`Device::alloc_shared_pd`]) rather than UDP.
+    /// network namespace; see [`Device::alloc_shared_pd`]) rather than UDP. Once true it stays
+    /// true, and then a SEND's payload has been copied when `post_send` returns (its buffer
+    /// may be reused at once; a signaled one still produces its completion).
     pub fn is_same_host(&self) -> bool {
         let mut core = self.qp.core.lock();
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;

@@ -507,6 +507,8 @@ pub(crate) struct LinkGroup {
     pub(crate) dev: Arc<Dev>,
     pub(crate) qp: QueuePair,
     cq: CompletionQueue,
+    /// The QP sends through shared memory (sticky, see `same_host()`).
+    same_host: AtomicBool,
     /// The group's own protection domain: with a same-host peer its memory is shared with
     /// that peer (and only that peer), so RMBs of other peers are never in reach.
     pd: ProtectionDomain,
@@ -604,6 +606,7 @@ impl LinkGroup {
             dev,
             qp,
             cq,
+            same_host: AtomicBool::new(false),
             pd,
             peer_gid,
             peer_id,
@@ -836,7 +839,7 @@ impl LinkGroup {
     /// Sends one CDC message from an application thread (waits for a free SEND slot).
     pub(crate) fn send_cdc(&self, m: &CdcMessage, poller: bool) -> io::Result<()> {
         let slot = self.take_slot(poller)?;
-        self.post_cdc(slot, m, 0)
+        self.post_cdc(slot, m, 0).map(drop)
     }
 
     /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the reserve).
@@ -862,27 +865,58 @@ impl LinkGroup {
     }
 
     /// Sends CDC `m` from `slot`; `owner` (a connection token, 0 for none) hears of its
-    /// completion (autocorking waits for it).
-    pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<()> {
-        self.st.lock().core.set_owner(slot, owner);
+    /// completion (autocorking waits for it). Returns `true` when the SEND completed at once
+    /// (same-host link): the slot is free again and no completion will follow, so the caller
+    /// counts it as done.
+    pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<bool> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
-        self.post_send_slot(slot, &b)
+        if self.post_send_slot(slot, &b)? {
+            let mut st = self.st.lock();
+            st.core.put_back(slot);
+            drop(st);
+            self.cond.notify_all();
+            return Ok(true);
+        }
+        self.st.lock().core.set_owner(slot, owner);
+        Ok(false)
     }
 
-    fn post_send_slot(&self, slot: usize, bytes: &[u8]) -> io::Result<()> {
+    /// Whether the link moves data through shared memory (sticky once seen).
+    fn same_host(&self) -> bool {
+        if self.same_host.load(Ordering::Relaxed) {
+            return true;
+        }
+        let yes = self.qp.is_same_host();
+        if yes {
+            self.same_host.store(true, Ordering::Relaxed);
+        }
+        yes
+    }
+
+    /// Posts a SEND of `bytes` from `slot`. Returns `true` if it completed at once (same-host
+    /// link: the payload was copied into the peer's ring; the slot may be reused).
+    fn post_send_slot(&self, slot: usize, bytes: &[u8]) -> io::Result<bool> {
+        let inline = self.same_host();
         self.send_mr.write(slot * SLOT, bytes);
         self.qp
             .post_send(&[SendWr {
                 wr_id: slot as u64,
                 opcode: WrOpcode::Send,
                 sg_list: &[self.send_mr.sge(slot * SLOT, bytes.len())],
-                // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c).
-                flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
+                // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c). On a
+                // same-host link the SEND is done when posted: a completion would only wake
+                // our own poller.
+                flags: if inline {
+                    SendFlags::SOLICITED
+                } else {
+                    SendFlags::SIGNALED | SendFlags::SOLICITED
+                },
             }])
             .map_err(|e| {
                 io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
-            })
+            })?;
+        Ok(inline)
     }
 
     /// Posts RDMA WRITEs (unsignaled: the CDC after them is signaled and completes later).
@@ -904,7 +938,9 @@ impl LinkGroup {
                 st.core.put_back(slot);
                 continue;
             }
-            let _ = self.post_send_slot(slot, &b);
+            if let Ok(true) = self.post_send_slot(slot, &b) {
+                st.core.put_back(slot);
+            }
         }
     }
 
@@ -1448,7 +1484,10 @@ impl ConnShared {
         s.inflight += 1;
         s.publish();
         lg.post_writes(&wrs)?;
-        lg.post_cdc(slot, &plan.cdc, self.token)
+        if lg.post_cdc(slot, &plan.cdc, self.token)? {
+            s.inflight -= 1;
+        }
+        Ok(())
     }
 
     /// A data CDC of ours completed: when none is left in flight, post what was corked.
