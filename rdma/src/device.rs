@@ -45,6 +45,10 @@ pub struct DeviceConfig {
     pub faults: Option<FaultConfig>,
     /// Capture every packet sent and received into this pcap file (also `SMCR_RDMA_PCAP`).
     pub pcap: Option<PathBuf>,
+    /// How long a thread waiting on a CQ with same-host rings polls them before it sleeps
+    /// (also `SMCR_SPIN_US`). A message that comes within it costs no sleep and no wake-up,
+    /// but the spinning takes a CPU from others: off (zero) by default.
+    pub spin: Duration,
 }
 
 impl DeviceConfig {
@@ -59,6 +63,10 @@ impl DeviceConfig {
             ttl: 64,
             faults: None,
             pcap: None,
+            spin: std::env::var("SMCR_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(Duration::ZERO, |us| Duration::from_micros(us.min(10_000))),
         }
     }
 }
@@ -803,6 +811,9 @@ impl Shared {
     /// thread is receiving, the caller receives and handles packets itself, so the packet that
     /// completes its request costs one wake-up (its own), not two (engine, then caller).
     pub(crate) fn wait_cq(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
+        if !self.cfg.spin.is_zero() && self.shm_spin(cq, self.cfg.spin) {
+            return Ok(());
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let Some(mut rx) = self.rx.try_lock() else {
             cq.armed.store(true, Ordering::Release);
@@ -880,6 +891,38 @@ impl Shared {
                 self.drive(&mut core, now);
             }
         }
+    }
+
+    /// Polls `cq`'s same-host rings for up to `spin`; returns whether something arrived (and
+    /// was delivered into the CQ).
+    fn shm_spin(&self, cq: &CqShared, spin: Duration) -> bool {
+        if cq.shm_qps.lock().is_empty() {
+            return false;
+        }
+        let until = Instant::now() + spin;
+        let mut n = 0u32;
+        loop {
+            if self.shm_pending(cq) || !cq.queue.lock().is_empty() {
+                self.shm_poll(cq);
+                return !cq.queue.lock().is_empty();
+            }
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(8) && Instant::now() >= until {
+                return false;
+            }
+        }
+    }
+
+    /// Whether a ring of `cq` holds something deliverable.
+    fn shm_pending(&self, cq: &CqShared) -> bool {
+        let list = cq.shm_qps.lock();
+        list.iter().filter_map(std::sync::Weak::upgrade).any(|qp| {
+            let core = qp.core.lock();
+            core.shm.as_ref().is_some_and(|s| s.rx_pending(&core.rc))
+        })
     }
 
     /// Tells the producers of `cq`'s rings whether we sleep; returns whether something can be

@@ -871,6 +871,8 @@ impl LinkGroup {
     pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<bool> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
+        // The owner first: on UDP the completion may be handled before post_send returns.
+        self.st.lock().core.set_owner(slot, owner);
         if self.post_send_slot(slot, &b)? {
             let mut st = self.st.lock();
             st.core.put_back(slot);
@@ -878,7 +880,6 @@ impl LinkGroup {
             self.cond.notify_all();
             return Ok(true);
         }
-        self.st.lock().core.set_owner(slot, owner);
         Ok(false)
     }
 
