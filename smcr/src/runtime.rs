@@ -75,6 +75,11 @@ pub struct RuntimeConfig {
     /// Link groups with a peer on this host (same network namespace, same user) move data
     /// through shared memory instead of RoCE v2/UDP (`SMCR_SAME_HOST=off` disables it).
     pub same_host: bool,
+    /// RMB size for connections to a peer address of this host (`SMCR_SAME_HOST_RMB_KIB`;
+    /// default 512 KiB, the most SMC-R allows, unless `SMCR_RMB_KIB` is set, which then
+    /// applies to every peer): the RMB bounds what one round trip moves, and on one host
+    /// memory is cheaper than wake-ups. Pages are used only as they are written.
+    pub same_host_rmb_size: Option<u32>,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -112,6 +117,7 @@ impl RuntimeConfig {
             rmb_budget: 1 << 30,
             stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
             same_host: true,
+            same_host_rmb_size: Some(512 * 1024),
         }
     }
 }
@@ -131,6 +137,7 @@ impl RuntimeConfig {
         }
         if let Some(k) = var("SMCR_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
             cfg.rmb_size = k.saturating_mul(1024);
+            cfg.same_host_rmb_size = None;
         }
         if let Some(p) = var("SMCR_ROCE_PORT").and_then(|v| v.parse::<u16>().ok()) {
             cfg.roce_port = p;
@@ -146,6 +153,9 @@ impl RuntimeConfig {
         }
         if matches!(var("SMCR_SAME_HOST").as_deref(), Some("off" | "0" | "no")) {
             cfg.same_host = false;
+        }
+        if let Some(k) = var("SMCR_SAME_HOST_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
+            cfg.same_host_rmb_size = Some(k.saturating_mul(1024));
         }
         match var("SMCR_STATS_DIR").as_deref() {
             Some("off") => cfg.stats_dir = None,
@@ -200,6 +210,8 @@ pub(crate) struct Inner {
     /// Stats records of fallback sockets the application holds (see
     /// [`crate::SmcStream::hand_over`]), with their descriptor and inode.
     fallback_rows: Mutex<FallbackRows>,
+    /// Whether an address is one of this host's (in our network namespace), by address.
+    local_addrs: Mutex<HashMap<Ipv4Addr, bool>>,
 }
 
 #[derive(Default)]
@@ -255,6 +267,7 @@ impl Runtime {
                 pending: Mutex::new(HashMap::new()),
                 stats: cfg_stats,
                 fallback_rows: Mutex::new(FallbackRows::default()),
+                local_addrs: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -352,6 +365,46 @@ impl Inner {
     /// The RMB size connections use.
     pub(crate) fn rmb_size(&self) -> clc::RmbSize {
         clc::RmbSize::round_up(self.cfg.rmb_size.clamp(16 * 1024, 512 * 1024))
+    }
+
+    /// The RMB size for a connection with `peer`: larger when the peer is on this host (its
+    /// link will use shared memory), never smaller than the configured one.
+    pub(crate) fn rmb_size_for(&self, peer: Ipv4Addr) -> clc::RmbSize {
+        let base = self.rmb_size();
+        let Some(want) = self.cfg.same_host_rmb_size else {
+            return base;
+        };
+        if !self.cfg.same_host || !self.is_local(peer) {
+            return base;
+        }
+        let local = clc::RmbSize::round_up(want.clamp(16 * 1024, 512 * 1024));
+        if local.bytes() > base.bytes() {
+            local
+        } else {
+            base
+        }
+    }
+
+    /// Whether `ip` is an address of this host in our network namespace (it can be bound).
+    fn is_local(&self, ip: Ipv4Addr) -> bool {
+        if let Some(&v) = self.local_addrs.lock().get(&ip) {
+            return v;
+        }
+        // A raw socket call: inside the preload, libc's would be our own hook.
+        let v = (|| -> io::Result<()> {
+            use rustix::net::{AddressFamily, SocketFlags, SocketType};
+            let s = rustix::net::socket_with(
+                AddressFamily::INET,
+                SocketType::DGRAM,
+                SocketFlags::CLOEXEC,
+                None,
+            )?;
+            rustix::net::bind(&s, &std::net::SocketAddr::from((ip, 0)))?;
+            Ok(())
+        })()
+        .is_ok();
+        self.local_addrs.lock().insert(ip, v);
+        v
     }
 
     pub(crate) fn device(&self, ip: Ipv4Addr) -> io::Result<Arc<Dev>> {

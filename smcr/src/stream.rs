@@ -693,7 +693,10 @@ impl SmcStream {
             other => return Err(io::Error::other(format!("unexpected {other:?}"))),
         };
         let peer = server.endpoint;
-        let size = rt.inner.rmb_size();
+        let size = match peer.gid.to_ipv4() {
+            Some(ip) => rt.inner.rmb_size_for(ip),
+            None => rt.inner.rmb_size(),
+        };
         let setup = || -> Result<(Arc<LinkGroup>, Arc<rdma::MemoryRegion>), DeclineReason> {
             let lg = if server.first_contact {
                 let dev = rt
@@ -1378,7 +1381,10 @@ impl SmcStream {
                 }
             }
         };
-        let size = rt.inner.rmb_size();
+        let size = match client_gid.to_ipv4() {
+            Some(ip) => rt.inner.rmb_size_for(ip),
+            None => rt.inner.rmb_size(),
+        };
         let rmb = match lg.take_rmb(size.bytes()) {
             Ok(x) => x,
             Err(reason) => return decline(self, &mut hs, reason),
