@@ -32,3 +32,9 @@ pub use rc::{
 pub use transport::fault::{FaultConfig, FaultStats};
 pub use verbs::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair};
 pub use wire::Psn;
+
+/// Fuzzing entry point (not an API): feeds arbitrary ring entries to a same-host consumer.
+#[doc(hidden)]
+pub fn fuzz_samehost_entries(data: &[u8]) {
+    samehost::fuzz_entries(data)
+}
