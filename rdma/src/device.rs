@@ -350,7 +350,8 @@ impl Shared {
                 &ep,
                 r.as_fd(),
                 epoll::EventData::new_u64(EV_RENDEZVOUS),
-                epoll::EventFlags::IN,
+                // Edge-triggered: a failed accept (EMFILE) must not make the engine spin.
+                epoll::EventFlags::IN | epoll::EventFlags::ET,
             )?;
         }
         Ok(Arc::new(Self {
@@ -440,7 +441,7 @@ impl Shared {
             if let Err(f) = shm.receive(&mut core.rc) {
                 bump(&self.stats.shm_faults, 1);
                 core.rc.fail();
-                shm.disconnect();
+                shm.disconnect(Some(&mut core.rc));
                 shm.fault = Some(f.0);
             }
         }
@@ -629,8 +630,8 @@ impl Shared {
             l,
             rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
         ) {
-            if !crate::samehost::trusted(c.as_fd()) {
-                continue; // another user: dropped, its QP stays on UDP
+            if !crate::samehost::trusted(c.as_fd()) || self.offers.lock().len() >= 256 {
+                continue; // another user, or too many silent connections: dropped (UDP)
             }
             use std::os::fd::AsRawFd;
             let raw = c.as_raw_fd();
@@ -673,6 +674,10 @@ impl Shared {
         };
         let mut core = qp.core.lock();
         let Some(shm) = &mut core.shm else { return };
+        if shm.active {
+            // Already sending through shared memory to its peer: a second offer is refused.
+            return;
+        }
         if epoll::add(
             &self.epoll,
             tx.conn.as_fd(),
@@ -699,8 +704,8 @@ impl Shared {
         let Some(tx) = &shm.tx else { return };
         let _ = epoll::delete(&self.epoll, tx.conn.as_fd());
         let _ = shm.receive(rc);
-        shm.disconnect();
         rc.fail();
+        shm.disconnect(Some(rc));
         self.drive(&mut core, Instant::now());
     }
 
@@ -833,6 +838,10 @@ impl Shared {
             if self.shm_waiting(cq, true) {
                 self.shm_waiting(cq, false);
                 self.shm_poll(cq);
+                if cq.queue.lock().is_empty() {
+                    // Part of a message arrived: set the flag again before sleeping.
+                    continue;
+                }
             }
             if !cq.queue.lock().is_empty() {
                 break Ok(());
@@ -927,7 +936,7 @@ impl Shared {
 
     /// Tells the producers of `cq`'s rings whether we sleep; returns whether something can be
     /// delivered already (then do not sleep).
-    fn shm_waiting(&self, cq: &CqShared, on: bool) -> bool {
+    pub(crate) fn shm_waiting(&self, cq: &CqShared, on: bool) -> bool {
         let list = cq.shm_qps.lock();
         let mut pending = false;
         for qp in list.iter().filter_map(std::sync::Weak::upgrade) {

@@ -80,7 +80,16 @@ impl Arena {
 
     /// Zeroed, page-aligned room for `len` bytes: (offset, pointer).
     pub(crate) fn alloc(&self, len: usize) -> io::Result<(usize, NonNull<u8>)> {
-        let size = len.max(1).next_multiple_of(PAGE);
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(PAGE)
+            .filter(|s| *s <= ARENA_BYTES)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    "region larger than a shared memory arena",
+                )
+            })?;
         let mut a = self.alloc.lock();
         let off = if let Some(i) = a.free.iter().position(|&(_, l)| l >= size) {
             let (off, l) = a.free[i];
@@ -108,6 +117,7 @@ impl Arena {
 
     /// Unpublishes `key` and gives `[off, off + len)` back (zeroed).
     pub(crate) fn release(&self, key: u32, off: usize, len: usize) {
+        // `alloc` checked that this cannot overflow.
         let size = len.max(1).next_multiple_of(PAGE);
         let mut a = self.alloc.lock();
         if let Some(d) = self.find(&a, key) {
@@ -373,9 +383,11 @@ impl PeerTx {
                 "ring slots too small",
             ));
         }
-        // A doorbell that could block us is refused.
+        // Only an eventfd-like descriptor (anonymous inode: no pipe that could raise SIGPIPE,
+        // no socket, no file) that cannot block us.
+        let st = rustix::fs::fstat(&bell)?;
         let fl = rustix::fs::fcntl_getfl(&bell)?;
-        if !fl.contains(rustix::fs::OFlags::NONBLOCK) {
+        if st.st_mode & libc::S_IFMT != 0 || !fl.contains(rustix::fs::OFlags::NONBLOCK) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "doorbell is not non-blocking",
@@ -430,6 +442,9 @@ pub(crate) struct ShmQp {
     backlog: VecDeque<Backlog>,
     rx: Option<RxCur>,
     ring_bell: bool,
+    /// The doorbell was rung for a full ring (once per episode: a consumer without receive
+    /// requests would otherwise be woken at every retry).
+    rang_full: bool,
     /// Why the shared memory path failed, for diagnostics.
     pub(crate) fault: Option<&'static str>,
 }
@@ -456,6 +471,7 @@ impl ShmQp {
             backlog: VecDeque::new(),
             rx: None,
             ring_bell: false,
+            rang_full: false,
             fault: None,
         })
     }
@@ -465,12 +481,27 @@ impl ShmQp {
         [self.arena.fd(), self.inbound_seg.fd()]
     }
 
-    /// Forgets the peer (QP reset or failed): closing our offer tells the peer.
-    pub(crate) fn disconnect(&mut self) {
+    /// Forgets the peer (QP reset or failed): closing our offer tells the peer. With `rc`
+    /// (the QP entered the error state), requests still waiting for ring space and a message
+    /// being received complete as flushed; without it (reset) they are dropped, as a reset
+    /// empties the work queues.
+    pub(crate) fn disconnect(&mut self, rc: Option<&mut RcQp>) {
         self.offered = None;
         self.tx = None;
         self.active = false;
-        self.rx = None;
+        let backlog = std::mem::take(&mut self.backlog);
+        let cur = self.rx.take();
+        if let Some(rc) = rc {
+            for b in backlog {
+                let w = wc(rc, b.wr_id, WcStatus::WrFlushErr, &b.op, 0);
+                rc.push_completion(CqSide::Send, w);
+            }
+            if let Some(cur) = cur {
+                let mut w = wc(rc, cur.wqe.wr_id, WcStatus::WrFlushErr, &WrOpcode::Send, 0);
+                w.opcode = WcOpcode::Recv;
+                rc.push_completion(CqSide::Recv, w);
+            }
+        }
     }
 
     /// Switches to shared memory if the peer's offer matches this QP's peer and nothing is in
@@ -491,13 +522,14 @@ impl ShmQp {
         true
     }
 
-    /// Executes (or queues, if the peer's ring is full) one send request.
+    /// Executes (or queues, if the peer's ring is full) one send request; returns whether it
+    /// ran at once.
     pub(crate) fn post(
         &mut self,
         rc: &mut RcQp,
         wr: &SendWr<'_>,
         mrs: &MrTable,
-    ) -> Result<(), PostError> {
+    ) -> Result<bool, PostError> {
         match rc.state() {
             crate::rc::QpState::Rts => {}
             crate::rc::QpState::Error => {
@@ -505,7 +537,7 @@ impl ShmQp {
                     CqSide::Send,
                     wc(rc, wr.wr_id, WcStatus::WrFlushErr, &wr.opcode, 0),
                 );
-                return Ok(());
+                return Ok(false);
             }
             s => return Err(PostError::InvalidState(s)),
         }
@@ -535,15 +567,19 @@ impl ShmQp {
             written: false,
         });
         self.flush(rc);
-        if let Some(b) = self.backlog.back_mut()
-            && b.owned.is_none()
-            && matches!(b.op, WrOpcode::Send | WrOpcode::SendWithImm(_))
-        {
+        let Some(b) = self.backlog.back_mut() else {
+            return Ok(true);
+        };
+        // Deferred: it completes later; the caller may still reuse a SEND's buffer.
+        if wr.flags.contains(SendFlags::SIGNAL_IF_DEFERRED) {
+            b.signaled = true;
+        }
+        if b.owned.is_none() && matches!(b.op, WrOpcode::Send | WrOpcode::SendWithImm(_)) {
             let mut v = vec![0u8; b.sgl.len()];
             b.sgl.gather(0, &mut v);
             b.owned = Some(v);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Requests still waiting for ring space.
@@ -563,7 +599,7 @@ impl ShmQp {
                 continue;
             }
             let Some(tx) = &self.tx else { return };
-            match execute(tx, b, &mut self.ring_bell) {
+            match execute(tx, b, &mut self.ring_bell, &mut self.rang_full) {
                 Ok(true) => {
                     let b = self.backlog.pop_front().expect("non-empty");
                     if b.signaled {
@@ -579,7 +615,7 @@ impl ShmQp {
                     let b = self.backlog.pop_front().expect("non-empty");
                     rc.push_completion(CqSide::Send, wc(rc, b.wr_id, status, &b.op, 0));
                     rc.fail();
-                    self.disconnect();
+                    self.disconnect(Some(rc));
                     return;
                 }
             }
@@ -713,7 +749,12 @@ fn wc(rc: &RcQp, wr_id: u64, status: WcStatus, op: &WrOpcode, byte_len: u32) -> 
 
 /// Runs `b` against the peer: `Ok(true)` done, `Ok(false)` the ring is full (progress kept in
 /// `b`), `Err` a failed request.
-fn execute(tx: &PeerTx, b: &mut Backlog, bell: &mut bool) -> Result<bool, WcStatus> {
+fn execute(
+    tx: &PeerTx,
+    b: &mut Backlog,
+    bell: &mut bool,
+    rang_full: &mut bool,
+) -> Result<bool, WcStatus> {
     let len = b.sgl.len();
     match b.op {
         WrOpcode::RdmaWrite { remote_addr, rkey }
@@ -733,7 +774,16 @@ fn execute(tx: &PeerTx, b: &mut Backlog, bell: &mut bool) -> Result<bool, WcStat
                 b.written = true;
             }
             if let WrOpcode::RdmaWriteWithImm { imm, .. } = b.op {
-                return push(tx, E_WRITE_IMM, F_FIRST | F_LAST, imm, len, &[], bell);
+                return push(
+                    tx,
+                    E_WRITE_IMM,
+                    F_FIRST | F_LAST,
+                    imm,
+                    len,
+                    &[],
+                    bell,
+                    rang_full,
+                );
             }
             Ok(true)
         }
@@ -767,7 +817,7 @@ fn execute(tx: &PeerTx, b: &mut Backlog, bell: &mut bool) -> Result<bool, WcStat
                     Some(v) => chunk[..take].copy_from_slice(&v[b.done..b.done + take]),
                     None => b.sgl.gather(b.done, &mut chunk[..take]),
                 }
-                if !push(tx, op, flags, imm, len, &chunk[..take], bell)? {
+                if !push(tx, op, flags, imm, len, &chunk[..take], bell, rang_full)? {
                     return Ok(false);
                 }
                 b.done += take;
@@ -780,6 +830,7 @@ fn execute(tx: &PeerTx, b: &mut Backlog, bell: &mut bool) -> Result<bool, WcStat
 }
 
 /// Pushes one ring entry; `Ok(false)` if the ring is full.
+#[allow(clippy::too_many_arguments)] // one entry's fields and the caller's doorbell state
 fn push(
     tx: &PeerTx,
     op: u8,
@@ -788,6 +839,7 @@ fn push(
     total: usize,
     data: &[u8],
     bell: &mut bool,
+    rang_full: &mut bool,
 ) -> Result<bool, WcStatus> {
     let mut e = [0u8; RING_SLOT];
     e[0] = op;
@@ -798,11 +850,14 @@ fn push(
     match tx.ring.push_quiet(&e[..E_HDR + data.len()]) {
         Ok(waiting) => {
             *bell |= waiting;
+            *rang_full = false;
             Ok(true)
         }
         Err(RingError::Full) => {
-            // The consumer may sleep with a full ring (no receive posted): make sure it looks.
-            *bell = true;
+            // The consumer may sleep with a full ring: make sure it looks, once.
+            if !std::mem::replace(rang_full, true) {
+                *bell = true;
+            }
             Ok(false)
         }
         // The peer's ring is garbage or too small: the request fails.

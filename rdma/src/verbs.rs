@@ -260,6 +260,8 @@ impl CompletionQueue {
     /// (`ibv_req_notify_cq`).
     pub fn req_notify(&self) {
         self.shared.armed.store(true, Ordering::Release);
+        // Same-host producers write the eventfd only for a consumer that says it sleeps.
+        self.guard.shared.shm_waiting(&self.shared, true);
     }
 
     /// The notification file descriptor, for poll/epoll.
@@ -325,7 +327,8 @@ impl QueuePair {
         let core_ref = &mut *core;
         if let Some(shm) = &mut core_ref.shm {
             match attr.qp_state {
-                QpState::Reset | QpState::Error => shm.disconnect(),
+                QpState::Reset => shm.disconnect(None),
+                QpState::Error => shm.disconnect(Some(&mut core_ref.rc)),
                 QpState::Rtr if from == QpState::Init => {
                     // Offer our shared memory to the peer; if it is on this host it will send
                     // to us through it (and we to it once its offer arrives).
@@ -350,17 +353,29 @@ impl QueuePair {
     /// Posts send requests and starts transmitting them on the calling thread
     /// (`ibv_post_send`). Stops at the first request that cannot be posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.post_send_report(wrs).map(drop)
+    }
+
+    /// As [`Self::post_send`]; returns how many of the requests already ran (same-host
+    /// transport only: their data is in place and a SEND's payload copied; with
+    /// [`SendFlags::SIGNAL_IF_DEFERRED`](crate::SendFlags::SIGNAL_IF_DEFERRED) only the others
+    /// produce a completion).
+    pub fn post_send_report(&self, wrs: &[SendWr<'_>]) -> Result<usize, PostError> {
         let shared = &self.guard.shared;
         let mut core = self.qp.core.lock();
         let mut res = Ok(());
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
         let same_host = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
+        let mut ran = 0;
         match shm {
             Some(shm) if same_host => {
                 for wr in wrs {
-                    if let Err(e) = shm.post(rc, wr, &shared.mrs) {
-                        res = Err(e);
-                        break;
+                    match shm.post(rc, wr, &shared.mrs) {
+                        Ok(now) => ran += usize::from(now),
+                        Err(e) => {
+                            res = Err(e);
+                            break;
+                        }
                     }
                 }
             }
@@ -374,7 +389,7 @@ impl QueuePair {
             }
         }
         shared.drive(&mut core, Instant::now());
-        res
+        res.map(|()| ran)
     }
 
     /// Whether requests go through shared memory (the peer is on this host and in this

@@ -475,3 +475,99 @@ fn a_shared_domain_talks_udp_to_a_private_one() {
     assert_eq!(wait_one(&a.cq).status, WcStatus::Success);
     assert!(!a.qp.is_same_host() && !b.qp.is_same_host());
 }
+
+#[test]
+fn deferred_sends_report_and_complete_later_and_a_lost_peer_flushes_them() {
+    let caps = QpCaps {
+        max_send_wr: 4096,
+        max_recv_wr: 4096,
+        ..QpCaps::default()
+    };
+    let (a, b) = pair_caps(true, caps);
+    wait_same_host(&a, &b);
+    // No receive posted at b: its ring (1024 entries) fills, the rest waits at a.
+    let wrs: Vec<SendWr> = (0..1500u64)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: WrOpcode::SendWithImm(i as u32),
+            sg_list: &[],
+            flags: SendFlags::SIGNAL_IF_DEFERRED,
+        })
+        .collect();
+    assert_eq!(
+        a.qp.post_send_report(&wrs).unwrap(),
+        1024,
+        "one ring full ran"
+    );
+    let mut none = [WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+    }];
+    assert_eq!(a.cq.poll(&mut none), 0, "nothing completed yet");
+    // b goes away: the 476 waiting requests complete as flushed, none hangs.
+    drop(b);
+    let mut flushed = 0;
+    while flushed < 476 {
+        let c = wait_one(&a.cq);
+        assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+        assert!(c.wr_id >= 1024, "only deferred requests complete: {c:?}");
+        flushed += 1;
+    }
+    assert_eq!(a.qp.state(), QpState::Error);
+}
+
+#[test]
+fn deferred_sends_complete_once_the_peer_receives() {
+    let caps = QpCaps {
+        max_send_wr: 4096,
+        max_recv_wr: 4096,
+        ..QpCaps::default()
+    };
+    let (a, b) = pair_caps(true, caps);
+    wait_same_host(&a, &b);
+    let wrs: Vec<SendWr> = (0..1100u64)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: WrOpcode::SendWithImm(i as u32),
+            sg_list: &[],
+            flags: SendFlags::SIGNAL_IF_DEFERRED,
+        })
+        .collect();
+    assert_eq!(a.qp.post_send_report(&wrs).unwrap(), 1024);
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let sges: Vec<[Sge; 1]> = (0..1100).map(|_| [rbuf.sge(0, 16)]).collect();
+    let rws: Vec<RecvWr> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr {
+            wr_id: i as u64,
+            sg_list: s,
+        })
+        .collect();
+    b.qp.post_recv(&rws).unwrap();
+    for i in 0..1100u32 {
+        assert_eq!(wait_one(&b.cq).imm_data, Some(i));
+    }
+    // Only the 76 deferred ones produce completions at a.
+    for i in 1024..1100u64 {
+        let c = wait_one(&a.cq);
+        assert_eq!((c.status, c.wr_id), (WcStatus::Success, i));
+    }
+    let mut none = [wait_one_empty()];
+    assert_eq!(a.cq.poll(&mut none), 0);
+}
+
+fn wait_one_empty() -> WorkCompletion {
+    WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+    }
+}

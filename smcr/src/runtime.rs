@@ -926,14 +926,18 @@ impl LinkGroup {
         m.emit(&mut b);
         // The owner first: on UDP the completion may be handled before post_send returns.
         self.st.lock().core.set_owner(slot, owner);
-        if self.post_send_slot(slot, &b)? {
-            let mut st = self.st.lock();
-            st.core.put_back(slot);
-            drop(st);
-            self.cond.notify_all();
-            return Ok(true);
+        let done = self.post_send_slot(slot, &b);
+        if !matches!(done, Ok(false)) {
+            // Completed at once, or never posted: the slot is free again.
+            self.put_back(slot);
         }
-        Ok(false)
+        done
+    }
+
+    /// Returns a slot that carries nothing in flight.
+    pub(crate) fn put_back(&self, slot: usize) {
+        self.st.lock().core.put_back(slot);
+        self.cond.notify_all();
     }
 
     /// Whether the link moves data through shared memory (sticky once seen).
@@ -951,18 +955,20 @@ impl LinkGroup {
     /// Posts a SEND of `bytes` from `slot`. Returns `true` if it completed at once (same-host
     /// link: the payload was copied into the peer's ring; the slot may be reused).
     fn post_send_slot(&self, slot: usize, bytes: &[u8]) -> io::Result<bool> {
-        let inline = self.same_host();
+        let same_host = self.same_host();
         self.send_mr.write(slot * SLOT, bytes);
-        self.qp
-            .post_send(&[SendWr {
+        let ran = self
+            .qp
+            .post_send_report(&[SendWr {
                 wr_id: slot as u64,
                 opcode: WrOpcode::Send,
                 sg_list: &[self.send_mr.sge(slot * SLOT, bytes.len())],
                 // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c). On a
-                // same-host link the SEND is done when posted: a completion would only wake
-                // our own poller.
-                flags: if inline {
-                    SendFlags::SOLICITED
+                // same-host link a SEND that ran when posted is done: a completion would only
+                // wake our own poller. One that had to wait for ring space completes later,
+                // like a SEND on the wire (so slots and autocorking still hold writers back).
+                flags: if same_host {
+                    SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
                 } else {
                     SendFlags::SIGNALED | SendFlags::SOLICITED
                 },
@@ -970,7 +976,7 @@ impl LinkGroup {
             .map_err(|e| {
                 io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
             })?;
-        Ok(inline)
+        Ok(same_host && ran == 1)
     }
 
     /// Posts RDMA WRITEs (unsignaled: the CDC after them is signaled and completes later).
@@ -992,7 +998,7 @@ impl LinkGroup {
                 st.core.put_back(slot);
                 continue;
             }
-            if let Ok(true) = self.post_send_slot(slot, &b) {
+            if !matches!(self.post_send_slot(slot, &b), Ok(false)) {
                 st.core.put_back(slot);
             }
         }
@@ -1537,7 +1543,10 @@ impl ConnShared {
         s.staged = 0;
         s.inflight += 1;
         s.publish();
-        lg.post_writes(&wrs)?;
+        if let Err(e) = lg.post_writes(&wrs) {
+            lg.put_back(slot);
+            return Err(e);
+        }
         if lg.post_cdc(slot, &plan.cdc, self.token)? {
             s.inflight -= 1;
         }

@@ -357,7 +357,15 @@ fn connections_and_fallbacks_appear_in_the_stats_area() {
     c.write_all(&[5u8; 100]).unwrap();
     let mut back = [0u8; 40];
     c.read_exact(&mut back).unwrap();
-    let live = rows(&area);
+    // The writer counts its bytes when its write returns, which can be after the reader got
+    // them (same-host links are that fast): wait for the counts.
+    let counted = |r: &smcr::stats::ConnRecord| r.bytes_sent + r.bytes_received == 140;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut live = rows(&area);
+    while !(live.len() == 2 && live.iter().all(counted)) && std::time::Instant::now() < until {
+        thread::sleep(std::time::Duration::from_millis(5));
+        live = rows(&area);
+    }
     assert_eq!(live.len(), 2, "client and server rows: {live:?}");
     for r in &live {
         assert_eq!(r.words[conn::STATE] >> 16 & 0xff, conn::MODE_SMCR);

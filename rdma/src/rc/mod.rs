@@ -148,6 +148,10 @@ bitflags! {
         const SIGNALED = 1;
         /// Set the solicited-event bit on the last packet.
         const SOLICITED = 2;
+        /// Same-host transport only: produce a completion only if the request could not run
+        /// when posted (the peer's ring was full); see
+        /// [`QueuePair::post_send_report`](crate::QueuePair::post_send_report).
+        const SIGNAL_IF_DEFERRED = 4;
     }
 }
 
