@@ -519,7 +519,13 @@ impl RcQp {
 
     /// Queues a completion produced outside the packet path.
     pub(crate) fn push_completion(&mut self, side: CqSide, wc: WorkCompletion) {
-        self.flushed.push_back((side, wc));
+        // Behind the completions of the same queue that the packet path produced, so that
+        // a message received over UDP before the switch is always handed out first.
+        match side {
+            CqSide::Send if let Some(r) = self.req.as_mut() => r.completions.push_back(wc),
+            CqSide::Recv if let Some(r) = self.resp.as_mut() => r.completions.push_back(wc),
+            _ => self.flushed.push_back((side, wc)),
+        }
     }
 
     /// Enters the error state (flushing what is queued), unless already there.

@@ -1023,3 +1023,54 @@ fn arbitrary_packets_into_a_live_qp() {
         );
     }
 }
+
+#[test]
+fn completions_pushed_outside_the_packet_path_queue_behind_the_packet_ones() {
+    // The same-host transport pushes receive completions itself; one received over UDP just
+    // before the switch (still in the responder's queue) must be handed out first.
+    let mut p = Pair::new(Mtu::Mtu1024, 100, 200);
+    let src = Pair::mr(&p.a, 64);
+    let dst = Pair::mr(&p.b, 64);
+    for id in [7, 8] {
+        p.b.qp
+            .post_recv(
+                &RecvWr {
+                    wr_id: id,
+                    sg_list: &[sge(&dst, 0, 64)],
+                },
+                &p.b.mrs,
+            )
+            .unwrap();
+    }
+    p.a.qp
+        .post_send(
+            &SendWr {
+                wr_id: 1,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, 0, 12)],
+                flags: SendFlags::empty(),
+            },
+            &p.a.mrs,
+        )
+        .unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = p.a.qp.poll_transmit(p.now, &mut buf).unwrap();
+    let pkt = PacketRepr::parse_bytes(&buf[..n]).unwrap();
+    p.b.qp.handle_packet(p.now, &pkt, &p.b.mrs);
+    let second = p.b.qp.take_recv().unwrap();
+    p.b.qp.push_completion(
+        CqSide::Recv,
+        WorkCompletion {
+            wr_id: second.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 3,
+            imm_data: None,
+            qp_num: 0x12,
+        },
+    );
+    let order: Vec<u64> = std::iter::from_fn(|| p.b.qp.poll_completion())
+        .map(|(_, c)| c.wr_id)
+        .collect();
+    assert_eq!(order, [7, 8]);
+}
