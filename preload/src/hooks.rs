@@ -494,6 +494,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if !bypassed() {
+        crate::epoll::closed_epfd(fd);
         // Dropping our state sends SMC-R's close and releases the hidden TCP socket.
         let s = table::remove(fd);
         guarded((), || {
@@ -803,6 +804,88 @@ pub unsafe extern "C" fn epoll_ctl(
         return unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
     }
     guarded(-1, || crate::epoll::ctl(epfd, op, fd, ev))
+}
+
+/// # Safety
+/// libc's contract for epoll_wait(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+) -> c_int {
+    if bypassed() || !crate::epoll::driven() || events.is_null() {
+        // SAFETY: forwarding.
+        return unsafe { real::epoll_wait()(epfd, events, maxevents, timeout) };
+    }
+    guarded(-1, || {
+        crate::epoll::wait(epfd, events, timeout, |t| {
+            // SAFETY: forwarding with the remaining time.
+            unsafe { real::epoll_wait()(epfd, events, maxevents, t) }
+        })
+    })
+}
+
+/// # Safety
+/// libc's contract for epoll_pwait(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    if bypassed() || !crate::epoll::driven() || events.is_null() {
+        // SAFETY: forwarding.
+        return unsafe { real::epoll_pwait()(epfd, events, maxevents, timeout, sigmask) };
+    }
+    guarded(-1, || {
+        crate::epoll::wait(epfd, events, timeout, |t| {
+            // SAFETY: forwarding with the remaining time.
+            unsafe { real::epoll_pwait()(epfd, events, maxevents, t, sigmask) }
+        })
+    })
+}
+
+/// # Safety
+/// libc's contract for epoll_pwait2(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    if bypassed() || !crate::epoll::driven() || events.is_null() {
+        // SAFETY: forwarding.
+        return unsafe { real::epoll_pwait2()(epfd, events, maxevents, timeout, sigmask) };
+    }
+    // SAFETY: a non-null timeout points to a timespec (the caller's contract).
+    let ms = match unsafe { timeout.as_ref() } {
+        None => -1,
+        // Rounded up: a wait is never cut shorter than asked.
+        Some(t) => (t.tv_sec.max(0) as i128 * 1000
+            + i128::from((t.tv_nsec.max(0) + 999_999) / 1_000_000))
+        .clamp(0, i128::from(i32::MAX)) as i32,
+    };
+    guarded(-1, || {
+        crate::epoll::wait(epfd, events, ms, |t| {
+            let ts = libc::timespec {
+                tv_sec: libc::time_t::from(t / 1000),
+                tv_nsec: libc::c_long::from(t % 1000) * 1_000_000,
+            };
+            let p = if t < 0 {
+                std::ptr::null()
+            } else {
+                &ts as *const _
+            };
+            // SAFETY: forwarding with the remaining time.
+            unsafe { real::epoll_pwait2()(epfd, events, maxevents, p, sigmask) }
+        })
+    })
 }
 
 /// A duplicate of a number showing our pair: close-on-exec for real, as asked in the view.

@@ -65,6 +65,9 @@ real! {
     getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     getsockname: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+    epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+    epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
+    epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int;
     __read_chk: fn(c_int, *mut c_void, size_t, size_t) -> ssize_t;
     __recv_chk: fn(c_int, *mut c_void, size_t, size_t, c_int) -> ssize_t;
     __recvfrom_chk: fn(c_int, *mut c_void, size_t, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t;

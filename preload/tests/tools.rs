@@ -127,6 +127,88 @@ fn sockperf_ping_pong_and_throughput_in_epoll_poll_and_select_modes() {
 }
 
 #[test]
+fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
+    // SMCR_APP_DRIVE=on: the link group's event descriptor joins the application's epoll
+    // set and the thread in epoll_wait handles what arrives; nothing else may change.
+    if !have("sockperf") || !have("redis-server") {
+        return;
+    }
+    let shim = Shim::new("appdrive");
+    let p = port(27000);
+    let feed = shim.dir.join("feed");
+    std::fs::write(&feed, format!("T:127.0.0.2:{p}\n")).unwrap();
+    let feed = feed.to_str().unwrap().to_owned();
+    let server = Bg(shim
+        .cmd(true, "sockperf")
+        .env("SMCR_APP_DRIVE", "on")
+        .args(["sr", "-f", &feed, "-F", "epoll"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_listening(None, "127.0.0.2", p);
+    for (test, size) in [("pp", "64"), ("tp", "1024"), ("pp", "4000")] {
+        let mut c = shim.cmd(true, "sockperf");
+        c.env("SMCR_APP_DRIVE", "on")
+            .args([test, "-f", &feed, "-F", "epoll", "-t", "1", "-m", size]);
+        let out = run_ok(&mut c, &format!("sockperf {test} -m {size}"));
+        eprintln!(
+            "app-driven sockperf {test} -m {size}: {:?}",
+            out.lines()
+                .filter(|l| l.contains("Summary"))
+                .collect::<Vec<_>>()
+        );
+        assert!(!out.contains("ERROR"), "{out}");
+        assert!(
+            out.contains(if test == "pp" {
+                "Latency is"
+            } else {
+                "Message Rate is"
+            }),
+            "{out}"
+        );
+    }
+    drop(server);
+    // redis: an event loop with many connections on one link group.
+    let rp = port(27000);
+    let rps = rp.to_string();
+    let redis = Bg(shim
+        .cmd(true, "redis-server")
+        .env("SMCR_APP_DRIVE", "on")
+        .args([
+            "--bind",
+            "127.0.0.2",
+            "--port",
+            &rps,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_listening(None, "127.0.0.2", rp);
+    let mut b = shim.cmd(true, "redis-benchmark");
+    b.env("SMCR_APP_DRIVE", "on")
+        .args([
+            "-h",
+            "127.0.0.2",
+            "-p",
+            &rps,
+            "-q",
+            "-t",
+            "set,get,lpush,lpop",
+        ])
+        .args(["-n", "20000", "-c", "20", "-d", "100"]);
+    let out = run_ok(&mut b, "redis-benchmark");
+    assert_eq!(out.matches("requests per second").count(), 4, "{out}");
+    drop(redis);
+    let log = shim.log();
+    assert!(log.contains("(application-driven)"), "{log}");
+    assert!(shim.smcr_count("connect") >= 43, "{log}");
+}
+
+#[test]
 fn curl_fetches_from_python_http_server_both_shimmed() {
     if !have("curl") {
         return;

@@ -275,6 +275,24 @@ impl CompletionQueue {
         let _ = rustix::io::read(&self.shared.event, &mut b);
     }
 
+    /// Sleeps until a completion is there to poll (returns `true`) or `timeout` passes
+    /// (`false`), without taking any: for a thread that must take them under a lock of its
+    /// own. Receives for itself while it sleeps, as [`Self::wait`] does.
+    pub fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            self.guard.shared.shm_poll(&self.shared);
+            if !self.shared.queue.lock().is_empty() {
+                return Ok(true);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(false);
+            }
+            self.guard.shared.wait_cq(&self.shared, left)?;
+        }
+    }
+
     /// Polls, sleeping until at least one completion arrives or `timeout` passes. While it
     /// sleeps, the calling thread receives and handles the device's packets itself when no other
     /// thread does (so no hand-off between threads is paid per completion).

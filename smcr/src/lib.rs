@@ -28,5 +28,5 @@ pub mod view;
 pub use clc::DeclineReason;
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
-    Blocking, ConnStats, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,
+    Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,
 };

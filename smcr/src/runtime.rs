@@ -554,12 +554,24 @@ const SEND_SLOTS: usize = 1024;
 const POLLER_RESERVE: usize = 32;
 
 /// A link group with its single link.
+const EMPTY_WC: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    qp_num: 0,
+};
+
 pub(crate) struct LinkGroup {
     pub(crate) id: u32,
     pub(crate) role: link::Role,
     pub(crate) dev: Arc<Dev>,
     pub(crate) qp: QueuePair,
     cq: CompletionQueue,
+    /// Held by whoever takes and handles completions (the poller, or an application thread in
+    /// `progress`), so that they are handled one batch at a time, in order.
+    driver: Mutex<()>,
     /// The QP sends through shared memory (sticky, see `same_host()`).
     same_host: AtomicBool,
     /// The group's own protection domain: with a same-host peer its memory is shared with
@@ -659,6 +671,7 @@ impl LinkGroup {
             dev,
             qp,
             cq,
+            driver: Mutex::new(()),
             same_host: AtomicBool::new(false),
             pd,
             peer_gid,
@@ -1005,14 +1018,7 @@ impl LinkGroup {
     }
 
     fn poll_loop(self: Arc<Self>) {
-        let mut wcs = [WorkCompletion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-            imm_data: None,
-            qp_num: 0,
-        }; 64];
+        let mut wcs = [EMPTY_WC; 64];
         let mut shown_shm = false;
         loop {
             let wait = {
@@ -1035,122 +1041,154 @@ impl LinkGroup {
                     crate::stats::lg::LINK_ACTIVATING
                 });
             }
-            let n = match self.cq.wait(&mut wcs, Some(wait)) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.fail(&format!("completion queue: {e}"));
-                    return;
-                }
-            };
-            let now = Instant::now();
-            let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
-            let mut sent: Vec<Arc<ConnShared>> = Vec::new();
-            {
-                let mut st = self.st.lock();
-                for wc in &wcs[..n] {
-                    if wc.status != WcStatus::Success {
-                        if let Some(l) = st.link.as_mut() {
-                            l.transport_failed(wc.status.name());
-                        }
-                        continue;
-                    }
-                    match wc.opcode {
-                        WcOpcode::Recv => {
-                            let slot = wc.wr_id as usize;
-                            let len = (wc.byte_len as usize).min(SLOT);
-                            let mut b = [0u8; SLOT];
-                            self.recv_mr.read(slot * SLOT, &mut b[..len]);
-                            let _ = self.qp.post_recv(&[RecvWr {
-                                wr_id: wc.wr_id,
-                                sg_list: &[self.recv_mr.sge(slot * SLOT, SLOT)],
-                            }]);
-                            if b[0] == cdc::CDC_TYPE {
-                                if let Some(l) = st.link.as_mut() {
-                                    l.note_activity(now);
-                                }
-                                match CdcMessage::parse(&b[..len]) {
-                                    // Linux drops CDCs for unknown tokens too.
-                                    Ok(m) => {
-                                        if let Route::Conn(c) = st.core.route(m) {
-                                            cdcs.push((c, m));
-                                        }
-                                    }
-                                    Err(_) => {
-                                        if let Some(l) = st.link.as_mut() {
-                                            l.handle_llc(&[], now);
-                                        }
-                                    }
-                                }
-                            } else if let Some(l) = st.link.as_mut() {
-                                l.handle_llc(&b[..len], now);
-                            }
-                        }
-                        WcOpcode::Send => {
-                            if let Some(c) = st.core.complete(wc.wr_id as usize) {
-                                sent.push(c);
-                            }
-                            self.cond.notify_all();
-                        }
-                        _ => {}
-                    }
-                }
-                let st = &mut *st;
-                self.check_tcp(st, now);
-                if st.core.linger_expired(now)
-                    && let Some(l) = st.link.as_mut()
-                {
-                    // Nobody used the group for the linger time: delete it (Linux: the
-                    // free-delay timer, DELETE LINK with PROG_INIT_TERM).
-                    l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
-                }
-                if let Some(l) = st.link.as_mut() {
-                    l.handle_timeout(now);
-                    while let Some(m) = l.poll_transmit() {
-                        st.llc_out.push_back(m);
-                    }
-                }
-                // Events first: a client's `up` must be visible before its CONFIRM LINK
-                // response leaves (the server may then Accept a reuse of this group).
-                while let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
-                    match ev {
-                        LinkEvent::Up { .. } => {
-                            st.up = true;
-                            self.publish(crate::stats::lg::LINK_ACTIVE);
-                            if let Some(rt) = self.runtime.upgrade() {
-                                rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
-                            }
-                            self.cond.notify_all();
-                        }
-                        LinkEvent::Down(r) => {
-                            st.down_reason = Some(format!("link down: {r}"));
-                        }
-                        LinkEvent::RkeyDone { id, ok } => {
-                            if st.rkey_waiting.remove(&id) {
-                                st.rkey_results.insert(id, ok);
-                                self.cond.notify_all();
-                            }
-                        }
-                        LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
-                    }
-                }
-                self.flush_llc(st);
+            // Sleep without taking completions: an application thread may take and handle
+            // them first (`progress`), always under the driver lock, so they stay in order.
+            if let Err(e) = self.cq.wait_ready(Some(wait)) {
+                self.fail(&format!("completion queue: {e}"));
+                return;
             }
-            for (c, m) in cdcs {
-                c.on_cdc(&self, &m);
-            }
-            let retry: Vec<Arc<ConnShared>> = { self.st.lock().core.take_deferred() };
-            for c in sent {
-                c.on_sent(&self);
-            }
-            for c in retry {
-                c.flush_corked(&self);
-            }
-            let down = self.st.lock().down_reason.clone();
-            if let Some(r) = down {
-                self.fail(&r);
+            let _driver = self.driver.lock();
+            let n = self.cq.poll(&mut wcs);
+            if self.handle(&wcs[..n]) {
                 return;
             }
         }
+    }
+
+    /// The completion queue's eventfd (see [`crate::Driver`]).
+    pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.cq.fd()
+    }
+
+    /// Handles what an application thread finds in the completion queue, if no other thread
+    /// is doing so (never blocks): the CDC that makes its socket readable is then handled
+    /// on its own thread, without waiting for the poller to wake.
+    pub(crate) fn progress(self: &Arc<Self>) {
+        let Some(_driver) = self.driver.try_lock() else {
+            return;
+        };
+        let mut wcs = [EMPTY_WC; 64];
+        for _ in 0..16 {
+            let n = self.cq.poll(&mut wcs);
+            if n == 0 || self.handle(&wcs[..n]) {
+                return;
+            }
+        }
+    }
+
+    /// Handles completions (CDCs, LLC messages, SEND completions), runs the link's timers and
+    /// wakes connections. Called with the driver lock held. Returns true once the group failed.
+    fn handle(self: &Arc<Self>, wcs: &[WorkCompletion]) -> bool {
+        let n = wcs.len();
+        let now = Instant::now();
+        let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
+        let mut sent: Vec<Arc<ConnShared>> = Vec::new();
+        {
+            let mut st = self.st.lock();
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    if let Some(l) = st.link.as_mut() {
+                        l.transport_failed(wc.status.name());
+                    }
+                    continue;
+                }
+                match wc.opcode {
+                    WcOpcode::Recv => {
+                        let slot = wc.wr_id as usize;
+                        let len = (wc.byte_len as usize).min(SLOT);
+                        let mut b = [0u8; SLOT];
+                        self.recv_mr.read(slot * SLOT, &mut b[..len]);
+                        let _ = self.qp.post_recv(&[RecvWr {
+                            wr_id: wc.wr_id,
+                            sg_list: &[self.recv_mr.sge(slot * SLOT, SLOT)],
+                        }]);
+                        if b[0] == cdc::CDC_TYPE {
+                            if let Some(l) = st.link.as_mut() {
+                                l.note_activity(now);
+                            }
+                            match CdcMessage::parse(&b[..len]) {
+                                // Linux drops CDCs for unknown tokens too.
+                                Ok(m) => {
+                                    if let Route::Conn(c) = st.core.route(m) {
+                                        cdcs.push((c, m));
+                                    }
+                                }
+                                Err(_) => {
+                                    if let Some(l) = st.link.as_mut() {
+                                        l.handle_llc(&[], now);
+                                    }
+                                }
+                            }
+                        } else if let Some(l) = st.link.as_mut() {
+                            l.handle_llc(&b[..len], now);
+                        }
+                    }
+                    WcOpcode::Send => {
+                        if let Some(c) = st.core.complete(wc.wr_id as usize) {
+                            sent.push(c);
+                        }
+                        self.cond.notify_all();
+                    }
+                    _ => {}
+                }
+            }
+            let st = &mut *st;
+            self.check_tcp(st, now);
+            if st.core.linger_expired(now)
+                && let Some(l) = st.link.as_mut()
+            {
+                // Nobody used the group for the linger time: delete it (Linux: the
+                // free-delay timer, DELETE LINK with PROG_INIT_TERM).
+                l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
+            }
+            if let Some(l) = st.link.as_mut() {
+                l.handle_timeout(now);
+                while let Some(m) = l.poll_transmit() {
+                    st.llc_out.push_back(m);
+                }
+            }
+            // Events first: a client's `up` must be visible before its CONFIRM LINK
+            // response leaves (the server may then Accept a reuse of this group).
+            while let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
+                match ev {
+                    LinkEvent::Up { .. } => {
+                        st.up = true;
+                        self.publish(crate::stats::lg::LINK_ACTIVE);
+                        if let Some(rt) = self.runtime.upgrade() {
+                            rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.cond.notify_all();
+                    }
+                    LinkEvent::Down(r) => {
+                        st.down_reason = Some(format!("link down: {r}"));
+                    }
+                    LinkEvent::RkeyDone { id, ok } => {
+                        if st.rkey_waiting.remove(&id) {
+                            st.rkey_results.insert(id, ok);
+                            self.cond.notify_all();
+                        }
+                    }
+                    LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
+                }
+            }
+            self.flush_llc(st);
+        }
+        for (c, m) in cdcs {
+            c.on_cdc(self, &m);
+        }
+        let retry: Vec<Arc<ConnShared>> = { self.st.lock().core.take_deferred() };
+        for c in sent {
+            c.on_sent(self);
+        }
+        for c in retry {
+            c.flush_corked(self);
+        }
+        let down = self.st.lock().down_reason.clone();
+        if let Some(r) = down {
+            self.fail(&r);
+            return true;
+        }
+        false
     }
 
     /// An RMB of `size` bytes for a new connection: a free one from the pool, else a new

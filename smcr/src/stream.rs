@@ -129,6 +129,42 @@ struct Smc {
     lg: Arc<LinkGroup>,
 }
 
+/// Lets an application thread do a link group's work (take and handle its completions) when
+/// the group's event descriptor fires, instead of waiting for the group's poller thread to
+/// wake and hand each message over: one wake-up per message instead of two. The descriptor is
+/// the group's completion-queue eventfd; it fires (for the poller too) when something arrives
+/// while the group sleeps. Holding a `Driver` does not keep the group alive.
+#[derive(Clone)]
+pub struct Driver {
+    fd: std::os::fd::RawFd,
+    id: u64,
+    lg: std::sync::Weak<LinkGroup>,
+}
+
+impl Driver {
+    /// The descriptor to watch for readability (edge-triggered: it is drained by the poller).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    /// The link group's id within this process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Handles what the link group has received, on the calling thread, unless another thread
+    /// is doing so; never blocks. Returns false once the group is gone.
+    pub fn progress(&self) -> bool {
+        match self.lg.upgrade() {
+            Some(lg) => {
+                lg.progress();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// A claimed record in the stats area, freed with the stream (or, for a socket handed back
 /// to the application as plain TCP, when its descriptor is found closed).
 pub(crate) struct StatSlot {
@@ -788,6 +824,18 @@ impl SmcStream {
     /// SMC-R or TCP, with the fallback reason.
     pub fn mode(&self) -> &Mode {
         &self.mode
+    }
+
+    /// What an application thread needs to do this connection's link-group work itself
+    /// (`None` for a plain TCP connection). See [`Driver`].
+    pub fn driver(&self) -> Option<Driver> {
+        let smc = self.smc.as_ref()?;
+        use std::os::fd::AsRawFd;
+        Some(Driver {
+            fd: smc.lg.event_fd().as_raw_fd(),
+            id: u64::from(smc.lg.id),
+            lg: Arc::downgrade(&smc.lg),
+        })
     }
 
     /// Counters of an SMC-R stream (`None` for TCP).
