@@ -120,7 +120,15 @@ pub(crate) fn prog_load_sock_ops(name: &str, insns: &[Insn], license: &str) -> i
         .u32(28, log.len() as u32)
         .u64(32, log.as_mut_ptr() as u64)
         .bytes(48, &name16(name));
-    bpf_fd(BPF_PROG_LOAD, &mut a).map_err(|e| with_log(e, &log))
+    // The verifier gives up with EAGAIN when a signal is pending for the loading thread (a
+    // SIGCHLD in a program that runs children, say): try again, as libbpf does.
+    let mut tries = 0;
+    loop {
+        match bpf_fd(BPF_PROG_LOAD, &mut a) {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 5 => tries += 1,
+            r => return r.map_err(|e| with_log(e, &log)),
+        }
+    }
 }
 
 /// Attaches a sock_ops program to a cgroup through a bpf link (multi-attach: other sock_ops
