@@ -62,15 +62,32 @@ fn wait_same_host(a: &Side, b: &Side) {
     }
 }
 
+/// A same-host pair whose queues hold 4096 requests each.
+fn deep_pair() -> (Side, Side) {
+    let caps = QpCaps {
+        max_send_wr: 4096,
+        max_recv_wr: 4096,
+        ..QpCaps::default()
+    };
+    let (a, b) = pair_caps(true, caps);
+    wait_same_host(&a, &b);
+    (a, b)
+}
+
+/// `n` empty SENDs carrying their index as immediate data.
+fn imm_sends(n: u64, flags: SendFlags) -> Vec<SendWr<'static>> {
+    (0..n)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: WrOpcode::SendWithImm(i as u32),
+            sg_list: &[],
+            flags,
+        })
+        .collect()
+}
+
 fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
-    let mut wc = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }];
+    let mut wc = [WorkCompletion::EMPTY];
     let n = cq.wait(&mut wc, Some(Duration::from_secs(20))).unwrap();
     assert_eq!(n, 1, "timed out waiting for a completion");
     wc[0]
@@ -235,14 +252,7 @@ fn a_receive_that_comes_late_gets_the_message() {
         flags: SendFlags::empty(),
     }])
     .unwrap();
-    let mut none = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }];
+    let mut none = [WorkCompletion::EMPTY];
     assert_eq!(
         b.cq.wait(&mut none, Some(Duration::from_millis(50)))
             .unwrap(),
@@ -263,25 +273,12 @@ fn a_receive_that_comes_late_gets_the_message() {
 
 #[test]
 fn a_full_ring_holds_requests_back_without_losing_any() {
-    let caps = QpCaps {
-        max_send_wr: 4096,
-        max_recv_wr: 4096,
-        ..QpCaps::default()
-    };
-    let (a, b) = pair_caps(true, caps);
-    wait_same_host(&a, &b);
+    let (a, b) = deep_pair();
     let src = a.pd.reg_mr(4096 * 8, Access::LOCAL_WRITE).unwrap();
     let rbuf = b.pd.reg_mr(64 * 3000, Access::LOCAL_WRITE).unwrap();
     // 3000 messages into a ring of 1024 slots, while the receiver posts slowly.
     let n = 3000usize;
-    let wrs: Vec<SendWr> = (0..n)
-        .map(|i| SendWr {
-            wr_id: i as u64,
-            opcode: WrOpcode::SendWithImm(i as u32),
-            sg_list: &[],
-            flags: SendFlags::SIGNALED,
-        })
-        .collect();
+    let wrs = imm_sends(n as u64, SendFlags::SIGNALED);
     src.write(0, &[1; 64]);
     a.qp.post_send(&wrs).unwrap();
     let mut received = 0usize;
@@ -478,35 +475,15 @@ fn a_shared_domain_talks_udp_to_a_private_one() {
 
 #[test]
 fn deferred_sends_report_and_complete_later_and_a_lost_peer_flushes_them() {
-    let caps = QpCaps {
-        max_send_wr: 4096,
-        max_recv_wr: 4096,
-        ..QpCaps::default()
-    };
-    let (a, b) = pair_caps(true, caps);
-    wait_same_host(&a, &b);
+    let (a, b) = deep_pair();
     // No receive posted at b: its ring (1024 entries) fills, the rest waits at a.
-    let wrs: Vec<SendWr> = (0..1500u64)
-        .map(|i| SendWr {
-            wr_id: i,
-            opcode: WrOpcode::SendWithImm(i as u32),
-            sg_list: &[],
-            flags: SendFlags::SIGNAL_IF_DEFERRED,
-        })
-        .collect();
+    let wrs = imm_sends(1500, SendFlags::SIGNAL_IF_DEFERRED);
     assert_eq!(
         a.qp.post_send_report(&wrs).unwrap(),
         1024,
         "one ring full ran"
     );
-    let mut none = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }];
+    let mut none = [WorkCompletion::EMPTY];
     assert_eq!(a.cq.poll(&mut none), 0, "nothing completed yet");
     // b goes away: the 476 waiting requests complete as flushed, none hangs.
     drop(b);
@@ -522,21 +499,8 @@ fn deferred_sends_report_and_complete_later_and_a_lost_peer_flushes_them() {
 
 #[test]
 fn deferred_sends_complete_once_the_peer_receives() {
-    let caps = QpCaps {
-        max_send_wr: 4096,
-        max_recv_wr: 4096,
-        ..QpCaps::default()
-    };
-    let (a, b) = pair_caps(true, caps);
-    wait_same_host(&a, &b);
-    let wrs: Vec<SendWr> = (0..1100u64)
-        .map(|i| SendWr {
-            wr_id: i,
-            opcode: WrOpcode::SendWithImm(i as u32),
-            sg_list: &[],
-            flags: SendFlags::SIGNAL_IF_DEFERRED,
-        })
-        .collect();
+    let (a, b) = deep_pair();
+    let wrs = imm_sends(1100, SendFlags::SIGNAL_IF_DEFERRED);
     assert_eq!(a.qp.post_send_report(&wrs).unwrap(), 1024);
     let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let sges: Vec<[Sge; 1]> = (0..1100).map(|_| [rbuf.sge(0, 16)]).collect();
@@ -557,17 +521,6 @@ fn deferred_sends_complete_once_the_peer_receives() {
         let c = wait_one(&a.cq);
         assert_eq!((c.status, c.wr_id), (WcStatus::Success, i));
     }
-    let mut none = [wait_one_empty()];
+    let mut none = [WorkCompletion::EMPTY];
     assert_eq!(a.cq.poll(&mut none), 0);
-}
-
-fn wait_one_empty() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }
 }

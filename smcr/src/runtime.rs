@@ -554,15 +554,6 @@ const SEND_SLOTS: usize = 1024;
 const POLLER_RESERVE: usize = 32;
 
 /// A link group with its single link.
-const EMPTY_WC: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    byte_len: 0,
-    imm_data: None,
-    qp_num: 0,
-};
-
 pub(crate) struct LinkGroup {
     pub(crate) id: u32,
     pub(crate) role: link::Role,
@@ -1018,7 +1009,7 @@ impl LinkGroup {
     }
 
     fn poll_loop(self: Arc<Self>) {
-        let mut wcs = [EMPTY_WC; 64];
+        let mut wcs = [WorkCompletion::EMPTY; 64];
         let mut shown_shm = false;
         loop {
             let wait = {
@@ -1067,7 +1058,7 @@ impl LinkGroup {
         let Some(_driver) = self.driver.try_lock() else {
             return;
         };
-        let mut wcs = [EMPTY_WC; 64];
+        let mut wcs = [WorkCompletion::EMPTY; 64];
         for _ in 0..16 {
             let n = self.cq.poll(&mut wcs);
             if n == 0 || self.handle(&wcs[..n]) {

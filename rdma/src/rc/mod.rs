@@ -252,6 +252,18 @@ pub struct WorkCompletion {
     pub qp_num: u32,
 }
 
+impl WorkCompletion {
+    /// A placeholder, e.g. to size a buffer for [`CompletionQueue::poll`](crate::CompletionQueue::poll).
+    pub const EMPTY: Self = Self {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+    };
+}
+
 /// Why a work request could not be posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostError {

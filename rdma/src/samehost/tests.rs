@@ -254,26 +254,22 @@ fn an_offer_with_a_pipe_for_a_doorbell_is_refused() {
     let a = Arena::create().unwrap();
     let shm = ShmQp::new(a.clone()).unwrap();
     let [arena, ring] = shm.offer_fds();
-    let (_r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::NONBLOCK).unwrap();
     let offer = Offer {
         to_qpn: 1,
         from_qpn: 2,
         from: "127.0.0.1:1".parse().unwrap(),
     };
-    let fds = vec![
-        arena.try_clone_to_owned().unwrap(),
-        ring.try_clone_to_owned().unwrap(),
-        w,
-    ];
-    let conn = arena.try_clone_to_owned().unwrap();
-    assert!(PeerTx::new(&offer, fds, conn).is_err());
+    let with_bell = |bell: OwnedFd| {
+        let fds = vec![
+            arena.try_clone_to_owned().unwrap(),
+            ring.try_clone_to_owned().unwrap(),
+            bell,
+        ];
+        PeerTx::new(&offer, fds, arena.try_clone_to_owned().unwrap())
+    };
+    let (_r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::NONBLOCK).unwrap();
+    assert!(with_bell(w).is_err());
     // The same with an eventfd is accepted.
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
-    let fds = vec![
-        arena.try_clone_to_owned().unwrap(),
-        ring.try_clone_to_owned().unwrap(),
-        ev,
-    ];
-    let conn = arena.try_clone_to_owned().unwrap();
-    assert!(PeerTx::new(&offer, fds, conn).is_ok());
+    assert!(with_bell(ev).is_ok());
 }
