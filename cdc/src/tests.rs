@@ -184,7 +184,11 @@ proptest! {
         let next = c.advance(n, size);
         prop_assert!(next.count < size);
         prop_assert_eq!(Cursor::diff(size, c, next), n);
-        prop_assert_eq!(Cursor::comp(size, c, next), i64::from(n));
+        // Linux's smc_curs_comp compares wraps without wrapping: across the 16-bit wrap
+        // (65535 → 0) it reads "behind", and so does ours.
+        if !(c.wrap == u16::MAX && next.wrap == 0) {
+            prop_assert_eq!(Cursor::comp(size, c, next), i64::from(n));
+        }
         if n < size {
             prop_assert!(!Cursor::moved_backwards(c, next) || c.wrap == u16::MAX && next.wrap == 0);
         }
