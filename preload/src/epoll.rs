@@ -58,8 +58,7 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
 
 /// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set).
 fn drive_with(epfd: i32, fd: i32) {
-    // Opt-in (`SMCR_APP_DRIVE=on`): it saves a wake-up per message (ping-pong p50 −20 %
-    // here) but the group's poller still wakes too, which costs throughput on two cores.
+    // Opt-in (`SMCR_APP_DRIVE=on`) while it is measured.
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !*ON.get_or_init(|| {
         std::env::var("SMCR_APP_DRIVE").is_ok_and(|v| matches!(v.as_str(), "on" | "1" | "yes"))
@@ -77,8 +76,9 @@ fn drive_with(epfd: i32, fd: i32) {
         return;
     }
     let mut ev = libc::epoll_event {
-        // Edge-triggered: the group's poller drains the eventfd, we only need the edges.
-        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        // Edge-triggered (nobody needs to drain it) and exclusive: when several threads wait on
+        // sets holding it, one is woken, and it handles the whole group.
+        events: (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32,
         u64: TAG | (d.id() & 0xffff_ffff),
     };
     // SAFETY: registering a descriptor of ours in the application's epoll set.
@@ -119,7 +119,43 @@ pub(crate) fn wait(
         (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
     let mut t = timeout_ms;
     loop {
-        let n = call(t);
+        // The groups this set wakes for: while we sleep, their completions wake us (not their
+        // pollers); what came before we got here is handled first, then we only look.
+        let mut asleep: Vec<smcr::Driver> = Vec::new();
+        let mut handled = false;
+        if t != 0 {
+            let me = table::pid();
+            let ds: Vec<smcr::Driver> = DRIVERS
+                .lock()
+                .range((epfd, 0)..=(epfd, u64::MAX))
+                .filter(|(_, (pid, _))| *pid == me)
+                .map(|(_, (_, d))| d.clone())
+                .collect();
+            let _own = crate::guard::Bypass::new();
+            for d in ds {
+                match d.sleep_begin() {
+                    Some(true) => asleep.push(d),
+                    Some(false) => handled = true,
+                    None => {}
+                }
+            }
+        }
+        let n = call(if handled { 0 } else { t });
+        if !asleep.is_empty() {
+            let _own = crate::guard::Bypass::new();
+            for d in &asleep {
+                d.sleep_end();
+            }
+        }
+        if n == 0 && handled && t != 0 {
+            // What we handled made nothing ready here: sleep now, for what is left.
+            t = match left(deadline) {
+                Some(0) => return 0,
+                Some(ms) => ms,
+                None => -1,
+            };
+            continue;
+        }
         if n <= 0 {
             return n;
         }
@@ -154,19 +190,21 @@ pub(crate) fn wait(
         t = if t == 0 {
             return 0;
         } else {
-            match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        0
-                    } else {
-                        left.as_millis().clamp(1, i32::MAX as u128) as i32
-                    }
-                }
-            }
+            left(deadline).unwrap_or(-1)
         };
     }
+}
+
+/// Milliseconds left until `deadline` (at least 1 unless it passed), `None` without one.
+fn left(deadline: Option<Instant>) -> Option<i32> {
+    deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            0
+        } else {
+            left.as_millis().clamp(1, i32::MAX as u128) as i32
+        }
+    })
 }
 
 /// The application is closing `fd` (still open): with `unregister`, its registrations are

@@ -45,9 +45,13 @@ pub struct DeviceConfig {
     pub faults: Option<FaultConfig>,
     /// Capture every packet sent and received into this pcap file (also `SMCR_RDMA_PCAP`).
     pub pcap: Option<PathBuf>,
-    /// How long a thread waiting on a CQ with same-host rings polls them before it sleeps
-    /// (also `SMCR_SPIN_US`). A message that comes within it costs no sleep and no wake-up,
-    /// but the spinning takes a CPU from others: off (zero) by default.
+    /// How long a *driver* (an application thread waiting on a CQ it handles itself, see
+    /// [`crate::CompletionQueue::begin_drive`]) polls same-host rings before it sleeps (also
+    /// `SMCR_SPIN_US`; 0 turns it off). A message that comes within it costs no sleep and no
+    /// wake-up — a cross-CPU wake-up costs tens of microseconds on some machines. The spinning
+    /// yields the CPU at every turn (a peer on the same CPU runs meanwhile) and adapts: after
+    /// spins that caught nothing it gets shorter, down to none, until a wait ends quickly
+    /// again. Default 50 µs.
     pub spin: Duration,
 }
 
@@ -66,10 +70,13 @@ impl DeviceConfig {
             spin: std::env::var("SMCR_SPIN_US")
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
-                .map_or(Duration::ZERO, |us| Duration::from_micros(us.min(10_000))),
+                .map_or(DEFAULT_SPIN, |us| Duration::from_micros(us.min(10_000))),
         }
     }
 }
+
+/// See [`DeviceConfig::spin`].
+const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// Counters of a device.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -122,31 +129,93 @@ fn bump(c: &AtomicU64, n: u64) {
 }
 
 /// Completion queue state shared by the application handle and the engine.
+///
+/// Two kinds of sleepers wait for completions, each on its own descriptor so that a
+/// completion wakes one of them, not both: *drivers* (application threads that handle
+/// completions themselves while they wait, [`crate::CompletionQueue::begin_drive`]) on
+/// `event_driver`, and everyone else (a poller thread, `ibv_req_notify_cq` users) on `event`.
+/// While a driver is at work the others are not signalled: the driver covers the queue.
 pub(crate) struct CqShared {
     pub(crate) queue: Mutex<VecDeque<WorkCompletion>>,
     pub(crate) event: OwnedFd,
     pub(crate) armed: AtomicBool,
+    pub(crate) event_driver: OwnedFd,
+    pub(crate) armed_driver: AtomicBool,
+    /// Threads between `begin_drive` and `end_drive`.
+    pub(crate) drivers: AtomicU32,
+    /// When the last drive ended (device nanoseconds; 0: never).
+    pub(crate) drive_ended: AtomicU64,
+    /// Driver spins in a row that caught nothing (each halves the next one).
+    pub(crate) spin_fails: AtomicU32,
+    /// Who sleeps, for the waiting words of the same-host rings.
+    pub(crate) sleepers: Mutex<Sleepers>,
     /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
     /// turns their ring entries into completions.
     pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<QpShared>>>,
 }
 
+/// Sleepers of a CQ (see [`CqShared`]).
+#[derive(Default)]
+pub(crate) struct Sleepers {
+    /// Threads asleep on `event` (a poller).
+    pub(crate) event: u32,
+    /// An `ibv_req_notify_cq` user armed `event`.
+    pub(crate) notify: bool,
+    /// Drivers asleep on `event_driver`.
+    pub(crate) drivers: u32,
+}
+
+impl Sleepers {
+    fn event_woke(&mut self) {
+        self.event = self.event.saturating_sub(1);
+    }
+
+    fn driver_woke(&mut self) {
+        self.drivers = self.drivers.saturating_sub(1);
+    }
+}
+
 impl CqShared {
     pub(crate) fn new() -> io::Result<Self> {
-        let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
         Ok(Self {
             queue: Mutex::new(VecDeque::new()),
-            event,
+            event: rustix::event::eventfd(0, flags)?,
             armed: AtomicBool::new(false),
+            event_driver: rustix::event::eventfd(0, flags)?,
+            armed_driver: AtomicBool::new(false),
+            drivers: AtomicU32::new(0),
+            drive_ended: AtomicU64::new(0),
+            spin_fails: AtomicU32::new(0),
+            sleepers: Mutex::new(Sleepers::default()),
             shm_qps: Mutex::new(Vec::new()),
         })
     }
 
     pub(crate) fn push(&self, wc: WorkCompletion) {
         self.queue.lock().push_back(wc);
-        if self.armed.swap(false, Ordering::AcqRel) {
+        // A driver at work covers the queue: only it is signalled (if it sleeps). Ordering:
+        // `end_drive` lowers `drivers` before it looks at the queue, under the queue's lock,
+        // so either it sees this completion or we see `drivers` at 0.
+        if self.drivers.load(Ordering::SeqCst) > 0 {
+            if self.armed_driver.swap(false, Ordering::AcqRel) {
+                let _ = rustix::io::write(&self.event_driver, &1u64.to_ne_bytes());
+            }
+        } else if self.armed.swap(false, Ordering::AcqRel) {
             let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
         }
+    }
+
+    /// The waiting word the same-host producers see (`samehost::WAIT_*` bits).
+    fn waiting_word(&self, s: &Sleepers) -> u32 {
+        let mut w = 0;
+        if s.drivers > 0 {
+            w |= crate::samehost::WAIT_DRIVER;
+        }
+        if (s.event > 0 || s.notify) && self.drivers.load(Ordering::SeqCst) == 0 {
+            w |= crate::samehost::WAIT_EVENT;
+        }
+        w
     }
 }
 
@@ -815,35 +884,53 @@ impl Shared {
     /// Blocks the calling thread until `cq` has a completion or `timeout` passes. If no other
     /// thread is receiving, the caller receives and handles packets itself, so the packet that
     /// completes its request costs one wake-up (its own), not two (engine, then caller).
+    ///
+    /// While drivers work on the CQ (or did within [`RECENTLY_DRIVEN`]) this sleeper leaves the
+    /// socket to them and is not signalled (they cover the queue); it wakes for its timeout.
     pub(crate) fn wait_cq(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
-        if !self.cfg.spin.is_zero() && self.shm_spin(cq, self.cfg.spin) {
-            return Ok(());
-        }
+        let driven = cq.drivers.load(Ordering::SeqCst) > 0;
+        let recent = !driven && self.recently_driven(cq);
+        let timeout = if recent {
+            Some(timeout.map_or(RECENTLY_DRIVEN, |t| t.min(RECENTLY_DRIVEN)))
+        } else {
+            timeout
+        };
         let deadline = timeout.map(|t| Instant::now() + t);
-        let Some(mut rx) = self.rx.try_lock() else {
-            cq.armed.store(true, Ordering::Release);
-            let pending = self.shm_waiting(cq, true);
-            if !pending && cq.queue.lock().is_empty() && wait_readable(&cq.event, timeout)? {
+        let rx = if driven || recent {
+            None
+        } else {
+            self.rx.try_lock()
+        };
+        let Some(mut rx) = rx else {
+            cq.armed.store(true, Ordering::SeqCst);
+            let pending = self.shm_sleepers(cq, |s| s.event += 1);
+            // Driven: what is there is the driver's; we are signalled if it is left behind.
+            let driven = cq.drivers.load(Ordering::SeqCst) > 0;
+            if (driven || (!pending && cq.queue.lock().is_empty()))
+                && wait_readable(&cq.event, timeout)?
+            {
                 drain_eventfd(&cq.event);
             }
-            self.shm_waiting(cq, false);
+            self.shm_sleepers(cq, Sleepers::event_woke);
             self.shm_poll(cq);
             return Ok(());
         };
         self.engine_rx_interest(false);
         let res = loop {
             // Armed only while asleep: completions this thread produces itself need no signal.
-            cq.armed.store(true, Ordering::Release);
+            cq.armed.store(true, Ordering::SeqCst);
             // Same-host producers ring the CQ's eventfd only when told we sleep.
-            if self.shm_waiting(cq, true) {
-                self.shm_waiting(cq, false);
+            if self.shm_sleepers(cq, |s| s.event += 1) {
+                self.shm_sleepers(cq, Sleepers::event_woke);
                 self.shm_poll(cq);
                 if cq.queue.lock().is_empty() {
                     // Part of a message arrived: set the flag again before sleeping.
                     continue;
                 }
+                break Ok(());
             }
             if !cq.queue.lock().is_empty() {
+                self.shm_sleepers(cq, Sleepers::event_woke);
                 break Ok(());
             }
             // Sleep first: poll returns at once if a packet is already waiting, which saves
@@ -857,10 +944,13 @@ impl Shared {
             let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => 0,
-                Err(e) => break Err(e.into()),
+                Err(e) => {
+                    self.shm_sleepers(cq, Sleepers::event_woke);
+                    break Err(e.into());
+                }
             };
             cq.armed.store(false, Ordering::Release);
-            self.shm_waiting(cq, false);
+            self.shm_sleepers(cq, Sleepers::event_woke);
             if fds[1].revents().contains(rustix::event::PollFlags::IN) {
                 drain_eventfd(&cq.event);
             }
@@ -874,6 +964,10 @@ impl Shared {
             if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 break Ok(());
             }
+            if cq.drivers.load(Ordering::SeqCst) > 0 {
+                // A driver started: it is signalled, not us; let it have the socket.
+                break Ok(());
+            }
         };
         cq.armed.store(false, Ordering::Release);
         // Hand receiving back to the engine thread (it wakes at once if data is waiting):
@@ -882,7 +976,149 @@ impl Shared {
         self.engine_rx_interest(true);
         res
     }
+
+    fn recently_driven(&self, cq: &CqShared) -> bool {
+        let e = cq.drive_ended.load(Ordering::Acquire);
+        e != 0 && self.nanos(Instant::now()).saturating_sub(e) < RECENTLY_DRIVEN.as_nanos() as u64
+    }
+
+    /// A thread starts driving `cq` (see [`crate::CompletionQueue::begin_drive`]).
+    pub(crate) fn begin_drive(&self, cq: &CqShared) {
+        if cq.drivers.fetch_add(1, Ordering::SeqCst) == 0 {
+            // The rings stop ringing the other sleepers.
+            self.shm_sleepers(cq, |_| {});
+        }
+    }
+
+    /// A thread stops driving `cq`: when it was the last, the other sleepers are signalled
+    /// again, and woken now if something came that no driver took.
+    pub(crate) fn end_drive(&self, cq: &CqShared) {
+        if cq.drivers.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
+        }
+        cq.drive_ended
+            .store(self.nanos(Instant::now()).max(1), Ordering::Release);
+        let pending = self.shm_sleepers(cq, |_| {});
+        if (pending || !cq.queue.lock().is_empty()) && cq.armed.swap(false, Ordering::AcqRel) {
+            let _ = rustix::io::write(&cq.event, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// A driver is about to sleep on `cq`'s driver descriptor (`on`), or woke: returns, when
+    /// going to sleep, whether something is already there (then do not sleep).
+    pub(crate) fn drive_sleep(&self, cq: &CqShared, on: bool) -> bool {
+        if on {
+            let pending = self.shm_sleepers(cq, |s| s.drivers += 1);
+            if pending || !cq.queue.lock().is_empty() {
+                self.shm_sleepers(cq, Sleepers::driver_woke);
+                return true;
+            }
+            false
+        } else {
+            self.shm_sleepers(cq, Sleepers::driver_woke);
+            false
+        }
+    }
+
+    /// A driver's blocking wait: like [`Self::wait_cq`], but signalled on the driver
+    /// descriptor, and it takes over receiving from the socket when it can.
+    pub(crate) fn drive_wait(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
+        let max = self.cfg.spin;
+        let shm_only = self.shm_only(cq);
+        if shm_only && !max.is_zero() {
+            let fails = cq.spin_fails.load(Ordering::Relaxed);
+            let budget = max / (1u32 << fails.min(16));
+            if budget >= Duration::from_micros(1) {
+                if self.shm_spin(cq, budget) {
+                    cq.spin_fails.store(0, Ordering::Relaxed);
+                    return Ok(());
+                }
+                cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
+            }
+        }
+        let slept = Instant::now();
+        let deadline = timeout.map(|t| slept + t);
+        // A CQ fed by shared memory only has nothing to receive from the socket.
+        let mut rx = if shm_only { None } else { self.rx.try_lock() };
+        if rx.is_some() {
+            self.engine_rx_interest(false);
+        }
+        let res = loop {
+            if self.drive_sleep(cq, true) {
+                self.shm_poll(cq);
+                if cq.queue.lock().is_empty() {
+                    continue; // part of a message
+                }
+                break Ok(());
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let ts = left.map(timespec);
+            let ev = rustix::event::PollFd::new(&cq.event_driver, rustix::event::PollFlags::IN);
+            let (r, sock_ready, ev_ready) = match &rx {
+                Some(_) => {
+                    let mut fds = [
+                        ev,
+                        rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
+                    ];
+                    let r = rustix::event::poll(&mut fds, ts.as_ref());
+                    let rd = |f: &rustix::event::PollFd<'_>| {
+                        f.revents().contains(rustix::event::PollFlags::IN)
+                    };
+                    (r, rd(&fds[1]), rd(&fds[0]))
+                }
+                None => {
+                    let mut fds = [ev];
+                    let r = rustix::event::poll(&mut fds, ts.as_ref());
+                    (
+                        r,
+                        false,
+                        fds[0].revents().contains(rustix::event::PollFlags::IN),
+                    )
+                }
+            };
+            self.drive_sleep(cq, false);
+            let ready = match r {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => 0,
+                Err(e) => break Err(e.into()),
+            };
+            if ev_ready {
+                drain_eventfd(&cq.event_driver);
+            }
+            if sock_ready && let Some(rx) = rx.as_mut() {
+                self.rx_drain(rx, 64);
+            }
+            self.shm_poll(cq);
+            if ev_ready && slept.elapsed() < max {
+                // Spinning would have caught this one.
+                cq.spin_fails.store(0, Ordering::Relaxed);
+            }
+            // Signalled: even with the queue empty now (another driver took what came), the
+            // caller's condition may have changed.
+            if ev_ready || !cq.queue.lock().is_empty() {
+                break Ok(());
+            }
+            if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+            if rx.is_none() && !shm_only {
+                rx = self.rx.try_lock();
+                if rx.is_some() {
+                    self.engine_rx_interest(false);
+                }
+            }
+        };
+        if rx.is_some() {
+            drop(rx);
+            self.engine_rx_interest(true);
+        }
+        res
+    }
 }
+
+/// How long after the last drive a CQ's other sleepers keep leaving the socket to drivers
+/// (an application thread between two waits comes back within it).
+const RECENTLY_DRIVEN: Duration = Duration::from_millis(10);
 
 impl Shared {
     /// Delivers what the same-host rings of `cq`'s QPs hold (and sends what waits for ring
@@ -919,10 +1155,26 @@ impl Shared {
                 std::hint::spin_loop();
             }
             n = n.wrapping_add(1);
+            // A peer on this very CPU gets to run (and answer) instead of waiting for us to
+            // give up; on another CPU it costs a system call per turn.
+            rustix::thread::sched_yield();
             if n.is_multiple_of(8) && Instant::now() >= until {
                 return false;
             }
         }
+    }
+
+    /// Whether every QP of `cq` receives through shared memory (and there is one).
+    fn shm_only(&self, cq: &CqShared) -> bool {
+        let list = cq.shm_qps.lock();
+        let mut any = false;
+        for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
+            if !qp.core.lock().shm.as_ref().is_some_and(|s| s.active) {
+                return false;
+            }
+            any = true;
+        }
+        any
     }
 
     /// Whether a ring of `cq` holds something deliverable.
@@ -934,16 +1186,20 @@ impl Shared {
         })
     }
 
-    /// Tells the producers of `cq`'s rings whether we sleep; returns whether something can be
-    /// delivered already (then do not sleep).
-    pub(crate) fn shm_waiting(&self, cq: &CqShared, on: bool) -> bool {
+    /// Changes who sleeps on `cq` and tells the producers of its rings (their waiting words);
+    /// returns whether something can be delivered already (then do not sleep).
+    pub(crate) fn shm_sleepers(&self, cq: &CqShared, change: impl FnOnce(&mut Sleepers)) -> bool {
+        let mut s = cq.sleepers.lock();
+        change(&mut s);
+        cq.armed_driver.store(s.drivers > 0, Ordering::SeqCst);
+        let word = cq.waiting_word(&s);
         let list = cq.shm_qps.lock();
         let mut pending = false;
         for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
             let core = qp.core.lock();
             if let Some(shm) = &core.shm {
-                shm.set_waiting(on);
-                pending |= on && shm.rx_pending(&core.rc);
+                shm.set_waiting(word);
+                pending |= word != 0 && shm.rx_pending(&core.rc);
             }
         }
         pending

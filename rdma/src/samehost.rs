@@ -324,7 +324,7 @@ pub(crate) fn trusted(conn: BorrowedFd<'_>) -> bool {
 pub(crate) fn send_offer(
     peer: SocketAddrV4,
     offer: &Offer,
-    fds: [BorrowedFd<'_>; 3],
+    fds: [BorrowedFd<'_>; 4],
 ) -> Option<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let fd = rustix::net::socket_with(
@@ -357,22 +357,33 @@ const F_LAST: u8 = 2;
 /// Payload bytes per entry.
 const E_DATA: usize = RING_SLOT - 4 - E_HDR;
 
+/// Waiting-word bit: the consumer's CQ notification descriptor has a sleeper (its poller).
+pub(crate) const WAIT_EVENT: u32 = 1;
+/// Waiting-word bit: a driver (an application thread handling completions itself) sleeps on
+/// the CQ's driver descriptor.
+pub(crate) const WAIT_DRIVER: u32 = 2;
+
 /// What the peer offered: where our requests go.
 pub(crate) struct PeerTx {
     pub(crate) from_qpn: u32,
     pub(crate) from: SocketAddrV4,
     arena: PeerArena,
     ring: Ring,
+    /// The peer CQ's notification descriptor (its poller, or an `ibv_req_notify_cq` user).
     bell: OwnedFd,
+    /// The peer CQ's driver descriptor (application threads that handle completions
+    /// themselves while they wait).
+    bell_driver: OwnedFd,
     /// The connection the offer came on (its hang-up means the peer is gone).
     pub(crate) conn: OwnedFd,
 }
 
 impl PeerTx {
-    /// Builds the transmit side from an offer's descriptors: arena, ring segment, doorbell.
+    /// Builds the transmit side from an offer's descriptors: arena, ring segment, the two
+    /// doorbells.
     pub(crate) fn new(offer: &Offer, fds: Vec<OwnedFd>, conn: OwnedFd) -> io::Result<Self> {
-        let [arena, ring, bell]: [OwnedFd; 3] = fds.try_into().map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidData, "an offer carries 3 descriptors")
+        let [arena, ring, bell, bell_driver]: [OwnedFd; 4] = fds.try_into().map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidData, "an offer carries 4 descriptors")
         })?;
         let arena = PeerArena::open(arena)?;
         let ring = Ring::attach(Arc::new(Segment::open(ring)?), 0)
@@ -385,13 +396,15 @@ impl PeerTx {
         }
         // Only an eventfd-like descriptor (anonymous inode: no pipe that could raise SIGPIPE,
         // no socket, no file) that cannot block us.
-        let st = rustix::fs::fstat(&bell)?;
-        let fl = rustix::fs::fcntl_getfl(&bell)?;
-        if st.st_mode & libc::S_IFMT != 0 || !fl.contains(rustix::fs::OFlags::NONBLOCK) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "doorbell is not non-blocking",
-            ));
+        for b in [&bell, &bell_driver] {
+            let st = rustix::fs::fstat(b)?;
+            let fl = rustix::fs::fcntl_getfl(b)?;
+            if st.st_mode & libc::S_IFMT != 0 || !fl.contains(rustix::fs::OFlags::NONBLOCK) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "doorbell is not non-blocking",
+                ));
+            }
         }
         Ok(Self {
             from_qpn: offer.from_qpn,
@@ -399,6 +412,7 @@ impl PeerTx {
             arena,
             ring,
             bell,
+            bell_driver,
             conn,
         })
     }
@@ -441,7 +455,9 @@ pub(crate) struct ShmQp {
     pub(crate) active: bool,
     backlog: VecDeque<Backlog>,
     rx: Option<RxCur>,
-    ring_bell: bool,
+    /// Which of the peer's doorbells to ring (its waiting word: [`WAIT_EVENT`],
+    /// [`WAIT_DRIVER`]).
+    ring_bell: u32,
     /// The doorbell was rung for a full ring (once per episode: a consumer without receive
     /// requests would otherwise be woken at every retry).
     rang_full: bool,
@@ -470,7 +486,7 @@ impl ShmQp {
             active: false,
             backlog: VecDeque::new(),
             rx: None,
-            ring_bell: false,
+            ring_bell: 0,
             rang_full: false,
             fault: None,
         })
@@ -624,10 +640,16 @@ impl ShmQp {
 
     /// Wakes the peer if it sleeps and we gave it something since the last call.
     pub(crate) fn ring_bell(&mut self) {
-        if std::mem::take(&mut self.ring_bell)
+        let word = std::mem::take(&mut self.ring_bell);
+        if word != 0
             && let Some(tx) = &self.tx
         {
-            let _ = rustix::io::write(&tx.bell, &1u64.to_ne_bytes());
+            if word & WAIT_EVENT != 0 {
+                let _ = rustix::io::write(&tx.bell, &1u64.to_ne_bytes());
+            }
+            if word & WAIT_DRIVER != 0 {
+                let _ = rustix::io::write(&tx.bell_driver, &1u64.to_ne_bytes());
+            }
         }
     }
 
@@ -636,9 +658,9 @@ impl ShmQp {
         !self.inbound.is_empty() && (self.rx.is_some() || rc.has_recv())
     }
 
-    /// Tells producers we are about to sleep (or not).
-    pub(crate) fn set_waiting(&self, on: bool) {
-        self.inbound.set_waiting(on);
+    /// Tells producers who of us sleeps ([`WAIT_EVENT`], [`WAIT_DRIVER`]; 0: nobody).
+    pub(crate) fn set_waiting(&self, word: u32) {
+        self.inbound.set_waiting_word(word);
     }
 
     /// Turns inbound ring entries into receive completions while receive requests are posted.
@@ -752,7 +774,7 @@ fn wc(rc: &RcQp, wr_id: u64, status: WcStatus, op: &WrOpcode, byte_len: u32) -> 
 fn execute(
     tx: &PeerTx,
     b: &mut Backlog,
-    bell: &mut bool,
+    bell: &mut u32,
     rang_full: &mut bool,
 ) -> Result<bool, WcStatus> {
     let len = b.sgl.len();
@@ -838,7 +860,7 @@ fn push(
     imm: u32,
     total: usize,
     data: &[u8],
-    bell: &mut bool,
+    bell: &mut u32,
     rang_full: &mut bool,
 ) -> Result<bool, WcStatus> {
     let mut e = [0u8; RING_SLOT];
@@ -847,7 +869,7 @@ fn push(
     e[4..8].copy_from_slice(&imm.to_le_bytes());
     e[8..12].copy_from_slice(&(total as u32).to_le_bytes());
     e[E_HDR..E_HDR + data.len()].copy_from_slice(data);
-    match tx.ring.push_quiet(&e[..E_HDR + data.len()]) {
+    match tx.ring.push_word(&e[..E_HDR + data.len()]) {
         Ok(waiting) => {
             *bell |= waiting;
             *rang_full = false;
@@ -856,7 +878,7 @@ fn push(
         Err(RingError::Full) => {
             // The consumer may sleep with a full ring: make sure it looks, once.
             if !std::mem::replace(rang_full, true) {
-                *bell = true;
+                *bell |= WAIT_EVENT | WAIT_DRIVER;
             }
             Ok(false)
         }

@@ -414,6 +414,13 @@ impl Ring {
     /// Producer: appends `msg` without ringing; returns whether the consumer said it sleeps
     /// (then the caller wakes it by its own means, e.g. an eventfd).
     pub fn push_quiet(&self, msg: &[u8]) -> Result<bool, RingError> {
+        self.push_word(msg).map(|w| w != 0)
+    }
+
+    /// Producer: like [`Ring::push_quiet`], but returns the consumer's whole waiting word (a
+    /// consumer with several kinds of sleepers says which of them sleep, bit by bit; see
+    /// [`Ring::set_waiting_word`]).
+    pub fn push_word(&self, msg: &[u8]) -> Result<u32, RingError> {
         if msg.len() > self.max_message() {
             return Err(RingError::TooLong(msg.len()));
         }
@@ -436,16 +443,21 @@ impl Ring {
         Ok(self
             .seg
             .u32_at(self.base + R_WAITING)
-            .load(Ordering::Relaxed)
-            != 0)
+            .load(Ordering::Relaxed))
     }
 
     /// Consumer: says whether it is about to sleep (producers then wake it). After setting
     /// it, check [`Ring::is_empty`] once more before sleeping.
     pub fn set_waiting(&self, on: bool) {
+        self.set_waiting_word(u32::from(on));
+    }
+
+    /// Consumer: sets the waiting word (non-zero: someone sleeps; producers read it back from
+    /// [`Ring::push_word`]). Check [`Ring::is_empty`] afterwards, as for `set_waiting`.
+    pub fn set_waiting_word(&self, word: u32) {
         self.seg
             .u32_at(self.base + R_WAITING)
-            .store(u32::from(on), Ordering::Relaxed);
+            .store(word, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 

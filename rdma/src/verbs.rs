@@ -259,9 +259,11 @@ impl CompletionQueue {
     /// Arms the notification: the next completion makes [`Self::fd`] readable
     /// (`ibv_req_notify_cq`).
     pub fn req_notify(&self) {
-        self.shared.armed.store(true, Ordering::Release);
+        self.shared.armed.store(true, Ordering::SeqCst);
         // Same-host producers write the eventfd only for a consumer that says it sleeps.
-        self.guard.shared.shm_waiting(&self.shared, true);
+        self.guard
+            .shared
+            .shm_sleepers(&self.shared, |s| s.notify = true);
     }
 
     /// The notification file descriptor, for poll/epoll.
@@ -273,17 +275,64 @@ impl CompletionQueue {
     pub fn ack_events(&self) {
         let mut b = [0u8; 8];
         let _ = rustix::io::read(&self.shared.event, &mut b);
+        self.guard
+            .shared
+            .shm_sleepers(&self.shared, |s| s.notify = false);
+    }
+
+    /// Starts a *drive*: the calling thread will take and handle this CQ's completions itself
+    /// whenever it wakes ([`Self::drive_wait`], or its own poll on [`Self::driver_fd`] between
+    /// [`Self::drive_sleep`] calls) until [`Self::end_drive`]. Meanwhile completions signal
+    /// only the driver descriptor, so a thread sleeping on [`Self::fd`] (a poller) is not
+    /// woken for them: one wake-up per completion, the driver's. Drives nest and count.
+    pub fn begin_drive(&self) {
+        self.guard.shared.begin_drive(&self.shared);
+    }
+
+    /// Ends a drive; after the last one, [`Self::fd`] is signalled again (at once if a
+    /// completion is waiting).
+    pub fn end_drive(&self) {
+        self.guard.shared.end_drive(&self.shared);
+    }
+
+    /// The driver descriptor (an eventfd, readable after a completion arrived for a sleeping
+    /// driver; drain it or register it edge-triggered).
+    pub fn driver_fd(&self) -> BorrowedFd<'_> {
+        self.shared.event_driver.as_fd()
+    }
+
+    /// Within a drive: says the caller is about to sleep on [`Self::driver_fd`] (`true`) or
+    /// woke (`false`). Going to sleep, returns `true` if a completion is already there (then
+    /// poll instead of sleeping; the sleep is not counted).
+    pub fn drive_sleep(&self, on: bool) -> bool {
+        self.guard.shared.drive_sleep(&self.shared, on)
+    }
+
+    /// Within a drive: sleeps until a completion is there to poll or `timeout` passes, without
+    /// taking any; receives from the device's socket itself while it sleeps when no other thread
+    /// does.
+    pub fn drive_wait(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.guard.shared.drive_wait(&self.shared, timeout)
+    }
+
+    /// Whether a thread is driving this CQ.
+    pub fn driven(&self) -> bool {
+        self.shared.drivers.load(Ordering::SeqCst) > 0
     }
 
     /// Sleeps until a completion is there to poll (returns `true`) or `timeout` passes
     /// (`false`), without taking any: for a thread that must take them under a lock of its
-    /// own. Receives for itself while it sleeps, as [`Self::wait`] does.
+    /// own. Receives for itself while it sleeps, as [`Self::wait`] does. While the CQ is
+    /// driven ([`Self::begin_drive`]) its completions are the driver's: this waits for the
+    /// timeout (or the end of the drive, if something is left then).
     pub fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            self.guard.shared.shm_poll(&self.shared);
-            if !self.shared.queue.lock().is_empty() {
-                return Ok(true);
+            if !self.driven() {
+                self.guard.shared.shm_poll(&self.shared);
+                if !self.shared.queue.lock().is_empty() {
+                    return Ok(true);
+                }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left.is_some_and(|l| l.is_zero()) {
@@ -357,8 +406,9 @@ impl QueuePair {
                     };
                     let [arena, ring] = shm.offer_fds();
                     let bell = core_ref.recv_cq.event.as_fd();
+                    let bell_driver = core_ref.recv_cq.event_driver.as_fd();
                     shm.offered = core_ref.av.and_then(|av| {
-                        crate::samehost::send_offer(av, &offer, [arena, ring, bell])
+                        crate::samehost::send_offer(av, &offer, [arena, ring, bell, bell_driver])
                     });
                 }
                 _ => {}

@@ -563,6 +563,11 @@ pub(crate) struct LinkGroup {
     /// Held by whoever takes and handles completions (the poller, or an application thread in
     /// `progress`), so that they are handled one batch at a time, in order.
     driver: Mutex<()>,
+    /// An application thread blocked in a read or write drives the group (one at a time; the
+    /// others wait on their connection's condition variable).
+    blocking_driver: AtomicBool,
+    /// `smc-stat` shows the link on shared memory.
+    shown_shm: AtomicBool,
     /// The QP sends through shared memory (sticky, see `same_host()`).
     same_host: AtomicBool,
     /// The group's own protection domain: with a same-host peer its memory is shared with
@@ -663,6 +668,8 @@ impl LinkGroup {
             qp,
             cq,
             driver: Mutex::new(()),
+            blocking_driver: AtomicBool::new(false),
+            shown_shm: AtomicBool::new(false),
             same_host: AtomicBool::new(false),
             pd,
             peer_gid,
@@ -1010,7 +1017,6 @@ impl LinkGroup {
 
     fn poll_loop(self: Arc<Self>) {
         let mut wcs = [WorkCompletion::EMPTY; 64];
-        let mut shown_shm = false;
         loop {
             let wait = {
                 let st = self.st.lock();
@@ -1021,17 +1027,6 @@ impl LinkGroup {
                         .min(Duration::from_millis(cap))
                 })
             };
-            if !shown_shm && self.qp.is_same_host() {
-                // The switch to shared memory happens once the first UDP exchanges are
-                // acknowledged: show it.
-                shown_shm = true;
-                let up = self.st.lock().up;
-                self.publish(if up {
-                    crate::stats::lg::LINK_ACTIVE
-                } else {
-                    crate::stats::lg::LINK_ACTIVATING
-                });
-            }
             // Sleep without taking completions: an application thread may take and handle
             // them first (`progress`), always under the driver lock, so they stay in order.
             if let Err(e) = self.cq.wait_ready(Some(wait)) {
@@ -1039,16 +1034,94 @@ impl LinkGroup {
                 return;
             }
             let _driver = self.driver.lock();
-            let n = self.cq.poll(&mut wcs);
+            // While an application thread drives the group, what arrives is its to take (it is
+            // signalled, and sleeps until then): only the timers are ours.
+            let n = if self.cq.driven() {
+                0
+            } else {
+                self.cq.poll(&mut wcs)
+            };
             if self.handle(&wcs[..n]) {
                 return;
             }
         }
     }
 
-    /// The completion queue's eventfd (see [`crate::Driver`]).
+    /// The completion queue's driver descriptor (see [`crate::Driver`]).
     pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.cq.fd()
+        self.cq.driver_fd()
+    }
+
+    /// For a thread about to sleep in its own wait on [`Self::event_fd`] (an epoll set):
+    /// starts a drive and says it sleeps. `false`: something is there already — it was
+    /// handled and the drive ended; check readiness without sleeping.
+    pub(crate) fn sleep_begin(self: &Arc<Self>) -> bool {
+        self.cq.begin_drive();
+        if self.cq.drive_sleep(true) {
+            self.cq.end_drive();
+            self.progress();
+            return false;
+        }
+        true
+    }
+
+    /// Ends what [`Self::sleep_begin`] started (after the wait returned).
+    pub(crate) fn sleep_end(&self) {
+        self.cq.drive_sleep(false);
+        self.cq.end_drive();
+    }
+
+    /// A thread blocked in a read or write (until `deadline`) waits for the group's next
+    /// completions and handles them itself, so the message it waits for costs one wake-up (its
+    /// own) instead of two (the poller's, then its own). Returns false if another thread is
+    /// the blocking driver already (then wait on the condition variable: it handles ours too).
+    ///
+    /// `changed` says whether the caller's condition may have changed since it checked it
+    /// (another thread handled something for it meanwhile): then it does not sleep.
+    ///
+    /// Call it only after [`Self::claim_blocking_driver`] returned true (it gives the claim
+    /// back): the claim is taken while the caller still holds its connection's lock, so a
+    /// thread that does not get it waits on its condition variable without a gap in which a
+    /// wake-up could pass unseen.
+    pub(crate) fn drive_blocked(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+        changed: impl Fn() -> bool,
+    ) {
+        self.cq.begin_drive();
+        // The poller takes no new batch now; waiting for the driver lock lets it finish the
+        // one it may be handling, so `changed` sees its effect.
+        self.handle_queued();
+        if !changed() {
+            // Capped: a wake-up lost to a bug would cost a second, not the connection.
+            let cap = Duration::from_secs(1);
+            let timeout = deadline.map_or(cap, |d| {
+                d.saturating_duration_since(Instant::now()).min(cap)
+            });
+            // An error of the CQ wait is the poller's to report; this thread just goes on.
+            let _ = self.cq.drive_wait(Some(timeout));
+            self.handle_queued();
+        }
+        self.cq.end_drive();
+        self.blocking_driver.store(false, Ordering::Release);
+    }
+
+    /// Claims the group's blocking driver role (see [`Self::drive_blocked`]); false if another
+    /// thread has it or the group is down.
+    pub(crate) fn claim_blocking_driver(&self) -> bool {
+        !self.down.load(Ordering::Acquire) && !self.blocking_driver.swap(true, Ordering::AcqRel)
+    }
+
+    /// Takes and handles what the completion queue holds, under the driver lock.
+    fn handle_queued(self: &Arc<Self>) {
+        let _driver = self.driver.lock();
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        loop {
+            let n = self.cq.poll(&mut wcs);
+            if n == 0 || self.handle(&wcs[..n]) {
+                break;
+            }
+        }
     }
 
     /// Handles what an application thread finds in the completion queue, if no other thread
@@ -1070,6 +1143,17 @@ impl LinkGroup {
     /// Handles completions (CDCs, LLC messages, SEND completions), runs the link's timers and
     /// wakes connections. Called with the driver lock held. Returns true once the group failed.
     fn handle(self: &Arc<Self>, wcs: &[WorkCompletion]) -> bool {
+        if !self.shown_shm.load(Ordering::Relaxed) && self.qp.is_same_host() {
+            // The switch to shared memory happens once the first UDP exchanges are
+            // acknowledged: show it (whichever thread handles completions then).
+            self.shown_shm.store(true, Ordering::Relaxed);
+            let up = self.st.lock().up;
+            self.publish(if up {
+                crate::stats::lg::LINK_ACTIVE
+            } else {
+                crate::stats::lg::LINK_ACTIVATING
+            });
+        }
         let n = wcs.len();
         let now = Instant::now();
         let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
@@ -1392,6 +1476,10 @@ pub(crate) struct ConnShared {
     pub(crate) peer_vaddr: u64,
     pub(crate) core: Mutex<ConnState>,
     pub(crate) cond: Condvar,
+    /// Counts [`ConnShared::wake`]s: a thread that checked its condition and then drives the
+    /// group instead of waiting on `cond` learns from it that the condition may have changed
+    /// in between.
+    pub(crate) wakes: std::sync::atomic::AtomicU64,
     /// Two eventfds, for readers and for writers, made readable at every state change (data,
     /// space, close, failure); created on demand for poll/epoll and async users. Two, because
     /// a reactor keeps one waiter per fd and direction.
@@ -1705,6 +1793,7 @@ impl ConnShared {
 
     /// Wakes blocked readers and writers and signals the readiness fds.
     pub(crate) fn wake(&self) {
+        self.wakes.fetch_add(1, Ordering::AcqRel);
         if self.readiness.get().is_some() {
             let mut s = self.core.lock();
             self.report(&mut s);

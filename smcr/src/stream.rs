@@ -142,9 +142,26 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// The descriptor to watch for readability (edge-triggered: it is drained by the poller).
+    /// The descriptor to watch for readability (edge-triggered, exclusive: it is not drained
+    /// by everyone). Bracket each wait on it with [`Self::sleep_begin`] and
+    /// [`Self::sleep_end`]: only then is it signalled.
     pub fn fd(&self) -> std::os::fd::RawFd {
         self.fd
+    }
+
+    /// The calling thread is about to sleep on [`Self::fd`]: while it sleeps, the group's
+    /// completions wake it (and not the group's poller). `Some(false)`: something had arrived
+    /// already and was handled here — do not sleep (no `sleep_end` needed). `None`: the group
+    /// is gone.
+    pub fn sleep_begin(&self) -> Option<bool> {
+        self.lg.upgrade().map(|lg| lg.sleep_begin())
+    }
+
+    /// The wait that followed `sleep_begin() == Some(true)` returned.
+    pub fn sleep_end(&self) {
+        if let Some(lg) = self.lg.upgrade() {
+            lg.sleep_end();
+        }
     }
 
     /// The link group's id within this process.
@@ -490,6 +507,7 @@ fn make_conn(
             stat: None,
         }),
         cond: parking_lot::Condvar::new(),
+        wakes: std::sync::atomic::AtomicU64::new(0),
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
         readiness: std::sync::OnceLock::new(),
     });
@@ -1061,7 +1079,7 @@ impl SmcStream {
             if let Some(e) = Self::pending_reset(&mut s) {
                 return Err(e);
             }
-            wait(&smc.conn, &mut s, nonblocking, deadline)?;
+            wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
         }
     }
 
@@ -1119,19 +1137,31 @@ impl SmcStream {
                 smc.conn.report(&mut s);
                 return Ok(n as usize);
             }
-            wait(&smc.conn, &mut s, nonblocking, deadline)?;
+            wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
         }
     }
 }
 
 fn wait(
     conn: &ConnShared,
+    lg: &Arc<LinkGroup>,
     s: &mut parking_lot::MutexGuard<'_, ConnState>,
     nonblocking: bool,
     deadline: Option<Instant>,
 ) -> io::Result<()> {
     if nonblocking {
         return Err(io::ErrorKind::WouldBlock.into());
+    }
+    if lg.claim_blocking_driver() {
+        let seen = conn.wakes.load(std::sync::atomic::Ordering::Acquire);
+        let changed = || conn.wakes.load(std::sync::atomic::Ordering::Acquire) != seen;
+        parking_lot::MutexGuard::unlocked(s, || lg.drive_blocked(deadline, changed));
+        // Woken by the group's next completions, handled on this thread; the caller checks
+        // its condition again.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
+        }
+        return Ok(());
     }
     match deadline {
         Some(d) => {

@@ -519,7 +519,12 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
     for _ in 0..200 {
         doc = serde_json::from_str(&run(&["--json"])).unwrap();
         let conns = doc["connections"].as_array().unwrap();
-        if conns.len() == 2 && conns.iter().all(settled) {
+        // The links show `shm` once each group has handled something after the switch (its
+        // poller does within its timer period).
+        let on_shm = doc["link_groups"]
+            .as_array()
+            .is_some_and(|g| g.iter().all(|g| g["transport"] == "shm"));
+        if conns.len() == 2 && conns.iter().all(settled) && on_shm {
             break;
         }
         thread::sleep(std::time::Duration::from_millis(10));

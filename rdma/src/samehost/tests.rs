@@ -264,6 +264,7 @@ fn an_offer_with_a_pipe_for_a_doorbell_is_refused() {
             arena.try_clone_to_owned().unwrap(),
             ring.try_clone_to_owned().unwrap(),
             bell,
+            rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap(),
         ];
         PeerTx::new(&offer, fds, arena.try_clone_to_owned().unwrap())
     };
