@@ -524,3 +524,141 @@ fn deferred_sends_complete_once_the_peer_receives() {
     let mut none = [WorkCompletion::EMPTY];
     assert_eq!(a.cq.poll(&mut none), 0);
 }
+
+/// Whether `fd` is readable within `ms`.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: i32) -> bool {
+    let mut p = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ts = rustix::time::Timespec {
+        tv_sec: i64::from(ms / 1000),
+        tv_nsec: i64::from(ms % 1000) * 1_000_000,
+    };
+    rustix::event::poll(&mut p, Some(&ts)).unwrap() > 0
+}
+
+fn drain(fd: std::os::fd::BorrowedFd<'_>) {
+    let mut b = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut b);
+}
+
+fn send_one(a: &Side, src: &MemoryRegion, wr_id: u64) {
+    a.qp.post_send(&[SendWr {
+        wr_id,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 8)],
+        flags: SendFlags::empty(),
+    }])
+    .unwrap();
+}
+
+#[test]
+fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
+    for shared in [true, false] {
+        let (a, b) = pair(shared);
+        if shared {
+            wait_same_host(&a, &b);
+        }
+        let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        for i in 0..4 {
+            b.qp.post_recv(&[RecvWr {
+                wr_id: i,
+                sg_list: &[rbuf.sge(i as usize * 64, 64)],
+            }])
+            .unwrap();
+        }
+        // Driven: a driver says it sleeps, a notification user armed the CQ too; only the
+        // driver's descriptor fires.
+        b.cq.begin_drive();
+        assert!(b.cq.driven());
+        b.cq.req_notify();
+        assert!(!b.cq.drive_sleep(true), "nothing there yet ({shared})");
+        send_one(&a, &src, 1);
+        assert!(
+            readable(b.cq.driver_fd(), 5000),
+            "driver not woken ({shared})"
+        );
+        b.cq.drive_sleep(false);
+        assert!(
+            !readable(b.cq.fd(), 50),
+            "the other sleeper was woken ({shared})"
+        );
+        drain(b.cq.driver_fd());
+        let mut wc = [WorkCompletion::EMPTY; 4];
+        assert_eq!(b.cq.poll(&mut wc), 1);
+        // Something that comes while the driver is busy (not asleep) is left for it, not
+        // signalled; ending the drive hands it to the armed sleeper at once.
+        send_one(&a, &src, 2);
+        // (Over UDP the engine thread receives it meanwhile.)
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!readable(b.cq.fd(), 0), "signalled while driven ({shared})");
+        b.cq.end_drive();
+        assert!(!b.cq.driven());
+        assert!(
+            readable(b.cq.fd(), 5000),
+            "left-over not handed on ({shared})"
+        );
+        b.cq.ack_events();
+        let mut got = 0;
+        let until = Instant::now() + Duration::from_secs(5);
+        while got == 0 {
+            assert!(Instant::now() < until);
+            got = b.cq.poll(&mut wc);
+        }
+        assert_eq!(wc[0].byte_len, 8);
+        // Not driven: the notification descriptor fires, the driver's does not.
+        b.cq.req_notify();
+        send_one(&a, &src, 3);
+        assert!(readable(b.cq.fd(), 5000), "notification lost ({shared})");
+        assert!(
+            !readable(b.cq.driver_fd(), 0),
+            "driver woken undriven ({shared})"
+        );
+    }
+}
+
+#[test]
+fn a_driver_wait_returns_with_the_message_and_ends_by_its_timeout() {
+    for shared in [true, false] {
+        let (a, b) = pair(shared);
+        if shared {
+            wait_same_host(&a, &b);
+        }
+        let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 9,
+            sg_list: &[rbuf.sge(0, 64)],
+        }])
+        .unwrap();
+        b.cq.begin_drive();
+        let t = Instant::now();
+        b.cq.drive_wait(Some(Duration::from_millis(100))).unwrap();
+        assert!(
+            t.elapsed() >= Duration::from_millis(90),
+            "returned early ({shared})"
+        );
+        let mut wc = [WorkCompletion::EMPTY];
+        assert_eq!(b.cq.poll(&mut wc), 0);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            send_one(&a, &src, 1);
+            a
+        });
+        let t = Instant::now();
+        let mut n = 0;
+        while n == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "no message ({shared})"
+            );
+            b.cq.drive_wait(Some(Duration::from_secs(5))).unwrap();
+            n = b.cq.poll(&mut wc);
+        }
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (9, 8));
+        b.cq.end_drive();
+        drop(sender.join().unwrap());
+    }
+}
