@@ -140,11 +140,16 @@ pub(crate) fn wait(
                 }
             }
         }
+        let slept = Instant::now();
         let n = call(if handled { 0 } else { t });
         if !asleep.is_empty() {
+            let slept = slept.elapsed();
+            // SAFETY: the kernel filled `n` events at `events` (none if n <= 0).
+            let evs = unsafe { std::slice::from_raw_parts(events, n.max(0) as usize) };
             let _own = crate::guard::Bypass::new();
             for d in &asleep {
-                d.sleep_end();
+                let woken = evs.iter().any(|e| e.u64 == TAG | (d.id() & 0xffff_ffff));
+                d.sleep_end(slept, woken);
             }
         }
         if n == 0 && handled && t != 0 {

@@ -1020,21 +1020,40 @@ impl Shared {
         }
     }
 
+    /// A driver about to sleep spins on `cq`'s same-host rings first (adaptively, see
+    /// [`DeviceConfig::spin`]); true if something arrived (it is in the CQ).
+    pub(crate) fn drive_spin(&self, cq: &CqShared) -> bool {
+        let max = self.cfg.spin;
+        if max.is_zero() || !self.shm_only(cq) {
+            return false;
+        }
+        let fails = cq.spin_fails.load(Ordering::Relaxed);
+        let budget = max / (1u32 << fails.min(16));
+        if budget < Duration::from_micros(1) {
+            return false;
+        }
+        if self.shm_spin(cq, budget) {
+            cq.spin_fails.store(0, Ordering::Relaxed);
+            return true;
+        }
+        cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
+        false
+    }
+
+    /// A driver that slept woke after `slept`: had it arrived within a spin, spinning resumes.
+    pub(crate) fn drive_woke_after(&self, cq: &CqShared, slept: Duration) {
+        if slept < self.cfg.spin {
+            cq.spin_fails.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// A driver's blocking wait: like [`Self::wait_cq`], but signalled on the driver
     /// descriptor, and it takes over receiving from the socket when it can.
     pub(crate) fn drive_wait(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
         let max = self.cfg.spin;
         let shm_only = self.shm_only(cq);
-        if shm_only && !max.is_zero() {
-            let fails = cq.spin_fails.load(Ordering::Relaxed);
-            let budget = max / (1u32 << fails.min(16));
-            if budget >= Duration::from_micros(1) {
-                if self.shm_spin(cq, budget) {
-                    cq.spin_fails.store(0, Ordering::Relaxed);
-                    return Ok(());
-                }
-                cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
-            }
+        if self.drive_spin(cq) {
+            return Ok(());
         }
         let slept = Instant::now();
         let deadline = timeout.map(|t| slept + t);

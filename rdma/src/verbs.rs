@@ -315,6 +315,18 @@ impl CompletionQueue {
         self.guard.shared.drive_wait(&self.shared, timeout)
     }
 
+    /// Within a drive, before sleeping: polls the same-host rings for a short, adaptive while
+    /// (see [`crate::DeviceConfig::spin`]); true if a completion arrived meanwhile.
+    pub fn drive_spin(&self) -> bool {
+        self.guard.shared.drive_spin(&self.shared)
+    }
+
+    /// Within a drive: the sleep that followed a failed [`Self::drive_spin`] ended after
+    /// `slept` because something arrived (it tunes the spinning).
+    pub fn drive_woke_after(&self, slept: Duration) {
+        self.guard.shared.drive_woke_after(&self.shared, slept);
+    }
+
     /// Whether a thread is driving this CQ.
     pub fn driven(&self) -> bool {
         self.shared.drivers.load(Ordering::SeqCst) > 0

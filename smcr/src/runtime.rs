@@ -1057,7 +1057,7 @@ impl LinkGroup {
     /// handled and the drive ended; check readiness without sleeping.
     pub(crate) fn sleep_begin(self: &Arc<Self>) -> bool {
         self.cq.begin_drive();
-        if self.cq.drive_sleep(true) {
+        if self.cq.drive_spin() || self.cq.drive_sleep(true) {
             self.cq.end_drive();
             self.progress();
             return false;
@@ -1066,8 +1066,11 @@ impl LinkGroup {
     }
 
     /// Ends what [`Self::sleep_begin`] started (after the wait returned).
-    pub(crate) fn sleep_end(&self) {
+    pub(crate) fn sleep_end(&self, slept: Duration, woken: bool) {
         self.cq.drive_sleep(false);
+        if woken {
+            self.cq.drive_woke_after(slept);
+        }
         self.cq.end_drive();
     }
 

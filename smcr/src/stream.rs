@@ -157,10 +157,11 @@ impl Driver {
         self.lg.upgrade().map(|lg| lg.sleep_begin())
     }
 
-    /// The wait that followed `sleep_begin() == Some(true)` returned.
-    pub fn sleep_end(&self) {
+    /// The wait that followed `sleep_begin() == Some(true)` returned after `slept`; `woken`:
+    /// [`Self::fd`] fired (this tunes the spinning before sleeps).
+    pub fn sleep_end(&self, slept: std::time::Duration, woken: bool) {
         if let Some(lg) = self.lg.upgrade() {
-            lg.sleep_end();
+            lg.sleep_end(slept, woken);
         }
     }
 
