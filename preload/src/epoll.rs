@@ -142,6 +142,9 @@ pub(crate) fn wait(
         }
         let slept = Instant::now();
         let n = call(if handled { 0 } else { t });
+        // What follows may touch errno (futex waits in locks): the application sees the
+        // real call's.
+        let errno = std::io::Error::last_os_error().raw_os_error();
         if !asleep.is_empty() {
             let slept = slept.elapsed();
             // SAFETY: the kernel filled `n` events at `events` (none if n <= 0).
@@ -162,6 +165,11 @@ pub(crate) fn wait(
             continue;
         }
         if n <= 0 {
+            if n < 0
+                && let Some(e) = errno
+            {
+                crate::guard::set_errno(e);
+            }
             return n;
         }
         // SAFETY: the kernel filled `n` events at `events`.
@@ -175,12 +183,17 @@ pub(crate) fn wait(
                 if let Some((pid, d)) = d {
                     ours = true;
                     // A forked child sharing the epoll set must not take the parent's
-                    // messages: it only drops the event.
+                    // messages: it passes the event on (the registration is exclusive, so
+                    // this wake-up may have been the parent's only one).
                     if pid == table::pid() {
                         let _own = crate::guard::Bypass::new();
                         if !d.progress() {
                             DRIVERS.lock().remove(&(epfd, data & 0xffff_ffff));
                         }
+                    } else {
+                        let one = 1u64.to_ne_bytes();
+                        // SAFETY: 8 bytes to the group's eventfd, inherited from the parent.
+                        unsafe { real::write()(d.fd(), one.as_ptr().cast(), one.len()) };
                     }
                     continue;
                 }

@@ -906,12 +906,15 @@ impl Shared {
             let pending = self.shm_sleepers(cq, |s| s.event += 1);
             // Driven: what is there is the driver's; we are signalled if it is left behind.
             let driven = cq.drivers.load(Ordering::SeqCst) > 0;
-            if (driven || (!pending && cq.queue.lock().is_empty()))
-                && wait_readable(&cq.event, timeout)?
-            {
+            let slept = if driven || (!pending && cq.queue.lock().is_empty()) {
+                wait_readable(&cq.event, timeout)
+            } else {
+                Ok(false)
+            };
+            self.shm_sleepers(cq, Sleepers::event_woke);
+            if slept? {
                 drain_eventfd(&cq.event);
             }
-            self.shm_sleepers(cq, Sleepers::event_woke);
             self.shm_poll(cq);
             return Ok(());
         };
@@ -994,6 +997,11 @@ impl Shared {
     /// again, and woken now if something came that no driver took.
     pub(crate) fn end_drive(&self, cq: &CqShared) {
         if cq.drivers.fetch_sub(1, Ordering::SeqCst) != 1 {
+            // Other drivers remain: if this one leaves completions behind (it could not take
+            // them, or took only some), the others must look.
+            if !cq.queue.lock().is_empty() || self.shm_pending(cq) {
+                let _ = rustix::io::write(&cq.event_driver, &1u64.to_ne_bytes());
+            }
             return;
         }
         cq.drive_ended

@@ -590,6 +590,11 @@ pub(crate) struct LinkGroup {
     stat: Option<LgStat>,
 }
 
+thread_local! {
+    /// This thread is a group's blocking driver (its own wake-ups need no kick).
+    static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// A link group's claimed record in the stats area.
 struct LgStat {
     area: Arc<crate::stats::Area>,
@@ -1091,6 +1096,7 @@ impl LinkGroup {
         deadline: Option<Instant>,
         changed: impl Fn() -> bool,
     ) {
+        DRIVING.with(|d| d.set(true));
         self.cq.begin_drive();
         // The poller takes no new batch now; waiting for the driver lock lets it finish the
         // one it may be handling, so `changed` sees its effect.
@@ -1107,6 +1113,23 @@ impl LinkGroup {
         }
         self.cq.end_drive();
         self.blocking_driver.store(false, Ordering::Release);
+        DRIVING.with(|d| d.set(false));
+    }
+
+    /// Wakes the blocking driver, if there is one and it is not this thread's own handling
+    /// (its sleep ends; it re-checks its condition).
+    pub(crate) fn kick_blocking_driver(&self) {
+        if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: 8 bytes from a valid buffer to the CQ's eventfd (owned by `self.cq`).
+            unsafe {
+                libc::write(
+                    self.cq.driver_fd().as_raw_fd(),
+                    one.as_ptr().cast(),
+                    one.len(),
+                )
+            };
+        }
     }
 
     /// Claims the group's blocking driver role (see [`Self::drive_blocked`]); false if another
@@ -1483,6 +1506,9 @@ pub(crate) struct ConnShared {
     /// group instead of waiting on `cond` learns from it that the condition may have changed
     /// in between.
     pub(crate) wakes: std::sync::atomic::AtomicU64,
+    /// The group, to wake its blocking driver when something other than a completion changes
+    /// this connection (a shutdown or abort by another thread, the group failing).
+    pub(crate) lg: Weak<LinkGroup>,
     /// Two eventfds, for readers and for writers, made readable at every state change (data,
     /// space, close, failure); created on demand for poll/epoll and async users. Two, because
     /// a reactor keeps one waiter per fd and direction.
@@ -1797,6 +1823,9 @@ impl ConnShared {
     /// Wakes blocked readers and writers and signals the readiness fds.
     pub(crate) fn wake(&self) {
         self.wakes.fetch_add(1, Ordering::AcqRel);
+        if let Some(lg) = self.lg.upgrade() {
+            lg.kick_blocking_driver();
+        }
         if self.readiness.get().is_some() {
             let mut s = self.core.lock();
             self.report(&mut s);

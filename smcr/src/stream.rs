@@ -132,8 +132,9 @@ struct Smc {
 /// Lets an application thread do a link group's work (take and handle its completions) when
 /// the group's event descriptor fires, instead of waiting for the group's poller thread to
 /// wake and hand each message over: one wake-up per message instead of two. The descriptor is
-/// the group's completion-queue eventfd; it fires (for the poller too) when something arrives
-/// while the group sleeps. Holding a `Driver` does not keep the group alive.
+/// the group's completion-queue *driver* eventfd; it fires, instead of the poller's, when
+/// something arrives while a thread sleeps between [`Driver::sleep_begin`] and
+/// [`Driver::sleep_end`]. Holding a `Driver` does not keep the group alive.
 #[derive(Clone)]
 pub struct Driver {
     fd: std::os::fd::RawFd,
@@ -509,6 +510,7 @@ fn make_conn(
         }),
         cond: parking_lot::Condvar::new(),
         wakes: std::sync::atomic::AtomicU64::new(0),
+        lg: Arc::downgrade(lg),
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
         readiness: std::sync::OnceLock::new(),
     });
@@ -1158,8 +1160,8 @@ fn wait(
         let changed = || conn.wakes.load(std::sync::atomic::Ordering::Acquire) != seen;
         parking_lot::MutexGuard::unlocked(s, || lg.drive_blocked(deadline, changed));
         // Woken by the group's next completions, handled on this thread; the caller checks
-        // its condition again.
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        // its condition again (a deadline passed with nothing new is a time-out).
+        if !changed() && deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
         }
         return Ok(());

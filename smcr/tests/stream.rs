@@ -663,3 +663,39 @@ fn smc_stat_watch_redraws() {
     drop(l);
     rt.shutdown();
 }
+
+#[test]
+fn a_blocked_reader_wakes_when_another_thread_shuts_its_reading_down() {
+    // The blocked reader handles the link group itself (it sleeps on the completion queue,
+    // not on its condition variable): a change no completion brings must still wake it —
+    // within its 1 s sleep cap would be a bug.
+    let rt = runtime();
+    let (l, addr) = listen(&rt);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        done_rx.recv().unwrap();
+        drop(s);
+    });
+    let c = std::sync::Arc::new(SmcStream::connect(&rt, addr).unwrap());
+    assert!(matches!(c.mode(), Mode::SmcR { .. }));
+    let r = c.clone();
+    let reader = thread::spawn(move || {
+        let mut b = [0u8; 8];
+        r.recv(&mut b, false, smcr::Blocking::Yes(None))
+    });
+    thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!reader.is_finished(), "nothing to read yet");
+    let t = std::time::Instant::now();
+    c.shutdown(std::net::Shutdown::Read).unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got.unwrap(), 0, "EOF after shutdown(Read)");
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(700),
+        "woken after {:?}",
+        t.elapsed()
+    );
+    done_tx.send(()).unwrap();
+    server.join().unwrap();
+    rt.shutdown();
+}
