@@ -121,7 +121,7 @@ pub(crate) fn wait(
     loop {
         // The groups this set wakes for: while we sleep, their completions wake us (not their
         // pollers); what came before we got here is handled first, then we only look.
-        let mut asleep: Vec<smcr::Driver> = Vec::new();
+        let mut asleep = Asleep(Vec::new());
         let mut handled = false;
         if t != 0 {
             let me = table::pid();
@@ -134,7 +134,7 @@ pub(crate) fn wait(
             let _own = crate::guard::Bypass::new();
             for d in ds {
                 match d.sleep_begin() {
-                    Some(true) => asleep.push(d),
+                    Some(true) => asleep.0.push(d),
                     Some(false) => handled = true,
                     None => {}
                 }
@@ -145,12 +145,12 @@ pub(crate) fn wait(
         // What follows may touch errno (futex waits in locks): the application sees the
         // real call's.
         let errno = std::io::Error::last_os_error().raw_os_error();
-        if !asleep.is_empty() {
+        if !asleep.0.is_empty() {
             let slept = slept.elapsed();
             // SAFETY: the kernel filled `n` events at `events` (none if n <= 0).
             let evs = unsafe { std::slice::from_raw_parts(events, n.max(0) as usize) };
             let _own = crate::guard::Bypass::new();
-            for d in &asleep {
+            for d in asleep.0.drain(..) {
                 let woken = evs.iter().any(|e| e.u64 == TAG | (d.id() & 0xffff_ffff));
                 d.sleep_end(slept, woken);
             }
@@ -210,6 +210,18 @@ pub(crate) fn wait(
         } else {
             left(deadline).unwrap_or(-1)
         };
+    }
+}
+
+/// Drivers between `sleep_begin` and `sleep_end`; a panic on the way ends their sleeps too
+/// (a group left driven would never be handled by its poller again).
+struct Asleep(Vec<smcr::Driver>);
+
+impl Drop for Asleep {
+    fn drop(&mut self) {
+        for d in self.0.drain(..) {
+            d.sleep_end(Duration::ZERO, false);
+        }
     }
 }
 

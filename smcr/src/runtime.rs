@@ -1096,8 +1096,19 @@ impl LinkGroup {
         deadline: Option<Instant>,
         changed: impl Fn() -> bool,
     ) {
+        /// Ends the drive and gives the role back however this function is left (a panic in
+        /// `handle` must not leave the group driven: the poller would never take completions).
+        struct Drive<'a>(&'a LinkGroup);
+        impl Drop for Drive<'_> {
+            fn drop(&mut self) {
+                self.0.cq.end_drive();
+                self.0.blocking_driver.store(false, Ordering::Release);
+                DRIVING.with(|d| d.set(false));
+            }
+        }
         DRIVING.with(|d| d.set(true));
         self.cq.begin_drive();
+        let _drive = Drive(self);
         // The poller takes no new batch now; waiting for the driver lock lets it finish the
         // one it may be handling, so `changed` sees its effect.
         self.handle_queued();
@@ -1111,9 +1122,6 @@ impl LinkGroup {
             let _ = self.cq.drive_wait(Some(timeout));
             self.handle_queued();
         }
-        self.cq.end_drive();
-        self.blocking_driver.store(false, Ordering::Release);
-        DRIVING.with(|d| d.set(false));
     }
 
     /// Wakes the blocking driver, if there is one and it is not this thread's own handling
