@@ -105,17 +105,6 @@ impl Default for Options {
     }
 }
 
-fn zero_wc() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }
-}
-
 impl Conn {
     /// Sets up resources and exchanges endpoints over `tcp`.
     pub fn establish(tcp: &mut TcpStream, o: &Options, sink: bool) -> Result<Self> {
@@ -218,7 +207,7 @@ impl Conn {
 
     /// Waits for incoming control messages, reposting their buffers.
     pub fn recv_msgs(&self, out: &mut Vec<[u32; 8]>, timeout: Duration) -> Result<()> {
-        let mut wcs = [zero_wc(); 32];
+        let mut wcs = [WorkCompletion::EMPTY; 32];
         let n = self.rcq.wait(&mut wcs, Some(timeout))?;
         ensure!(
             n > 0,
@@ -251,7 +240,7 @@ impl Conn {
 
     /// Reaps send completions without waiting; fails on an error completion.
     pub fn reap_sends(&self) -> Result<()> {
-        let mut wcs = [zero_wc(); 32];
+        let mut wcs = [WorkCompletion::EMPTY; 32];
         loop {
             let n = self.scq.poll(&mut wcs);
             for wc in &wcs[..n] {
@@ -447,7 +436,7 @@ pub fn run_sink(c: &mut Conn) -> Result<u64> {
                     )?;
                     // Let the DONE message be acknowledged before the process exits.
                     let deadline = Instant::now() + Duration::from_secs(10);
-                    let mut wcs = [zero_wc(); 4];
+                    let mut wcs = [WorkCompletion::EMPTY; 4];
                     while Instant::now() < deadline {
                         if c.scq.wait(&mut wcs, Some(Duration::from_millis(100)))? > 0 {
                             break;

@@ -1058,7 +1058,6 @@ impl Shared {
     /// A driver's blocking wait: like [`Self::wait_cq`], but signalled on the driver
     /// descriptor, and it takes over receiving from the socket when it can.
     pub(crate) fn drive_wait(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
-        let max = self.cfg.spin;
         let shm_only = self.shm_only(cq);
         if self.drive_spin(cq) {
             return Ok(());
@@ -1116,9 +1115,8 @@ impl Shared {
                 self.rx_drain(rx, 64);
             }
             self.shm_poll(cq);
-            if ev_ready && slept.elapsed() < max {
-                // Spinning would have caught this one.
-                cq.spin_fails.store(0, Ordering::Relaxed);
+            if ev_ready {
+                self.drive_woke_after(cq, slept.elapsed());
             }
             // Signalled: even with the queue empty now (another driver took what came), the
             // caller's condition may have changed.

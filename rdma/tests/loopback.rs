@@ -48,14 +48,7 @@ fn connect_with(a: &Side, b: &Side, mtu: Mtu, timeout: u8, retry_cnt: u8) {
 }
 
 fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
-    let mut wc = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }];
+    let mut wc = [WorkCompletion::EMPTY];
     let n = cq.wait(&mut wc, Some(Duration::from_secs(20))).unwrap();
     assert_eq!(n, 1, "timed out waiting for a completion");
     wc[0]

@@ -25,14 +25,7 @@ fn tool(name: &str) -> bool {
 }
 
 fn wait(cq: &CompletionQueue) -> WorkCompletion {
-    let mut wc = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
-    }];
+    let mut wc = [WorkCompletion::EMPTY];
     assert_eq!(cq.wait(&mut wc, Some(Duration::from_secs(10))).unwrap(), 1);
     assert_eq!(wc[0].status, WcStatus::Success);
     wc[0]

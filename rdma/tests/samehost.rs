@@ -62,6 +62,15 @@ fn wait_same_host(a: &Side, b: &Side) {
     }
 }
 
+/// A pair ready to talk: through shared memory if `shared`, else over UDP.
+fn ready_pair(shared: bool) -> (Side, Side) {
+    let (a, b) = pair(shared);
+    if shared {
+        wait_same_host(&a, &b);
+    }
+    (a, b)
+}
+
 /// A same-host pair whose queues hold 4096 requests each.
 fn deep_pair() -> (Side, Side) {
     let caps = QpCaps {
@@ -556,10 +565,7 @@ fn send_one(a: &Side, src: &MemoryRegion, wr_id: u64) {
 #[test]
 fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
     for shared in [true, false] {
-        let (a, b) = pair(shared);
-        if shared {
-            wait_same_host(&a, &b);
-        }
+        let (a, b) = ready_pair(shared);
         let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         for i in 0..4 {
@@ -622,10 +628,7 @@ fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
 #[test]
 fn a_driver_wait_returns_with_the_message_and_ends_by_its_timeout() {
     for shared in [true, false] {
-        let (a, b) = pair(shared);
-        if shared {
-            wait_same_host(&a, &b);
-        }
+        let (a, b) = ready_pair(shared);
         let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         b.qp.post_recv(&[RecvWr {

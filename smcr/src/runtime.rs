@@ -1149,11 +1149,17 @@ impl LinkGroup {
     /// Takes and handles what the completion queue holds, under the driver lock.
     fn handle_queued(self: &Arc<Self>) {
         let _driver = self.driver.lock();
+        self.handle_batches(usize::MAX);
+    }
+
+    /// Takes and handles up to `batches` batches of completions (the driver lock held);
+    /// stops early when the queue is empty or the group failed.
+    fn handle_batches(self: &Arc<Self>, batches: usize) {
         let mut wcs = [WorkCompletion::EMPTY; 64];
-        loop {
+        for _ in 0..batches {
             let n = self.cq.poll(&mut wcs);
             if n == 0 || self.handle(&wcs[..n]) {
-                break;
+                return;
             }
         }
     }
@@ -1165,19 +1171,13 @@ impl LinkGroup {
         let Some(_driver) = self.driver.try_lock() else {
             return;
         };
-        let mut wcs = [WorkCompletion::EMPTY; 64];
-        for _ in 0..16 {
-            let n = self.cq.poll(&mut wcs);
-            if n == 0 || self.handle(&wcs[..n]) {
-                return;
-            }
-        }
+        self.handle_batches(16);
     }
 
     /// Handles completions (CDCs, LLC messages, SEND completions), runs the link's timers and
     /// wakes connections. Called with the driver lock held. Returns true once the group failed.
     fn handle(self: &Arc<Self>, wcs: &[WorkCompletion]) -> bool {
-        if !self.shown_shm.load(Ordering::Relaxed) && self.qp.is_same_host() {
+        if !self.shown_shm.load(Ordering::Relaxed) && self.same_host() {
             // The switch to shared memory happens once the first UDP exchanges are
             // acknowledged: show it (whichever thread handles completions then).
             self.shown_shm.store(true, Ordering::Relaxed);
