@@ -58,10 +58,10 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
 
 /// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set).
 fn drive_with(epfd: i32, fd: i32) {
-    // Opt-in (`SMCR_APP_DRIVE=on`) while it is measured.
+    // On unless `SMCR_APP_DRIVE=off`.
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !*ON.get_or_init(|| {
-        std::env::var("SMCR_APP_DRIVE").is_ok_and(|v| matches!(v.as_str(), "on" | "1" | "yes"))
+        !std::env::var("SMCR_APP_DRIVE").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
     }) {
         return;
     }
@@ -123,7 +123,7 @@ pub(crate) fn wait(
         // pollers); what came before we got here is handled first, then we only look.
         let mut asleep = Asleep(Vec::new());
         let mut handled = false;
-        if t != 0 {
+        {
             let me = table::pid();
             let ds: Vec<smcr::Driver> = DRIVERS
                 .lock()
@@ -133,6 +133,12 @@ pub(crate) fn wait(
                 .collect();
             let _own = crate::guard::Bypass::new();
             for d in ds {
+                if t == 0 {
+                    // A loop that polls without sleeping handles what arrived (and keeps the
+                    // group held, see `smcr::RuntimeConfig::app_hold`).
+                    d.progress();
+                    continue;
+                }
                 match d.sleep_begin() {
                     Some(true) => asleep.0.push(d),
                     Some(false) => handled = true,

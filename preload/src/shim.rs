@@ -386,16 +386,12 @@ impl Pair {
                     // Readable, or a new arrival while readable: a wake-up for epoll (ET).
                     real::send()(o, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
                 } else if !now.readable && cur.readable {
-                    while real::recv()(a, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
-                        > 0
-                    {}
+                    drain(a, &mut buf);
                 }
             }
             if now.writable != cur.writable {
                 if now.writable {
-                    while real::recv()(o, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
-                        > 0
-                    {}
+                    drain(o, &mut buf);
                 } else {
                     while real::send()(a, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
                 }
@@ -450,6 +446,19 @@ impl Pair {
         {
             // SAFETY: our descriptor, a one-byte buffer, never blocking.
             unsafe { real::send()(o.as_raw_fd(), b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+        }
+    }
+}
+
+/// Empties the receive queue of `fd` (ours, non-blocking calls). Every sender holds the
+/// pair's lock, as the caller does, so a short read means the queue is empty: no second call
+/// to find that out.
+fn drain(fd: i32, buf: &mut [u8]) {
+    loop {
+        // SAFETY: receiving into our buffer from our descriptor, never blocking.
+        let n = unsafe { real::recv()(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < buf.len() as isize {
+            return;
         }
     }
 }

@@ -128,19 +128,31 @@ fn sockperf_ping_pong_and_throughput_in_epoll_poll_and_select_modes() {
 
 #[test]
 fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
-    // SMCR_APP_DRIVE=on: the link group's event descriptor joins the application's epoll
-    // set and the thread in epoll_wait handles what arrives; nothing else may change.
+    // The default: the link group's event descriptor joins the application's epoll set, the
+    // thread in epoll_wait handles what arrives, and the group stays held between its waits.
+    epoll_apps("on");
+}
+
+#[test]
+fn epoll_applications_work_with_the_poller_alone() {
+    // SMCR_APP_DRIVE=off: the group's poller handles everything, as before.
+    epoll_apps("off");
+}
+
+/// sockperf (ping-pong, throughput, large messages) and redis-benchmark, both ends epoll
+/// event loops, with `SMCR_APP_DRIVE=mode`.
+fn epoll_apps(mode: &str) {
     if !have("sockperf") || !have("redis-server") {
         return;
     }
-    let shim = Shim::new("appdrive");
+    let shim = Shim::new(&format!("appdrive-{mode}"));
     let p = port(27000);
     let feed = shim.dir.join("feed");
     std::fs::write(&feed, format!("T:127.0.0.2:{p}\n")).unwrap();
     let feed = feed.to_str().unwrap().to_owned();
     let server = Bg(shim
         .cmd(true, "sockperf")
-        .env("SMCR_APP_DRIVE", "on")
+        .env("SMCR_APP_DRIVE", mode)
         .args(["sr", "-f", &feed, "-F", "epoll"])
         .stdout(Stdio::null())
         .spawn()
@@ -148,7 +160,7 @@ fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
     wait_listening(None, "127.0.0.2", p);
     for (test, size) in [("pp", "64"), ("tp", "1024"), ("pp", "4000")] {
         let mut c = shim.cmd(true, "sockperf");
-        c.env("SMCR_APP_DRIVE", "on")
+        c.env("SMCR_APP_DRIVE", mode)
             .args([test, "-f", &feed, "-F", "epoll", "-t", "1", "-m", size]);
         let out = run_ok(&mut c, &format!("sockperf {test} -m {size}"));
         eprintln!(
@@ -173,7 +185,7 @@ fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
     let rps = rp.to_string();
     let redis = Bg(shim
         .cmd(true, "redis-server")
-        .env("SMCR_APP_DRIVE", "on")
+        .env("SMCR_APP_DRIVE", mode)
         .args([
             "--bind",
             "127.0.0.2",
@@ -189,7 +201,7 @@ fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
         .unwrap());
     wait_listening(None, "127.0.0.2", rp);
     let mut b = shim.cmd(true, "redis-benchmark");
-    b.env("SMCR_APP_DRIVE", "on")
+    b.env("SMCR_APP_DRIVE", mode)
         .args([
             "-h",
             "127.0.0.2",
@@ -204,7 +216,11 @@ fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
     assert_eq!(out.matches("requests per second").count(), 4, "{out}");
     drop(redis);
     let log = shim.log();
-    assert!(log.contains("(application-driven)"), "{log}");
+    assert_eq!(
+        log.contains("(application-driven)"),
+        mode == "on",
+        "SMCR_APP_DRIVE={mode}: {log}"
+    );
     assert!(shim.smcr_count("connect") >= 43, "{log}");
 }
 

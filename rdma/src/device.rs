@@ -896,7 +896,9 @@ impl Shared {
             timeout
         };
         let deadline = timeout.map(|t| Instant::now() + t);
-        let rx = if driven || recent {
+        // A CQ fed by shared memory only has nothing to receive from the socket: taking it
+        // would only cost the engine's interest twice (two epoll_ctl) per wake-up.
+        let rx = if driven || recent || self.shm_only(cq) {
             None
         } else {
             self.rx.try_lock()

@@ -80,6 +80,11 @@ pub struct RuntimeConfig {
     /// applies to every peer): the RMB bounds what one round trip moves, and on one host
     /// memory is cheaper than wake-ups. Pages are used only as they are written.
     pub same_host_rmb_size: Option<u32>,
+    /// How long an event-loop thread that drives a link group from `epoll_wait` keeps it
+    /// between two waits (`SMCR_HOLD_US`; 0: hands it back to the poller at once). Meanwhile
+    /// what arrives waits for the loop's next `epoll_wait` instead of waking the poller, which
+    /// takes the group back once the loop has been away longer than this.
+    pub app_hold: Duration,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -118,6 +123,7 @@ impl RuntimeConfig {
             stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
             same_host: true,
             same_host_rmb_size: Some(512 * 1024),
+            app_hold: Duration::from_millis(1),
         }
     }
 }
@@ -156,6 +162,9 @@ impl RuntimeConfig {
         }
         if let Some(k) = var("SMCR_SAME_HOST_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
             cfg.same_host_rmb_size = Some(k.saturating_mul(1024));
+        }
+        if let Some(us) = var("SMCR_HOLD_US").and_then(|v| v.parse::<u64>().ok()) {
+            cfg.app_hold = Duration::from_micros(us);
         }
         match var("SMCR_STATS_DIR").as_deref() {
             Some("off") => cfg.stats_dir = None,
@@ -566,6 +575,12 @@ pub(crate) struct LinkGroup {
     /// An application thread blocked in a read or write drives the group (one at a time; the
     /// others wait on their connection's condition variable).
     blocking_driver: AtomicBool,
+    /// Event-loop threads driving the group from `epoll_wait` keep it driven between their
+    /// waits for up to `hold_for` (see [`Hold`]).
+    hold: Mutex<Hold>,
+    hold_for: Duration,
+    /// The poller sleeps on its long timer while the holders sleep: the next to wake kicks it.
+    poller_long: AtomicBool,
     /// `smc-stat` shows the link on shared memory.
     shown_shm: AtomicBool,
     /// The QP sends through shared memory (sticky, see `same_host()`).
@@ -594,6 +609,23 @@ thread_local! {
     /// This thread is a group's blocking driver (its own wake-ups need no kick).
     static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
+
+/// The drive event-loop threads keep between two `epoll_wait`s: what arrives while the loop
+/// works waits in the rings for its next wait (no wake-up for anyone) instead of going to the
+/// poller. The poller takes the group back when no loop came by for `hold_for` (a loop busy
+/// elsewhere, blocked in another call, or gone), so nothing waits longer than that (plus
+/// [`HOLD_IDLE`] right after a long sleep).
+struct Hold {
+    /// The hold's own drive is on.
+    held: bool,
+    /// Threads between `sleep_begin` and `sleep_end`.
+    sleeping: u32,
+    /// When a loop last went to sleep or woke.
+    last: Instant,
+}
+
+/// Holders asleep this long leave the poller on its long timer (they kick it when they wake).
+const HOLD_IDLE: Duration = Duration::from_millis(5);
 
 /// A link group's claimed record in the stats area.
 struct LgStat {
@@ -674,6 +706,13 @@ impl LinkGroup {
             cq,
             driver: Mutex::new(()),
             blocking_driver: AtomicBool::new(false),
+            hold: Mutex::new(Hold {
+                held: false,
+                sleeping: 0,
+                last: Instant::now(),
+            }),
+            hold_for: rt.cfg.app_hold,
+            poller_long: AtomicBool::new(false),
             shown_shm: AtomicBool::new(false),
             same_host: AtomicBool::new(false),
             pd,
@@ -1027,10 +1066,12 @@ impl LinkGroup {
                 let st = self.st.lock();
                 let next = st.link.as_ref().and_then(LinkCore::poll_timeout);
                 let cap = if st.watch.is_empty() { 500 } else { 200 };
-                next.map_or(Duration::from_millis(cap), |t| {
+                let wait = next.map_or(Duration::from_millis(cap), |t| {
                     t.saturating_duration_since(Instant::now())
                         .min(Duration::from_millis(cap))
-                })
+                });
+                drop(st);
+                self.check_hold().map_or(wait, |h| h.min(wait))
             };
             // Sleep without taking completions: an application thread may take and handle
             // them first (`progress`), always under the driver lock, so they stay in order.
@@ -1059,10 +1100,21 @@ impl LinkGroup {
 
     /// For a thread about to sleep in its own wait on [`Self::event_fd`] (an epoll set):
     /// starts a drive and says it sleeps. `false`: something is there already — it was
-    /// handled and the drive ended; check readiness without sleeping.
+    /// handled and the drive ended; check readiness without sleeping. Either way the group
+    /// stays held for the thread's next wait (see [`Hold`]).
     pub(crate) fn sleep_begin(self: &Arc<Self>) -> bool {
         self.cq.begin_drive();
+        if !self.hold_for.is_zero() {
+            let mut h = self.hold.lock();
+            if !h.held {
+                h.held = true;
+                self.cq.begin_drive();
+            }
+            h.sleeping += 1;
+            h.last = Instant::now();
+        }
         if self.cq.drive_spin() || self.cq.drive_sleep(true) {
+            self.hold_woke();
             self.cq.end_drive();
             self.progress();
             return false;
@@ -1076,7 +1128,54 @@ impl LinkGroup {
         if woken {
             self.cq.drive_woke_after(slept);
         }
+        self.hold_woke();
         self.cq.end_drive();
+    }
+
+    /// A holder's sleep ended: the poller, if it went to its long timer meanwhile, must watch
+    /// the hold again.
+    fn hold_woke(&self) {
+        if self.hold_for.is_zero() {
+            return;
+        }
+        let mut h = self.hold.lock();
+        h.sleeping = h.sleeping.saturating_sub(1);
+        h.last = Instant::now();
+        // Under the hold lock: `check_hold` decides on the long timer under it too.
+        if self.poller_long.swap(false, Ordering::AcqRel) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: 8 bytes from a valid buffer to the CQ's eventfd (owned by `self.cq`).
+            unsafe { libc::write(self.cq.fd().as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    /// The poller's look at the hold: takes the group back from holders away longer than
+    /// `hold_for`; returns how soon to look again (`None`: not held, or its holders sleep —
+    /// they are signalled themselves, and kick the poller when they wake).
+    fn check_hold(&self) -> Option<Duration> {
+        if self.hold_for.is_zero() {
+            return None;
+        }
+        let mut h = self.hold.lock();
+        if !h.held {
+            return None;
+        }
+        let since = h.last.elapsed();
+        if h.sleeping > 0 {
+            if since >= HOLD_IDLE {
+                self.poller_long.store(true, Ordering::Release);
+                return None;
+            }
+            return Some(HOLD_IDLE.saturating_sub(since));
+        }
+        if since >= self.hold_for {
+            h.held = false;
+            drop(h);
+            // What arrived meanwhile is signalled to the poller (us) now.
+            self.cq.end_drive();
+            return None;
+        }
+        Some(self.hold_for.saturating_sub(since))
     }
 
     /// A thread blocked in a read or write (until `deadline`) waits for the group's next
@@ -1168,6 +1267,13 @@ impl LinkGroup {
     /// is doing so (never blocks): the CDC that makes its socket readable is then handled
     /// on its own thread, without waiting for the poller to wake.
     pub(crate) fn progress(self: &Arc<Self>) {
+        if !self.hold_for.is_zero() {
+            // A loop came by (an `epoll_wait` that does not sleep, too): the hold stays.
+            let mut h = self.hold.lock();
+            if h.held {
+                h.last = Instant::now();
+            }
+        }
         let Some(_driver) = self.driver.try_lock() else {
             return;
         };

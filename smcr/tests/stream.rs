@@ -699,3 +699,75 @@ fn a_blocked_reader_wakes_when_another_thread_shuts_its_reading_down() {
     server.join().unwrap();
     rt.shutdown();
 }
+
+#[test]
+fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back() {
+    use std::time::{Duration, Instant};
+    // An event loop (the preload's epoll_wait) drives the server's link group: between two of
+    // its waits, what arrives waits for it (the poller is not woken), and when it stays away
+    // longer than the hold, the poller takes the group back and handles what came.
+    let hold = Duration::from_millis(800);
+    let mut cfg = config();
+    cfg.app_hold = hold;
+    let rt = Runtime::new(cfg);
+    let (l, addr) = listen(&rt);
+    let client = thread::spawn(move || SmcStream::connect(&rt, addr).map(|c| (rt, c)));
+    let (s, _) = l.accept().unwrap();
+    let (rt, c) = client.join().unwrap().unwrap();
+    assert!(matches!(s.mode(), Mode::SmcR { .. }));
+    let d = s.driver().expect("an SMC-R stream has a link group");
+    let mut b = [0u8; 16];
+    let no = smcr::Blocking::No;
+    let would_block = |r: std::io::Result<usize>| matches!(r, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock);
+
+    // The loop sleeps and wakes with nothing to do: the group stays held.
+    assert_eq!(d.sleep_begin(), Some(true));
+    d.sleep_end(Duration::ZERO, false);
+    c.send(b"one", smcr::Blocking::Yes(None)).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    assert!(
+        would_block(s.recv(&mut b, false, no)),
+        "the message waits for the loop while it holds the group"
+    );
+    // The loop comes back: it finds the message and handles it without sleeping.
+    assert_eq!(d.sleep_begin(), Some(false));
+    assert_eq!(s.recv(&mut b, false, no).unwrap(), 3);
+    assert_eq!(&b[..3], b"one");
+
+    // The loop goes away for good (the hold was refreshed just now).
+    let left = Instant::now();
+    c.send(b"two", smcr::Blocking::Yes(None)).unwrap();
+    let got = loop {
+        match s.recv(&mut b, false, no) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    left.elapsed() < hold + Duration::from_secs(2),
+                    "the poller never took the group back"
+                );
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(&b[..got], b"two");
+    assert!(
+        left.elapsed() >= hold - Duration::from_millis(100),
+        "taken back after {:?}, before the hold ran out",
+        left.elapsed()
+    );
+
+    // Back with the poller: a message is handled without the loop.
+    let t = Instant::now();
+    c.send(b"three", smcr::Blocking::Yes(None)).unwrap();
+    while would_block(s.recv(&mut b, true, no)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the poller handles it"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(t.elapsed() < hold, "not held any more: {:?}", t.elapsed());
+    drop((c, s));
+    rt.shutdown();
+}
