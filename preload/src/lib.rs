@@ -16,3 +16,4 @@ mod real;
 mod sendfile;
 mod shim;
 mod table;
+mod workers;

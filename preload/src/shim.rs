@@ -925,34 +925,31 @@ fn acceptor(fd: i32, l: &Arc<Listener>) {
             Err(tcp) => tcp,
         };
         let l = l.clone();
-        let _ = std::thread::Builder::new()
-            .name("smcr-handshake".into())
-            .spawn(move || {
-                let _b = Bypass::new();
-                let rt = runtime();
-                let peer = tcp.peer_addr().ok();
-                let ready = match SmcStream::from_accepted(&rt, tcp) {
-                    Ok(s) => {
-                        log::line(format_args!(
-                            "fd {fd} accept {peer:?}: {}",
-                            describe(s.mode())
-                        ));
-                        if matches!(s.mode(), Mode::SmcR { .. }) {
-                            Ready::Smc(s)
-                        } else {
-                            Ready::Tcp(conn, s)
-                        }
+        crate::workers::run(move || {
+            let rt = runtime();
+            let peer = tcp.peer_addr().ok();
+            let ready = match SmcStream::from_accepted(&rt, tcp) {
+                Ok(s) => {
+                    log::line(format_args!(
+                        "fd {fd} accept {peer:?}: {}",
+                        describe(s.mode())
+                    ));
+                    if matches!(s.mode(), Mode::SmcR { .. }) {
+                        Ready::Smc(s)
+                    } else {
+                        Ready::Tcp(conn, s)
                     }
-                    Err(e) => {
-                        // As Linux: the application never sees a connection that failed.
-                        log::line(format_args!(
-                            "fd {fd} accept {peer:?}: handshake failed: {e}"
-                        ));
-                        return;
-                    }
-                };
-                enqueue(&l, ready);
-            });
+                }
+                Err(e) => {
+                    // As Linux: the application never sees a connection that failed.
+                    log::line(format_args!(
+                        "fd {fd} accept {peer:?}: handshake failed: {e}"
+                    ));
+                    return;
+                }
+            };
+            enqueue(&l, ready);
+        });
     }
 }
 

@@ -1,0 +1,125 @@
+//! Threads for server handshakes: each handshake runs on a thread of its own (a client that
+//! stalls in CLC must not hold up the others), but a thread that finished one waits a while
+//! for the next instead of exiting, so a steady stream of connections does not pay a thread
+//! creation and exit each (about a hundred microseconds of system calls on these machines).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// How long an idle worker waits for more work before it exits.
+const IDLE: Duration = Duration::from_secs(2);
+
+struct State {
+    jobs: VecDeque<Job>,
+    /// Workers waiting for a job (some may be about to take one already queued).
+    idle: usize,
+    /// The process these workers belong to: a forked child has none of them.
+    pid: u32,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    jobs: VecDeque::new(),
+    idle: 0,
+    pid: 0,
+});
+static COND: Condvar = Condvar::new();
+
+/// Runs `job` on an idle worker, or on a new one if none is free.
+pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
+    let me = crate::table::pid();
+    let mut st = STATE.lock();
+    if st.pid != me {
+        // Forked: the parent's workers (and their queue) did not come along.
+        st.jobs.clear();
+        st.idle = 0;
+        st.pid = me;
+    }
+    if st.idle > st.jobs.len() {
+        st.jobs.push_back(Box::new(job));
+        drop(st);
+        COND.notify_one();
+        return;
+    }
+    drop(st);
+    let spawned = std::thread::Builder::new()
+        .name("smcr-handshake".into())
+        .spawn(move || {
+            let _b = crate::guard::Bypass::new();
+            job();
+            worker();
+        });
+    if let Err(e) = spawned {
+        crate::log::line(format_args!("no thread for a handshake: {e}"));
+    }
+}
+
+/// A worker after its first job: takes queued jobs until none came for [`IDLE`].
+fn worker() {
+    loop {
+        let job = {
+            let mut st = STATE.lock();
+            st.idle += 1;
+            let deadline = std::time::Instant::now() + IDLE;
+            loop {
+                if let Some(j) = st.jobs.pop_front() {
+                    st.idle -= 1;
+                    break Some(j);
+                }
+                if COND.wait_until(&mut st, deadline).timed_out() && st.jobs.is_empty() {
+                    st.idle -= 1;
+                    break None;
+                }
+            }
+        };
+        match job {
+            Some(j) => j(),
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn tid() -> libc::pid_t {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::gettid() }
+    }
+
+    #[test]
+    fn a_finished_worker_takes_the_next_job_and_a_busy_one_does_not_block_others() {
+        let (tx, rx) = mpsc::channel();
+        let t = tx.clone();
+        run(move || t.send(tid()).unwrap());
+        let first = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        // Wait until that worker is idle again, then the next job is its.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while STATE.lock().idle == 0 {
+            assert!(std::time::Instant::now() < deadline, "worker never idle");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t = tx.clone();
+        run(move || t.send(tid()).unwrap());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), first);
+
+        // A job that blocks (a client stalled in CLC) keeps its worker: the next runs anyway.
+        let (release, blocked) = mpsc::channel::<()>();
+        let t = tx.clone();
+        run(move || {
+            t.send(tid()).unwrap();
+            blocked.recv().unwrap();
+        });
+        let busy = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let t = tx.clone();
+        run(move || t.send(tid()).unwrap());
+        let other = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_ne!(other, busy, "ran beside the blocked job");
+        release.send(()).unwrap();
+    }
+}
