@@ -41,7 +41,10 @@ pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
     if st.idle > st.jobs.len() {
         st.jobs.push_back(Box::new(job));
         drop(st);
-        COND.notify_one();
+        // All of them (few, and those without a job wait on): after a fork the condition
+        // variable may still list the parent's workers, and one of them could take the only
+        // notification.
+        COND.notify_all();
         return;
     }
     drop(st);

@@ -336,7 +336,8 @@ impl CompletionQueue {
     /// (`false`), without taking any: for a thread that must take them under a lock of its
     /// own. Receives for itself while it sleeps, as [`Self::wait`] does. While the CQ is
     /// driven ([`Self::begin_drive`]) its completions are the driver's: this waits for the
-    /// timeout (or the end of the drive, if something is left then).
+    /// timeout, the end of the drive (if something is left then), or a write to [`Self::fd`]
+    /// (a kick: the caller's view of the drive may have changed), and returns `false`.
     pub fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -350,7 +351,11 @@ impl CompletionQueue {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(false);
             }
+            let driven = self.driven();
             self.guard.shared.wait_cq(&self.shared, left)?;
+            if driven {
+                return Ok(false);
+            }
         }
     }
 

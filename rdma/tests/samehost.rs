@@ -3,6 +3,7 @@
 //! memory, with the semantics of the UDP path.
 
 use rdma::*;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 struct Side {
@@ -663,5 +664,39 @@ fn a_driver_wait_returns_with_the_message_and_ends_by_its_timeout() {
         assert_eq!((wc[0].wr_id, wc[0].byte_len), (9, 8));
         b.cq.end_drive();
         drop(sender.join().unwrap());
+    }
+}
+
+#[test]
+fn a_kick_ends_the_wait_of_a_sleeper_on_a_driven_cq() {
+    // A link group's poller sleeps in `wait_ready` while an event loop drives the CQ; when the
+    // loop wakes from a long sleep it kicks the poller (a write to the notification fd), which
+    // must end that wait at once — not at its timeout — so the poller watches the loop again.
+    for shared in [true, false] {
+        let (a, b) = ready_pair(shared);
+        let b = std::sync::Arc::new(b);
+        b.cq.begin_drive();
+        let sleeper = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let got = b.cq.wait_ready(Some(Duration::from_secs(10))).unwrap();
+                (got, t.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!sleeper.is_finished(), "nothing woke it yet ({shared})");
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes to the CQ's eventfd.
+        let w = unsafe { libc::write(b.cq.fd().as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        assert_eq!(w, 8);
+        let (got, took) = sleeper.join().unwrap();
+        assert!(!got, "nothing to poll ({shared})");
+        assert!(
+            took < Duration::from_secs(5),
+            "woke after {took:?} ({shared})"
+        );
+        b.cq.end_drive();
+        drop(a);
     }
 }

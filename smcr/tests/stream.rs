@@ -720,9 +720,11 @@ fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back
     let no = smcr::Blocking::No;
     let would_block = |r: std::io::Result<usize>| matches!(r, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock);
 
-    // The loop sleeps and wakes with nothing to do: the group stays held.
+    // The loop sleeps (long enough for the poller to stop watching the hold and wait for
+    // the loop's kick) and wakes with nothing to do: the group stays held.
     assert_eq!(d.sleep_begin(), Some(true));
-    d.sleep_end(Duration::ZERO, false);
+    thread::sleep(Duration::from_millis(30));
+    d.sleep_end(Duration::from_millis(30), false);
     c.send(b"one", smcr::Blocking::Yes(None)).unwrap();
     thread::sleep(Duration::from_millis(100));
     assert!(

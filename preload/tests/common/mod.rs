@@ -81,9 +81,16 @@ pub fn root(why: &str) -> bool {
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
-/// A TCP port for this test process (`base` + a slice per process).
+/// A TCP port for this test process (`base` + a slice of 64 per process). The slice must hold
+/// every port the process's tests take at once: with 16, a binary whose parallel tests took
+/// more got one port twice (a server that could not listen).
 pub fn port(base: u16) -> u16 {
-    base + (std::process::id() % 500) as u16 * 16 + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 16
+    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+    assert!(
+        n < 64,
+        "more than 64 ports in one test process: widen port()'s slice"
+    );
+    base + (std::process::id() % 100) as u16 * 64 + n
 }
 
 /// Environment of shimmed processes: both ends shimmed (`assume`), a log, an engine UDP port.
