@@ -271,6 +271,18 @@ impl CompletionQueue {
         self.shared.event.as_fd()
     }
 
+    /// Makes [`Self::fd`] readable without a completion: wakes a thread waiting on it (a
+    /// poller in [`Self::wait_ready`]) so it looks again.
+    pub fn kick(&self) {
+        let _ = rustix::io::write(&self.shared.event, &1u64.to_ne_bytes());
+    }
+
+    /// Makes [`Self::driver_fd`] readable without a completion: a sleeping driver wakes and
+    /// re-checks its condition.
+    pub fn kick_driver(&self) {
+        let _ = rustix::io::write(&self.shared.event_driver, &1u64.to_ne_bytes());
+    }
+
     /// Clears the notification fd after it fired (`ibv_get_cq_event` + `ibv_ack_cq_events`).
     pub fn ack_events(&self) {
         let mut b = [0u8; 8];

@@ -3,7 +3,6 @@
 //! memory, with the semantics of the UDP path.
 
 use rdma::*;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 struct Side {
@@ -269,11 +268,7 @@ fn a_receive_that_comes_late_gets_the_message() {
         0,
         "no receive posted: nothing completes"
     );
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 5,
-        sg_list: &[rbuf.sge(0, 64)],
-    }])
-    .unwrap();
+    post_recv_64(&b, &rbuf, 5, 0);
     let r = wait_one(&b.cq);
     assert_eq!((r.wr_id, r.byte_len), (5, 4));
     let mut m = [0u8; 4];
@@ -418,11 +413,7 @@ fn private_domains_stay_on_udp() {
     assert!(!a.qp.is_same_host() && !b.qp.is_same_host());
     let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: &[rbuf.sge(0, 64)],
-    }])
-    .unwrap();
+    post_recv_64(&b, &rbuf, 1, 0);
     a.qp.post_send(&[SendWr {
         wr_id: 1,
         opcode: WrOpcode::Send,
@@ -553,6 +544,15 @@ fn drain(fd: std::os::fd::BorrowedFd<'_>) {
     let _ = rustix::io::read(fd, &mut b);
 }
 
+/// Posts a 64-byte receive at `off` in `mr`.
+fn post_recv_64(s: &Side, mr: &MemoryRegion, wr_id: u64, off: usize) {
+    s.qp.post_recv(&[RecvWr {
+        wr_id,
+        sg_list: &[mr.sge(off, 64)],
+    }])
+    .unwrap();
+}
+
 fn send_one(a: &Side, src: &MemoryRegion, wr_id: u64) {
     a.qp.post_send(&[SendWr {
         wr_id,
@@ -570,11 +570,7 @@ fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
         let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         for i in 0..4 {
-            b.qp.post_recv(&[RecvWr {
-                wr_id: i,
-                sg_list: &[rbuf.sge(i as usize * 64, 64)],
-            }])
-            .unwrap();
+            post_recv_64(&b, &rbuf, i, i as usize * 64);
         }
         // Driven: a driver says it sleeps, a notification user armed the CQ too; only the
         // driver's descriptor fires.
@@ -632,11 +628,7 @@ fn a_driver_wait_returns_with_the_message_and_ends_by_its_timeout() {
         let (a, b) = ready_pair(shared);
         let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-        b.qp.post_recv(&[RecvWr {
-            wr_id: 9,
-            sg_list: &[rbuf.sge(0, 64)],
-        }])
-        .unwrap();
+        post_recv_64(&b, &rbuf, 9, 0);
         b.cq.begin_drive();
         let t = Instant::now();
         b.cq.drive_wait(Some(Duration::from_millis(100))).unwrap();
@@ -686,10 +678,7 @@ fn a_kick_ends_the_wait_of_a_sleeper_on_a_driven_cq() {
         };
         std::thread::sleep(Duration::from_millis(50));
         assert!(!sleeper.is_finished(), "nothing woke it yet ({shared})");
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: 8 bytes to the CQ's eventfd.
-        let w = unsafe { libc::write(b.cq.fd().as_raw_fd(), one.as_ptr().cast(), one.len()) };
-        assert_eq!(w, 8);
+        b.cq.kick();
         let (got, took) = sleeper.join().unwrap();
         assert!(!got, "nothing to poll ({shared})");
         assert!(

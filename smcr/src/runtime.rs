@@ -1143,9 +1143,7 @@ impl LinkGroup {
         h.last = Instant::now();
         // Under the hold lock: `check_hold` decides on the long timer under it too.
         if self.poller_long.swap(false, Ordering::AcqRel) {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: 8 bytes from a valid buffer to the CQ's eventfd (owned by `self.cq`).
-            unsafe { libc::write(self.cq.fd().as_raw_fd(), one.as_ptr().cast(), one.len()) };
+            self.cq.kick();
         }
     }
 
@@ -1227,15 +1225,7 @@ impl LinkGroup {
     /// (its sleep ends; it re-checks its condition).
     pub(crate) fn kick_blocking_driver(&self) {
         if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: 8 bytes from a valid buffer to the CQ's eventfd (owned by `self.cq`).
-            unsafe {
-                libc::write(
-                    self.cq.driver_fd().as_raw_fd(),
-                    one.as_ptr().cast(),
-                    one.len(),
-                )
-            };
+            self.cq.kick_driver();
         }
     }
 
