@@ -130,38 +130,43 @@ fn sockperf_ping_pong_and_throughput_in_epoll_poll_and_select_modes() {
 fn application_driven_epoll_handles_messages_on_the_waiting_thread() {
     // The default: the link group's event descriptor joins the application's epoll set, the
     // thread in epoll_wait handles what arrives, and the group stays held between its waits.
-    epoll_apps("on");
+    // SMCR_APP_DRIVE is not set: this is what a user gets.
+    epoll_apps(None);
 }
 
 #[test]
 fn epoll_applications_work_with_the_poller_alone() {
     // SMCR_APP_DRIVE=off: the group's poller handles everything, as before.
-    epoll_apps("off");
+    epoll_apps(Some("off"));
 }
 
 /// sockperf (ping-pong, throughput, large messages) and redis-benchmark, both ends epoll
-/// event loops, with `SMCR_APP_DRIVE=mode`.
-fn epoll_apps(mode: &str) {
+/// event loops, with `SMCR_APP_DRIVE=mode` (unset: `None`).
+fn epoll_apps(mode: Option<&str>) {
     if !have("sockperf") || !have("redis-server") {
         return;
     }
-    let shim = Shim::new(&format!("appdrive-{mode}"));
+    let shim = Shim::new(&format!("appdrive-{}", mode.unwrap_or("default")));
+    let shimmed = |prog: &str| {
+        let mut c = shim.cmd(true, prog);
+        if let Some(m) = mode {
+            c.env("SMCR_APP_DRIVE", m);
+        }
+        c
+    };
     let p = port(27000);
     let feed = shim.dir.join("feed");
     std::fs::write(&feed, format!("T:127.0.0.2:{p}\n")).unwrap();
     let feed = feed.to_str().unwrap().to_owned();
-    let server = Bg(shim
-        .cmd(true, "sockperf")
-        .env("SMCR_APP_DRIVE", mode)
+    let server = Bg(shimmed("sockperf")
         .args(["sr", "-f", &feed, "-F", "epoll"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap());
     wait_listening(None, "127.0.0.2", p);
     for (test, size) in [("pp", "64"), ("tp", "1024"), ("pp", "4000")] {
-        let mut c = shim.cmd(true, "sockperf");
-        c.env("SMCR_APP_DRIVE", mode)
-            .args([test, "-f", &feed, "-F", "epoll", "-t", "1", "-m", size]);
+        let mut c = shimmed("sockperf");
+        c.args([test, "-f", &feed, "-F", "epoll", "-t", "1", "-m", size]);
         let out = run_ok(&mut c, &format!("sockperf {test} -m {size}"));
         eprintln!(
             "app-driven sockperf {test} -m {size}: {:?}",
@@ -183,9 +188,7 @@ fn epoll_apps(mode: &str) {
     // redis: an event loop with many connections on one link group.
     let rp = port(27000);
     let rps = rp.to_string();
-    let redis = Bg(shim
-        .cmd(true, "redis-server")
-        .env("SMCR_APP_DRIVE", mode)
+    let redis = Bg(shimmed("redis-server")
         .args([
             "--bind",
             "127.0.0.2",
@@ -200,26 +203,25 @@ fn epoll_apps(mode: &str) {
         .spawn()
         .unwrap());
     wait_listening(None, "127.0.0.2", rp);
-    let mut b = shim.cmd(true, "redis-benchmark");
-    b.env("SMCR_APP_DRIVE", mode)
-        .args([
-            "-h",
-            "127.0.0.2",
-            "-p",
-            &rps,
-            "-q",
-            "-t",
-            "set,get,lpush,lpop",
-        ])
-        .args(["-n", "20000", "-c", "20", "-d", "100"]);
+    let mut b = shimmed("redis-benchmark");
+    b.args([
+        "-h",
+        "127.0.0.2",
+        "-p",
+        &rps,
+        "-q",
+        "-t",
+        "set,get,lpush,lpop",
+    ])
+    .args(["-n", "20000", "-c", "20", "-d", "100"]);
     let out = run_ok(&mut b, "redis-benchmark");
     assert_eq!(out.matches("requests per second").count(), 4, "{out}");
     drop(redis);
     let log = shim.log();
     assert_eq!(
         log.contains("(application-driven)"),
-        mode == "on",
-        "SMCR_APP_DRIVE={mode}: {log}"
+        mode != Some("off"),
+        "SMCR_APP_DRIVE={mode:?}: {log}"
     );
     assert!(shim.smcr_count("connect") >= 43, "{log}");
 }
