@@ -329,8 +329,17 @@ pub(crate) struct Shared {
     mw: Option<Mutex<Middleware>>,
     tx_bufs: Mutex<Vec<TxScratch>>,
     rx: Mutex<RxState>,
+    /// A thread found the socket readable but the receive state taken (see [`RxGuard`]).
+    rx_wanted: AtomicBool,
     /// The engine thread's epoll set (socket and kick eventfd).
     epoll: OwnedFd,
+    /// Why the engine thread does not watch the socket now (see `engine_rx_interest`).
+    rx_away: Mutex<u32>,
+    /// Threads watching the socket from their own epoll sets ([`Self::delegate_rx`]).
+    delegated: AtomicU32,
+    /// Readable when delegation starts: a thread asleep in a receive of its own (holding the
+    /// receive state) lets go of it.
+    rx_yield: OwnedFd,
     stats: AtomicStats,
     /// The same-host rendezvous (abstract Unix socket), if it could be bound.
     rendezvous: Option<OwnedFd>,
@@ -440,12 +449,16 @@ impl Shared {
             stop: AtomicBool::new(false),
             mw,
             tx_bufs: Mutex::new(Vec::new()),
+            rx_wanted: AtomicBool::new(false),
             rx: Mutex::new(RxState {
                 batch: RecvBatch::new(RX_BATCH),
                 dirty: Vec::new(),
                 ids: IdCache::default(),
             }),
             epoll: ep,
+            rx_away: Mutex::new(0),
+            delegated: AtomicU32::new(0),
+            rx_yield: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             stats: AtomicStats::default(),
             rendezvous,
             offers: Mutex::new(HashMap::new()),
@@ -541,12 +554,19 @@ impl Shared {
         let mut tx = self.tx_bufs.lock().pop().unwrap_or_else(TxScratch::new);
         tx.reset();
         let mut seg = 0;
+        // Requests first, so that an ACK closes their batch; but once a batch had to be sent
+        // full (bulk), what the responder has goes next instead of after the whole window.
+        let mut req_first = true;
         loop {
             if !tx.has_room() {
                 self.flush(&mut tx, seg, dst, now);
+                req_first = false;
             }
             let at = tx.used;
-            let Some(parts) = core.rc.poll_transmit_parts(now, &mut tx.buf[at..]) else {
+            let Some(parts) = core
+                .rc
+                .poll_transmit_parts(now, &mut tx.buf[at..], req_first)
+            else {
                 break;
             };
             let len = parts.len();
@@ -560,8 +580,8 @@ impl Shared {
             }
             tx.bytes += len;
             tx.pkts.push(Pending { head: at, parts });
-            if len < seg {
-                // A shorter packet ends a GSO batch.
+            if len < seg || !self.cfg.gso {
+                // A shorter packet ends a GSO batch (without GSO, each packet is one).
                 self.flush(&mut tx, seg, dst, now);
             }
         }
@@ -790,6 +810,35 @@ impl Shared {
 
 /// Receive state: whoever holds it (the engine thread, or an application thread waiting for
 /// completions) reads the socket.
+/// The receive state, taken. A watcher of the socket woken edge-triggered
+/// ([`crate::CompletionQueue::receive`]) that finds it taken leaves what came to its holder:
+/// letting go, the holder receives again if such a watcher came by (else those packets would
+/// wait for the next one to arrive).
+struct RxGuard<'a> {
+    shared: &'a Shared,
+    g: Option<parking_lot::MutexGuard<'a, RxState>>,
+}
+
+impl std::ops::Deref for RxGuard<'_> {
+    type Target = RxState;
+    fn deref(&self) -> &RxState {
+        self.g.as_ref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for RxGuard<'_> {
+    fn deref_mut(&mut self) -> &mut RxState {
+        self.g.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for RxGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.g.take());
+        self.shared.rx_recheck();
+    }
+}
+
 pub(crate) struct RxState {
     batch: RecvBatch,
     dirty: Vec<Arc<QpShared>>,
@@ -867,7 +916,23 @@ impl Shared {
     /// Turns the engine thread's interest in the socket on or off. An application thread that
     /// receives for itself turns it off, so that the engine is not woken (on the other core) by
     /// packets the application thread handles anyway.
+    ///
+    /// Counted: each `false` (a thread that receives, an event loop that holds a group and
+    /// watches the socket itself, see [`Self::delegate_rx`]) needs its `true`; the interest
+    /// is back when none is left.
     fn engine_rx_interest(&self, on: bool) {
+        let mut away = self.rx_away.lock();
+        if on {
+            *away = away.saturating_sub(1);
+            if *away > 0 {
+                return;
+            }
+        } else {
+            *away += 1;
+            if *away > 1 {
+                return;
+            }
+        }
         let flags = if on {
             epoll::EventFlags::IN
         } else {
@@ -898,11 +963,14 @@ impl Shared {
         let deadline = timeout.map(|t| Instant::now() + t);
         // A CQ fed by shared memory only has nothing to receive from the socket: taking it
         // would only cost the engine's interest twice (two epoll_ctl) per wake-up.
-        let rx = if driven || recent || self.shm_only(cq) {
-            None
-        } else {
-            self.rx.try_lock()
-        };
+        // Nor while an event loop watches the socket (it hands our completions over): a
+        // poller taking it too would be woken for the loop's packets.
+        let rx =
+            if driven || recent || self.delegated.load(Ordering::SeqCst) > 0 || self.shm_only(cq) {
+                None
+            } else {
+                self.rx_try()
+            };
         let Some(mut rx) = rx else {
             cq.armed.store(true, Ordering::SeqCst);
             let pending = self.shm_sleepers(cq, |s| s.event += 1);
@@ -944,6 +1012,7 @@ impl Shared {
             let mut fds = [
                 rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
             ];
             let ts = left.map(timespec);
             let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
@@ -966,6 +1035,10 @@ impl Shared {
             if !cq.queue.lock().is_empty() {
                 break Ok(());
             }
+            if self.delegated.load(Ordering::SeqCst) > 0 {
+                // An event loop watches the socket now: it is its (the caller waits again).
+                break Ok(());
+            }
             if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 break Ok(());
             }
@@ -980,6 +1053,54 @@ impl Shared {
         drop(rx);
         self.engine_rx_interest(true);
         res
+    }
+
+    /// See [`crate::CompletionQueue::delegate_rx`].
+    pub(crate) fn delegate_rx(&self, on: bool) {
+        if on {
+            if self.delegated.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = rustix::io::write(&self.rx_yield, &1u64.to_ne_bytes());
+            }
+        } else if self.delegated.fetch_sub(1, Ordering::SeqCst) == 1 {
+            drain_eventfd(&self.rx_yield);
+        }
+        self.engine_rx_interest(!on);
+    }
+
+    /// See [`crate::CompletionQueue::receive`]: drains the socket (the watcher is woken
+    /// edge-triggered, so what is left would wake nobody).
+    pub(crate) fn receive_now(&self) -> usize {
+        self.rx_wanted.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        match self.rx.try_lock() {
+            Some(mut rx) => {
+                self.rx_wanted.store(false, Ordering::SeqCst);
+                let n = self.rx_drain(&mut rx, usize::MAX);
+                drop(rx);
+                n + self.rx_recheck()
+            }
+            // Its holder receives again once it lets go.
+            None => 0,
+        }
+    }
+
+    /// Takes the receive state if free (see [`RxGuard`]).
+    fn rx_try(&self) -> Option<RxGuard<'_>> {
+        self.rx.try_lock().map(|g| RxGuard {
+            shared: self,
+            g: Some(g),
+        })
+    }
+
+    /// After letting go of the receive state: a thread that wanted it meanwhile (woken by
+    /// the socket, edge-triggered) left its packets to us.
+    fn rx_recheck(&self) -> usize {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.rx_wanted.load(Ordering::SeqCst) {
+            self.receive_now()
+        } else {
+            0
+        }
     }
 
     fn recently_driven(&self, cq: &CqShared) -> bool {
@@ -1067,7 +1188,13 @@ impl Shared {
         let slept = Instant::now();
         let deadline = timeout.map(|t| slept + t);
         // A CQ fed by shared memory only has nothing to receive from the socket.
-        let mut rx = if shm_only { None } else { self.rx.try_lock() };
+        // Nor while an event loop watches it (it hands our completions over).
+        let delegated = || self.delegated.load(Ordering::SeqCst) > 0;
+        let mut rx = if shm_only || delegated() {
+            None
+        } else {
+            self.rx_try()
+        };
         if rx.is_some() {
             self.engine_rx_interest(false);
         }
@@ -1087,6 +1214,7 @@ impl Shared {
                     let mut fds = [
                         ev,
                         rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
+                        rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
                     ];
                     let r = rustix::event::poll(&mut fds, ts.as_ref());
                     let rd = |f: &rustix::event::PollFd<'_>| {
@@ -1116,6 +1244,11 @@ impl Shared {
             if sock_ready && let Some(rx) = rx.as_mut() {
                 self.rx_drain(rx, 64);
             }
+            if rx.is_some() && delegated() {
+                // An event loop watches the socket now: leave it to it.
+                rx = None;
+                self.engine_rx_interest(true);
+            }
             self.shm_poll(cq);
             if ev_ready {
                 self.drive_woke_after(cq, slept.elapsed());
@@ -1128,8 +1261,8 @@ impl Shared {
             if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 break Ok(());
             }
-            if rx.is_none() && !shm_only {
-                rx = self.rx.try_lock();
+            if rx.is_none() && !shm_only && !delegated() {
+                rx = self.rx_try();
                 if rx.is_some() {
                     self.engine_rx_interest(false);
                 }
@@ -1192,7 +1325,7 @@ impl Shared {
     }
 
     /// Whether every QP of `cq` receives through shared memory (and there is one).
-    fn shm_only(&self, cq: &CqShared) -> bool {
+    pub(crate) fn shm_only(&self, cq: &CqShared) -> bool {
         let list = cq.shm_qps.lock();
         let mut any = false;
         for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
@@ -1283,7 +1416,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             // Never block here: an application thread may hold the receive state while it
             // sleeps, and timers must keep running. It has turned our socket interest off (or
             // is about to), so a failed attempt does not repeat.
-            if let Some(mut rx) = shared.rx.try_lock() {
+            if let Some(mut rx) = shared.rx_try() {
                 shared.rx_drain(&mut rx, 64);
             }
         }

@@ -327,6 +327,31 @@ impl CompletionQueue {
         self.guard.shared.drive_wait(&self.shared, timeout)
     }
 
+    /// The device's UDP socket, for a driver that sleeps in its own wait (an epoll set) and
+    /// wants arriving packets to wake it directly rather than through the engine thread and
+    /// [`Self::driver_fd`]; `None` while every QP of this CQ uses shared memory. Register it
+    /// edge-triggered, call [`Self::delegate_rx`] while it is watched, and
+    /// [`Self::receive`] when it fires.
+    pub fn rx_fd(&self) -> Option<BorrowedFd<'_>> {
+        let shared = &self.guard.shared;
+        (!shared.shm_only(&self.shared)).then(|| shared.sock.fd().as_fd())
+    }
+
+    /// `true`: a thread watches [`Self::rx_fd`] itself (and receives when it fires), so the
+    /// engine thread stops watching the socket; `false` gives it back. Counted: every `true`
+    /// needs its `false`. While away from the engine, packets wait for the watcher; packets
+    /// for other CQs of the device too (they are handed to their CQs as usual).
+    pub fn delegate_rx(&self, on: bool) {
+        self.guard.shared.delegate_rx(on);
+    }
+
+    /// Receives and handles what waits on the device's socket (all of it, for every QP), on
+    /// the calling thread, unless another thread is receiving; never blocks. Returns how
+    /// many datagrams were handled.
+    pub fn receive(&self) -> usize {
+        self.guard.shared.receive_now()
+    }
+
     /// Within a drive, before sleeping: polls the same-host rings for a short, adaptive while
     /// (see [`crate::DeviceConfig::spin`]); true if a completion arrived meanwhile.
     pub fn drive_spin(&self) -> bool {

@@ -11,8 +11,13 @@ struct Side {
 }
 
 fn side(faults: Option<FaultConfig>) -> Side {
+    side_gso(faults, true)
+}
+
+fn side_gso(faults: Option<FaultConfig>, gso: bool) -> Side {
     let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.faults = faults;
+    cfg.gso = gso;
     let dev = Device::open(cfg).unwrap();
     let pd = dev.alloc_pd();
     let cq = dev.create_cq().unwrap();
@@ -56,8 +61,17 @@ fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
 
 #[test]
 fn send_and_write_over_udp() {
-    let a = side(None);
-    let b = side(None);
+    send_and_write(true);
+}
+
+#[test]
+fn send_and_write_over_udp_without_gso() {
+    send_and_write(false);
+}
+
+fn send_and_write(gso: bool) {
+    let a = side_gso(None, gso);
+    let b = side_gso(None, gso);
     connect(&a, &b, Mtu::Mtu1024, 14);
     let src = a.pd.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
     let rmb =
@@ -102,7 +116,14 @@ fn send_and_write_over_udp() {
     let st = b.dev.stats();
     assert_eq!(st.rx_icrc_errors, 0);
     assert_eq!(st.rx_malformed, 0);
-    assert!(a.dev.stats().tx_packets >= 1024);
+    let st = a.dev.stats();
+    assert!(st.tx_packets >= 1024);
+    if gso {
+        assert!(st.tx_syscalls < st.tx_packets / 4, "{st:?}");
+    } else {
+        // One datagram per packet: a batch sent as one would arrive as one malformed packet.
+        assert_eq!(st.tx_syscalls, st.tx_packets, "{st:?}");
+    }
 }
 
 #[test]

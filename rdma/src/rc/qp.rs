@@ -415,8 +415,19 @@ impl RcQp {
     }
 
     /// Like [`Self::poll_transmit`], but leaves the payload of SEND/WRITE packets in registered
-    /// memory (see [`TxParts`]), for zero-copy transmission.
-    pub fn poll_transmit_parts(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxParts> {
+    /// memory (see [`TxParts`]), for zero-copy transmission. With `req_first` the requester's
+    /// packets come before the responder's (an ACK is short: last, it can close a GSO batch of
+    /// requests instead of leaving in a datagram of its own); the two PSN spaces are
+    /// independent, so either order is correct.
+    pub fn poll_transmit_parts(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        req_first: bool,
+    ) -> Option<TxParts> {
+        if req_first && let Some(p) = self.poll_request_parts(now, buf) {
+            return Some(p);
+        }
         if let Some(r) = &mut self.resp
             && let Some(n) = r.poll_transmit(buf)
         {
@@ -427,6 +438,13 @@ impl RcQp {
                 pad,
             });
         }
+        if req_first {
+            return None;
+        }
+        self.poll_request_parts(now, buf)
+    }
+
+    fn poll_request_parts(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxParts> {
         if self.state != QpState::Rts {
             return None;
         }
