@@ -21,11 +21,21 @@ use crate::{real, table};
 /// descriptor, group id): when it fires, the thread in `epoll_wait` handles what arrived
 /// itself (`smcr::Driver`), so the message that makes a socket readable costs one wake-up
 /// (that thread's) instead of two (the group's poller, then the application).
-static DRIVERS: Mutex<BTreeMap<(i32, u64), (u32, smcr::Driver)>> = Mutex::new(BTreeMap::new());
+///
+/// The value: the registering process, the driver, and the group's UDP socket if the set
+/// watches it too (`RXS`).
+static DRIVERS: Mutex<BTreeMap<(i32, u64), Driven>> = Mutex::new(BTreeMap::new());
+type Driven = (u32, smcr::Driver, Option<i32>);
 static ANY_DRIVER: AtomicBool = AtomicBool::new(false);
 /// The high half of the event data we register group descriptors with (the low half is the
 /// group id); an application's own data matching it *and* a known group is not expected.
 const TAG: u64 = 0xA5C3_5A17_0000_0000;
+/// UDP sockets of link groups that an application's epoll set watches, by (epoll descriptor,
+/// socket descriptor), with the registering process: while a thread sleeps in that set and
+/// holds the group, an arriving packet wakes it directly, not the device's engine thread
+/// first (see `smcr::Driver::sleep_begin`). Registered with `RX_TAG | socket`.
+static RXS: Mutex<BTreeMap<(i32, i32), u32>> = Mutex::new(BTreeMap::new());
+const RX_TAG: u64 = 0xA5C3_5A18_0000_0000;
 
 type Regs = Vec<(i32, libc::epoll_event)>;
 
@@ -75,6 +85,7 @@ fn drive_with(epfd: i32, fd: i32) {
     if m.contains_key(&key) {
         return;
     }
+    let rx = d.rx_fd().filter(|&s| watch_rx(epfd, s));
     let mut ev = libc::epoll_event {
         // Edge-triggered (nobody needs to drain it) and exclusive: when several threads wait on
         // sets holding it, one is woken, and it handles the whole group.
@@ -88,8 +99,32 @@ fn drive_with(epfd: i32, fd: i32) {
             "epoll set {epfd} now wakes for link group {} (application-driven)",
             key.1
         ));
-        m.insert(key, (table::pid(), d));
+        m.insert(key, (table::pid(), d, rx));
         ANY_DRIVER.store(true, Ordering::Release);
+    }
+}
+
+/// Adds a link group's UDP socket to `epfd` (once per socket and set); false if it could not.
+fn watch_rx(epfd: i32, sock: i32) -> bool {
+    let mut m = RXS.lock();
+    if m.contains_key(&(epfd, sock)) {
+        return true;
+    }
+    let mut ev = libc::epoll_event {
+        // Edge-triggered: whoever is woken drains the socket; exclusive as for the groups.
+        events: (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32,
+        u64: RX_TAG | sock as u32 as u64,
+    };
+    // SAFETY: registering a descriptor of ours in the application's epoll set.
+    let r = unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, sock, &mut ev) };
+    if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+        crate::log::line(format_args!(
+            "epoll set {epfd} now watches the RoCE socket (application-driven receive)"
+        ));
+        m.insert((epfd, sock), table::pid());
+        true
+    } else {
+        false
     }
 }
 
@@ -102,6 +137,7 @@ pub(crate) fn driven() -> bool {
 pub(crate) fn closed_epfd(epfd: i32) {
     if driven() {
         DRIVERS.lock().retain(|(e, _), _| *e != epfd);
+        RXS.lock().retain(|(e, _), _| *e != epfd);
     }
 }
 
@@ -125,21 +161,21 @@ pub(crate) fn wait(
         let mut handled = false;
         {
             let me = table::pid();
-            let ds: Vec<smcr::Driver> = DRIVERS
+            let ds: Vec<(smcr::Driver, bool)> = DRIVERS
                 .lock()
                 .range((epfd, 0)..=(epfd, u64::MAX))
-                .filter(|(_, (pid, _))| *pid == me)
-                .map(|(_, (_, d))| d.clone())
+                .filter(|(_, (pid, _, _))| *pid == me)
+                .map(|(_, (_, d, rx))| (d.clone(), rx.is_some()))
                 .collect();
             let _own = crate::guard::Bypass::new();
-            for d in ds {
+            for (d, rx) in ds {
                 if t == 0 {
                     // A loop that polls without sleeping handles what arrived (and keeps the
                     // group held, see `smcr::RuntimeConfig::app_hold`).
                     d.progress();
                     continue;
                 }
-                match d.sleep_begin() {
+                match d.sleep_begin(rx) {
                     Some(true) => asleep.0.push(d),
                     Some(false) => handled = true,
                     None => {}
@@ -184,9 +220,22 @@ pub(crate) fn wait(
         let mut ours = false;
         for i in 0..evs.len() {
             let data = evs[i].u64;
+            if data & 0xffff_ffff_0000_0000 == RX_TAG {
+                let sock = data as u32 as i32;
+                let pid = RXS.lock().get(&(epfd, sock)).copied();
+                if let Some(pid) = pid {
+                    ours = true;
+                    // A forked child sharing the set leaves the parent's socket alone (the
+                    // parent's engine thread takes over once the hold lapses).
+                    if pid == table::pid() {
+                        receive(epfd, sock);
+                    }
+                    continue;
+                }
+            }
             if data & 0xffff_ffff_0000_0000 == TAG {
                 let d = DRIVERS.lock().get(&(epfd, data & 0xffff_ffff)).cloned();
-                if let Some((pid, d)) = d {
+                if let Some((pid, d, _)) = d {
                     ours = true;
                     // A forked child sharing the epoll set must not take the parent's
                     // messages: it passes the event on (the registration is exclusive, so
@@ -216,6 +265,29 @@ pub(crate) fn wait(
         } else {
             left(deadline).unwrap_or(-1)
         };
+    }
+}
+
+/// `sock`, watched by `epfd`, fired: receives what waits there and handles what it brought
+/// for every group the set drives.
+fn receive(epfd: i32, sock: i32) {
+    let me = table::pid();
+    let ds: Vec<(smcr::Driver, Option<i32>)> = DRIVERS
+        .lock()
+        .range((epfd, 0)..=(epfd, u64::MAX))
+        .filter(|(_, (pid, _, _))| *pid == me)
+        .map(|(_, (_, d, rx))| (d.clone(), *rx))
+        .collect();
+    let _own = crate::guard::Bypass::new();
+    let mut received = false;
+    for (d, rx) in ds {
+        if !received && rx == Some(sock) {
+            received = true;
+            if d.receive() {
+                continue;
+            }
+        }
+        d.progress();
     }
 }
 

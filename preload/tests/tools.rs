@@ -90,6 +90,77 @@ fn iperf3_across_two_namespaces() {
 }
 
 #[test]
+fn redis_across_two_namespaces_with_the_event_loops_receiving() {
+    // Across namespaces (UDP): redis-server and redis-benchmark are epoll loops, so each
+    // watches its RoCE socket itself while it holds its link group. Short values make short
+    // WRITEs (lengthened to share a datagram with their CDC); redis-cli then checks, over the
+    // same link group, that values of every short length arrive intact.
+    if !have("redis-server") || !root("network namespaces") {
+        return;
+    }
+    let shim = Shim::new("redisns");
+    let net = NetPair::new();
+    let p = port(27000);
+    let ps = p.to_string();
+    let mut s = NetPair::cmd(&net.b, "redis-server");
+    shim.apply(&mut s);
+    let server = Bg(s
+        .args(["--bind", NetPair::ADDR_B, "--port", &ps])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_listening(Some(&net.b), NetPair::ADDR_B, p);
+    for d in ["3", "1000"] {
+        let mut b = NetPair::cmd(&net.a, "redis-benchmark");
+        shim.apply(&mut b);
+        b.args(["-h", NetPair::ADDR_B, "-p", &ps, "-q", "-t", "set,get"])
+            .args(["-n", "20000", "-c", "20", "-d", d]);
+        let out = run_ok(&mut b, "redis-benchmark across namespaces");
+        eprintln!("redis-benchmark -d {d} across namespaces: {}", out.trim());
+        assert_eq!(out.matches("requests per second").count(), 2, "{out}");
+    }
+    // Values of 0..=40 bytes, and enough commands to wrap the 64 KiB ring several times.
+    let mut cmds = String::new();
+    for i in 0..3000 {
+        let v: String = (0..i % 41)
+            .map(|k| (b'a' + ((i + k) % 26) as u8) as char)
+            .collect();
+        cmds += &format!("SET k{i} \"{v}\"\nGET k{i}\n");
+    }
+    let mut cli = NetPair::cmd(&net.a, "redis-cli");
+    shim.apply(&mut cli);
+    cli.args(["-h", NetPair::ADDR_B, "-p", &ps])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = cli.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        stdin.write_all(cmds.as_bytes()).unwrap();
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    let mut lines = out.lines();
+    for i in 0..3000 {
+        let v: String = (0..i % 41)
+            .map(|k| (b'a' + ((i + k) % 26) as u8) as char)
+            .collect();
+        assert_eq!(lines.next(), Some("OK"), "SET k{i}");
+        assert_eq!(lines.next(), Some(v.as_str()), "GET k{i}");
+    }
+    drop(server);
+    let log = shim.log();
+    assert!(
+        log.contains("now watches the RoCE socket (application-driven receive)"),
+        "{log}"
+    );
+    assert!(shim.smcr_count("connect") >= 41, "{log}");
+    assert!(shim.smcr_count("accept") >= 41, "{log}");
+}
+
+#[test]
 fn sockperf_ping_pong_and_throughput_in_epoll_poll_and_select_modes() {
     if !have("sockperf") {
         return;

@@ -53,6 +53,9 @@ pub struct WritePlan {
     pub pieces: [(u32, u32); 2],
     /// The CDC to send after the RDMA WRITEs (on the same QP, so it lands after the data).
     pub cdc: CdcMessage,
+    /// Bytes right after the last piece that are free in the peer's RMB (consumed, before the
+    /// end of the ring): a WRITE may run on into them without touching unread data.
+    pub slack: u32,
 }
 
 /// What a received CDC changed.
@@ -187,6 +190,12 @@ impl ConnCore {
         let off = self.tx_prod.count;
         let first = len.min(self.peer_rmb - off);
         let pieces = [(off, first), (0, len - first)];
+        let end = if len > first {
+            len - first
+        } else {
+            off + first
+        };
+        let slack = (space - len).min(self.peer_rmb - end);
         self.tx_prod = self.tx_prod.advance(len, self.peer_rmb);
         let flags = if pending >= space {
             ProducerFlags::WRITE_BLOCKED
@@ -196,6 +205,7 @@ impl ConnCore {
         WritePlan {
             pieces,
             cdc: self.next_cdc(flags),
+            slack,
         }
     }
 

@@ -85,6 +85,11 @@ pub struct RuntimeConfig {
     /// what arrives waits for the loop's next `epoll_wait` instead of waking the poller, which
     /// takes the group back once the loop has been away longer than this.
     pub app_hold: Duration,
+    /// On UDP links, lengthen a data WRITE shorter than 28 bytes into free space of the
+    /// peer's RMB so that it and its CDC leave in one GSO datagram (`SMCR_WRITE_PAD=off`
+    /// sends Linux's exact lengths; the peer reads neither way any byte past its producer
+    /// cursor). See docs/protocol.md.
+    pub write_pad: bool,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -124,6 +129,7 @@ impl RuntimeConfig {
             same_host: true,
             same_host_rmb_size: Some(512 * 1024),
             app_hold: Duration::from_millis(1),
+            write_pad: true,
         }
     }
 }
@@ -162,6 +168,9 @@ impl RuntimeConfig {
         }
         if let Some(k) = var("SMCR_SAME_HOST_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
             cfg.same_host_rmb_size = Some(k.saturating_mul(1024));
+        }
+        if matches!(var("SMCR_WRITE_PAD").as_deref(), Some("off" | "0" | "no")) {
+            cfg.write_pad = false;
         }
         if let Some(us) = var("SMCR_HOLD_US").and_then(|v| v.parse::<u64>().ok()) {
             cfg.app_hold = Duration::from_micros(us);
@@ -559,6 +568,15 @@ fn rdma_mtu(m: QpMtu) -> Mtu {
 const SLOT: usize = 128;
 const RECV_SLOTS: usize = 256;
 const SEND_SLOTS: usize = 1024;
+/// A send slot never handed out, always zero: the source of the bytes a short WRITE is
+/// lengthened by (see [`GSO_WRITE_MIN`]).
+const ZERO_SLOT: usize = SEND_SLOTS;
+/// On a UDP link, a data WRITE carrying fewer bytes is lengthened into free space of the
+/// peer's RMB (with zeros the peer never reads: they lie past its producer cursor) to this
+/// many. Its packet is then at least as long as the CDC SEND's (12 + 16 + 28 + 4 = 60 = 12 +
+/// 44 + 4 bytes), so the two leave in one GSO datagram (the shorter one last) and cross the
+/// network stack once instead of twice.
+const GSO_WRITE_MIN: u32 = 28;
 /// SEND slots only the poller may take (consumer updates, LLC answers), so it never waits.
 const POLLER_RESERVE: usize = 32;
 
@@ -579,6 +597,8 @@ pub(crate) struct LinkGroup {
     /// waits for up to `hold_for` (see [`Hold`]).
     hold: Mutex<Hold>,
     hold_for: Duration,
+    /// See [`RuntimeConfig::write_pad`].
+    write_pad: bool,
     /// The poller sleeps on its long timer while the holders sleep: the next to wake kicks it.
     poller_long: AtomicBool,
     /// `smc-stat` shows the link on shared memory.
@@ -618,6 +638,10 @@ thread_local! {
 struct Hold {
     /// The hold's own drive is on.
     held: bool,
+    /// The holders watch the device's socket themselves (their epoll sets hold it): the
+    /// engine thread does not, so a packet wakes the holder directly instead of the engine
+    /// thread, which would then signal the holder (two wake-ups).
+    rx: bool,
     /// Threads between `sleep_begin` and `sleep_end`.
     sleeping: u32,
     /// When a loop last went to sleep or woke.
@@ -627,6 +651,19 @@ struct Hold {
 /// Holders asleep this long leave the poller on its long timer (they kick it when they wake).
 const HOLD_IDLE: Duration = Duration::from_millis(5);
 
+/// A connection's data to write (see [`LinkGroup::post_data`]).
+#[derive(Clone, Copy)]
+pub(crate) struct DataWrites<'a> {
+    /// The connection's send buffer.
+    pub(crate) sndbuf: &'a MemoryRegion,
+    /// (offset in the send buffer and in the peer's RMB, length) pieces.
+    pub(crate) pieces: &'a [(u32, u32)],
+    /// The peer's RMB: address and rkey.
+    pub(crate) peer: (u64, u32),
+    /// Free bytes after the last piece in the peer's RMB (see [`GSO_WRITE_MIN`]).
+    pub(crate) slack: u32,
+}
+
 /// A link group's claimed record in the stats area.
 struct LgStat {
     area: Arc<crate::stats::Area>,
@@ -635,6 +672,15 @@ struct LgStat {
     write: Mutex<()>,
     /// Unix time of creation (ns).
     since: u64,
+}
+
+impl Drop for LinkGroup {
+    fn drop(&mut self) {
+        // The device socket goes back to the engine thread, for the other groups on it.
+        if std::mem::take(&mut self.hold.get_mut().rx) {
+            self.cq.delegate_rx(false);
+        }
+    }
 }
 
 impl Drop for LgStat {
@@ -688,7 +734,8 @@ impl LinkGroup {
         };
         let qp = pd.create_qp(&cq, &cq, caps, false)?;
         let recv_mr = pd.reg_mr(SLOT * RECV_SLOTS, Access::LOCAL_WRITE)?;
-        let send_mr = pd.reg_mr(SLOT * SEND_SLOTS, Access::LOCAL_WRITE)?;
+        // One slot more than are handed out: it stays zero (see `ZERO_SLOT`).
+        let send_mr = pd.reg_mr(SLOT * (SEND_SLOTS + 1), Access::LOCAL_WRITE)?;
         qp.modify(&QpAttr::state(QpState::Init))
             .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
         for i in 0..RECV_SLOTS {
@@ -708,10 +755,12 @@ impl LinkGroup {
             blocking_driver: AtomicBool::new(false),
             hold: Mutex::new(Hold {
                 held: false,
+                rx: false,
                 sleeping: 0,
                 last: Instant::now(),
             }),
             hold_for: rt.cfg.app_hold,
+            write_pad: rt.cfg.write_pad,
             poller_long: AtomicBool::new(false),
             shown_shm: AtomicBool::new(false),
             same_host: AtomicBool::new(false),
@@ -1034,11 +1083,90 @@ impl LinkGroup {
         Ok(same_host && ran == 1)
     }
 
-    /// Posts RDMA WRITEs (unsignaled: the CDC after them is signaled and completes later).
-    pub(crate) fn post_writes(&self, wrs: &[SendWr<'_>]) -> io::Result<()> {
-        self.qp.post_send(wrs).map_err(|e| {
-            io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
-        })
+    /// Posts a connection's data: the RDMA WRITEs of `w`, then the CDC `m` announcing them
+    /// from `slot`, like [`Self::post_cdc`].
+    pub(crate) fn post_data(
+        &self,
+        w: &DataWrites<'_>,
+        slot: usize,
+        m: &CdcMessage,
+        owner: u32,
+    ) -> io::Result<bool> {
+        let DataWrites {
+            sndbuf,
+            pieces,
+            peer,
+            slack,
+        } = *w;
+        let same_host = self.same_host();
+        let zero_len = match pieces.last() {
+            Some(&(_, len)) if self.write_pad && !same_host && len < GSO_WRITE_MIN => {
+                (GSO_WRITE_MIN - len).min(slack)
+            }
+            _ => 0,
+        };
+        let sges: Vec<[rdma::Sge; 2]> = pieces
+            .iter()
+            .map(|&(off, len)| {
+                [
+                    sndbuf.sge(off as usize, len as usize),
+                    self.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize),
+                ]
+            })
+            .collect();
+        let last = pieces.len().saturating_sub(1);
+        let mut wrs: Vec<SendWr<'_>> = pieces
+            .iter()
+            .zip(&sges)
+            .enumerate()
+            .map(|(i, (&(off, _), sg))| SendWr {
+                wr_id: u64::MAX,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: peer.0 + u64::from(off),
+                    rkey: peer.1,
+                },
+                sg_list: if i == last && zero_len > 0 {
+                    &sg[..]
+                } else {
+                    &sg[..1]
+                },
+                // Unsignaled: the CDC after them is signaled and completes later.
+                flags: SendFlags::empty(),
+            })
+            .collect();
+        if same_host {
+            // The shared-memory transport copies WRITEs as they are posted, and reports
+            // whether the SEND ran at once on its own.
+            if let Err(e) = self.qp.post_send(&wrs) {
+                self.put_back(slot);
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    format!("post_send: {e:?}"),
+                ));
+            }
+            return self.post_cdc(slot, m, owner);
+        }
+        // On UDP, WRITEs and SEND in one post: they are transmitted in one pass (one GSO
+        // datagram when their sizes allow), not one system call each.
+        let mut b = [0u8; cdc::CDC_LEN];
+        m.emit(&mut b);
+        self.st.lock().core.set_owner(slot, owner);
+        self.send_mr.write(slot * SLOT, &b);
+        let cdc_sge = [self.send_mr.sge(slot * SLOT, b.len())];
+        wrs.push(SendWr {
+            wr_id: slot as u64,
+            opcode: WrOpcode::Send,
+            sg_list: &cdc_sge,
+            flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
+        });
+        if let Err(e) = self.qp.post_send(&wrs) {
+            self.put_back(slot);
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                format!("post_send: {e:?}"),
+            ));
+        }
+        Ok(false)
     }
 
     fn flush_llc(&self, st: &mut LgState) {
@@ -1098,17 +1226,37 @@ impl LinkGroup {
         self.cq.driver_fd()
     }
 
+    /// The device socket the group's packets arrive on, unless it uses shared memory only
+    /// (see [`crate::Driver::rx_fd`]).
+    pub(crate) fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.cq.rx_fd()
+    }
+
+    /// Receives what waits on the device socket, then handles the group's completions (see
+    /// [`crate::Driver::receive`]).
+    pub(crate) fn receive(self: &Arc<Self>) {
+        self.cq.receive();
+        self.progress();
+    }
+
     /// For a thread about to sleep in its own wait on [`Self::event_fd`] (an epoll set):
     /// starts a drive and says it sleeps. `false`: something is there already — it was
     /// handled and the drive ended; check readiness without sleeping. Either way the group
     /// stays held for the thread's next wait (see [`Hold`]).
-    pub(crate) fn sleep_begin(self: &Arc<Self>) -> bool {
+    ///
+    /// `rx`: the caller's wait also watches [`Self::rx_fd`] (edge-triggered) and calls
+    /// [`Self::receive`] when it fires; then the group's packets wake it directly.
+    pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
         self.cq.begin_drive();
         if !self.hold_for.is_zero() {
             let mut h = self.hold.lock();
             if !h.held {
                 h.held = true;
                 self.cq.begin_drive();
+            }
+            if rx && !h.rx && self.cq.rx_fd().is_some() {
+                h.rx = true;
+                self.cq.delegate_rx(true);
             }
             h.sleeping += 1;
             h.last = Instant::now();
@@ -1168,6 +1316,9 @@ impl LinkGroup {
         }
         if since >= self.hold_for {
             h.held = false;
+            if std::mem::take(&mut h.rx) {
+                self.cq.delegate_rx(false);
+            }
             drop(h);
             // What arrived meanwhile is signalled to the poller (us) now.
             self.cq.end_drive();
@@ -1766,23 +1917,6 @@ impl ConnShared {
         let slot = lg.take_slot(poller)?;
         let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
         let pieces: Vec<(u32, u32)> = plan.pieces.into_iter().filter(|p| p.1 > 0).collect();
-        let sges: Vec<[rdma::Sge; 1]> = pieces
-            .iter()
-            .map(|&(off, len)| [self.sndbuf.sge(off as usize, len as usize)])
-            .collect();
-        let wrs: Vec<SendWr<'_>> = pieces
-            .iter()
-            .zip(&sges)
-            .map(|(&(off, _), sg)| SendWr {
-                wr_id: u64::MAX,
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: self.peer_vaddr + u64::from(off),
-                    rkey: self.peer_rkey,
-                },
-                sg_list: sg,
-                flags: SendFlags::empty(),
-            })
-            .collect();
         s.stats.bytes_sent += u64::from(s.staged);
         s.stats.data_cdcs += 1;
         if let Some(st) = &s.stat {
@@ -1793,11 +1927,13 @@ impl ConnShared {
         s.staged = 0;
         s.inflight += 1;
         s.publish();
-        if let Err(e) = lg.post_writes(&wrs) {
-            lg.put_back(slot);
-            return Err(e);
-        }
-        if lg.post_cdc(slot, &plan.cdc, self.token)? {
+        let writes = DataWrites {
+            sndbuf: &self.sndbuf,
+            pieces: &pieces,
+            peer: (self.peer_vaddr, self.peer_rkey),
+            slack: plan.slack,
+        };
+        if lg.post_data(&writes, slot, &plan.cdc, self.token)? {
             s.inflight -= 1;
         }
         Ok(())

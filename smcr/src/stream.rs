@@ -154,8 +154,35 @@ impl Driver {
     /// completions wake it (and not the group's poller). `Some(false)`: something had arrived
     /// already and was handled here — do not sleep (no `sleep_end` needed). `None`: the group
     /// is gone.
-    pub fn sleep_begin(&self) -> Option<bool> {
-        self.lg.upgrade().map(|lg| lg.sleep_begin())
+    ///
+    /// `rx`: the same wait also watches [`Self::rx_fd`] (registered edge-triggered) and calls
+    /// [`Self::receive`] when it fires. Then, while the thread holds the group, the device's
+    /// engine thread leaves the socket to it, and a packet wakes it directly (one wake-up,
+    /// not two).
+    pub fn sleep_begin(&self, rx: bool) -> Option<bool> {
+        self.lg.upgrade().map(|lg| lg.sleep_begin(rx))
+    }
+
+    /// The socket the group's packets arrive on (UDP), to watch along with [`Self::fd`];
+    /// `None` if the group is gone or uses shared memory only. Several groups may share it.
+    pub fn rx_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.lg
+            .upgrade()
+            .and_then(|lg| lg.rx_fd().map(|fd| fd.as_raw_fd()))
+    }
+
+    /// [`Self::rx_fd`] fired: receives what waits there (for every group on the socket) and
+    /// handles this group's completions, on the calling thread; never blocks. Returns false
+    /// once the group is gone.
+    pub fn receive(&self) -> bool {
+        match self.lg.upgrade() {
+            Some(lg) => {
+                lg.receive();
+                true
+            }
+            None => false,
+        }
     }
 
     /// The wait that followed `sleep_begin() == Some(true)` returned after `slept`; `woken`:

@@ -19,6 +19,8 @@ fn runtime(install: &TestInstall) -> Runtime {
     cfg.negotiation = Negotiation::TcpOption {
         dir: install.0.clone(),
     };
+    // Linux's exact WRITE lengths (our default lengthens short ones, checked below).
+    cfg.write_pad = false;
     Runtime::new(cfg)
 }
 
@@ -32,6 +34,7 @@ fn session_decodes_like_the_linux_reference() {
     }
     let install = TestInstall::new("capture");
     let net = NetPair::new().unwrap();
+    net.segment_before_capture().unwrap();
     let pcap = std::env::temp_dir().join(format!("smcr-session-{}.pcap", std::process::id()));
     let cap = Capture::start(&net.a, &net.veth_a, &pcap, "tcp or udp port 4791").unwrap();
     let addr: SocketAddr = (net.addr_b, 4444).into();
@@ -110,6 +113,81 @@ fn session_decodes_like_the_linux_reference() {
     );
     let (ref_text, ref_rows) = decode(std::path::Path::new(reference));
     check(&ref_text, &ref_rows);
+}
+
+#[test]
+fn short_writes_are_lengthened_with_zeros_the_reader_never_sees() {
+    if !privileged("session capture")
+        || !common::have_tool("session capture", "tcpdump")
+        || !common::have_tool("session capture", "tshark")
+    {
+        return;
+    }
+    let install = TestInstall::new("capture-pad");
+    let net = NetPair::new().unwrap();
+    net.segment_before_capture().unwrap();
+    let pcap = std::env::temp_dir().join(format!("smcr-pad-{}.pcap", std::process::id()));
+    let cap = Capture::start(&net.a, &net.veth_a, &pcap, "udp port 4791").unwrap();
+    let addr: SocketAddr = (net.addr_b, 4445).into();
+    let (tx, rx) = mpsc::channel();
+    let padded = |install: &TestInstall| {
+        let mut cfg = RuntimeConfig::new();
+        cfg.negotiation = Negotiation::TcpOption {
+            dir: install.0.clone(),
+        };
+        assert!(cfg.write_pad, "on by default");
+        Runtime::new(cfg)
+    };
+    let server = {
+        let rt = padded(&install);
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            // 16 bytes, then 5, then 1000: exactly what was written, nothing in between.
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            got
+        })
+    };
+    rx.recv().unwrap();
+    let client = {
+        let rt = padded(&install);
+        in_netns(&net.a, move || {
+            let mut c = SmcStream::connect(&rt, addr).unwrap();
+            assert!(matches!(c.mode(), Mode::SmcR { .. }));
+            for (b, n) in [(0x11u8, 16usize), (0x22, 5), (0x33, 1000)] {
+                c.write_all(&vec![b; n]).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        })
+    };
+    client.join().unwrap();
+    let got = server.join().unwrap();
+    let mut want = vec![0x11u8; 16];
+    want.extend([0x22; 5]);
+    want.extend([0x33; 1000]);
+    assert_eq!(got, want);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    cap.stop().unwrap();
+    let (text, rows) = decode(&pcap);
+    let _ = std::fs::remove_file(&pcap);
+    eprintln!("{text}");
+    // Each short WRITE carries 28 bytes (a 102-byte frame, as long as a CDC's) and its CDC
+    // follows it (they left in one GSO datagram); the long one is as written.
+    let writes: Vec<usize> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.2.contains("RDMA Write Only"))
+        .map(|(i, r)| {
+            // (The other side's ACKs may be captured in between.)
+            let next = rows[i + 1..].iter().find(|r| !r.2.contains("Acknowledge"));
+            assert!(next.is_some_and(|n| n.2.contains("CDC Message")), "{text}");
+            r.0
+        })
+        .collect();
+    assert_eq!(writes, [102, 102, 1074], "{text}");
+    assert!(!text.contains("NAK"), "{text}");
 }
 
 type Row = (usize, String, String);

@@ -722,7 +722,7 @@ fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back
 
     // The loop sleeps (long enough for the poller to stop watching the hold and wait for
     // the loop's kick) and wakes with nothing to do: the group stays held.
-    assert_eq!(d.sleep_begin(), Some(true));
+    assert_eq!(d.sleep_begin(false), Some(true));
     thread::sleep(Duration::from_millis(30));
     d.sleep_end(Duration::from_millis(30), false);
     c.send(b"one", smcr::Blocking::Yes(None)).unwrap();
@@ -732,7 +732,7 @@ fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back
         "the message waits for the loop while it holds the group"
     );
     // The loop comes back: it finds the message and handles it without sleeping.
-    assert_eq!(d.sleep_begin(), Some(false));
+    assert_eq!(d.sleep_begin(false), Some(false));
     assert_eq!(s.recv(&mut b, false, no).unwrap(), 3);
     assert_eq!(&b[..3], b"one");
 
@@ -770,6 +770,96 @@ fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back
         thread::sleep(Duration::from_millis(1));
     }
     assert!(t.elapsed() < hold, "not held any more: {:?}", t.elapsed());
+    drop((c, s));
+    rt.shutdown();
+}
+
+#[test]
+fn an_event_loop_holding_a_udp_link_group_receives_its_packets_itself() {
+    use std::time::{Duration, Instant};
+    // Peers on UDP (no shared memory): while an event loop holds the server's group and
+    // watches the device socket in its epoll set, a packet wakes the loop directly (the
+    // engine thread leaves the socket to it); when the loop stays away longer than the hold,
+    // the engine thread and the poller take over again.
+    let hold = Duration::from_millis(500);
+    let mut cfg = config();
+    cfg.same_host = false;
+    cfg.app_hold = hold;
+    // One runtime for both ends (peers use the same RoCE port): one device, one socket.
+    let rt = Runtime::new(cfg);
+    let (l, addr) = listen(&rt);
+    let client = thread::spawn(move || SmcStream::connect(&rt, addr).map(|c| (rt, c)));
+    let (s, _) = l.accept().unwrap();
+    let (rt, c) = client.join().unwrap().unwrap();
+    assert!(matches!(s.mode(), Mode::SmcR { .. }));
+    let d = s.driver().expect("an SMC-R stream has a link group");
+    let rx = d.rx_fd().expect("a UDP link group has a socket to watch");
+    let no = smcr::Blocking::No;
+    let would_block = |r: std::io::Result<usize>| matches!(r, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    let mut b = [0u8; 16];
+
+    // SAFETY: a new epoll set of this test, watching the group's descriptors.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    for (fd, tag, et) in [(d.fd(), 1u64, libc::EPOLLET), (rx, 2, libc::EPOLLET)] {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | et) as u32,
+            u64: tag,
+        };
+        // SAFETY: registering live descriptors in our set.
+        assert_eq!(
+            unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+            0
+        );
+    }
+    let wait = |ms: i32| -> Vec<u64> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: the buffer holds 4 events.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 4, ms) };
+        evs[..n.max(0) as usize].iter().map(|e| e.u64).collect()
+    };
+    for msg in [&b"one"[..], b"two", b"three"] {
+        // What the last round left (the handshake's packets, ACKs) is handled first.
+        thread::sleep(Duration::from_millis(20));
+        wait(0);
+        d.receive();
+        assert_eq!(d.sleep_begin(true), Some(true));
+        // The engine thread, if it was still receiving, is done: the socket is the loop's.
+        thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        c.send(msg, smcr::Blocking::Yes(None)).unwrap();
+        let evs = wait(2000);
+        d.sleep_end(t.elapsed(), evs.contains(&1));
+        assert_eq!(evs, [2], "the packet woke the loop through the socket");
+        assert!(
+            would_block(s.recv(&mut b, false, no)),
+            "nobody but the loop received the packet"
+        );
+        assert!(d.receive());
+        let n = s.recv(&mut b, false, no).unwrap();
+        assert_eq!(&b[..n], msg);
+    }
+
+    // The loop goes away: after the hold, the engine thread receives and the poller handles.
+    let left = Instant::now();
+    c.send(b"four", smcr::Blocking::Yes(None)).unwrap();
+    let n = loop {
+        match s.recv(&mut b, false, no) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    left.elapsed() < hold + Duration::from_secs(2),
+                    "the socket was never given back to the engine thread"
+                );
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(&b[..n], b"four");
+    assert!(left.elapsed() >= hold - Duration::from_millis(100));
+    // SAFETY: closing our epoll set.
+    unsafe { libc::close(ep) };
     drop((c, s));
     rt.shutdown();
 }

@@ -22,6 +22,12 @@ fn write(from: &mut End, to: &mut End, data: &[u8]) -> usize {
         at += len;
     }
     assert_eq!(at, n as usize);
+    // The slack is free: scribbling over it must not change what the reader gets.
+    let end = match plan.pieces {
+        [(_, _), (o, l)] if l > 0 => (o + l) as usize,
+        [(o, l), _] => (o + l) as usize,
+    };
+    to.rmb[end..end + plan.slack as usize].fill(0xEE);
     let up = to
         .core
         .on_cdc(&CdcMessage::parse(&plan.cdc.to_bytes()).unwrap())
@@ -241,4 +247,24 @@ fn staged_bytes_continue_where_the_announced_ones_end() {
     assert_eq!(c.stage_pieces(5, 20), [(95, 5), (0, 15)]);
     // Flushing the 5 staged later plans exactly those bytes.
     assert_eq!(c.prepare_write(5, 5).pieces[0], (90, 5));
+}
+
+#[test]
+fn the_slack_after_a_write_is_free_space_up_to_the_end_of_the_ring() {
+    let mut c = ConnCore::new(1, 100, 100);
+    // Empty ring: after 10 bytes at 0, 90 are free up to the end.
+    assert_eq!(c.prepare_write(10, 10).slack, 90);
+    // 10 unread; 85 more end at 95: 5 left before the end of the ring.
+    assert_eq!(c.prepare_write(85, 85).slack, 5);
+    // The ring is full now: nothing after the data is free.
+    c.peer_cons = Cursor::new(0, 95);
+    // 95 consumed, 0 unread: 10 bytes wrap (5 at 95, 5 at 0) and leave 90 free, but only up
+    // to the unread data's start at 95 — after the second piece, 90 bytes.
+    let p = c.prepare_write(10, 10);
+    assert_eq!(p.pieces, [(95, 5), (0, 5)]);
+    assert_eq!(p.slack, 90);
+    // 10 unread (95..100, 0..5); space 90; writing 88 leaves 2 before unread data.
+    let p = c.prepare_write(88, 88);
+    assert_eq!(p.pieces, [(5, 88), (0, 0)]);
+    assert_eq!(p.slack, 2);
 }

@@ -111,6 +111,17 @@ impl NetPair {
     }
 }
 
+impl NetPair {
+    /// Makes the veth pair segment GSO datagrams before they are captured (tcpdump on a veth
+    /// otherwise sees one frame per GSO batch, where a real network carries one per packet).
+    pub fn segment_before_capture(&self) -> io::Result<()> {
+        for (ns, dev) in [(&self.a, &self.veth_a), (&self.b, &self.veth_b)] {
+            run(&["ip", "-n", ns, "link", "set", dev, "gso_max_segs", "1"])?;
+        }
+        Ok(())
+    }
+}
+
 impl Drop for NetPair {
     fn drop(&mut self) {
         let _ = run(&["ip", "netns", "del", &self.a]);
