@@ -168,6 +168,7 @@ pub(crate) fn wait(
                 .map(|(_, (_, d, rx))| (d.clone(), rx.is_some()))
                 .collect();
             let _own = crate::guard::Bypass::new();
+            let mut gone = Vec::new();
             for (d, rx) in ds {
                 if t == 0 {
                     // A loop that polls without sleeping handles what arrived (and keeps the
@@ -178,7 +179,13 @@ pub(crate) fn wait(
                 match d.sleep_begin(rx) {
                     Some(true) => asleep.0.push(d),
                     Some(false) => handled = true,
-                    None => {}
+                    None => gone.push(d.id()),
+                }
+            }
+            if !gone.is_empty() {
+                let mut m = DRIVERS.lock();
+                for id in gone {
+                    m.remove(&(epfd, id));
                 }
             }
         }
@@ -225,24 +232,33 @@ pub(crate) fn wait(
                 let pid = RXS.lock().get(&(epfd, sock)).copied();
                 if let Some(pid) = pid {
                     ours = true;
-                    // A forked child sharing the set leaves the parent's socket alone (the
-                    // parent's engine thread takes over once the hold lapses).
+                    // A forked child sharing the set leaves the parent's socket alone and
+                    // passes the (exclusive) wake-up on.
                     if pid == table::pid() {
                         receive(epfd, sock);
+                    } else {
+                        pass_on_rx(epfd, sock);
                     }
                     continue;
                 }
             }
             if data & 0xffff_ffff_0000_0000 == TAG {
                 let d = DRIVERS.lock().get(&(epfd, data & 0xffff_ffff)).cloned();
-                if let Some((pid, d, _)) = d {
+                if let Some((pid, d, rx)) = d {
                     ours = true;
                     // A forked child sharing the epoll set must not take the parent's
                     // messages: it passes the event on (the registration is exclusive, so
                     // this wake-up may have been the parent's only one).
                     if pid == table::pid() {
                         let _own = crate::guard::Bypass::new();
-                        if !d.progress() {
+                        // With the socket watched too, this may be a child's pass-on of its
+                        // wake-up: receive as well.
+                        let alive = if rx.is_some() {
+                            d.receive()
+                        } else {
+                            d.progress()
+                        };
+                        if !alive {
                             DRIVERS.lock().remove(&(epfd, data & 0xffff_ffff));
                         }
                     } else {
@@ -272,22 +288,57 @@ pub(crate) fn wait(
 /// for every group the set drives.
 fn receive(epfd: i32, sock: i32) {
     let me = table::pid();
-    let ds: Vec<(smcr::Driver, Option<i32>)> = DRIVERS
+    let ds: Vec<(u64, smcr::Driver, Option<i32>)> = DRIVERS
         .lock()
         .range((epfd, 0)..=(epfd, u64::MAX))
         .filter(|(_, (pid, _, _))| *pid == me)
-        .map(|(_, (_, d, rx))| (d.clone(), *rx))
+        .map(|(k, (_, d, rx))| (k.1, d.clone(), *rx))
         .collect();
     let _own = crate::guard::Bypass::new();
     let mut received = false;
-    for (d, rx) in ds {
-        if !received && rx == Some(sock) {
-            received = true;
-            if d.receive() {
-                continue;
-            }
+    let mut gone = Vec::new();
+    for (id, d, rx) in ds {
+        let alive = if !received && rx == Some(sock) {
+            received = d.receive();
+            received
+        } else {
+            d.progress()
+        };
+        if !alive {
+            gone.push(id);
         }
-        d.progress();
+    }
+    if !gone.is_empty() {
+        let mut m = DRIVERS.lock();
+        for id in gone {
+            m.remove(&(epfd, id));
+        }
+    }
+    if !received {
+        // No group of this set arrives on the socket any more: stop watching it (a set
+        // woken for packets it cannot drain would be woken for nothing, or swallow the
+        // wake-up of another set).
+        if RXS.lock().remove(&(epfd, sock)).is_some() {
+            // SAFETY: removing our own registration from the application's set.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, sock, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// A forked child sharing `epfd` was woken for the parent's socket `sock`: it passes the
+/// wake-up on to the parent through the group descriptors watching it (inherited eventfds;
+/// the parent drains the socket when one fires, see `wait`).
+fn pass_on_rx(epfd: i32, sock: i32) {
+    let fds: Vec<i32> = DRIVERS
+        .lock()
+        .range((epfd, 0)..=(epfd, u64::MAX))
+        .filter(|(_, (_, _, rx))| *rx == Some(sock))
+        .map(|(_, (_, d, _))| d.fd())
+        .collect();
+    let one = 1u64.to_ne_bytes();
+    for fd in fds {
+        // SAFETY: 8 bytes to a group's eventfd, inherited from the parent.
+        unsafe { real::write()(fd, one.as_ptr().cast(), one.len()) };
     }
 }
 

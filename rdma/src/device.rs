@@ -1070,17 +1070,21 @@ impl Shared {
     /// See [`crate::CompletionQueue::receive`]: drains the socket (the watcher is woken
     /// edge-triggered, so what is left would wake nobody).
     pub(crate) fn receive_now(&self) -> usize {
-        self.rx_wanted.store(true, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        match self.rx.try_lock() {
-            Some(mut rx) => {
-                self.rx_wanted.store(false, Ordering::SeqCst);
-                let n = self.rx_drain(&mut rx, usize::MAX);
-                drop(rx);
-                n + self.rx_recheck()
+        let mut total = 0;
+        loop {
+            self.rx_wanted.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            // Taken: its holder receives again once it lets go.
+            let Some(mut rx) = self.rx.try_lock() else {
+                return total;
+            };
+            self.rx_wanted.store(false, Ordering::SeqCst);
+            total += self.rx_drain(&mut rx, usize::MAX);
+            drop(rx);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.rx_wanted.load(Ordering::SeqCst) {
+                return total;
             }
-            // Its holder receives again once it lets go.
-            None => 0,
         }
     }
 
@@ -1096,7 +1100,8 @@ impl Shared {
     /// the socket, edge-triggered) left its packets to us.
     fn rx_recheck(&self) -> usize {
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.rx_wanted.load(Ordering::SeqCst) {
+        // (Not while unwinding: a second panic would abort.)
+        if self.rx_wanted.load(Ordering::SeqCst) && !std::thread::panicking() {
             self.receive_now()
         } else {
             0

@@ -1205,6 +1205,7 @@ impl LinkGroup {
             // them first (`progress`), always under the driver lock, so they stay in order.
             if let Err(e) = self.cq.wait_ready(Some(wait)) {
                 self.fail(&format!("completion queue: {e}"));
+                self.release_hold();
                 return;
             }
             let _driver = self.driver.lock();
@@ -1216,8 +1217,22 @@ impl LinkGroup {
                 self.cq.poll(&mut wcs)
             };
             if self.handle(&wcs[..n]) {
+                self.release_hold();
                 return;
             }
+        }
+    }
+
+    /// The poller stops (the group failed or was deleted): nobody will take the hold back, so
+    /// it ends now; the device socket goes back to the engine thread for the other groups.
+    fn release_hold(&self) {
+        let mut h = self.hold.lock();
+        if std::mem::take(&mut h.rx) {
+            self.cq.delegate_rx(false);
+        }
+        if std::mem::take(&mut h.held) {
+            drop(h);
+            self.cq.end_drive();
         }
     }
 
@@ -1235,7 +1250,10 @@ impl LinkGroup {
     /// Receives what waits on the device socket, then handles the group's completions (see
     /// [`crate::Driver::receive`]).
     pub(crate) fn receive(self: &Arc<Self>) {
-        self.cq.receive();
+        // (A group on shared memory has nothing on the socket: no system call for nothing.)
+        if !self.same_host() {
+            self.cq.receive();
+        }
         self.progress();
     }
 
@@ -1250,13 +1268,17 @@ impl LinkGroup {
         self.cq.begin_drive();
         if !self.hold_for.is_zero() {
             let mut h = self.hold.lock();
-            if !h.held {
-                h.held = true;
-                self.cq.begin_drive();
-            }
-            if rx && !h.rx && self.cq.rx_fd().is_some() {
-                h.rx = true;
-                self.cq.delegate_rx(true);
+            // A group that is down has no poller left to take a hold back (`release_hold`);
+            // read under the hold's lock, which `release_hold` takes after the group went down.
+            if !self.down.load(Ordering::Acquire) {
+                if !h.held {
+                    h.held = true;
+                    self.cq.begin_drive();
+                }
+                if rx && !h.rx && !self.same_host() {
+                    h.rx = true;
+                    self.cq.delegate_rx(true);
+                }
             }
             h.sleeping += 1;
             h.last = Instant::now();

@@ -831,10 +831,19 @@ fn an_event_loop_holding_a_udp_link_group_receives_its_packets_itself() {
         let evs = wait(2000);
         d.sleep_end(t.elapsed(), evs.contains(&1));
         assert_eq!(evs, [2], "the packet woke the loop through the socket");
-        assert!(
-            would_block(s.recv(&mut b, false, no)),
-            "nobody but the loop received the packet"
+        // Nobody but the loop received the packet: it is still in the socket.
+        let mut pfd = libc::pollfd {
+            fd: rx,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd for a live descriptor.
+        assert_eq!(
+            unsafe { libc::poll(&mut pfd, 1, 0) },
+            1,
+            "the packet is waiting"
         );
+        assert!(would_block(s.recv(&mut b, false, no)));
         assert!(d.receive());
         let n = s.recv(&mut b, false, no).unwrap();
         assert_eq!(&b[..n], msg);
