@@ -160,34 +160,22 @@ pub(crate) fn wait(
         let mut asleep = Asleep(Vec::new());
         let mut handled = false;
         {
-            let me = table::pid();
-            let ds: Vec<(smcr::Driver, bool)> = DRIVERS
-                .lock()
-                .range((epfd, 0)..=(epfd, u64::MAX))
-                .filter(|(_, (pid, _, _))| *pid == me)
-                .map(|(_, (_, d, rx))| (d.clone(), rx.is_some()))
-                .collect();
             let _own = crate::guard::Bypass::new();
             let mut gone = Vec::new();
-            for (d, rx) in ds {
+            for (id, d, rx) in own_drivers(epfd) {
                 if t == 0 {
                     // A loop that polls without sleeping handles what arrived (and keeps the
                     // group held, see `smcr::RuntimeConfig::app_hold`).
                     d.progress();
                     continue;
                 }
-                match d.sleep_begin(rx) {
+                match d.sleep_begin(rx.is_some()) {
                     Some(true) => asleep.0.push(d),
                     Some(false) => handled = true,
-                    None => gone.push(d.id()),
+                    None => gone.push(id),
                 }
             }
-            if !gone.is_empty() {
-                let mut m = DRIVERS.lock();
-                for id in gone {
-                    m.remove(&(epfd, id));
-                }
-            }
+            forget_groups(epfd, &gone);
         }
         let slept = Instant::now();
         let n = call(if handled { 0 } else { t });
@@ -287,17 +275,10 @@ pub(crate) fn wait(
 /// `sock`, watched by `epfd`, fired: receives what waits there and handles what it brought
 /// for every group the set drives.
 fn receive(epfd: i32, sock: i32) {
-    let me = table::pid();
-    let ds: Vec<(u64, smcr::Driver, Option<i32>)> = DRIVERS
-        .lock()
-        .range((epfd, 0)..=(epfd, u64::MAX))
-        .filter(|(_, (pid, _, _))| *pid == me)
-        .map(|(k, (_, d, rx))| (k.1, d.clone(), *rx))
-        .collect();
     let _own = crate::guard::Bypass::new();
     let mut received = false;
     let mut gone = Vec::new();
-    for (id, d, rx) in ds {
+    for (id, d, rx) in own_drivers(epfd) {
         let alive = if !received && rx == Some(sock) {
             received = d.receive();
             received
@@ -308,12 +289,7 @@ fn receive(epfd: i32, sock: i32) {
             gone.push(id);
         }
     }
-    if !gone.is_empty() {
-        let mut m = DRIVERS.lock();
-        for id in gone {
-            m.remove(&(epfd, id));
-        }
-    }
+    forget_groups(epfd, &gone);
     if !received {
         // No group of this set arrives on the socket any more: stop watching it (a set
         // woken for packets it cannot drain would be woken for nothing, or swallow the
@@ -321,6 +297,27 @@ fn receive(epfd: i32, sock: i32) {
         if RXS.lock().remove(&(epfd, sock)).is_some() {
             // SAFETY: removing our own registration from the application's set.
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, sock, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// The groups `epfd` drives for this process: (group id, driver, watched socket).
+fn own_drivers(epfd: i32) -> Vec<(u64, smcr::Driver, Option<i32>)> {
+    let me = table::pid();
+    DRIVERS
+        .lock()
+        .range((epfd, 0)..=(epfd, u64::MAX))
+        .filter(|(_, (pid, _, _))| *pid == me)
+        .map(|(k, (_, d, rx))| (k.1, d.clone(), *rx))
+        .collect()
+}
+
+/// Drops the entries of groups found gone.
+fn forget_groups(epfd: i32, ids: &[u64]) {
+    if !ids.is_empty() {
+        let mut m = DRIVERS.lock();
+        for id in ids {
+            m.remove(&(epfd, *id));
         }
     }
 }

@@ -651,6 +651,11 @@ struct Hold {
 /// Holders asleep this long leave the poller on its long timer (they kick it when they wake).
 const HOLD_IDLE: Duration = Duration::from_millis(5);
 
+/// A refused post, as the connection sees it.
+fn post_error(e: rdma::PostError) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
+}
+
 /// A connection's data to write (see [`LinkGroup::post_data`]).
 #[derive(Clone, Copy)]
 pub(crate) struct DataWrites<'a> {
@@ -1026,11 +1031,22 @@ impl LinkGroup {
     /// (same-host link): the slot is free again and no completion will follow, so the caller
     /// counts it as done.
     pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<bool> {
+        self.post_cdc_after(&[], slot, m, owner)
+    }
+
+    /// [`Self::post_cdc`], with `before` (RDMA WRITEs) posted ahead of it in the same post.
+    fn post_cdc_after(
+        &self,
+        before: &[SendWr<'_>],
+        slot: usize,
+        m: &CdcMessage,
+        owner: u32,
+    ) -> io::Result<bool> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
         // The owner first: on UDP the completion may be handled before post_send returns.
         self.st.lock().core.set_owner(slot, owner);
-        let done = self.post_send_slot(slot, &b);
+        let done = self.post_send_slot(before, slot, &b);
         if !matches!(done, Ok(false)) {
             // Completed at once, or never posted: the slot is free again.
             self.put_back(slot);
@@ -1058,29 +1074,35 @@ impl LinkGroup {
 
     /// Posts a SEND of `bytes` from `slot`. Returns `true` if it completed at once (same-host
     /// link: the payload was copied into the peer's ring; the slot may be reused).
-    fn post_send_slot(&self, slot: usize, bytes: &[u8]) -> io::Result<bool> {
+    /// `before`: requests posted ahead of the SEND in the same post (then `true` means they
+    /// all ran too).
+    fn post_send_slot(&self, before: &[SendWr<'_>], slot: usize, bytes: &[u8]) -> io::Result<bool> {
         let same_host = self.same_host();
         self.send_mr.write(slot * SLOT, bytes);
-        let ran = self
-            .qp
-            .post_send_report(&[SendWr {
-                wr_id: slot as u64,
-                opcode: WrOpcode::Send,
-                sg_list: &[self.send_mr.sge(slot * SLOT, bytes.len())],
-                // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c). On a
-                // same-host link a SEND that ran when posted is done: a completion would only
-                // wake our own poller. One that had to wait for ring space completes later,
-                // like a SEND on the wire (so slots and autocorking still hold writers back).
-                flags: if same_host {
-                    SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
-                } else {
-                    SendFlags::SIGNALED | SendFlags::SOLICITED
-                },
-            }])
-            .map_err(|e| {
-                io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
-            })?;
-        Ok(same_host && ran == 1)
+        let sge = [self.send_mr.sge(slot * SLOT, bytes.len())];
+        let send = SendWr {
+            wr_id: slot as u64,
+            opcode: WrOpcode::Send,
+            sg_list: &sge,
+            // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c). On a
+            // same-host link a SEND that ran when posted is done: a completion would only
+            // wake our own poller. One that had to wait for ring space completes later,
+            // like a SEND on the wire (so slots and autocorking still hold writers back).
+            flags: if same_host {
+                SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
+            } else {
+                SendFlags::SIGNALED | SendFlags::SOLICITED
+            },
+        };
+        let ran = if before.is_empty() {
+            self.qp.post_send_report(&[send])
+        } else {
+            let mut wrs = before.to_vec();
+            wrs.push(send);
+            self.qp.post_send_report(&wrs)
+        }
+        .map_err(post_error)?;
+        Ok(same_host && ran == before.len() + 1)
     }
 
     /// Posts a connection's data: the RDMA WRITEs of `w`, then the CDC `m` announcing them
@@ -1115,7 +1137,7 @@ impl LinkGroup {
             })
             .collect();
         let last = pieces.len().saturating_sub(1);
-        let mut wrs: Vec<SendWr<'_>> = pieces
+        let wrs: Vec<SendWr<'_>> = pieces
             .iter()
             .zip(&sges)
             .enumerate()
@@ -1139,34 +1161,13 @@ impl LinkGroup {
             // whether the SEND ran at once on its own.
             if let Err(e) = self.qp.post_send(&wrs) {
                 self.put_back(slot);
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    format!("post_send: {e:?}"),
-                ));
+                return Err(post_error(e));
             }
             return self.post_cdc(slot, m, owner);
         }
         // On UDP, WRITEs and SEND in one post: they are transmitted in one pass (one GSO
         // datagram when their sizes allow), not one system call each.
-        let mut b = [0u8; cdc::CDC_LEN];
-        m.emit(&mut b);
-        self.st.lock().core.set_owner(slot, owner);
-        self.send_mr.write(slot * SLOT, &b);
-        let cdc_sge = [self.send_mr.sge(slot * SLOT, b.len())];
-        wrs.push(SendWr {
-            wr_id: slot as u64,
-            opcode: WrOpcode::Send,
-            sg_list: &cdc_sge,
-            flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
-        });
-        if let Err(e) = self.qp.post_send(&wrs) {
-            self.put_back(slot);
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                format!("post_send: {e:?}"),
-            ));
-        }
-        Ok(false)
+        self.post_cdc_after(&wrs, slot, m, owner)
     }
 
     fn flush_llc(&self, st: &mut LgState) {
@@ -1181,7 +1182,7 @@ impl LinkGroup {
                 st.core.put_back(slot);
                 continue;
             }
-            if !matches!(self.post_send_slot(slot, &b), Ok(false)) {
+            if !matches!(self.post_send_slot(&[], slot, &b), Ok(false)) {
                 st.core.put_back(slot);
             }
         }

@@ -14,22 +14,28 @@ use std::sync::mpsc;
 use common::{Capture, NetPair, TestInstall, in_netns, privileged};
 use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
-fn runtime(install: &TestInstall) -> Runtime {
+/// A runtime negotiating with the test's option program; `write_pad` off sends Linux's exact
+/// WRITE lengths (our default lengthens short ones, checked below).
+fn runtime(install: &TestInstall, write_pad: bool) -> Runtime {
     let mut cfg = RuntimeConfig::new();
     cfg.negotiation = Negotiation::TcpOption {
         dir: install.0.clone(),
     };
-    // Linux's exact WRITE lengths (our default lengthens short ones, checked below).
-    cfg.write_pad = false;
+    assert!(cfg.write_pad, "on by default");
+    cfg.write_pad = write_pad;
     Runtime::new(cfg)
+}
+
+/// Whether this machine can capture and decode a session (root, tcpdump, tshark).
+fn can_capture() -> bool {
+    privileged("session capture")
+        && common::have_tool("session capture", "tcpdump")
+        && common::have_tool("session capture", "tshark")
 }
 
 #[test]
 fn session_decodes_like_the_linux_reference() {
-    if !privileged("session capture")
-        || !common::have_tool("session capture", "tcpdump")
-        || !common::have_tool("session capture", "tshark")
-    {
+    if !can_capture() {
         return;
     }
     let install = TestInstall::new("capture");
@@ -40,7 +46,7 @@ fn session_decodes_like_the_linux_reference() {
     let addr: SocketAddr = (net.addr_b, 4444).into();
     let (tx, rx) = mpsc::channel();
     let server = {
-        let rt = runtime(&install);
+        let rt = runtime(&install, false);
         in_netns(&net.b, move || {
             let l = SmcListener::bind(&rt, addr).unwrap();
             tx.send(()).unwrap();
@@ -64,7 +70,7 @@ fn session_decodes_like_the_linux_reference() {
     };
     rx.recv().unwrap();
     let client = {
-        let rt = runtime(&install);
+        let rt = runtime(&install, false);
         in_netns(&net.a, move || {
             let mut c = SmcStream::connect(&rt, addr).unwrap();
             assert_eq!(
@@ -117,10 +123,7 @@ fn session_decodes_like_the_linux_reference() {
 
 #[test]
 fn short_writes_are_lengthened_with_zeros_the_reader_never_sees() {
-    if !privileged("session capture")
-        || !common::have_tool("session capture", "tcpdump")
-        || !common::have_tool("session capture", "tshark")
-    {
+    if !can_capture() {
         return;
     }
     let install = TestInstall::new("capture-pad");
@@ -130,16 +133,8 @@ fn short_writes_are_lengthened_with_zeros_the_reader_never_sees() {
     let cap = Capture::start(&net.a, &net.veth_a, &pcap, "udp port 4791").unwrap();
     let addr: SocketAddr = (net.addr_b, 4445).into();
     let (tx, rx) = mpsc::channel();
-    let padded = |install: &TestInstall| {
-        let mut cfg = RuntimeConfig::new();
-        cfg.negotiation = Negotiation::TcpOption {
-            dir: install.0.clone(),
-        };
-        assert!(cfg.write_pad, "on by default");
-        Runtime::new(cfg)
-    };
     let server = {
-        let rt = padded(&install);
+        let rt = runtime(&install, true);
         in_netns(&net.b, move || {
             let l = SmcListener::bind(&rt, addr).unwrap();
             tx.send(()).unwrap();
@@ -152,7 +147,7 @@ fn short_writes_are_lengthened_with_zeros_the_reader_never_sees() {
     };
     rx.recv().unwrap();
     let client = {
-        let rt = padded(&install);
+        let rt = runtime(&install, true);
         in_netns(&net.a, move || {
             let mut c = SmcStream::connect(&rt, addr).unwrap();
             assert!(matches!(c.mode(), Mode::SmcR { .. }));

@@ -700,6 +700,21 @@ fn a_blocked_reader_wakes_when_another_thread_shuts_its_reading_down() {
     rt.shutdown();
 }
 
+/// Polls `s` (non-blocking, nobody driving it) until something is readable; fails with
+/// `what` if nothing is by `deadline`.
+fn recv_by(s: &SmcStream, b: &mut [u8], deadline: std::time::Instant, what: &str) -> usize {
+    loop {
+        match s.recv(b, false, smcr::Blocking::No) {
+            Ok(n) => return n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[test]
 fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back() {
     use std::time::{Duration, Instant};
@@ -739,19 +754,12 @@ fn an_event_loop_holds_its_link_group_between_waits_and_the_poller_takes_it_back
     // The loop goes away for good (the hold was refreshed just now).
     let left = Instant::now();
     c.send(b"two", smcr::Blocking::Yes(None)).unwrap();
-    let got = loop {
-        match s.recv(&mut b, false, no) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(
-                    left.elapsed() < hold + Duration::from_secs(2),
-                    "the poller never took the group back"
-                );
-                thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let got = recv_by(
+        &s,
+        &mut b,
+        left + hold + Duration::from_secs(2),
+        "the poller never took the group back",
+    );
     assert_eq!(&b[..got], b"two");
     assert!(
         left.elapsed() >= hold - Duration::from_millis(100),
@@ -852,19 +860,12 @@ fn an_event_loop_holding_a_udp_link_group_receives_its_packets_itself() {
     // The loop goes away: after the hold, the engine thread receives and the poller handles.
     let left = Instant::now();
     c.send(b"four", smcr::Blocking::Yes(None)).unwrap();
-    let n = loop {
-        match s.recv(&mut b, false, no) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(
-                    left.elapsed() < hold + Duration::from_secs(2),
-                    "the socket was never given back to the engine thread"
-                );
-                thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let n = recv_by(
+        &s,
+        &mut b,
+        left + hold + Duration::from_secs(2),
+        "the socket was never given back to the engine thread",
+    );
     assert_eq!(&b[..n], b"four");
     assert!(left.elapsed() >= hold - Duration::from_millis(100));
     // SAFETY: closing our epoll set.
