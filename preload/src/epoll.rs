@@ -66,13 +66,18 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
     r
 }
 
+/// Whether application threads waiting in epoll, poll or select handle their link groups'
+/// messages themselves: on unless `SMCR_APP_DRIVE=off`.
+pub(crate) fn app_drive() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !std::env::var("SMCR_APP_DRIVE").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+    })
+}
+
 /// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set).
 fn drive_with(epfd: i32, fd: i32) {
-    // On unless `SMCR_APP_DRIVE=off`.
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| {
-        !std::env::var("SMCR_APP_DRIVE").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
-    }) {
+    if !app_drive() {
         return;
     }
     let Some(sock) = table::get(fd) else { return };
@@ -165,8 +170,13 @@ pub(crate) fn wait(
             for (id, d, rx) in own_drivers(epfd) {
                 if t == 0 {
                     // A loop that polls without sleeping handles what arrived (and keeps the
-                    // group held, see `smcr::RuntimeConfig::app_hold`).
-                    d.progress();
+                    // group held, see `smcr::RuntimeConfig::app_hold`). It receives too: while
+                    // it holds the group, nobody else drains the socket.
+                    if rx.is_some() {
+                        d.receive();
+                    } else {
+                        d.progress();
+                    }
                     continue;
                 }
                 match d.sleep_begin(rx.is_some()) {
@@ -341,7 +351,7 @@ fn pass_on_rx(epfd: i32, sock: i32) {
 
 /// Drivers between `sleep_begin` and `sleep_end`; a panic on the way ends their sleeps too
 /// (a group left driven would never be handled by its poller again).
-struct Asleep(Vec<smcr::Driver>);
+pub(crate) struct Asleep(pub(crate) Vec<smcr::Driver>);
 
 impl Drop for Asleep {
     fn drop(&mut self) {
@@ -352,7 +362,7 @@ impl Drop for Asleep {
 }
 
 /// Milliseconds left until `deadline` (at least 1 unless it passed), `None` without one.
-fn left(deadline: Option<Instant>) -> Option<i32> {
+pub(crate) fn left(deadline: Option<Instant>) -> Option<i32> {
     deadline.map(|d| {
         let left = d.saturating_duration_since(Instant::now());
         if left.is_zero() {

@@ -12,6 +12,7 @@ mod epoll;
 mod guard;
 mod hooks;
 mod log;
+mod poll;
 mod real;
 mod sendfile;
 mod shim;

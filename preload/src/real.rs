@@ -72,5 +72,11 @@ real! {
     __recv_chk: fn(c_int, *mut c_void, size_t, size_t, c_int) -> ssize_t;
     __recvfrom_chk: fn(c_int, *mut c_void, size_t, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t;
     sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
+    poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+    __poll_chk: fn(*mut libc::pollfd, libc::nfds_t, c_int, size_t) -> c_int;
+    ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    __ppoll_chk: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t, size_t) -> c_int;
+    select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;
+    pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int;
     sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
 }

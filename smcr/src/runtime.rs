@@ -80,6 +80,10 @@ pub struct RuntimeConfig {
     /// applies to every peer): the RMB bounds what one round trip moves, and on one host
     /// memory is cheaper than wake-ups. Pages are used only as they are written.
     pub same_host_rmb_size: Option<u32>,
+    /// RMB size for connections to other hosts (`SMCR_REMOTE_RMB_KIB`; default 512 KiB
+    /// unless `SMCR_RMB_KIB` is set): Linux's 64 KiB moves one RMB per round trip of wake-ups,
+    /// a fraction of what TCP moves over the same path.
+    pub remote_rmb_size: Option<u32>,
     /// How long an event-loop thread that drives a link group from `epoll_wait` keeps it
     /// between two waits (`SMCR_HOLD_US`; 0: hands it back to the poller at once). Meanwhile
     /// what arrives waits for the loop's next `epoll_wait` instead of waking the poller, which
@@ -128,6 +132,7 @@ impl RuntimeConfig {
             stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
             same_host: true,
             same_host_rmb_size: Some(512 * 1024),
+            remote_rmb_size: Some(512 * 1024),
             app_hold: Duration::from_millis(1),
             write_pad: true,
         }
@@ -150,6 +155,7 @@ impl RuntimeConfig {
         if let Some(k) = var("SMCR_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
             cfg.rmb_size = k.saturating_mul(1024);
             cfg.same_host_rmb_size = None;
+            cfg.remote_rmb_size = None;
         }
         if let Some(p) = var("SMCR_ROCE_PORT").and_then(|v| v.parse::<u16>().ok()) {
             cfg.roce_port = p;
@@ -168,6 +174,9 @@ impl RuntimeConfig {
         }
         if let Some(k) = var("SMCR_SAME_HOST_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
             cfg.same_host_rmb_size = Some(k.saturating_mul(1024));
+        }
+        if let Some(k) = var("SMCR_REMOTE_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
+            cfg.remote_rmb_size = Some(k.saturating_mul(1024));
         }
         if matches!(var("SMCR_WRITE_PAD").as_deref(), Some("off" | "0" | "no")) {
             cfg.write_pad = false;
@@ -385,22 +394,29 @@ impl Inner {
         clc::RmbSize::round_up(self.cfg.rmb_size.clamp(16 * 1024, 512 * 1024))
     }
 
-    /// The RMB size for a connection with `peer`: larger when the peer is on this host (its
-    /// link will use shared memory), never smaller than the configured one.
+    /// The RMB size for a connection with `peer`: the configured one, or larger (the
+    /// same-host or remote size) while large RMBs hold at most a quarter of the budget — a
+    /// few busy connections get room for bulk, many get Linux's size, and the budget is not
+    /// spent on the first ones.
     pub(crate) fn rmb_size_for(&self, peer: Ipv4Addr) -> clc::RmbSize {
         let base = self.rmb_size();
-        let Some(want) = self.cfg.same_host_rmb_size else {
+        let want = if self.cfg.same_host && self.is_local(peer) {
+            self.cfg.same_host_rmb_size
+        } else {
+            self.cfg.remote_rmb_size
+        };
+        let Some(want) = want else {
             return base;
         };
-        if !self.cfg.same_host || !self.is_local(peer) {
+        let large = clc::RmbSize::round_up(want.clamp(16 * 1024, 512 * 1024));
+        if large.bytes() <= base.bytes() {
             return base;
         }
-        let local = clc::RmbSize::round_up(want.clamp(16 * 1024, 512 * 1024));
-        if local.bytes() > base.bytes() {
-            local
-        } else {
-            base
+        let used = *self.rmb_in_use.lock();
+        if used + u64::from(large.bytes()) > self.cfg.rmb_budget / 4 {
+            return base;
         }
+        large
     }
 
     /// Whether `ip` is an address of this host in our network namespace (it can be bound).
@@ -1245,6 +1261,11 @@ impl LinkGroup {
     /// The device socket the group's packets arrive on, unless it uses shared memory only
     /// (see [`crate::Driver::rx_fd`]).
     pub(crate) fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // Without the hold the socket stays with the engine thread: a watcher would only race
+        // it for packets.
+        if self.hold_for.is_zero() {
+            return None;
+        }
         self.cq.rx_fd()
     }
 

@@ -164,7 +164,10 @@ impl Driver {
     }
 
     /// The socket the group's packets arrive on (UDP), to watch along with [`Self::fd`];
-    /// `None` if the group is gone or uses shared memory only. Several groups may share it.
+    /// `None` if the group is gone, uses shared memory only, or is never held (`app_hold`
+    /// zero: the engine thread keeps the socket). Several groups may share it. A wait that
+    /// does not sleep calls [`Self::receive`] rather than [`Self::progress`]: while the
+    /// group is held, nobody else drains the socket.
     pub fn rx_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         self.lg

@@ -627,6 +627,54 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
 
 /// `smc-stat --watch N` redraws (home + clear, then the table) every N seconds until stopped.
 #[test]
+fn large_rmbs_take_at_most_a_quarter_of_the_budget() {
+    // 4 MiB of budget: the first two RMBs (the first connection's, one per side in this one
+    // runtime) get the same-host size of 512 KiB, which fills the quarter; the next
+    // connection's get Linux's 64 KiB and still work.
+    let dir = stats_dir("budget");
+    let mut cfg = config();
+    cfg.stats_dir = Some(dir.clone());
+    cfg.rmb_budget = 4 << 20;
+    let rt = Runtime::new(cfg);
+    let (l, addr) = listen(&rt);
+    let server = thread::spawn(move || {
+        let mut kept = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 200_000];
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+            kept.push(s);
+        }
+        kept
+    });
+    let mut conns = Vec::new();
+    for i in 0..2u64 {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        let mut out = vec![0u8; 200_000];
+        pattern(i * 1000, &mut out);
+        c.write_all(&out).unwrap();
+        let mut back = vec![0u8; out.len()];
+        c.read_exact(&mut back).unwrap();
+        assert!(back == out, "connection {i}: the echo differs");
+        conns.push(c);
+    }
+    let kept = server.join().unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&smc_stat(&dir, &["--json"])).unwrap();
+    let mut sizes: Vec<u64> = doc["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["rmb"].as_u64().unwrap())
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [64 << 10, 64 << 10, 512 << 10, 512 << 10], "{doc}");
+    drop((conns, kept));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn smc_stat_watch_redraws() {
     let dir = stats_dir("watch");
     let mut cfg = config();

@@ -1,0 +1,287 @@
+//! poll/ppoll/select/pselect on our sockets. They would work without us (the application's
+//! number is a socketpair end whose readiness we set), but then every message passes the
+//! device's engine thread and the group's poller before the waiting thread wakes. Here, as in
+//! `epoll_wait` (epoll.rs), the thread in the call watches its link groups' descriptors (and
+//! their UDP socket) along with the application's, and handles what arrives itself: one
+//! wake-up per message instead of two or three.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use libc::pollfd;
+
+use crate::epoll::{Asleep, app_drive, left};
+use crate::{guard, table};
+
+thread_local! {
+    /// The extended poll array, kept between calls (no allocation per wait). It has a
+    /// destructor: read with `try_with` only.
+    static BUF: Cell<Vec<pollfd>> = const { Cell::new(Vec::new()) };
+}
+
+/// The link groups behind the application's descriptors in `fds` (each once), or none if no
+/// descriptor is an SMC-R connection of this process or application driving is off.
+pub(crate) fn drivers(fds: impl Iterator<Item = i32>) -> Vec<smcr::Driver> {
+    let mut out: Vec<smcr::Driver> = Vec::new();
+    for fd in fds {
+        let Some(sock) = table::get(fd) else { continue };
+        let crate::shim::Sock::Smc(c) = &*sock else {
+            continue;
+        };
+        if let Some(d) = c.stream.driver()
+            && !out.iter().any(|o| o.id() == d.id())
+        {
+            out.push(d);
+        }
+    }
+    if !out.is_empty() && !app_drive() {
+        out.clear();
+    }
+    // Said once per group: which waits drive groups (the last one said is checked without
+    // the lock).
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static SAID: parking_lot::Mutex<Vec<u64>> = parking_lot::Mutex::new(Vec::new());
+    for d in &out {
+        let tag = d.id().wrapping_add(1);
+        if LAST.swap(tag, Ordering::Relaxed) == tag {
+            continue;
+        }
+        let mut said = SAID.lock();
+        if !said.contains(&tag) && said.len() < 256 {
+            said.push(tag);
+            drop(said);
+            crate::log::line(format_args!(
+                "poll/select now drives link group {} (application-driven)",
+                d.id()
+            ));
+        }
+    }
+    out
+}
+
+/// The application's poll on `fds` (`call(array, timeout)` runs the real one) with the link
+/// groups `ds` of its descriptors: their descriptors are watched too and what they bring is
+/// handled here; the application sees only its own entries and the count of those ready.
+pub(crate) fn wait(
+    fds: &mut [pollfd],
+    ds: &[smcr::Driver],
+    timeout_ms: i32,
+    mut call: impl FnMut(&mut [pollfd], i32) -> i32,
+) -> i32 {
+    let deadline =
+        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let mut t = timeout_ms;
+    // Taken out while in use: a signal handler polling inside this poll finds it empty and
+    // grows its own.
+    let mut buf = BUF.try_with(Cell::take).unwrap_or_default();
+    let n = run(fds, ds, &mut t, deadline, &mut buf, &mut call);
+    let _ = BUF.try_with(|b| b.set(buf));
+    n
+}
+
+fn run(
+    fds: &mut [pollfd],
+    ds: &[smcr::Driver],
+    t: &mut i32,
+    deadline: Option<Instant>,
+    buf: &mut Vec<pollfd>,
+    call: &mut impl FnMut(&mut [pollfd], i32) -> i32,
+) -> i32 {
+    let n_app = fds.len();
+    loop {
+        if *t == 0 {
+            // A poll that does not sleep: what arrived is handled first (the group stays held,
+            // see `smcr::RuntimeConfig::app_hold`, so nobody else drains its socket).
+            let _own = guard::Bypass::new();
+            handle(
+                ds,
+                &ds.iter()
+                    .filter_map(smcr::Driver::rx_fd)
+                    .collect::<Vec<_>>(),
+            );
+            drop(_own);
+            return call(fds, 0);
+        }
+        // The groups' descriptors follow the application's entries: first each group's event
+        // descriptor, then each distinct UDP socket.
+        buf.clear();
+        buf.extend_from_slice(fds);
+        let mut asleep = Asleep(Vec::new());
+        let mut handled = false;
+        let mut rxs: Vec<i32> = Vec::new();
+        {
+            let _own = guard::Bypass::new();
+            for d in ds {
+                let rx = d.rx_fd();
+                match d.sleep_begin(rx.is_some()) {
+                    Some(true) => asleep.0.push(d.clone()),
+                    Some(false) => handled = true,
+                    None => continue,
+                }
+                buf.push(pollfd {
+                    fd: d.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                if let Some(s) = rx
+                    && !rxs.contains(&s)
+                {
+                    rxs.push(s);
+                }
+            }
+        }
+        let groups = buf.len();
+        buf.extend(rxs.iter().map(|&fd| pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let slept = Instant::now();
+        let n = call(buf, if handled { 0 } else { *t });
+        // What follows may touch errno (futex waits in locks): the application sees the real
+        // call's.
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        let mut ours = handled;
+        {
+            let _own = guard::Bypass::new();
+            let slept = slept.elapsed();
+            for d in asleep.0.drain(..) {
+                let woken = buf[n_app..groups]
+                    .iter()
+                    .any(|p| p.fd == d.fd() && p.revents != 0);
+                d.sleep_end(slept, woken);
+            }
+            if n > 0 {
+                for p in &buf[n_app..groups] {
+                    if p.revents != 0 {
+                        ours = true;
+                        drain(p.fd);
+                    }
+                }
+                let fired: Vec<i32> = buf[groups..]
+                    .iter()
+                    .filter(|p| p.revents != 0)
+                    .map(|p| p.fd)
+                    .collect();
+                if ours || !fired.is_empty() {
+                    ours = true;
+                    handle(ds, &fired);
+                }
+            }
+        }
+        let mut ready = 0;
+        for (a, b) in fds.iter_mut().zip(buf.iter()) {
+            a.revents = b.revents;
+            ready += i32::from(b.revents != 0);
+        }
+        if n < 0 {
+            if let Some(e) = errno {
+                guard::set_errno(e);
+            }
+            return n;
+        }
+        if ready > 0 || !ours {
+            return ready;
+        }
+        // Only our descriptors fired: what they made ready shows in the next look; else wait
+        // on for what is left of the timeout.
+        *t = left(deadline).unwrap_or(-1);
+        if *t == 0 {
+            return call(fds, 0);
+        }
+    }
+}
+
+/// Handles what woke the wait: the UDP sockets in `fired` are received from (once each, by
+/// a group arriving on it), every group's completions are taken.
+fn handle(ds: &[smcr::Driver], fired: &[i32]) {
+    let mut done: Vec<i32> = Vec::new();
+    for d in ds {
+        match d.rx_fd() {
+            Some(s) if fired.contains(&s) && !done.contains(&s) => {
+                done.push(s);
+                d.receive();
+            }
+            _ => {
+                d.progress();
+            }
+        }
+    }
+}
+
+/// Empties a group's event descriptor (poll is level-triggered; it is non-blocking).
+fn drain(fd: i32) {
+    let mut b = [0u8; 8];
+    // SAFETY: reading 8 bytes from our own eventfd into a local buffer.
+    unsafe { crate::real::read()(fd, b.as_mut_ptr().cast(), b.len()) };
+}
+
+/// The application's select (`pselect` with `sigmask`) as a poll through [`wait`], when a
+/// descriptor in its sets is one of our connections; `None`: none is, call the real one.
+pub(crate) fn select(
+    nfds: i32,
+    sets: [*mut libc::fd_set; 3],
+    timeout_ms: i32,
+    call: impl FnMut(&mut [pollfd], i32) -> i32,
+) -> Option<i32> {
+    let nfds = nfds.clamp(0, libc::FD_SETSIZE as i32);
+    let isset = |set: *mut libc::fd_set, fd: i32| {
+        // SAFETY: a non-null set is the caller's fd_set, and fd < FD_SETSIZE.
+        !set.is_null() && unsafe { libc::FD_ISSET(fd, set) }
+    };
+    let asked = |fd: i32| sets.iter().any(|&s| isset(s, fd));
+    let ds = drivers((0..nfds).filter(|&fd| asked(fd)));
+    if ds.is_empty() {
+        return None;
+    }
+    let mut fds: Vec<pollfd> = (0..nfds)
+        .filter_map(|fd| {
+            let mut events = 0;
+            if isset(sets[0], fd) {
+                events |= libc::POLLIN;
+            }
+            if isset(sets[1], fd) {
+                events |= libc::POLLOUT;
+            }
+            if isset(sets[2], fd) {
+                events |= libc::POLLPRI;
+            }
+            (events != 0).then_some(pollfd {
+                fd,
+                events,
+                revents: 0,
+            })
+        })
+        .collect();
+    let n = wait(&mut fds, &ds, timeout_ms, call);
+    if n < 0 {
+        return Some(n);
+    }
+    if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        guard::set_errno(libc::EBADF);
+        return Some(-1);
+    }
+    for s in sets.iter().filter(|s| !s.is_null()) {
+        // SAFETY: clearing the caller's set.
+        unsafe { libc::FD_ZERO(*s) };
+    }
+    // As the kernel's select: hang-up and error count as readable, error as writable.
+    let mut count = 0;
+    for p in &fds {
+        let r = p.revents;
+        let hits = [
+            (libc::POLLIN | libc::POLLHUP | libc::POLLERR, libc::POLLIN),
+            (libc::POLLOUT | libc::POLLERR, libc::POLLOUT),
+            (libc::POLLPRI, libc::POLLPRI),
+        ];
+        for (i, (mask, want)) in hits.into_iter().enumerate() {
+            if p.events & want != 0 && r & mask != 0 {
+                // SAFETY: setting a bit of the caller's set (it asked for this descriptor).
+                unsafe { libc::FD_SET(p.fd, sets[i]) };
+                count += 1;
+            }
+        }
+    }
+    Some(count)
+}
