@@ -184,11 +184,16 @@ fn run(
         if ready > 0 || !ours {
             return ready;
         }
-        // Only our descriptors fired: what they made ready shows in the next look; else wait
-        // on for what is left of the timeout.
+        // Only our descriptors fired: what they made ready shows in a look at the
+        // application's own entries (without sleeping: no wait-queue entries to set up and
+        // tear down); else wait on for what is left of the timeout.
+        let n = call(fds, 0);
+        if n != 0 {
+            return n;
+        }
         *t = left(deadline).unwrap_or(-1);
         if *t == 0 {
-            return call(fds, 0);
+            return 0;
         }
     }
 }
