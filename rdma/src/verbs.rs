@@ -524,6 +524,14 @@ impl QueuePair {
         shm.as_mut().is_some_and(|s| s.ready(rc, *av))
     }
 
+    /// Send requests posted and not finished: on UDP, those the peer has not acknowledged
+    /// yet; on the same-host transport, those waiting for room in the peer's ring (the rest
+    /// are in the peer's memory already). Zero once everything posted has reached the peer.
+    pub fn unfinished_sends(&self) -> usize {
+        let core = self.qp.core.lock();
+        core.rc.send_queue_len() + core.shm.as_ref().map_or(0, |s| s.backlog_len())
+    }
+
     /// Posts receive requests (`ibv_post_recv`).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let shared = &self.guard.shared;

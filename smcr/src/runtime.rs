@@ -664,6 +664,10 @@ struct Hold {
     last: Instant,
 }
 
+/// How long a deleted group's poller waits for the peer to acknowledge what was posted
+/// before the DELETE LINK: the transport's retries (7 × ~134 ms) fit.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
 /// Holders asleep this long leave the poller on its long timer (they kick it when they wake).
 const HOLD_IDLE: Duration = Duration::from_millis(5);
 
@@ -714,6 +718,10 @@ struct LgState {
     link: Option<LinkCore>,
     up: bool,
     down_reason: Option<String>,
+    /// We deleted the group ourselves (DELETE LINK sent): what was posted before it — the
+    /// last data, close CDCs, the DELETE LINK — still goes out and is retransmitted until
+    /// the peer acknowledged it; the queue pair fails only after that (see `finish`).
+    orderly: bool,
     /// Connections by token, promised tokens, SEND slots, linger (sans-IO, `crate::lgr`).
     core: LgrCore<Arc<ConnShared>>,
     /// A duplicate of each connection's TCP socket: a hang-up there without an SMC-R close
@@ -797,6 +805,7 @@ impl LinkGroup {
                 link: None,
                 up: false,
                 down_reason: None,
+                orderly: false,
                 core: LgrCore::new(
                     255,
                     SEND_SLOTS,
@@ -1225,7 +1234,7 @@ impl LinkGroup {
                 self.release_hold();
                 return;
             }
-            let _driver = self.driver.lock();
+            let driver = self.driver.lock();
             // While an application thread drives the group, what arrives is its to take (it is
             // signalled, and sleeps until then): only the timers are ours.
             let n = if self.cq.driven() {
@@ -1234,7 +1243,9 @@ impl LinkGroup {
                 self.cq.poll(&mut wcs)
             };
             if self.handle(&wcs[..n]) {
+                drop(driver);
                 self.release_hold();
+                self.finish();
                 return;
             }
         }
@@ -1560,6 +1571,7 @@ impl LinkGroup {
                         self.cond.notify_all();
                     }
                     LinkEvent::Down(r) => {
+                        st.orderly = matches!(r, link::DownReason::Local(_));
                         st.down_reason = Some(format!("link down: {r}"));
                     }
                     LinkEvent::RkeyDone { id, ok } => {
@@ -1727,6 +1739,28 @@ impl LinkGroup {
         };
         for c in conns {
             c.fail(reason);
+        }
+        if !self.st.lock().orderly {
+            let _ = self.qp.modify(&QpAttr::state(QpState::Error));
+        }
+    }
+
+    /// The poller's last act: after our own DELETE LINK, waits (bounded by the transport's
+    /// retries) until the peer has acknowledged everything posted, so closing a connection
+    /// and deleting the group right after it (a process that ends) loses nothing in flight;
+    /// then the queue pair fails.
+    fn finish(&self) {
+        if self.st.lock().orderly {
+            let deadline = Instant::now() + DRAIN_WAIT;
+            while self.qp.unfinished_sends() > 0
+                && self.qp.state() != QpState::Error
+                && Instant::now() < deadline
+            {
+                // The engine thread receives the ACKs, unless an event loop holding another
+                // group of this device watches the socket: then the ACKs would wait for it.
+                self.cq.receive();
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         let _ = self.qp.modify(&QpAttr::state(QpState::Error));
     }

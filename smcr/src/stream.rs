@@ -1088,7 +1088,10 @@ impl SmcStream {
                     return Ok(n as usize);
                 }
                 if let Some(cdc) = s.core.consume(n) {
-                    smc.lg.send_cdc(&cdc, false)?;
+                    // The bytes are in `buf` and consumed: they are returned even if the
+                    // update cannot go (a peer that closed and deleted the link group before
+                    // we read its last bytes); a dead link shows on the next call.
+                    let _ = smc.lg.send_cdc(&cdc, false);
                 }
                 s.publish();
                 smc.conn.report(&mut s);

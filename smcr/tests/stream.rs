@@ -921,3 +921,52 @@ fn an_event_loop_holding_a_udp_link_group_receives_its_packets_itself() {
     drop((c, s));
     rt.shutdown();
 }
+
+#[test]
+fn data_left_by_a_peer_that_closed_and_deleted_the_link_group_is_read_to_eof() {
+    // The peer writes more than half our RMB, closes and deletes the link group (its process
+    // ends) before we read: our read then owes the peer a consumer-cursor update it cannot
+    // send. The bytes are ours all the same, then EOF (was: the read failed with "link down"
+    // and the bytes it had consumed were lost; seen in the netns bulk test).
+    for same_host in [false, true] {
+        // Two runtimes (two processes' worth) share the RoCE port, as hosts do: the server
+        // on 127.0.0.2, the client on 127.0.0.1.
+        let base = config();
+        let small_rmbs = || {
+            let mut cfg = base.clone();
+            cfg.same_host = same_host;
+            cfg.rmb_size = 64 * 1024;
+            cfg.same_host_rmb_size = None;
+            cfg.remote_rmb_size = None;
+            Runtime::new(cfg)
+        };
+        let rt_server = small_rmbs();
+        let rt_client = small_rmbs();
+        let l = SmcListener::bind(&rt_server, "127.0.0.2:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        const LEN: usize = 48 * 1024;
+        let server = thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut data = vec![0u8; LEN];
+            pattern(0, &mut data);
+            s.write_all(&data).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        });
+        let mut c = SmcStream::connect(&rt_client, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        server.join().unwrap();
+        rt_server.shutdown();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while rt_client.link_groups() > 0 {
+            assert!(std::time::Instant::now() < deadline, "DELETE LINK not seen");
+            thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut got = Vec::new();
+        c.read_to_end(&mut got)
+            .unwrap_or_else(|e| panic!("same host {same_host}: {e} after {} bytes", got.len()));
+        let mut want = vec![0u8; LEN];
+        pattern(0, &mut want);
+        assert!(got == want, "same host {same_host}: {} bytes", got.len());
+        rt_client.shutdown();
+    }
+}
