@@ -156,6 +156,14 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// libc's contract for listen(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    if !bypassed()
+        && let Some(s) = table::get(fd)
+        && let Sock::Listener(l) = &*s
+    {
+        // Listening again (a new backlog): the hidden socket is the one that listens.
+        // SAFETY: forwarding to our listening socket.
+        return unsafe { real::listen()(l.tcp_fd(), backlog) };
+    }
     if bypassed() || !table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
         // SAFETY: forwarding.
         return unsafe { real::listen()(fd, backlog) };
@@ -207,13 +215,13 @@ fn accept_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_i
         // SAFETY: forwarding.
         None => return unsafe { real::accept4()(fd, addr, len, flags) },
     };
-    guarded(-1, || match l.accept(fd, flags) {
-        Ok(n) => {
-            if !addr.is_null() && !len.is_null() {
+    guarded(-1, || match l.accept(fd, addr, len, flags) {
+        Ok(a) => {
+            if !a.addr_filled && !addr.is_null() && !len.is_null() {
                 // SAFETY: the caller's address buffer; the peer of the new connection.
-                unsafe { real::getpeername()(socket_fd(n), addr, len) };
+                unsafe { real::getpeername()(socket_fd(a.fd), addr, len) };
             }
-            n
+            a.fd
         }
         Err(e) => {
             set_errno(errno_of(&e));
@@ -524,6 +532,15 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// libc's contract for shutdown(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if !bypassed()
+        && let Some(s) = table::get(fd)
+        && let Sock::Listener(l) = &*s
+    {
+        // A program stopping its accept loop: the listening socket shuts down, threads
+        // waiting in accept wake and get EINVAL, as from TCP.
+        // SAFETY: forwarding to our listening socket.
+        return unsafe { real::shutdown()(l.tcp_fd(), how) };
+    }
     match smc(fd) {
         Some(s) => guarded(-1, || {
             let how = match how {
@@ -680,11 +697,9 @@ fn fcntl_common(
 ) -> c_int {
     let s = if bypassed() { None } else { table::get(fd) };
     if let Some(s) = &s
-        && let Sock::Smc(c) = &**s
         && cmd == libc::F_SETFL
     {
-        c.nonblock
-            .store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+        shim::set_nonblock(s, arg as c_int & libc::O_NONBLOCK != 0);
     }
     // Decided on the file, even in a forked child (where the connection is the parent's):
     // what it execs must not inherit a pair nothing serves.
@@ -768,23 +783,21 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         table::set_cloexec_view(fd, req == libc::FIOCLEX);
         return 0;
     }
-    if let Some(s) = smc(fd)
+    if req == libc::FIONBIO
+        && !bypassed()
+        && let Some(s) = table::get(fd)
+    {
+        // SAFETY: FIONBIO's argument points to an int.
+        shim::set_nonblock(&s, unsafe { *(arg as *const c_int) } != 0);
+    }
+    if req == libc::FIONREAD
+        && let Some(s) = smc(fd)
         && let Ok(c) = as_smc(&s)
     {
-        match req {
-            libc::FIONREAD => {
-                let n = c.stream.readable_bytes().min(c_int::MAX as usize) as c_int;
-                // SAFETY: FIONREAD's argument points to an int.
-                unsafe { *(arg as *mut c_int) = n };
-                return 0;
-            }
-            libc::FIONBIO => {
-                // SAFETY: FIONBIO's argument points to an int.
-                let on = unsafe { *(arg as *const c_int) } != 0;
-                c.nonblock.store(on, Ordering::Relaxed);
-            }
-            _ => {}
-        }
+        let n = c.stream.readable_bytes().min(c_int::MAX as usize) as c_int;
+        // SAFETY: FIONREAD's argument points to an int.
+        unsafe { *(arg as *mut c_int) = n };
+        return 0;
     }
     // SAFETY: forwarding.
     unsafe { real::ioctl()(fd, req, arg) }

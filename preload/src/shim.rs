@@ -183,7 +183,7 @@ pub(crate) fn runtime() -> Runtime {
     static RT: OnceLock<Mutex<Option<(u32, Runtime)>>> = OnceLock::new();
     let cell = RT.get_or_init(|| Mutex::new(None));
     let mut g = cell.lock();
-    let pid = std::process::id();
+    let pid = table::pid();
     match &*g {
         Some((p, rt)) if *p == pid => rt.clone(),
         _ => {
@@ -435,19 +435,6 @@ impl Pair {
         };
         true
     }
-
-    /// One more queued connection on a listener that is already readable: a new wake-up for
-    /// edge-triggered epoll.
-    pub(crate) fn pulse(&self) {
-        let _b = Bypass::new();
-        let st = self.st.lock();
-        if st.cur.readable
-            && let Some(o) = &st.ours
-        {
-            // SAFETY: our descriptor, a one-byte buffer, never blocking.
-            unsafe { real::send()(o.as_raw_fd(), b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT) };
-        }
-    }
 }
 
 /// Empties the receive queue of `fd` (ours, non-blocking calls). Every sender holds the
@@ -553,18 +540,21 @@ fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
     Ok(())
 }
 
-fn describe(m: &Mode) -> String {
-    match m {
-        Mode::SmcR { first_contact } => format!(
-            "SMC-R ({})",
-            if *first_contact {
-                "new link group"
-            } else {
-                "link group reused"
+/// How a connection was negotiated, for the log (formatted only when a line is written).
+fn describe(m: &Mode) -> impl std::fmt::Display + '_ {
+    struct D<'a>(&'a Mode);
+    impl std::fmt::Display for D<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self.0 {
+                Mode::SmcR {
+                    first_contact: true,
+                } => f.write_str("SMC-R (new link group)"),
+                Mode::SmcR { .. } => f.write_str("SMC-R (link group reused)"),
+                Mode::Tcp(r) => write!(f, "TCP: {r} [{:#010x}]", r.code()),
             }
-        ),
-        Mode::Tcp(r) => format!("TCP: {r} [{:#010x}]", r.code()),
+        }
     }
+    D(m)
 }
 
 /// Marks `fd` for the TCP option (before `connect` or `listen`).
@@ -643,12 +633,10 @@ pub(crate) fn connect_async(fd: i32, marked: bool) -> io::Result<()> {
         tcp,
     });
     table::insert(fd, Arc::new(Sock::Pending(pending.clone())));
-    std::thread::Builder::new()
-        .name("smcr-connect".into())
-        .spawn(move || {
-            let _b = Bypass::new();
-            finish_connect(fd, marked, &pending, pair);
-        })?;
+    smcr::thread::spawn("smcr-connect".into(), move || {
+        let _b = Bypass::new();
+        finish_connect(fd, marked, &pending, pair);
+    })?;
     Ok(())
 }
 
@@ -729,24 +717,58 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
     }
 }
 
-/// A marked listening socket: our acceptor negotiates, the application accepts the results.
+/// A marked listening socket. The application's number shows an epoll instance that watches
+/// the real listening socket (hidden) and `ready` (an eventfd, non-zero while connections
+/// wait in `queue`): poll, select and epoll on the number report "acceptable" exactly when
+/// either has something. The application's `accept` takes the next connection itself: a peer
+/// that sent no SMC-R option is returned at once, as TCP's accept returns it (no other
+/// thread, no hand-over: issue 7's fallback goal); one that can negotiate goes to a handshake
+/// worker, whose result joins `queue`.
+///
+/// A *backstop* thread makes sure handshakes do not wait for the application, as Linux's
+/// run in the kernel whatever the program does (a program may connect to its own listener
+/// before it accepts, or be busy for a while): when connections have been waiting for
+/// [`BACKSTOP_GRACE`] and the application took none meanwhile, it accepts them itself (plain
+/// ones join `queue`). While the application accepts, the backstop wakes at most once per
+/// grace period.
 pub(crate) struct Listener {
-    /// The real listening socket (blocking; the application's number shows `pair`).
+    /// The real listening socket (non-blocking; only our calls reach it).
     tcp: OwnedFd,
+    /// Readable while `queue` is not empty (written once per queued connection, so each
+    /// arrival is a new edge for edge-triggered epoll; read back to zero when it empties).
+    ready: OwnedFd,
     queue: Mutex<std::collections::VecDeque<Ready>>,
-    cond: parking_lot::Condvar,
-    pair: Arc<Pair>,
     closed: AtomicBool,
+    /// The application's O_NONBLOCK on its number (kept by the fcntl and ioctl hooks): a
+    /// blocking accept then waits first and accepts once, as TCP's does in one call.
+    pub(crate) nonblock: AtomicBool,
     /// Its row in the stats area (`smc-stat -l`), until the application closes it.
     stat: Mutex<Option<smcr::ListenerRecord>>,
+    /// The address it is bound to, unless that is 0.0.0.0 (then each connection's own
+    /// address is asked for).
+    local: Option<std::net::SocketAddr>,
+    /// Connections the application's accepts took from the socket (the backstop watches it
+    /// move).
+    taken: std::sync::atomic::AtomicU64,
 }
+
+/// How long connections may wait in the listening socket's queue, the application accepting
+/// none, before the backstop takes them.
+const BACKSTOP_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A negotiated connection waiting for `accept`.
 enum Ready {
     /// SMC-R (its TCP socket hidden in the stream).
     Smc(SmcStream),
-    /// Plain TCP (a hidden descriptor, and the stream that holds its stats row).
+    /// Plain TCP after a decline (a hidden descriptor, and the stream that holds its stats row).
     Tcp(OwnedFd, SmcStream),
+}
+
+/// What [`Listener::accept`] gives the application.
+pub(crate) struct Accepted {
+    pub(crate) fd: i32,
+    /// The kernel filled the caller's address buffer (a socket accepted by this call).
+    pub(crate) addr_filled: bool,
 }
 
 impl Listener {
@@ -755,183 +777,223 @@ impl Listener {
         self.tcp.as_raw_fd()
     }
 
-    fn ready_state(&self, nonempty: bool) {
-        self.pair.set(smcr::ReadyState {
-            readable: nonempty,
-            ..Default::default()
-        });
-    }
-
     /// The application closed the listener: stop accepting; queued connections close.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.stat.lock().take();
-        // SAFETY: shutting down our listening socket wakes the acceptor's accept().
+        // SAFETY: shutting down our listening socket: threads of the application waiting in
+        // its accept wake (the epoll instance reports the hang-up) and see it closed.
         unsafe { real::shutdown()(self.tcp.as_raw_fd(), libc::SHUT_RDWR) };
         self.queue.lock().clear();
-        self.cond.notify_all();
     }
 
-    /// The application's accept: the next negotiated connection at a new descriptor, with
-    /// `flags` (SOCK_NONBLOCK, SOCK_CLOEXEC) applied.
-    pub(crate) fn accept(&self, app_fd: i32, flags: i32) -> io::Result<i32> {
-        let r = {
-            let mut q = self.queue.lock();
-            loop {
-                if let Some(r) = q.pop_front() {
-                    self.ready_state(!q.is_empty());
-                    break r;
+    /// The application's accept on its number `app_fd`: the next connection, at the lowest
+    /// free descriptor, with `flags` (SOCK_NONBLOCK, SOCK_CLOEXEC) applied. `addr`/`len` are
+    /// the caller's, filled by the kernel when the connection is accepted by this call.
+    pub(crate) fn accept(
+        self: &Arc<Self>,
+        app_fd: i32,
+        addr: *mut libc::sockaddr,
+        len: *mut libc::socklen_t,
+        flags: i32,
+    ) -> io::Result<Accepted> {
+        let _b = Bypass::new();
+        let rt = runtime();
+        let mut waited = false;
+        loop {
+            if let Some(r) = self.pop() {
+                return Ok(Accepted {
+                    fd: place(r, flags)?,
+                    addr_filled: false,
+                });
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            let nonblock = self.nonblock.load(Ordering::Relaxed);
+            if !nonblock && !waited {
+                // Blocking: wait until something is there (at once if it already is), then
+                // look again, our queue first.
+                self.wait()?;
+                waited = true;
+                continue;
+            }
+            // SAFETY: an all-zero sockaddr_in is valid.
+            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            let mut sl = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            // SAFETY: accepting on our (non-blocking) listening socket into our address
+            // buffer, with the caller's flags.
+            let c = unsafe {
+                real::accept4()(self.tcp.as_raw_fd(), (&raw mut sa).cast(), &mut sl, flags)
+            };
+            if c >= 0 {
+                self.taken.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: the kernel filled `sl` bytes of `sa`; the caller's buffer as accept
+                // fills it (truncated to its length, the full length reported).
+                unsafe { copy_addr(&sa, sl, addr, len) };
+                // The peer's address from accept, ours from the listener's when it is bound
+                // to one: no system call for the stats row.
+                let peer = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+                    u32::from_be(sa.sin_addr.s_addr).into(),
+                    u16::from_be(sa.sin_port),
+                ));
+                let addrs = self.local.map(|l| (l, peer));
+                match SmcStream::accept_verdict(&rt, borrowed(c), addrs) {
+                    Err(why) => {
+                        log::line(format_args!(
+                            "fd {app_fd} accept: {}",
+                            describe(&Mode::Tcp(why))
+                        ));
+                        crate::epoll::forget(c);
+                        return Ok(Accepted {
+                            fd: c,
+                            addr_filled: true,
+                        });
+                    }
+                    Ok(()) => {
+                        let conn = hide(c);
+                        // SAFETY: the number accept gave us; the socket lives on hidden.
+                        unsafe { real::close()(c) };
+                        if let Ok(conn) = conn
+                            && let Ok(tcp) = conn.try_clone()
+                        {
+                            self.negotiate(app_fd, conn, TcpStream::from(tcp));
+                        }
+                    }
                 }
+                continue;
+            }
+            match crate::guard::errno() {
+                libc::EAGAIN => {}
+                // A connection that went away before we took it, as TCP's accept skips it
+                // (Linux returns it to the caller only for some protocols).
+                libc::ECONNABORTED | libc::EINTR => continue,
+                e => return Err(io::Error::from_raw_os_error(e)),
+            }
+            if nonblock {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            // Another thread took it: wait again.
+            waited = false;
+        }
+    }
+
+    /// Sleeps until a connection waits in the kernel's queue or ours, or the listener shut
+    /// down; a signal interrupts it (EINTR), as it interrupts TCP's accept.
+    fn wait(&self) -> io::Result<()> {
+        // The socket and the eventfd themselves, not the epoll instance that watches them:
+        // the socket's wake-up then reaches this thread directly (as a synchronous wake-up,
+        // like the one TCP's accept gets), not through the instance's second wake-up.
+        let mut p = [self.tcp.as_raw_fd(), self.ready.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: polling our own descriptors.
+        if unsafe { real::poll()(p.as_mut_ptr(), 2, -1) } < 0 {
+            let e = crate::guard::errno();
+            if e == libc::EINTR {
+                return Err(io::Error::from_raw_os_error(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The backstop thread (see [`Listener`]).
+    fn backstop(self: &Arc<Self>, app_fd: i32) {
+        let rt = runtime();
+        let readable = |timeout: i32| {
+            let mut p = libc::pollfd {
+                fd: self.tcp.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: polling our own descriptor.
+            unsafe { real::poll()(&mut p, 1, timeout) };
+            p.revents
+        };
+        loop {
+            if readable(-1) & libc::POLLHUP != 0 {
+                // The application shut the socket down (it may listen again): nothing to
+                // accept, and poll would not wait.
                 if self.closed.load(Ordering::Acquire) {
-                    return Err(io::Error::from_raw_os_error(libc::EINVAL));
+                    return;
                 }
-                if is_nonblocking(app_fd) {
-                    return Err(io::ErrorKind::WouldBlock.into());
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            loop {
+                if self.closed.load(Ordering::Acquire) {
+                    return;
                 }
-                self.cond.wait(&mut q);
-            }
-        };
-        let cloexec = flags & libc::SOCK_CLOEXEC != 0;
-        let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-        let place = |file: i32, ours: bool| -> io::Result<i32> {
-            let cmd = if cloexec || ours {
-                libc::F_DUPFD_CLOEXEC
-            } else {
-                libc::F_DUPFD
-            };
-            // SAFETY: duplicating our descriptor to the lowest free number, as accept would.
-            let n = unsafe { real::fcntl()(file, cmd, 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: as accept4 with SOCK_NONBLOCK would (O_NONBLOCK of the new file only).
-            let fl = unsafe { real::fcntl()(n, libc::F_GETFL, 0) };
-            let fl = if nonblock {
-                fl | libc::O_NONBLOCK
-            } else {
-                fl & !libc::O_NONBLOCK
-            };
-            // SAFETY: as above.
-            unsafe { real::fcntl()(n, libc::F_SETFL, fl as libc::c_ulong) };
-            Ok(n)
-        };
-        match r {
-            Ready::Tcp(fd, s) => {
-                let n = place(fd.as_raw_fd(), false)?;
-                s.hand_over(&runtime(), n);
-                Ok(n)
-            }
-            Ready::Smc(s) => {
-                let (app, pair) = Pair::new()?;
-                let n = place(app.as_raw_fd(), true)?;
-                table::set_cloexec_view(n, cloexec);
-                drop(app);
-                let sock = smc_fd(s, nonblock, pair);
-                crate::epoll::forget(n);
-                table::insert(n, sock.clone());
-                follow(&sock);
-                Ok(n)
+                let seen = self.taken.load(Ordering::Relaxed);
+                std::thread::sleep(BACKSTOP_GRACE);
+                if readable(0) != libc::POLLIN {
+                    break;
+                }
+                if self.taken.load(Ordering::Relaxed) != seen {
+                    // The application is accepting: its turn.
+                    continue;
+                }
+                self.take_all(&rt, app_fd);
             }
         }
     }
-}
 
-/// After the application's `listen` on a marked socket: hide the listening socket behind a
-/// pair and start the acceptor.
-pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
-    let _b = Bypass::new();
-    let tcp = hide(fd)?;
-    let nonblock = is_nonblocking(fd);
-    // Our acceptor blocks; the application's blocking mode now lives on its pair end.
-    // SAFETY: clearing O_NONBLOCK on the listening socket (only we reach it from now on).
-    unsafe {
-        let fl = real::fcntl()(tcp.as_raw_fd(), libc::F_GETFL, 0);
-        real::fcntl()(
-            tcp.as_raw_fd(),
-            libc::F_SETFL,
-            (fl & !libc::O_NONBLOCK) as libc::c_ulong,
-        );
-    }
-    let (app, pair) = Pair::new()?;
-    replace(fd, app.as_raw_fd(), true, || {})?;
-    drop(app);
-    if nonblock {
-        // SAFETY: the application's listener was non-blocking; its new descriptor is too.
-        unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
-    }
-    let local = local_v4(tcp.as_raw_fd());
-    let l = Arc::new(Listener {
-        tcp,
-        queue: Mutex::new(std::collections::VecDeque::new()),
-        cond: parking_lot::Condvar::new(),
-        pair,
-        closed: AtomicBool::new(false),
-        stat: Mutex::new(local.and_then(|a| runtime().listener_record(a))),
-    });
-    table::insert(fd, Arc::new(Sock::Listener(l.clone())));
-    std::thread::Builder::new()
-        .name("smcr-accept".into())
-        .spawn(move || {
-            let _b = Bypass::new();
-            acceptor(fd, &l);
-        })?;
-    Ok(())
-}
-
-fn acceptor(fd: i32, l: &Arc<Listener>) {
-    loop {
-        // SAFETY: accepting on our listening socket.
-        let c = unsafe {
-            real::accept4()(
-                l.tcp.as_raw_fd(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if c < 0 {
-            let e = crate::guard::errno();
-            if l.closed.load(Ordering::Acquire) {
+    /// The backstop takes every connection waiting in the socket's queue.
+    fn take_all(self: &Arc<Self>, rt: &smcr::Runtime, app_fd: i32) {
+        loop {
+            // SAFETY: accepting on our non-blocking listening socket.
+            let c = unsafe {
+                real::accept4()(
+                    self.tcp.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            };
+            if c < 0 {
+                if crate::guard::errno() == libc::ECONNABORTED {
+                    continue;
+                }
                 return;
             }
-            if e == libc::EINTR || e == libc::ECONNABORTED || e == libc::EAGAIN {
+            let Ok(conn) = hide(c) else {
+                // SAFETY: our descriptor.
+                unsafe { real::close()(c) };
                 continue;
+            };
+            // SAFETY: the number accept gave us; the socket lives on at its hidden one.
+            unsafe { real::close()(c) };
+            let Ok(dup) = conn.try_clone() else { continue };
+            match SmcStream::accept_fallback(rt, TcpStream::from(dup)) {
+                Ok(s) => {
+                    log::line(format_args!(
+                        "fd {app_fd} accept (backstop) {:?}: {}",
+                        s.peer_addr().ok(),
+                        describe(s.mode())
+                    ));
+                    self.enqueue(Ready::Tcp(conn, s));
+                }
+                Err(tcp) => self.negotiate(app_fd, conn, tcp),
             }
-            log::line(format_args!(
-                "listener fd {fd}: accept failed ({e}); stopping"
-            ));
-            return;
         }
-        // SAFETY: a new descriptor of ours.
-        let low = unsafe { OwnedFd::from_raw_fd(c) };
-        let Ok(conn) = hide(low.as_raw_fd()) else {
-            continue;
-        };
-        drop(low);
-        let rt = runtime();
-        let Ok(dup) = conn.try_clone() else { continue };
-        // A peer that cannot negotiate (no SMC-R option in its SYN) is served here: no thread,
-        // no wait (issue 7: a fallback costs about what plain TCP costs).
-        let tcp = match SmcStream::accept_fallback(&rt, TcpStream::from(dup)) {
-            Ok(s) => {
-                log::line(format_args!(
-                    "fd {fd} accept {:?}: {}",
-                    s.peer_addr().ok(),
-                    describe(s.mode())
-                ));
-                enqueue(l, Ready::Tcp(conn, s));
-                continue;
-            }
-            Err(tcp) => tcp,
-        };
-        let l = l.clone();
+    }
+
+    /// An accepted socket whose peer can negotiate (`conn`, hidden, and `tcp`, a duplicate):
+    /// the server handshake runs on a worker; the result is queued for `accept`.
+    fn negotiate(self: &Arc<Self>, app_fd: i32, conn: OwnedFd, tcp: TcpStream) {
+        // The handshake waits in poll; an accept's SOCK_NONBLOCK belongs to the application.
+        // SAFETY: setting status flags on our own descriptor.
+        unsafe { real::fcntl()(conn.as_raw_fd(), libc::F_SETFL, 0) };
+        let l = self.clone();
         crate::workers::run(move || {
             let rt = runtime();
             let peer = tcp.peer_addr().ok();
             let ready = match SmcStream::from_accepted(&rt, tcp) {
                 Ok(s) => {
                     log::line(format_args!(
-                        "fd {fd} accept {peer:?}: {}",
+                        "fd {app_fd} accept {peer:?}: {}",
                         describe(s.mode())
                     ));
                     if matches!(s.mode(), Mode::SmcR { .. }) {
@@ -943,30 +1005,194 @@ fn acceptor(fd: i32, l: &Arc<Listener>) {
                 Err(e) => {
                     // As Linux: the application never sees a connection that failed.
                     log::line(format_args!(
-                        "fd {fd} accept {peer:?}: handshake failed: {e}"
+                        "fd {app_fd} accept {peer:?}: handshake failed: {e}"
                     ));
                     return;
                 }
             };
-            enqueue(&l, ready);
+            l.enqueue(ready);
         });
+    }
+
+    /// Queues a negotiated connection for the application's `accept`; the number turns (or
+    /// stays, with a new edge) readable.
+    fn enqueue(&self, ready: Ready) {
+        let mut q = self.queue.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        q.push_back(ready);
+        // SAFETY: 8 bytes into our eventfd.
+        unsafe {
+            real::write()(
+                self.ready.as_raw_fd(),
+                1u64.to_ne_bytes().as_ptr().cast(),
+                8,
+            )
+        };
+    }
+
+    /// The next negotiated connection; the eventfd goes back to zero with the last one.
+    fn pop(&self) -> Option<Ready> {
+        let mut q = self.queue.lock();
+        let r = q.pop_front()?;
+        if q.is_empty() {
+            let mut b = [0u8; 8];
+            // SAFETY: reading our non-blocking eventfd into 8 bytes.
+            unsafe { real::read()(self.ready.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        }
+        Some(r)
     }
 }
 
-/// Queues a negotiated connection for the application's `accept` and shows the listener
-/// readable.
-fn enqueue(l: &Listener, ready: Ready) {
-    let mut q = l.queue.lock();
-    if l.closed.load(Ordering::Acquire) {
+/// Copies an accepted peer's address into the caller's buffer as accept(2) does: at most
+/// `*len` bytes, and `*len` set to the address's full length.
+///
+/// # Safety
+/// `addr`/`len` are null or the caller's valid buffer and length, as accept's contract says.
+unsafe fn copy_addr(
+    sa: &libc::sockaddr_in,
+    sl: libc::socklen_t,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) {
+    if addr.is_null() || len.is_null() {
         return;
     }
-    q.push_back(ready);
-    l.ready_state(true);
-    if q.len() > 1 {
-        // Already readable: a new arrival still wakes edge-triggered epoll.
-        l.pair.pulse();
+    // SAFETY: per the contract, `len` is valid and `addr` has `*len` writable bytes.
+    unsafe {
+        let n = (*len).min(sl) as usize;
+        std::ptr::copy_nonoverlapping(
+            (sa as *const libc::sockaddr_in).cast::<u8>(),
+            addr.cast(),
+            n,
+        );
+        *len = sl;
     }
-    l.cond.notify_one();
+}
+
+/// Puts a negotiated connection at the lowest free descriptor, with accept's `flags`.
+fn place(r: Ready, flags: i32) -> io::Result<i32> {
+    let cloexec = flags & libc::SOCK_CLOEXEC != 0;
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let dup_low = |file: i32, ours: bool| -> io::Result<i32> {
+        let cmd = if cloexec || ours {
+            libc::F_DUPFD_CLOEXEC
+        } else {
+            libc::F_DUPFD
+        };
+        // SAFETY: duplicating our descriptor to the lowest free number, as accept would.
+        let n = unsafe { real::fcntl()(file, cmd, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as accept4 with SOCK_NONBLOCK would (O_NONBLOCK of the new file only).
+        let fl = unsafe { real::fcntl()(n, libc::F_GETFL, 0) };
+        let fl = if nonblock {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        // SAFETY: as above.
+        unsafe { real::fcntl()(n, libc::F_SETFL, fl as libc::c_ulong) };
+        Ok(n)
+    };
+    match r {
+        Ready::Tcp(fd, s) => {
+            let n = dup_low(fd.as_raw_fd(), false)?;
+            crate::epoll::forget(n);
+            s.hand_over(&runtime(), n);
+            Ok(n)
+        }
+        Ready::Smc(s) => {
+            let (app, pair) = Pair::new()?;
+            let n = dup_low(app.as_raw_fd(), true)?;
+            table::set_cloexec_view(n, cloexec);
+            drop(app);
+            let sock = smc_fd(s, nonblock, pair);
+            crate::epoll::forget(n);
+            table::insert(n, sock.clone());
+            follow(&sock);
+            Ok(n)
+        }
+    }
+}
+
+/// After the application's `listen` on a marked socket: hide the listening socket and show an
+/// epoll instance watching it (see [`Listener`]) at the application's number.
+pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
+    let _b = Bypass::new();
+    let nonblock = is_nonblocking(fd);
+    let tcp = hide(fd)?;
+    let last = || io::Error::last_os_error();
+    // SAFETY (block): creating and configuring descriptors of our own.
+    let (ready, ep) = unsafe {
+        // Only our calls reach the socket from now on, and they never wait in accept.
+        real::fcntl()(
+            tcp.as_raw_fd(),
+            libc::F_SETFL,
+            libc::O_NONBLOCK as libc::c_ulong,
+        );
+        let ready = libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC);
+        if ready < 0 {
+            return Err(last());
+        }
+        let ready = hide_owned(ready)?;
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        if ep < 0 {
+            return Err(last());
+        }
+        let ep = hide_owned(ep)?;
+        for watched in [tcp.as_raw_fd(), ready.as_raw_fd()] {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: watched as u64,
+            };
+            if real::epoll_ctl()(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, watched, &mut ev) != 0 {
+                return Err(last());
+            }
+        }
+        (ready, ep)
+    };
+    replace(fd, ep.as_raw_fd(), true, || {})?;
+    drop(ep);
+    if nonblock {
+        // SAFETY: the application's listener was non-blocking; its new descriptor is too.
+        unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
+    }
+    let local = local_v4(tcp.as_raw_fd());
+    let l = Arc::new(Listener {
+        tcp,
+        ready,
+        queue: Mutex::new(std::collections::VecDeque::new()),
+        closed: AtomicBool::new(false),
+        nonblock: AtomicBool::new(nonblock),
+        stat: Mutex::new(local.and_then(|a| runtime().listener_record(a))),
+        local: local.filter(|a| !a.ip().is_unspecified()),
+        taken: std::sync::atomic::AtomicU64::new(0),
+    });
+    table::insert(fd, Arc::new(Sock::Listener(l.clone())));
+    smcr::thread::spawn("smcr-accept".into(), move || {
+        let _b = Bypass::new();
+        l.backstop(fd);
+    })?;
+    Ok(())
+}
+
+/// [`hide`] for a new descriptor of ours: moved out of the application's range.
+fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let low = unsafe { OwnedFd::from_raw_fd(fd) };
+    hide(low.as_raw_fd())
+}
+
+/// The application set (or cleared) O_NONBLOCK on a number of ours.
+pub(crate) fn set_nonblock(s: &Sock, on: bool) {
+    match s {
+        Sock::Smc(c) => c.nonblock.store(on, Ordering::Relaxed),
+        Sock::Listener(l) => l.nonblock.store(on, Ordering::Relaxed),
+        _ => {}
+    }
 }
 
 /// Whether `fd` is in non-blocking mode.

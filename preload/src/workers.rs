@@ -48,13 +48,11 @@ pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
         return;
     }
     drop(st);
-    let spawned = std::thread::Builder::new()
-        .name("smcr-handshake".into())
-        .spawn(move || {
-            let _b = crate::guard::Bypass::new();
-            job();
-            worker();
-        });
+    let spawned = smcr::thread::spawn("smcr-handshake".into(), move || {
+        let _b = crate::guard::Bypass::new();
+        job();
+        worker();
+    });
     if let Err(e) = spawned {
         crate::log::line(format_args!("no thread for a handshake: {e}"));
     }

@@ -2,7 +2,8 @@
 //! unmodified Python program (`tests/py/semantics.py`, standard library only) checks partial
 //! reads, MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT and non-blocking sockets, SO_RCVTIMEO and
 //! SO_SNDTIMEO, FIONREAD, EOF and half-close, resets, EPIPE and SIGPIPE, SO_ERROR, addresses
-//! and options, threads sharing a socket, and scatter/gather I/O. Both ends of every connection
+//! and options, threads sharing a socket, scatter/gather I/O, and accept (connections
+//! negotiated before the program accepts, addresses, flags, EAGAIN, EINTR, shutdown). Both ends of every connection
 //! live in the one Python process (server on 127.0.0.2, client from 127.0.0.1; the shim's engine
 //! serves both addresses).
 //!
@@ -274,4 +275,12 @@ fn scatter_gather() {
 #[test]
 fn blocking_sends_are_complete() {
     check("blocking_send", 15);
+}
+
+/// Check 14: accept — connections are negotiated before the program accepts them, each comes
+/// with its peer's address (cut to the caller's buffer), SOCK_CLOEXEC, EAGAIN when non-blocking,
+/// a signal interrupts a blocking accept, listen() again, shutdown() wakes a blocked accept.
+#[test]
+fn accept() {
+    check("accept", 16);
 }

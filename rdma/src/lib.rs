@@ -19,6 +19,7 @@ pub mod mr;
 pub mod rc;
 mod samehost;
 pub mod shm;
+pub mod thread;
 pub mod transport;
 mod verbs;
 pub mod wire;

@@ -43,9 +43,7 @@ impl Device {
     pub fn open(cfg: DeviceConfig) -> io::Result<Self> {
         let shared = Shared::open(cfg)?;
         let s2 = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("smcr-rdma".into())
-            .spawn(move || run_engine(s2))?;
+        let thread = crate::thread::spawn("smcr-rdma".into(), move || run_engine(s2))?;
         Ok(Self {
             guard: Arc::new(EngineGuard {
                 shared,

@@ -26,6 +26,8 @@ pub mod tokio;
 pub mod view;
 
 pub use clc::DeclineReason;
+/// Threads that leave the application's signals to the application (see [`rdma::thread`]).
+pub use rdma::thread;
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,

@@ -960,9 +960,7 @@ impl LinkGroup {
             self.flush_llc(&mut st);
         }
         let me = self.clone();
-        std::thread::Builder::new()
-            .name(format!("smcr-lgr-{}", self.id))
-            .spawn(move || me.poll_loop())?;
+        rdma::thread::spawn(format!("smcr-lgr-{}", self.id), move || me.poll_loop())?;
         Ok(())
     }
 

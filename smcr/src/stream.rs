@@ -620,6 +620,42 @@ impl SmcStream {
         }
     }
 
+    /// For an acceptor that leaves each accepted socket where `accept` put it (the preload:
+    /// at the application's new descriptor `fd`): `Ok` when the peer may negotiate (then
+    /// hand the socket to [`SmcStream::from_accepted`]); otherwise the fallback is recorded
+    /// and counted as [`SmcStream::hand_over`] records one (the row stays with `fd`) and its
+    /// reason comes back. The socket is not touched either way. `fd` must be an accepted IPv4
+    /// TCP socket of a listener marked with [`Runtime::mark`].
+    /// `addrs` (local, peer), when the caller knows them, spare two system calls.
+    pub fn accept_verdict(
+        rt: &Runtime,
+        fd: std::os::fd::BorrowedFd<'_>,
+        addrs: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<(), FallbackReason> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok();
+        let reason = match verdict(rt, &tcp, marked, true) {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        let mut timeline = Timeline::new();
+        timeline.mark(T_OPTION);
+        let mode = Mode::Tcp(reason.clone());
+        let addrs = || {
+            addrs.map_or_else(
+                || (tcp.local_addr(), tcp.peer_addr()),
+                |(l, p)| (Ok(l), Ok(p)),
+            )
+        };
+        if let Some(st) = record_row(rt, addrs, &mode, &timeline, None, true) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
+        Err(reason)
+    }
+
     /// The TCP connection underneath (for addresses and socket options; after SMC-R is
     /// established no data goes over it).
     pub fn tcp(&self) -> &TcpStream {
@@ -662,71 +698,14 @@ impl SmcStream {
     /// Puts the negotiated connection into the runtime's stats area, counts it, and feeds
     /// the `metrics` facade.
     fn record(&mut self, rt: &Runtime, server: bool) {
-        use crate::stats::{conn, total};
-        let handshake = self.timeline.start.elapsed();
-        match &self.mode {
-            Mode::SmcR { first_contact } => {
-                crate::metrics::connection(None, *first_contact, handshake);
-            }
-            Mode::Tcp(r) => crate::metrics::connection(Some(r), false, handshake),
-        }
-        let Some(area) = &rt.inner.stats else {
-            return;
-        };
-        let addr = |a: io::Result<SocketAddr>| match a {
-            Ok(SocketAddr::V4(a)) => u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
-            _ => 0,
-        };
-        let mut rec = crate::stats::ConnRecord::default();
-        rec.words[conn::IN_USE] = 1;
-        rec.words[conn::LOCAL] = addr(self.tcp.local_addr());
-        rec.words[conn::PEER] = addr(self.tcp.peer_addr());
-        let mode = match &self.mode {
-            Mode::SmcR { first_contact } => {
-                area.count(total::SMCR);
-                if *first_contact {
-                    area.count(total::FIRST_CONTACT);
-                }
-                conn::MODE_SMCR
-            }
-            Mode::Tcp(r) => {
-                area.count(total::TCP);
-                area.count_fallback(r.code());
-                let peer = match r {
-                    FallbackReason::Declined {
-                        reason,
-                        by_peer: true,
-                    } => u64::from(reason.0),
-                    _ => 0,
-                };
-                rec.words[conn::REASON] = u64::from(r.code()) | peer << 32;
-                conn::MODE_TCP
-            }
-        };
-        rec.words[conn::STATE] = conn::STATE_ACTIVE | u64::from(server) << 8 | mode << 16;
-        if let Some(smc) = &self.smc {
-            rec.words[conn::SIZES] =
-                smc.conn.rmb.len() as u64 | (smc.conn.sndbuf.len() as u64) << 32;
-            rec.words[conn::IDS] = u64::from(smc.conn.token) | u64::from(smc.lg.id) << 32;
-        }
-        rec.words[conn::SINCE] = self.timeline.unix_ns;
-        rec.words[conn::T_OPTION..=conn::T_LINK].copy_from_slice(&self.timeline.at);
-        if let Some(slot) = area.claim_conn() {
-            area.write_conn(slot, &rec);
-            if let Some(smc) = &self.smc {
-                let mut s = smc.conn.core.lock();
-                s.stat = Some(crate::runtime::StatRef {
-                    area: area.clone(),
-                    slot,
-                    start: self.timeline.start,
-                });
-                s.publish();
-            }
-            self.stat = Some(StatSlot {
-                area: area.clone(),
-                slot,
-            });
-        }
+        self.stat = record_row(
+            rt,
+            || (self.tcp.local_addr(), self.tcp.peer_addr()),
+            &self.mode,
+            &self.timeline,
+            self.smc.as_ref(),
+            server,
+        );
     }
 
     /// The application keeps this connection's TCP socket at descriptor `fd` (a fallback: the
@@ -734,16 +713,9 @@ impl SmcStream {
     /// descriptor and the socket's inode, until that descriptor is found closed (`smc-stat`
     /// reads the socket's byte counts from the kernel). For the preload shim.
     pub fn hand_over(mut self, rt: &Runtime, fd: std::os::fd::RawFd) {
-        let Some(st) = self.stat.take() else {
-            return;
-        };
-        let (Some(ino), Ok(Some(mut rec))) = (socket_inode(fd), st.area.read_conn(st.slot)) else {
-            return;
-        };
-        rec.words[crate::stats::conn::FD] = fd as u64 + 1;
-        rec.words[crate::stats::conn::INODE] = ino;
-        st.area.write_conn(st.slot, &rec);
-        rt.inner.keep_fallback_row(st, fd, ino);
+        if let Some(st) = self.stat.take() {
+            keep_row(rt, st, fd);
+        }
     }
 
     /// Counts bytes moved in the stats area (cursors are published under the connection's
@@ -1249,6 +1221,91 @@ pub enum Blocking {
     Yes(Option<Duration>),
 }
 
+/// Leaves a fallback's stats row with the socket at `fd` (see [`SmcStream::hand_over`]).
+fn keep_row(rt: &Runtime, st: StatSlot, fd: std::os::fd::RawFd) {
+    let (Some(ino), Ok(Some(mut rec))) = (socket_inode(fd), st.area.read_conn(st.slot)) else {
+        return;
+    };
+    rec.words[crate::stats::conn::FD] = fd as u64 + 1;
+    rec.words[crate::stats::conn::INODE] = ino;
+    st.area.write_conn(st.slot, &rec);
+    rt.inner.keep_fallback_row(st, fd, ino);
+}
+
+/// Counts a negotiated connection and writes its row in the stats area (the connection's
+/// cursors publish into it from then on); the row's slot, while the area has room.
+fn record_row(
+    rt: &Runtime,
+    addrs: impl FnOnce() -> (io::Result<SocketAddr>, io::Result<SocketAddr>),
+    mode: &Mode,
+    timeline: &Timeline,
+    smc: Option<&Smc>,
+    server: bool,
+) -> Option<StatSlot> {
+    use crate::stats::{conn, total};
+    let handshake = timeline.start.elapsed();
+    match mode {
+        Mode::SmcR { first_contact } => {
+            crate::metrics::connection(None, *first_contact, handshake);
+        }
+        Mode::Tcp(r) => crate::metrics::connection(Some(r), false, handshake),
+    }
+    let area = rt.inner.stats.as_ref()?;
+    let addr = |a: io::Result<SocketAddr>| match a {
+        Ok(SocketAddr::V4(a)) => u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
+        _ => 0,
+    };
+    let mut rec = crate::stats::ConnRecord::default();
+    rec.words[conn::IN_USE] = 1;
+    let (local, peer) = addrs();
+    rec.words[conn::LOCAL] = addr(local);
+    rec.words[conn::PEER] = addr(peer);
+    let mode = match mode {
+        Mode::SmcR { first_contact } => {
+            area.count(total::SMCR);
+            if *first_contact {
+                area.count(total::FIRST_CONTACT);
+            }
+            conn::MODE_SMCR
+        }
+        Mode::Tcp(r) => {
+            area.count(total::TCP);
+            area.count_fallback(r.code());
+            let peer = match r {
+                FallbackReason::Declined {
+                    reason,
+                    by_peer: true,
+                } => u64::from(reason.0),
+                _ => 0,
+            };
+            rec.words[conn::REASON] = u64::from(r.code()) | peer << 32;
+            conn::MODE_TCP
+        }
+    };
+    rec.words[conn::STATE] = conn::STATE_ACTIVE | u64::from(server) << 8 | mode << 16;
+    if let Some(smc) = smc {
+        rec.words[conn::SIZES] = smc.conn.rmb.len() as u64 | (smc.conn.sndbuf.len() as u64) << 32;
+        rec.words[conn::IDS] = u64::from(smc.conn.token) | u64::from(smc.lg.id) << 32;
+    }
+    rec.words[conn::SINCE] = timeline.unix_ns;
+    rec.words[conn::T_OPTION..=conn::T_LINK].copy_from_slice(&timeline.at);
+    let slot = area.claim_conn()?;
+    area.write_conn(slot, &rec);
+    if let Some(smc) = smc {
+        let mut s = smc.conn.core.lock();
+        s.stat = Some(crate::runtime::StatRef {
+            area: area.clone(),
+            slot,
+            start: timeline.start,
+        });
+        s.publish();
+    }
+    Some(StatSlot {
+        area: area.clone(),
+        slot,
+    })
+}
+
 impl Read for SmcStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let r = if self.smc.is_some() {
@@ -1346,26 +1403,22 @@ impl SmcListener {
         let stat = rt.listener_record(local);
         let (tx, ready) = std::sync::mpsc::channel();
         let rt = rt.clone();
-        std::thread::Builder::new()
-            .name("smcr-accept".into())
-            .spawn(move || {
-                loop {
-                    let (tcp, peer) = match tcp.accept() {
-                        Ok(x) => x,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        // The listener was shut down (dropped) or is broken.
-                        Err(_) => return,
-                    };
-                    let (rt, tx) = (rt.clone(), tx.clone());
-                    let _ = std::thread::Builder::new()
-                        .name("smcr-handshake".into())
-                        .spawn(move || {
-                            if let Ok(s) = SmcStream::negotiate_server(&rt, tcp, peer) {
-                                let _ = tx.send((s, peer));
-                            }
-                        });
-                }
-            })?;
+        rdma::thread::spawn("smcr-accept".into(), move || {
+            loop {
+                let (tcp, peer) = match tcp.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    // The listener was shut down (dropped) or is broken.
+                    Err(_) => return,
+                };
+                let (rt, tx) = (rt.clone(), tx.clone());
+                let _ = rdma::thread::spawn("smcr-handshake".into(), move || {
+                    if let Ok(s) = SmcStream::negotiate_server(&rt, tcp, peer) {
+                        let _ = tx.send((s, peer));
+                    }
+                });
+            }
+        })?;
         Ok(Self {
             local,
             wake,

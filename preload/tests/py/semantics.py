@@ -1,7 +1,7 @@
 """Linux TCP socket semantics, as an unmodified Python program (standard library only) sees
 them: partial reads, MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT and non-blocking sockets,
 SO_RCVTIMEO/SO_SNDTIMEO, FIONREAD, EOF and half-close, resets, EPIPE and SIGPIPE, SO_ERROR,
-addresses and options, threads sharing a socket, scatter/gather I/O.
+addresses and options, threads sharing a socket, scatter/gather I/O, accept.
 
 Both ends of every connection live in this one process (server on 127.0.0.2, client from
 127.0.0.1). The expectations are what Linux TCP gives: run plainly, this script checks them;
@@ -15,6 +15,7 @@ success the last line is "OK semantics GROUP conns=N" (N: connections made).
 """
 
 import array
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -843,6 +844,118 @@ def g_blocking_send():
     check(n3 == len(big), "a blocking sendmsg of 1 MiB returns 1 MiB", str(n3))
 
 
+# --- 14. accept --------------------------------------------------------------------------------
+
+
+class Interrupted(Exception):
+    pass
+
+
+def g_accept():
+    global conns
+    pair()
+    lst = listener
+    # Connections are established (negotiated, under the shim) before anyone accepts them:
+    # this thread connects five times before its first accept.
+    cs = []
+    t0 = time.monotonic()
+    for _ in range(5):
+        c = socket.socket()
+        c.connect((HOST, port))
+        cs.append(c)
+        keep.append(c)
+    took = time.monotonic() - t0
+    check(took < ARRIVE, "five connects complete while nobody accepts", f"{took:.2f} s")
+    by_addr = {c.getsockname(): c for c in cs}
+    seen = {}
+    for _ in range(5):
+        s, a = lst.accept()
+        keep.append(s)
+        conns += 1
+        seen[a] = s
+    check(set(seen) == set(by_addr), "accept returns each of them with its peer's address",
+          f"{sorted(seen)} vs {sorted(by_addr)}")
+    for a, s in seen.items():
+        by_addr[a].sendall(b"to " + str(a[1]).encode())
+        want = b"to " + str(a[1]).encode()
+        check(recv_exact(s, len(want)) == want, f"the accepted socket of {a[1]} is its peer's")
+    check(not os.get_inheritable(s.fileno()), "accept4(SOCK_CLOEXEC): close-on-exec")
+
+    # A thread already blocked in accept gets a connection made afterwards.
+    got = {}
+
+    def acceptor():
+        s, a = lst.accept()
+        got["a"] = a
+        keep.append(s)
+
+    t = threading.Thread(target=acceptor)
+    t.start()
+    time.sleep(0.2)
+    c = socket.socket()
+    c.connect((HOST, port))
+    keep.append(c)
+    joined(t, "the blocked accept", ARRIVE)
+    conns += 1
+    check(got.get("a") == c.getsockname(), "a blocked accept returns the next connection",
+          repr(got))
+
+    lst.setblocking(False)
+    expect_err(lst.accept, (errno.EAGAIN,), "a non-blocking accept with nothing waiting")
+    lst.setblocking(True)
+
+    # accept(2) as libc exports it, with a 4-byte address buffer: truncated, full length back.
+    libc = ctypes.CDLL(None, use_errno=True)
+    c = socket.socket()
+    c.connect((HOST, port))
+    keep.append(c)
+    buf = ctypes.create_string_buffer(b"\xee" * 16, 16)
+    ln = ctypes.c_uint32(4)
+    fd = libc.accept(lst.fileno(), buf, ctypes.byref(ln))
+    check(fd >= 0, "accept(fd, addr, len=4)", f"errno {ctypes.get_errno()}")
+    s = socket.socket(fileno=fd)
+    keep.append(s)
+    conns += 1
+    want = struct.pack("=H", socket.AF_INET) + struct.pack("!H", c.getsockname()[1])
+    check(buf.raw[:4] == want and buf.raw[4:] == b"\xee" * 12 and ln.value == 16,
+          "the address is cut to 4 bytes, the length says 16", f"{buf.raw!r} {ln.value}")
+
+    # A signal interrupts a blocking accept (the handler runs, here it raises).
+    def on_alarm(signum, frame):
+        raise Interrupted()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        lst.accept()
+        fail("a signal interrupts a blocking accept", "accept returned")
+    except Interrupted:
+        ok("a signal interrupts a blocking accept")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+    # listen() again (another backlog) is allowed; shutdown() wakes a thread blocked in accept.
+    lst.listen(32)
+    ok("listen() again on a listening socket")
+    res = {}
+
+    def blocked():
+        try:
+            lst.accept()
+            res["r"] = "returned"
+        except OSError as e:
+            res["r"] = e.errno
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.3)
+    lst.shutdown(socket.SHUT_RDWR)
+    joined(t, "the blocked accept", 10)
+    check(res.get("r") == errno.EINVAL, "shutdown() makes a blocked accept fail with EINVAL",
+          repr(res))
+
+
 GROUPS = {
     "partial": g_partial,
     "peek": g_peek,
@@ -866,6 +979,7 @@ GROUPS = {
     "threads": g_threads,
     "vectors": g_vectors,
     "blocking_send": g_blocking_send,
+    "accept": g_accept,
 }
 
 
