@@ -10,6 +10,11 @@ fn path() -> Option<&'static str> {
         .as_deref()
 }
 
+/// Whether logging was asked for (to skip work done only for a line).
+pub(crate) fn enabled() -> bool {
+    path().is_some()
+}
+
 /// Appends one line (with the pid) to the log file, if logging was asked for.
 pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(p) = path() else { return };

@@ -307,9 +307,9 @@ struct PairState {
 }
 
 impl Pair {
-    /// A new pair, starting neither readable nor writable; the application's end is returned
-    /// (at a hidden number, for the caller to place).
-    fn new() -> io::Result<(OwnedFd, Arc<Self>)> {
+    /// A new pair, starting not readable, and writable or not; the application's end is
+    /// returned (at a hidden number, for the caller to place).
+    fn new(writable: bool) -> io::Result<(OwnedFd, Arc<Self>)> {
         let last = || io::Error::last_os_error();
         // SAFETY: plain descriptor calls on descriptors we create.
         unsafe {
@@ -362,8 +362,10 @@ impl Pair {
                     error_pending: false,
                 }),
             });
-            // A fresh socketpair end is writable: make it not.
-            p.set(smcr::ReadyState::default());
+            if !writable {
+                // A fresh socketpair end is writable: make it not.
+                p.set(smcr::ReadyState::default());
+            }
             Ok((app, p))
         }
     }
@@ -527,15 +529,24 @@ fn follow(sock: &Sock) {
 /// number, the TCP socket hidden in `stream`.
 fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
     let nonblock = is_nonblocking(fd);
-    let (app, pair) = Pair::new()?;
-    replace(fd, app.as_raw_fd(), true, || {})?;
+    // A new connection is writable: so is its pair from the start. The number is ours in the
+    // table before the pair shows there, so a write that the writability invites reaches
+    // SMC-R, never the pair.
+    let (app, pair) = Pair::new(true)?;
+    let sock = smc_fd(stream, nonblock, pair);
+    // The socket's close-on-exec flag becomes the application's view first (`replace`
+    // reads the view once the number is ours).
+    table::set_cloexec_view(fd, app_cloexec(fd));
+    table::insert(fd, sock.clone());
+    if let Err(e) = replace(fd, app.as_raw_fd(), true, || {}) {
+        table::insert(fd, Arc::new(Sock::Inet));
+        return Err(e);
+    }
     drop(app);
     if nonblock {
         // SAFETY: setting a status flag on the application's (new) descriptor.
         unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
     }
-    let sock = smc_fd(stream, nonblock, pair);
-    table::insert(fd, sock.clone());
     follow(&sock);
     Ok(())
 }
@@ -568,7 +579,7 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
     let _b = Bypass::new();
     let rt = runtime();
     let tcp = hidden_dup(fd).map_err(|e| errno_of(&e))?;
-    let peer = tcp.peer_addr().ok();
+    let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
     match SmcStream::from_connected(&rt, tcp, marked) {
         Ok(s) => {
             log::line(format_args!(
@@ -622,7 +633,7 @@ impl Pending {
 pub(crate) fn connect_async(fd: i32, marked: bool) -> io::Result<()> {
     let _b = Bypass::new();
     let tcp = hide(fd)?;
-    let (app, pair) = Pair::new()?;
+    let (app, pair) = Pair::new(false)?;
     replace(fd, app.as_raw_fd(), true, || {})?;
     drop(app);
     // SAFETY: the application's socket was non-blocking; its new descriptor is too.
@@ -675,7 +686,7 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
     let Ok(dup) = hidden_dup(t) else {
         return put_back("TCP (out of descriptors)");
     };
-    let peer = dup.peer_addr().ok();
+    let peer = log::enabled().then(|| dup.peer_addr().ok()).flatten();
     match SmcStream::from_connected(&rt, dup, marked) {
         Ok(s) if matches!(s.mode(), Mode::SmcR { .. }) => {
             let _g = pending.lock.lock();
@@ -989,7 +1000,7 @@ impl Listener {
         let l = self.clone();
         crate::workers::run(move || {
             let rt = runtime();
-            let peer = tcp.peer_addr().ok();
+            let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
             let ready = match SmcStream::from_accepted(&rt, tcp) {
                 Ok(s) => {
                     log::line(format_args!(
@@ -1105,7 +1116,7 @@ fn place(r: Ready, flags: i32) -> io::Result<i32> {
             Ok(n)
         }
         Ready::Smc(s) => {
-            let (app, pair) = Pair::new()?;
+            let (app, pair) = Pair::new(true)?;
             let n = dup_low(app.as_raw_fd(), true)?;
             table::set_cloexec_view(n, cloexec);
             drop(app);

@@ -388,7 +388,9 @@ impl CompletionQueue {
             }
             let driven = self.driven();
             self.guard.shared.wait_cq(&self.shared, left)?;
-            if driven {
+            // Driven before or now (a drive began while we slept, and the kick that woke us
+            // says so): the caller decides anew.
+            if driven || self.driven() {
                 return Ok(false);
             }
         }

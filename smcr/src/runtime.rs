@@ -94,6 +94,13 @@ pub struct RuntimeConfig {
     /// sends Linux's exact lengths; the peer reads neither way any byte past its producer
     /// cursor). See docs/protocol.md.
     pub write_pad: bool,
+    /// A pooled RMB keeps the rkey the peer confirmed for it: a later connection on the group
+    /// that reuses it skips CONFIRM RKEY, and a closing one sends no DELETE RKEY (the setup
+    /// on an existing group is then one CLC exchange, no LLC round trip on either side).
+    /// `SMCR_RKEY_REUSE=off` makes Linux's exchanges (DELETE RKEY when a connection's RMB is
+    /// unused, CONFIRM RKEY at its next use). Either way a peer sees valid rkeys only: Linux
+    /// looks an rkey up in its rtoken table and keeps entries it is not told to delete.
+    pub rkey_reuse: bool,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -135,6 +142,7 @@ impl RuntimeConfig {
             remote_rmb_size: Some(512 * 1024),
             app_hold: Duration::from_millis(1),
             write_pad: true,
+            rkey_reuse: true,
         }
     }
 }
@@ -180,6 +188,9 @@ impl RuntimeConfig {
         }
         if matches!(var("SMCR_WRITE_PAD").as_deref(), Some("off" | "0" | "no")) {
             cfg.write_pad = false;
+        }
+        if matches!(var("SMCR_RKEY_REUSE").as_deref(), Some("off" | "0" | "no")) {
+            cfg.rkey_reuse = false;
         }
         if let Some(us) = var("SMCR_HOLD_US").and_then(|v| v.parse::<u64>().ok()) {
             cfg.app_hold = Duration::from_micros(us);
@@ -229,6 +240,8 @@ pub(crate) struct Inner {
     rmb_in_use: Mutex<u64>,
     /// CONFIRM LINK exchanges completed (first contacts), for tests and stats.
     pub(crate) links_confirmed: AtomicU32,
+    /// CONFIRM RKEY and DELETE RKEY requests sent.
+    pub(crate) rkey_requests: AtomicU32,
     /// This runtime's shared-memory stats area (`smc-stat` reads it), if it could be made.
     pub(crate) stats: Option<Arc<crate::stats::Area>>,
     /// One handshake at a time per (role, peer address), as Linux's `smc_*_lgr_pending`: two
@@ -291,6 +304,7 @@ impl Runtime {
                 next_lgr: AtomicU32::new(1),
                 rmb_in_use: Mutex::new(0),
                 links_confirmed: AtomicU32::new(0),
+                rkey_requests: AtomicU32::new(0),
                 pending: Mutex::new(HashMap::new()),
                 stats: cfg_stats,
                 fallback_rows: Mutex::new(FallbackRows::default()),
@@ -376,6 +390,12 @@ impl Runtime {
     /// First-contact link confirmations (CONFIRM LINK exchanges) so far.
     pub fn links_confirmed(&self) -> u32 {
         self.inner.links_confirmed.load(Ordering::Relaxed)
+    }
+
+    /// CONFIRM RKEY and DELETE RKEY requests sent so far (LLC round trips a connection's
+    /// setup or end cost; see [`RuntimeConfig::rkey_reuse`]).
+    pub fn rkey_requests(&self) -> u32 {
+        self.inner.rkey_requests.load(Ordering::Relaxed)
     }
 }
 
@@ -615,8 +635,8 @@ pub(crate) struct LinkGroup {
     hold_for: Duration,
     /// See [`RuntimeConfig::write_pad`].
     write_pad: bool,
-    /// The poller sleeps on its long timer while the holders sleep: the next to wake kicks it.
-    poller_long: AtomicBool,
+    /// See [`RuntimeConfig::rkey_reuse`].
+    rkey_reuse: bool,
     /// `smc-stat` shows the link on shared memory.
     shown_shm: AtomicBool,
     /// The QP sends through shared memory (sticky, see `same_host()`).
@@ -662,6 +682,10 @@ struct Hold {
     sleeping: u32,
     /// When a loop last went to sleep or woke.
     last: Instant,
+    /// When the poller looks at the hold next (set as it goes to sleep): a holder that wakes
+    /// earlier than that minus `hold_for` kicks it, so that nothing waits past `hold_for` after
+    /// the holders stop coming, whenever the hold began.
+    poller_until: Option<Instant>,
 }
 
 /// How long a deleted group's poller waits for the peer to acknowledge what was posted
@@ -732,6 +756,9 @@ struct LgState {
     /// the link group too). An entry is free once no connection holds it any more.
     rmb_pool: Vec<Arc<MemoryRegion>>,
     sndbuf_pool: Vec<Arc<MemoryRegion>>,
+    /// Rkeys of our RMBs the peer confirmed (CONFIRM RKEY answered) and still holds: with
+    /// `rkey_reuse`, their pooled RMBs need no new CONFIRM RKEY.
+    confirmed: HashSet<u32>,
     /// Rkey flows someone waits for, and their outcomes.
     rkey_waiting: HashSet<u64>,
     rkey_results: HashMap<u64, bool>,
@@ -787,10 +814,11 @@ impl LinkGroup {
                 rx: false,
                 sleeping: 0,
                 last: Instant::now(),
+                poller_until: None,
             }),
             hold_for: rt.cfg.app_hold,
             write_pad: rt.cfg.write_pad,
-            poller_long: AtomicBool::new(false),
+            rkey_reuse: rt.cfg.rkey_reuse,
             shown_shm: AtomicBool::new(false),
             same_host: AtomicBool::new(false),
             pd,
@@ -818,6 +846,7 @@ impl LinkGroup {
                 next_watch: Instant::now(),
                 rmb_pool: Vec::new(),
                 sndbuf_pool: Vec::new(),
+                confirmed: HashSet::new(),
                 rkey_waiting: HashSet::new(),
                 rkey_results: HashMap::new(),
 
@@ -1223,7 +1252,7 @@ impl LinkGroup {
                         .min(Duration::from_millis(cap))
                 });
                 drop(st);
-                self.check_hold().map_or(wait, |h| h.min(wait))
+                self.check_hold(wait)
             };
             // Sleep without taking completions: an application thread may take and handle
             // them first (`progress`), always under the driver lock, so they stay in order.
@@ -1341,43 +1370,47 @@ impl LinkGroup {
         }
         let mut h = self.hold.lock();
         h.sleeping = h.sleeping.saturating_sub(1);
-        h.last = Instant::now();
-        // Under the hold lock: `check_hold` decides on the long timer under it too.
-        if self.poller_long.swap(false, Ordering::AcqRel) {
+        let now = Instant::now();
+        h.last = now;
+        // Under the hold lock: `check_hold` sets `poller_until` under it too.
+        if h.poller_until.is_some_and(|t| t > now + self.hold_for) {
+            h.poller_until = None;
             self.cq.kick();
         }
     }
 
-    /// The poller's look at the hold: takes the group back from holders away longer than
-    /// `hold_for`; returns how soon to look again (`None`: not held, or its holders sleep —
-    /// they are signalled themselves, and kick the poller when they wake).
-    fn check_hold(&self) -> Option<Duration> {
+    /// The poller's look at the hold before it sleeps for at most `wait`: takes the group back
+    /// from holders away longer than `hold_for`; returns how long to sleep (shorter while
+    /// holders are awake; while they sleep they are signalled themselves, and the first to wake
+    /// kicks the poller, see `hold_woke`).
+    fn check_hold(&self, wait: Duration) -> Duration {
         if self.hold_for.is_zero() {
-            return None;
+            return wait;
         }
         let mut h = self.hold.lock();
-        if !h.held {
-            return None;
-        }
-        let since = h.last.elapsed();
-        if h.sleeping > 0 {
+        let now = Instant::now();
+        let since = now.saturating_duration_since(h.last);
+        let wait = if !h.held {
+            wait
+        } else if h.sleeping > 0 {
             if since >= HOLD_IDLE {
-                self.poller_long.store(true, Ordering::Release);
-                return None;
+                wait
+            } else {
+                wait.min(HOLD_IDLE - since)
             }
-            return Some(HOLD_IDLE.saturating_sub(since));
-        }
-        if since >= self.hold_for {
+        } else if since >= self.hold_for {
             h.held = false;
             if std::mem::take(&mut h.rx) {
                 self.cq.delegate_rx(false);
             }
-            drop(h);
             // What arrived meanwhile is signalled to the poller (us) now.
             self.cq.end_drive();
-            return None;
-        }
-        Some(self.hold_for.saturating_sub(since))
+            wait
+        } else {
+            wait.min(self.hold_for - since)
+        };
+        h.poller_until = Some(now + wait);
+        wait
     }
 
     /// A thread blocked in a read or write (until `deadline`) waits for the group's next
@@ -1651,11 +1684,16 @@ impl LinkGroup {
     /// peer's answer, as Linux does before its Accept/Confirm (`smcr_lgr_reg_rmbs`).
     pub(crate) fn confirm_rkey(&self, rmb: &MemoryRegion) -> io::Result<()> {
         let mut guard = self.st.lock();
+        if guard.confirmed.contains(&rmb.rkey()) {
+            // A pooled RMB the peer still knows (`rkey_reuse`).
+            return Ok(());
+        }
         let st = &mut *guard;
         let Some(l) = st.link.as_mut() else {
             return Err(io::Error::other("link not started"));
         };
         let id = l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now());
+        self.count_rkey_request();
         while let Some(m) = l.poll_transmit() {
             st.llc_out.push_back(m);
         }
@@ -1665,6 +1703,9 @@ impl LinkGroup {
         loop {
             if let Some(ok) = guard.rkey_results.remove(&id) {
                 return if ok {
+                    if self.rkey_reuse {
+                        guard.confirmed.insert(rmb.rkey());
+                    }
                     Ok(())
                 } else {
                     Err(io::Error::other("CONFIRM RKEY refused or unanswered"))
@@ -1683,6 +1724,12 @@ impl LinkGroup {
         }
     }
 
+    fn count_rkey_request(&self) {
+        if let Some(rt) = self.runtime.upgrade() {
+            rt.rkey_requests.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// An RMB taken for a connection whose setup failed: back to the pool, or its budget back
     /// to the runtime when the group is not usable.
     pub(crate) fn give_back(&self, rmb: Arc<MemoryRegion>) {
@@ -1694,8 +1741,8 @@ impl LinkGroup {
         }
     }
 
-    /// A connection is gone: withdraw its RMB's rkey (DELETE RKEY, not waited for) and keep its
-    /// buffers for later connections.
+    /// A connection is gone: keep its buffers for later connections, and withdraw its RMB's
+    /// rkey (DELETE RKEY, not waited for) unless the peer keeps it (`rkey_reuse`).
     fn recycle(&self, rmb: &Arc<MemoryRegion>, sndbuf: &Arc<MemoryRegion>) {
         let mut guard = self.st.lock();
         let st = &mut *guard;
@@ -1705,8 +1752,11 @@ impl LinkGroup {
             }
             return;
         }
-        if let Some(l) = st.link.as_mut() {
+        if let Some(l) = st.link.as_mut()
+            && !st.confirmed.contains(&rmb.rkey())
+        {
             l.delete_rkey(rmb.rkey(), Instant::now());
+            self.count_rkey_request();
             while let Some(m) = l.poll_transmit() {
                 st.llc_out.push_back(m);
             }
