@@ -61,9 +61,20 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
     }
     drop(m);
     if r == 0 && op != libc::EPOLL_CTL_DEL {
+        if let Some(s) = table::get(fd)
+            && let crate::shim::Sock::Smc(c) = &*s
+        {
+            // The kernel reports the pair to this set from now on: keep it in step.
+            c.pair.observe_epoll();
+        }
         drive_with(epfd, fd);
     }
     r
+}
+
+/// Whether an epoll set holds `fd` (an application registration we recorded).
+pub(crate) fn registered(fd: i32) -> bool {
+    REGS.lock().get(&fd).is_some_and(|r| !r.is_empty())
 }
 
 /// Whether application threads waiting in epoll, poll or select handle their link groups'

@@ -922,16 +922,14 @@ fn ms_timespec(ms: c_int, ts: &mut libc::timespec) -> *const libc::timespec {
 unsafe fn poll_groups<'a>(
     fds: *mut libc::pollfd,
     nfds: libc::nfds_t,
-) -> Option<(&'a mut [libc::pollfd], Vec<smcr::Driver>)> {
+) -> Option<(&'a mut [libc::pollfd], crate::poll::Ours)> {
     if bypassed() || fds.is_null() || nfds == 0 || nfds > table::MAX_FDS as libc::nfds_t {
         return None;
     }
     // SAFETY: per the caller's contract.
     let app = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-    let ds = guarded(Vec::new(), || {
-        crate::poll::drivers(app.iter().map(|p| p.fd))
-    });
-    (!ds.is_empty()).then_some((app, ds))
+    let ours = guarded(None, || crate::poll::ours(app.iter().map(|p| p.fd)))?;
+    Some((app, ours))
 }
 
 /// # Safety
@@ -939,12 +937,12 @@ unsafe fn poll_groups<'a>(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the caller's contract.
-    let Some((app, ds)) = (unsafe { poll_groups(fds, nfds) }) else {
+    let Some((app, ours)) = (unsafe { poll_groups(fds, nfds) }) else {
         // SAFETY: forwarding.
         return unsafe { real::poll()(fds, nfds, timeout) };
     };
     guarded(-1, || {
-        crate::poll::wait(app, &ds, timeout, |a, t| {
+        crate::poll::wait(app, &ours.drivers, timeout, |a, t| {
             // SAFETY: our array (the application's entries, then ours).
             unsafe { real::poll()(a.as_mut_ptr(), a.len() as libc::nfds_t, t) }
         })
@@ -978,14 +976,14 @@ pub unsafe extern "C" fn ppoll(
     sigmask: *const libc::sigset_t,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    let Some((app, ds)) = (unsafe { poll_groups(fds, nfds) }) else {
+    let Some((app, ours)) = (unsafe { poll_groups(fds, nfds) }) else {
         // SAFETY: forwarding.
         return unsafe { real::ppoll()(fds, nfds, timeout, sigmask) };
     };
     // SAFETY: a non-null timeout points to a timespec (the caller's contract).
     let ms = timespec_ms(unsafe { timeout.as_ref() });
     guarded(-1, || {
-        crate::poll::wait(app, &ds, ms, |a, t| {
+        crate::poll::wait(app, &ours.drivers, ms, |a, t| {
             let mut ts = libc::timespec {
                 tv_sec: 0,
                 tv_nsec: 0,

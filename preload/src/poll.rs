@@ -20,29 +20,60 @@ thread_local! {
     static BUF: Cell<Vec<pollfd>> = const { Cell::new(Vec::new()) };
 }
 
-/// The link groups behind the application's descriptors in `fds` (each once), or none if no
-/// descriptor is an SMC-R connection of this process or application driving is off.
-pub(crate) fn drivers(fds: impl Iterator<Item = i32>) -> Vec<smcr::Driver> {
-    let mut out: Vec<smcr::Driver> = Vec::new();
+/// The SMC-R connections of this process among a poll's or select's descriptors: their pairs
+/// are kept in step while the value lives (the kernel looks at them), and their link groups
+/// (each once; none if application driving is off) are driven by the call.
+pub(crate) struct Ours {
+    pub(crate) drivers: Vec<smcr::Driver>,
+    socks: Vec<std::sync::Arc<crate::shim::Sock>>,
+}
+
+impl Drop for Ours {
+    fn drop(&mut self) {
+        for s in &self.socks {
+            if let crate::shim::Sock::Smc(c) = &**s {
+                c.pair.observe(false);
+            }
+        }
+    }
+}
+
+/// [`Ours`] for the descriptors `fds`; `None` if none is an SMC-R connection of this process.
+pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
+    let mut out = Ours {
+        drivers: Vec::new(),
+        socks: Vec::new(),
+    };
     for fd in fds {
         let Some(sock) = table::get(fd) else { continue };
         let crate::shim::Sock::Smc(c) = &*sock else {
             continue;
         };
+        c.pair.observe(true);
         if let Some(d) = c.stream.driver()
-            && !out.iter().any(|o| o.id() == d.id())
+            && !out.drivers.iter().any(|o| o.id() == d.id())
         {
-            out.push(d);
+            out.drivers.push(d);
         }
+        out.socks.push(sock.clone());
     }
-    if !out.is_empty() && !app_drive() {
-        out.clear();
+    if out.socks.is_empty() {
+        return None;
     }
+    if !app_drive() {
+        out.drivers.clear();
+    }
+    say_driven(&out.drivers);
+    Some(out)
+}
+
+/// Says once per group which waits drive groups (for the log).
+fn say_driven(out: &[smcr::Driver]) {
     // Said once per group: which waits drive groups (the last one said is checked without
     // the lock).
     static LAST: AtomicU64 = AtomicU64::new(0);
     static SAID: parking_lot::Mutex<Vec<u64>> = parking_lot::Mutex::new(Vec::new());
-    for d in &out {
+    for d in out {
         let tag = d.id().wrapping_add(1);
         if LAST.swap(tag, Ordering::Relaxed) == tag {
             continue;
@@ -57,7 +88,6 @@ pub(crate) fn drivers(fds: impl Iterator<Item = i32>) -> Vec<smcr::Driver> {
             ));
         }
     }
-    out
 }
 
 /// The application's poll on `fds` (`call(array, timeout)` runs the real one) with the link
@@ -236,10 +266,7 @@ pub(crate) fn select(
         !set.is_null() && unsafe { libc::FD_ISSET(fd, set) }
     };
     let asked = |fd: i32| sets.iter().any(|&s| isset(s, fd));
-    let ds = drivers((0..nfds).filter(|&fd| asked(fd)));
-    if ds.is_empty() {
-        return None;
-    }
+    let ours = ours((0..nfds).filter(|&fd| asked(fd)))?;
     let mut fds: Vec<pollfd> = (0..nfds)
         .filter_map(|fd| {
             let mut events = 0;
@@ -259,7 +286,8 @@ pub(crate) fn select(
             })
         })
         .collect();
-    let n = wait(&mut fds, &ds, timeout_ms, call);
+    let n = wait(&mut fds, &ours.drivers, timeout_ms, call);
+    drop(ours);
     if n < 0 {
         return Some(n);
     }

@@ -299,11 +299,23 @@ pub(crate) struct Pair {
 }
 
 struct PairState {
+    /// What the kernel shows (what was last applied to the pair).
     cur: smcr::ReadyState,
+    /// The connection's latest state.
+    want: smcr::ReadyState,
+    /// Who may look at the pair through the kernel: poll/select calls in progress (our hooks
+    /// count them), plus one for good once an epoll set holds it (sticky), or while a
+    /// non-blocking connect is pending. Without any, `set` only records the state: a program
+    /// that reads and writes without waiting in poll or epoll (or never on this socket) pays
+    /// no system call for readiness.
+    observers: u32,
+    epoll: bool,
     /// Our end (non-blocking); gone once the connection was reset.
     ours: Option<OwnedFd>,
     /// The reset is showing as EPOLLERR and nobody collected it yet.
     error_pending: bool,
+    /// The application collected a reset before the pair showed it.
+    error_taken: bool,
 }
 
 impl Pair {
@@ -351,15 +363,22 @@ impl Pair {
                 drop(ours);
                 h
             };
+            let fresh = smcr::ReadyState {
+                writable: true,
+                ..Default::default()
+            };
             let p = Arc::new(Self {
                 app_dup,
                 st: Mutex::new(PairState {
-                    cur: smcr::ReadyState {
-                        writable: true,
-                        ..Default::default()
-                    },
+                    cur: fresh,
+                    want: fresh,
+                    // A pending connect's pair is looked at (the application waits for its
+                    // writability): kept in step from the start.
+                    observers: u32::from(!writable),
+                    epoll: false,
                     ours: Some(ours),
                     error_pending: false,
+                    error_taken: false,
                 }),
             });
             if !writable {
@@ -370,10 +389,44 @@ impl Pair {
         }
     }
 
+    /// The connection's state changed: shown at once while someone may look (see
+    /// [`PairState::observers`]), else when someone starts to.
     pub(crate) fn set(&self, now: smcr::ReadyState) {
-        let _b = Bypass::new();
         let mut st = self.st.lock();
-        let cur = st.cur;
+        st.want = now;
+        if st.observers > 0 || st.epoll || !lazy() {
+            self.apply(&mut st);
+        }
+    }
+
+    /// A poll or select is about to look at the pair through the kernel (`true`), or is done
+    /// (`false`).
+    pub(crate) fn observe(&self, on: bool) {
+        let mut st = self.st.lock();
+        if on {
+            st.observers += 1;
+            self.apply(&mut st);
+        } else {
+            st.observers = st.observers.saturating_sub(1);
+        }
+    }
+
+    /// An epoll set holds the pair: kept in step from now on.
+    pub(crate) fn observe_epoll(&self) {
+        let mut st = self.st.lock();
+        if !st.epoll {
+            st.epoll = true;
+            self.apply(&mut st);
+        }
+    }
+
+    /// Makes the kernel show `want`.
+    fn apply(&self, st: &mut PairState) {
+        let _b = Bypass::new();
+        let (cur, now) = (st.cur, st.want);
+        if cur == now {
+            return;
+        }
         st.cur = now;
         let Some(o) = st.ours.as_ref().map(AsRawFd::as_raw_fd) else {
             return;
@@ -405,6 +458,11 @@ impl Pair {
                 real::send()(a, b"e".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
                 st.ours = None;
                 st.error_pending = true;
+                if std::mem::take(&mut st.error_taken) {
+                    // Collected before it showed: it shows only as the hang-up.
+                    st.error_pending = false;
+                    clear_so_error(a);
+                }
                 return;
             }
             if now.rdhup && !cur.rdhup {
@@ -421,22 +479,39 @@ impl Pair {
     pub(crate) fn take_error(&self) -> bool {
         let mut st = self.st.lock();
         if !std::mem::replace(&mut st.error_pending, false) {
+            if st.want.error && !st.cur.error {
+                st.error_taken = true;
+            }
             return false;
         }
-        let mut err: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: reading (and so clearing) SO_ERROR of our duplicate into an int.
-        unsafe {
-            real::getsockopt()(
-                self.app_dup.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut err as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
+        clear_so_error(self.app_dup.as_raw_fd());
         true
     }
+}
+
+/// Reads (and so clears) SO_ERROR of `fd`.
+fn clear_so_error(fd: i32) {
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: reading SO_ERROR of our descriptor into an int.
+    unsafe {
+        real::getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut err as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+}
+
+/// Whether pairs are kept in step only while someone may look at them (`SMCR_LAZY_PAIR=off`
+/// keeps every pair in step at every change, as before).
+fn lazy() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !std::env::var("SMCR_LAZY_PAIR").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+    })
 }
 
 /// Empties the receive queue of `fd` (ours, non-blocking calls). Every sender holds the
@@ -546,6 +621,12 @@ fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
     if nonblock {
         // SAFETY: setting a status flag on the application's (new) descriptor.
         unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
+    }
+    if crate::epoll::registered(fd)
+        && let Sock::Smc(c) = &*sock
+    {
+        // Registrations made on the TCP socket moved to the pair.
+        c.pair.observe_epoll();
     }
     follow(&sock);
     Ok(())
@@ -699,9 +780,14 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
             }
             // Ours before the pair turns writable: an application woken by the writability
             // must find its writes going to SMC-R, not into the pair.
-            let sock = smc_fd(s, true, pair);
+            let sock = smc_fd(s, true, pair.clone());
             table::insert(fd, sock.clone());
+            if crate::epoll::registered(fd) {
+                pair.observe_epoll();
+            }
             follow(&sock);
+            // No longer a pending connect: kept in step only while someone looks.
+            pair.observe(false);
         }
         Ok(s) => {
             put_back(&format!("{peer:?}: {}", describe(s.mode())));

@@ -203,3 +203,10 @@ fn listener_readiness() {
 fn nonblocking_connect() {
     check("connect", 3);
 }
+
+/// Check 11: readiness asked for first (poll, select) long after it changed — data, a full
+/// and a drained connection, a reset collected by recv before anything looked.
+#[test]
+fn readiness_first_asked_after_it_changed() {
+    check("unwatched", 1);
+}

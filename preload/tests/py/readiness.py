@@ -712,7 +712,57 @@ def g_connect():
         x.close()
 
 
+def poll_now(s, want, what):
+    """poll() with no wait reports exactly `want` — the socket's state changed while nothing
+    looked at it (no epoll set holds it), so this is the first look since."""
+    m = poll_mask(s)
+    if m != want:
+        fail(what, f"poll(): expected {names(want)} at once, got {names(m)}")
+    ok(what)
+
+
+def g_unwatched():
+    """11. Readiness first asked for long after it changed (poll and select only, no epoll)."""
+    l = listener(rcvbuf=16384)
+    c, s = connect(l, sndbuf=16384)
+    poll_now(s, OUT, "connected")
+    c.send(b"data")
+    time.sleep(0.2)
+    poll_now(s, IN | OUT, "data arrived while nothing looked")
+    if select_view(s) != (True, True, False):
+        fail("select agrees", f"select(): {select_view(s)}")
+    ok("select agrees")
+    recv_exact(s, 4, "read")
+    poll_now(s, OUT, "data read")
+    sent = fill(c)
+    poll_now(c, 0, "the writer filled the connection while nothing looked")
+    got = 0
+    while got < sent:
+        try:
+            got += len(s.recv(65536))
+        except BlockingIOError:
+            time.sleep(0.01)
+    time.sleep(0.2)
+    poll_now(c, OUT, "the reader drained it while nothing looked")
+    # A reset seen first through recv, looked at only afterwards.
+    s.send(b"never read")
+    time.sleep(0.2)
+    c.close()
+    time.sleep(0.3)
+    try:
+        got = repr(s.recv(100))
+    except OSError as e:
+        got = errno.errorcode.get(e.errno, str(e))
+    if got != "ECONNRESET":
+        fail("recv after the peer's reset", f"got {got}")
+    ok("recv after the peer's reset: ECONNRESET")
+    poll_now(s, IN | OUT | RDHUP | HUP, "the reset was collected: hang-up, no POLLERR")
+    for x in (s, l):
+        x.close()
+
+
 GROUPS = {
+    "unwatched": g_unwatched,
     "level": g_level,
     "edge": g_edge,
     "oneshot": g_oneshot,
