@@ -43,10 +43,31 @@ static REGS: Mutex<BTreeMap<i32, Regs>> = Mutex::new(BTreeMap::new());
 
 /// The application's `epoll_ctl` (not bypassed).
 pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i32 {
-    if table::get(fd).is_none() {
+    if op == libc::EPOLL_CTL_ADD && crate::vepoll::has(fd) {
+        // An epoll set of ours nested in another: the kernel must answer for it.
+        crate::vepoll::to_kernel(fd);
+    }
+    let Some(sock) = table::get(fd) else {
         // SAFETY: forwarding the application's arguments.
         return unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
+    };
+    MANAGED.store(true, Ordering::Release);
+    if let crate::shim::Sock::Smc(c) = &*sock {
+        let kernel_has = REGS
+            .lock()
+            .get(&fd)
+            .is_some_and(|r| r.iter().any(|(e, _)| *e == epfd));
+        if let Some(r) = crate::vepoll::ctl(epfd, op, fd, ev, &c.pair, kernel_has) {
+            if r == 0 && op != libc::EPOLL_CTL_DEL && !drive_with(epfd, fd) {
+                // Without the group's descriptor in the set nothing would wake it: the
+                // kernel keeps this one.
+                let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, &c.pair, false);
+            } else {
+                return r;
+            }
+        }
     }
+    drop(sock);
     let mut m = REGS.lock();
     // SAFETY: as above.
     let r = unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
@@ -72,9 +93,42 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
     r
 }
 
-/// Whether an epoll set holds `fd` (an application registration we recorded).
-pub(crate) fn registered(fd: i32) -> bool {
-    REGS.lock().get(&fd).is_some_and(|r| !r.is_empty())
+/// Records a kernel registration of `fd` in `epfd` (made by us for the application).
+pub(crate) fn record(fd: i32, epfd: i32, ev: libc::epoll_event) {
+    let mut m = REGS.lock();
+    let regs = m.entry(fd).or_default();
+    regs.retain(|(e, _)| *e != epfd);
+    regs.push((epfd, ev));
+}
+
+/// `fd` just became an SMC-R connection showing `pair`: the kernel registrations the
+/// application made for it (on the TCP socket or a pending connect's pair, moved onto this
+/// pair) become ours where they can (see vepoll.rs); the pair is kept in step for the rest.
+pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
+    let mut m = REGS.lock();
+    let Some(regs) = m.remove(&fd) else {
+        return;
+    };
+    let mut kept = Vec::new();
+    for (epfd, ev) in regs {
+        // SAFETY: taking the application's registration out of the kernel (it is re-made
+        // as ours, or put back).
+        unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        let ours = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_ADD, fd, &ev, pair, false) == Some(0)
+            && drive_with(epfd, fd);
+        if !ours {
+            let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, &ev, pair, false);
+            let mut e = ev;
+            // SAFETY: putting the application's registration back.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
+            kept.push((epfd, ev));
+        }
+    }
+    if !kept.is_empty() {
+        m.insert(fd, kept);
+        drop(m);
+        pair.observe_epoll();
+    }
 }
 
 /// Whether application threads waiting in epoll, poll or select handle their link groups'
@@ -86,20 +140,25 @@ pub(crate) fn app_drive() -> bool {
     })
 }
 
-/// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set).
-fn drive_with(epfd: i32, fd: i32) {
+/// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set);
+/// whether the set holds it.
+fn drive_with(epfd: i32, fd: i32) -> bool {
     if !app_drive() {
-        return;
+        return false;
     }
-    let Some(sock) = table::get(fd) else { return };
-    let crate::shim::Sock::Smc(c) = &*sock else {
-        return;
+    let Some(sock) = table::get(fd) else {
+        return false;
     };
-    let Some(d) = c.stream.driver() else { return };
+    let crate::shim::Sock::Smc(c) = &*sock else {
+        return false;
+    };
+    let Some(d) = c.stream.driver() else {
+        return false;
+    };
     let mut m = DRIVERS.lock();
     let key = (epfd, d.id());
     if m.contains_key(&key) {
-        return;
+        return true;
     }
     let rx = d.rx_fd().filter(|&s| watch_rx(epfd, s));
     let mut ev = libc::epoll_event {
@@ -117,6 +176,9 @@ fn drive_with(epfd: i32, fd: i32) {
         ));
         m.insert(key, (table::pid(), d, rx));
         ANY_DRIVER.store(true, Ordering::Release);
+        true
+    } else {
+        false
     }
 }
 
@@ -144,33 +206,48 @@ fn watch_rx(epfd: i32, sock: i32) -> bool {
     }
 }
 
-/// Whether any epoll set watches a link group (else `epoll_wait` is passed through).
+/// Whether any epoll set watches a link group.
 pub(crate) fn driven() -> bool {
     ANY_DRIVER.load(Ordering::Acquire)
 }
 
+/// Set once a descriptor of ours was registered in an epoll set: from then on `epoll_wait`
+/// goes through `wait` (which takes our own events out of what the kernel reports), even
+/// before a link group is there.
+static MANAGED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `epoll_wait` must go through `wait` (else it is passed through).
+pub(crate) fn managed() -> bool {
+    MANAGED.load(Ordering::Acquire) || driven()
+}
+
 /// An epoll descriptor was closed: its group registrations went with it.
 pub(crate) fn closed_epfd(epfd: i32) {
+    crate::vepoll::closed_epfd(epfd);
     if driven() {
         DRIVERS.lock().retain(|(e, _), _| *e != epfd);
         RXS.lock().retain(|(e, _), _| *e != epfd);
     }
 }
 
-/// The application's `epoll_wait` on `epfd` (`call(timeout)` runs the real one): events of our
-/// group descriptors are handled here and taken out of the result; if only they came, the
-/// sockets they made ready are collected at once, else the wait goes on for the rest of the
-/// timeout.
+/// The application's `epoll_wait` on `epfd` for at most `maxevents` events (`call(buffer,
+/// max, timeout)` runs the real one): events of our group descriptors are handled here and
+/// taken out of the result, and the set's registrations of ours (vepoll.rs) add theirs; if
+/// only ours came and nothing is ready, the wait goes on for the rest of the timeout.
 pub(crate) fn wait(
     epfd: i32,
     events: *mut libc::epoll_event,
+    maxevents: i32,
     timeout_ms: i32,
-    mut call: impl FnMut(i32) -> i32,
+    mut call: impl FnMut(*mut libc::epoll_event, i32, i32) -> i32,
 ) -> i32 {
     let deadline =
         (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
     let mut t = timeout_ms;
+    let max = maxevents.max(0) as usize;
+    let _waiting = crate::vepoll::Waiting::new(epfd);
     loop {
+        let virt = crate::vepoll::has(epfd);
         // The groups this set wakes for: while we sleep, their completions wake us (not their
         // pollers); what came before we got here is handled first, then we only look.
         let mut asleep = Asleep(Vec::new());
@@ -198,8 +275,20 @@ pub(crate) fn wait(
             }
             forget_groups(epfd, &gone);
         }
+        // Our registrations that are ready already: no sleep, and room kept for them. (Looked
+        // at once the groups are driven: what changes from now on wakes the set.)
+        let pending = if virt && max > 0 {
+            crate::vepoll::ready(epfd, std::ptr::null_mut(), max, false)
+        } else {
+            0
+        };
+        let kmax = if pending > 0 {
+            (max - pending.min(max - 1)) as i32
+        } else {
+            maxevents
+        };
         let slept = Instant::now();
-        let n = call(if handled { 0 } else { t });
+        let n = call(events, kmax, if handled || pending > 0 { 0 } else { t });
         // What follows may touch errno (futex waits in locks): the application sees the
         // real call's.
         let errno = std::io::Error::last_os_error().raw_os_error();
@@ -213,19 +302,8 @@ pub(crate) fn wait(
                 d.sleep_end(slept, woken);
             }
         }
-        if n == 0 && handled && t != 0 {
-            // What we handled made nothing ready here: sleep now, for what is left.
-            t = match left(deadline) {
-                Some(0) => return 0,
-                Some(ms) => ms,
-                None => -1,
-            };
-            continue;
-        }
-        if n <= 0 {
-            if n < 0
-                && let Some(e) = errno
-            {
+        if n < 0 {
+            if let Some(e) = errno {
                 crate::guard::set_errno(e);
             }
             return n;
@@ -236,6 +314,12 @@ pub(crate) fn wait(
         let mut ours = false;
         for i in 0..evs.len() {
             let data = evs[i].u64;
+            if data & 0xffff_ffff_0000_0000 == crate::vepoll::KICK_TAG && data as u32 as i32 == epfd
+            {
+                // A registration of ours became ready elsewhere: looked at below.
+                ours = true;
+                continue;
+            }
             if data & 0xffff_ffff_0000_0000 == RX_TAG {
                 let sock = data as u32 as i32;
                 let pid = RXS.lock().get(&(epfd, sock)).copied();
@@ -281,14 +365,26 @@ pub(crate) fn wait(
             evs[kept] = evs[i];
             kept += 1;
         }
-        if kept > 0 || !ours {
-            return kept as i32;
-        }
-        // Only our wake-ups: what they made ready is there now; else wait on.
-        t = if t == 0 {
-            return 0;
+        // (A registration of ours may have appeared while we slept: a connect installed.)
+        let nv = if virt || ours {
+            // SAFETY: `events` has room for `maxevents`; `kept` of them are used.
+            crate::vepoll::ready(epfd, unsafe { events.add(kept) }, max - kept, true)
         } else {
-            left(deadline).unwrap_or(-1)
+            0
+        };
+        if kept + nv > 0 {
+            return (kept + nv) as i32;
+        }
+        if t == 0 || (n == 0 && !handled && pending == 0 && !ours) {
+            // Nothing, and the time is up.
+            return 0;
+        }
+        // Only our wake-ups, or what we handled made nothing ready here: wait on for what is
+        // left of the timeout.
+        t = match left(deadline) {
+            Some(0) => return 0,
+            Some(ms) => ms,
+            None => -1,
         };
     }
 }
@@ -387,6 +483,7 @@ pub(crate) fn left(deadline: Option<Instant>) -> Option<i32> {
 /// The application is closing `fd` (still open): with `unregister`, its registrations are
 /// taken off the file first (see the close hook); either way they are forgotten.
 pub(crate) fn closed(fd: i32, unregister: bool) {
+    crate::vepoll::forget_fd(fd);
     let mut m = REGS.lock();
     if let Some(regs) = m.remove(&fd)
         && unregister
@@ -400,6 +497,7 @@ pub(crate) fn closed(fd: i32, unregister: bool) {
 
 /// `fd` is a new file or no longer ours: nothing recorded for it applies any more.
 pub(crate) fn forget(fd: i32) {
+    crate::vepoll::forget_fd(fd);
     let mut m = REGS.lock();
     if !m.is_empty() {
         m.remove(&fd);

@@ -828,14 +828,14 @@ pub unsafe extern "C" fn epoll_wait(
     maxevents: c_int,
     timeout: c_int,
 ) -> c_int {
-    if bypassed() || !crate::epoll::driven() || events.is_null() {
+    if bypassed() || !crate::epoll::managed() || events.is_null() {
         // SAFETY: forwarding.
         return unsafe { real::epoll_wait()(epfd, events, maxevents, timeout) };
     }
     guarded(-1, || {
-        crate::epoll::wait(epfd, events, timeout, |t| {
-            // SAFETY: forwarding with the remaining time.
-            unsafe { real::epoll_wait()(epfd, events, maxevents, t) }
+        crate::epoll::wait(epfd, events, maxevents, timeout, |e, max, t| {
+            // SAFETY: forwarding with the remaining time (into the caller's buffer).
+            unsafe { real::epoll_wait()(epfd, e, max, t) }
         })
     })
 }
@@ -850,14 +850,14 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     sigmask: *const libc::sigset_t,
 ) -> c_int {
-    if bypassed() || !crate::epoll::driven() || events.is_null() {
+    if bypassed() || !crate::epoll::managed() || events.is_null() {
         // SAFETY: forwarding.
         return unsafe { real::epoll_pwait()(epfd, events, maxevents, timeout, sigmask) };
     }
     guarded(-1, || {
-        crate::epoll::wait(epfd, events, timeout, |t| {
-            // SAFETY: forwarding with the remaining time.
-            unsafe { real::epoll_pwait()(epfd, events, maxevents, t, sigmask) }
+        crate::epoll::wait(epfd, events, maxevents, timeout, |e, max, t| {
+            // SAFETY: forwarding with the remaining time (into the caller's buffer).
+            unsafe { real::epoll_pwait()(epfd, e, max, t, sigmask) }
         })
     })
 }
@@ -872,21 +872,21 @@ pub unsafe extern "C" fn epoll_pwait2(
     timeout: *const libc::timespec,
     sigmask: *const libc::sigset_t,
 ) -> c_int {
-    if bypassed() || !crate::epoll::driven() || events.is_null() {
+    if bypassed() || !crate::epoll::managed() || events.is_null() {
         // SAFETY: forwarding.
         return unsafe { real::epoll_pwait2()(epfd, events, maxevents, timeout, sigmask) };
     }
     // SAFETY: a non-null timeout points to a timespec (the caller's contract).
     let ms = timespec_ms(unsafe { timeout.as_ref() });
     guarded(-1, || {
-        crate::epoll::wait(epfd, events, ms, |t| {
+        crate::epoll::wait(epfd, events, maxevents, ms, |e, max, t| {
             let mut ts = libc::timespec {
                 tv_sec: 0,
                 tv_nsec: 0,
             };
             let p = ms_timespec(t, &mut ts);
-            // SAFETY: forwarding with the remaining time.
-            unsafe { real::epoll_pwait2()(epfd, events, maxevents, p, sigmask) }
+            // SAFETY: forwarding with the remaining time (into the caller's buffer).
+            unsafe { real::epoll_pwait2()(epfd, e, max, p, sigmask) }
         })
     })
 }

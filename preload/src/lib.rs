@@ -17,4 +17,5 @@ mod real;
 mod sendfile;
 mod shim;
 mod table;
+mod vepoll;
 mod workers;

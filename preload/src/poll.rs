@@ -45,6 +45,10 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         socks: Vec::new(),
     };
     for fd in fds {
+        if crate::vepoll::has(fd) {
+            // An epoll set with registrations of ours, polled: the kernel must answer for it.
+            crate::vepoll::to_kernel(fd);
+        }
         let Some(sock) = table::get(fd) else { continue };
         let crate::shim::Sock::Smc(c) = &*sock else {
             continue;

@@ -21,7 +21,7 @@
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -296,6 +296,15 @@ pub(crate) struct Pair {
     /// A duplicate of the application's end (same open file), for draining and filling.
     app_dup: OwnedFd,
     st: Mutex<PairState>,
+    /// The connection's latest state, packed (bit 0 readable, 1 writable, 2 read side hung
+    /// up, 3 hung up, 4 error): what our epoll (vepoll.rs) reports, read without a lock.
+    latest: AtomicU32,
+    /// How often each of those bits rose (the readable one also at each new arrival): an
+    /// edge-triggered registration of ours reports again when one of its bits moved.
+    rises: [AtomicU32; 5],
+    /// Epoll sets that hold the socket as a registration of ours (vepoll.rs): a bit that
+    /// rises wakes their waiters.
+    watched: Mutex<Vec<i32>>,
 }
 
 struct PairState {
@@ -314,8 +323,6 @@ struct PairState {
     ours: Option<OwnedFd>,
     /// The reset is showing as EPOLLERR and nobody collected it yet.
     error_pending: bool,
-    /// The application collected a reset before the pair showed it.
-    error_taken: bool,
 }
 
 impl Pair {
@@ -369,6 +376,9 @@ impl Pair {
             };
             let p = Arc::new(Self {
                 app_dup,
+                latest: AtomicU32::new(pack(fresh)),
+                rises: Default::default(),
+                watched: Mutex::new(Vec::new()),
                 st: Mutex::new(PairState {
                     cur: fresh,
                     want: fresh,
@@ -378,7 +388,6 @@ impl Pair {
                     epoll: false,
                     ours: Some(ours),
                     error_pending: false,
-                    error_taken: false,
                 }),
             });
             if !writable {
@@ -393,9 +402,49 @@ impl Pair {
     /// [`PairState::observers`]), else when someone starts to.
     pub(crate) fn set(&self, now: smcr::ReadyState) {
         let mut st = self.st.lock();
+        let before = st.want;
         st.want = now;
+        let (old, new) = (pack(before), pack(now));
+        self.latest.store(new, Ordering::Release);
+        let mut rose = new & !old;
+        if now.readable && now.arrivals != before.arrivals {
+            rose |= 1;
+        }
+        for (b, r) in self.rises.iter().enumerate() {
+            if rose & (1 << b) != 0 {
+                r.fetch_add(1, Ordering::AcqRel);
+            }
+        }
         if st.observers > 0 || st.epoll || !lazy() {
             self.apply(&mut st);
+        }
+        drop(st);
+        if rose != 0 {
+            let sets = self.watched.lock().clone();
+            if !sets.is_empty() {
+                crate::vepoll::kick(&sets);
+            }
+        }
+    }
+
+    /// The packed latest state (see [`Pair::latest`]).
+    pub(crate) fn latest(&self) -> u32 {
+        self.latest.load(Ordering::Acquire)
+    }
+
+    /// The rise counters (see [`Pair::rises`]).
+    pub(crate) fn rises(&self) -> [u32; 5] {
+        std::array::from_fn(|b| self.rises[b].load(Ordering::Acquire))
+    }
+
+    /// The epoll set `epfd` holds (`on`) or no longer holds a registration of ours for the
+    /// socket.
+    pub(crate) fn watched_by(&self, epfd: i32, on: bool) {
+        let mut w = self.watched.lock();
+        if on {
+            w.push(epfd);
+        } else if let Some(i) = w.iter().position(|&e| e == epfd) {
+            w.swap_remove(i);
         }
     }
 
@@ -458,11 +507,6 @@ impl Pair {
                 real::send()(a, b"e".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
                 st.ours = None;
                 st.error_pending = true;
-                if std::mem::take(&mut st.error_taken) {
-                    // Collected before it showed: it shows only as the hang-up.
-                    st.error_pending = false;
-                    clear_so_error(a);
-                }
                 return;
             }
             if now.rdhup && !cur.rdhup {
@@ -478,15 +522,26 @@ impl Pair {
     /// EPOLLERR stops, as for a TCP socket. Returns whether it was still pending.
     pub(crate) fn take_error(&self) -> bool {
         let mut st = self.st.lock();
+        if st.want.error {
+            // Collected: no EPOLLERR from now on, whether the kernel showed it yet or not.
+            st.want.error = false;
+            self.latest.store(pack(st.want), Ordering::Release);
+        }
         if !std::mem::replace(&mut st.error_pending, false) {
-            if st.want.error && !st.cur.error {
-                st.error_taken = true;
-            }
             return false;
         }
         clear_so_error(self.app_dup.as_raw_fd());
         true
     }
+}
+
+/// A state packed as [`Pair::latest`] keeps it.
+fn pack(s: smcr::ReadyState) -> u32 {
+    u32::from(s.readable)
+        | u32::from(s.writable) << 1
+        | u32::from(s.rdhup) << 2
+        | u32::from(s.hup) << 3
+        | u32::from(s.error) << 4
 }
 
 /// Reads (and so clears) SO_ERROR of `fd`.
@@ -622,11 +677,9 @@ fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
         // SAFETY: setting a status flag on the application's (new) descriptor.
         unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
     }
-    if crate::epoll::registered(fd)
-        && let Sock::Smc(c) = &*sock
-    {
-        // Registrations made on the TCP socket moved to the pair.
-        c.pair.observe_epoll();
+    if let Sock::Smc(c) = &*sock {
+        // Registrations made on the TCP socket moved to the pair: ours where they can be.
+        crate::epoll::virtualize(fd, &c.pair);
     }
     follow(&sock);
     Ok(())
@@ -782,9 +835,7 @@ fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
             // must find its writes going to SMC-R, not into the pair.
             let sock = smc_fd(s, true, pair.clone());
             table::insert(fd, sock.clone());
-            if crate::epoll::registered(fd) {
-                pair.observe_epoll();
-            }
+            crate::epoll::virtualize(fd, &pair);
             follow(&sock);
             // No longer a pending connect: kept in step only while someone looks.
             pair.observe(false);
@@ -1277,7 +1328,7 @@ pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
 }
 
 /// [`hide`] for a new descriptor of ours: moved out of the application's range.
-fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
+pub(crate) fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: `fd` is a new descriptor nothing else owns.
     let low = unsafe { OwnedFd::from_raw_fd(fd) };
     hide(low.as_raw_fd())

@@ -210,3 +210,11 @@ fn nonblocking_connect() {
 fn readiness_first_asked_after_it_changed() {
     check("unwatched", 1);
 }
+
+/// Check 12: EEXIST/ENOENT, a set nested in another set and polled, a registration and a
+/// shutdown by another thread while one sleeps in epoll_wait, five ready sockets served one
+/// per call.
+#[test]
+fn epoll_sets_in_use() {
+    check("sets", 7);
+}

@@ -16,6 +16,7 @@ import errno
 import select
 import socket
 import sys
+import threading
 import time
 
 IN = select.EPOLLIN
@@ -761,7 +762,85 @@ def g_unwatched():
         x.close()
 
 
+def g_sets():
+    """12. epoll sets in use: registration errors, a set nested in another and polled, a
+    registration and a shutdown made by another thread while one sleeps, many ready sockets
+    and a small maxevents."""
+    l = listener()
+    c, s = connect(l)
+    ep = epoll(s, IN)
+    try:
+        ep.register(s.fileno(), IN)
+        fail("ADD twice", "no error")
+    except FileExistsError:
+        ok("ADD twice: EEXIST")
+    c2, s2 = connect(l)
+    for what, call in (("MOD", lambda: ep.modify(s2.fileno(), IN)),
+                       ("DEL", lambda: ep.unregister(s2.fileno()))):
+        try:
+            call()
+            fail(f"{what} of a socket not in the set", "no error")
+        except FileNotFoundError:
+            ok(f"{what} of a socket not in the set: ENOENT")
+    # Nested: the set inside another set, and polled.
+    outer = select.epoll()
+    outer.register(ep.fileno(), IN)
+    c.send(b"x")
+    level(outer, ep.fileno(), IN, "a set nested in another: the outer one sees it ready")
+    if not poll_mask(ep.fileno(), ARRIVE, select.POLLIN) & IN:
+        fail("poll() on the set", "not readable")
+    ok("poll() on the set: readable")
+    level(ep, s, IN, "the set itself still reports the socket")
+    recv_exact(s, 1, "read")
+    quiet(outer, "read: the outer set sees nothing")
+    outer.close()
+    # Another thread registers a socket while this one sleeps in epoll_wait.
+    w = select.epoll()
+    got = []
+    t = threading.Thread(target=lambda: got.extend(w.poll(ARRIVE)))
+    t.start()
+    time.sleep(0.2)
+    c2.send(b"y")
+    w.register(s2.fileno(), IN)
+    t.join()
+    if got != [(s2.fileno(), IN)]:
+        fail("registered by another thread while one sleeps", f"epoll gives {show(got)}")
+    ok("registered by another thread while one sleeps: it wakes with EPOLLIN")
+    recv_exact(s2, 1, "read")
+    # Another thread shuts a socket down while this one sleeps.
+    w.modify(s2.fileno(), IN | RDHUP)
+    got = []
+    t = threading.Thread(target=lambda: got.extend(w.poll(ARRIVE)))
+    t.start()
+    time.sleep(0.2)
+    s2.shutdown(socket.SHUT_RD)
+    t.join()
+    if not got or got[0][0] != s2.fileno() or not got[0][1] & IN:
+        fail("shut down by another thread while one sleeps", f"epoll gives {show(got)}")
+    ok("shut down by another thread while one sleeps: it wakes")
+    w.close()
+    # Many ready sockets, one event per call: each comes in turn.
+    pairs = [connect(l) for _ in range(5)]
+    many = select.epoll()
+    for _, srv in pairs:
+        many.register(srv.fileno(), IN)
+    for cl, _ in pairs:
+        cl.send(b"z")
+    want = {srv.fileno() for _, srv in pairs}
+    seen = set()
+    deadline = time.monotonic() + ARRIVE
+    while seen != want and time.monotonic() < deadline:
+        for fd, m in many.poll(0.1, 1):
+            seen.add(fd)
+    if seen != want:
+        fail("five ready sockets, maxevents 1", f"saw {sorted(seen)} of {sorted(want)}")
+    ok("five ready sockets, maxevents 1: each reported in turn")
+    for x in [many, ep, c, s, c2, s2, l] + [y for p in pairs for y in p]:
+        x.close()
+
+
 GROUPS = {
+    "sets": g_sets,
     "unwatched": g_unwatched,
     "level": g_level,
     "edge": g_edge,

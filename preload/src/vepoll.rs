@@ -1,0 +1,381 @@
+//! Epoll sets that we answer ourselves for SMC-R sockets ("virtual registrations").
+//!
+//! The kernel learns an SMC-R socket's readiness only through its pair (shim.rs), which costs
+//! a system call at every change (a byte sent to make it readable, one drained when it is not).
+//! When an application registers an SMC-R socket in an epoll set, we keep the registration
+//! here instead of in the kernel: our `epoll_wait` hook computes the socket's events from the
+//! connection's state (kept lock-free in the pair: `Pair::latest`, `Pair::rises`) with the
+//! kernel's semantics — level-triggered, edge-triggered (a new event per rise of a requested
+//! bit, per arrival for EPOLLIN), EPOLLONESHOT (silent until EPOLL_CTL_MOD), EPOLLERR and
+//! EPOLLHUP always — and merges them with what the kernel reports for the set's other files.
+//! The set still wakes a sleeping thread by itself: the link group's event descriptor is in
+//! it (epoll.rs), and a change made outside this set's `epoll_wait` (another thread's
+//! handling, a shutdown, a failure) writes the set's `kick` eventfd.
+//!
+//! A set that the kernel must be able to answer for — polled, selected or put in another epoll
+//! set — is handed back to the kernel (`to_kernel`): its registrations become kernel ones on
+//! the pairs, which are then kept in step.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::real;
+use crate::shim::Pair;
+
+/// The event data of a set's kick eventfd (the low half is the set's descriptor).
+pub(crate) const KICK_TAG: u64 = 0xA5C3_5A19_0000_0000;
+
+struct Reg {
+    fd: i32,
+    pid: u32,
+    pair: Arc<Pair>,
+    events: u32,
+    data: u64,
+    /// `Pair::rises` when this registration last reported (edge-triggered).
+    seen: [u32; 5],
+    /// Report what is ready at the next look even without a new rise: after ADD and MOD the
+    /// kernel queues a ready file at once.
+    fresh: bool,
+    /// False once an EPOLLONESHOT registration reported, until MOD.
+    armed: bool,
+}
+
+struct Set {
+    regs: Vec<Reg>,
+    /// In the set (edge-triggered): written when a registered socket becomes ready outside
+    /// this set's `epoll_wait`.
+    kick: OwnedFd,
+    /// Where the next look starts (level-triggered sets with more ready sockets than a call
+    /// takes serve them in turn).
+    next: usize,
+}
+
+static SETS: Mutex<BTreeMap<i32, Set>> = Mutex::new(BTreeMap::new());
+/// Sets the kernel answers for (polled, selected or nested): no virtual registrations.
+static KERNEL: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+static ANY: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The set this thread is in `epoll_wait` on (-1: none): what it makes ready there itself
+    /// needs no kick. Const-initialised, no destructor.
+    static WAITING_ON: Cell<i32> = const { Cell::new(-1) };
+}
+
+/// Whether virtual registrations are used: with application driving (the set must hold the
+/// groups' event descriptors to wake), unless `SMCR_VIRTUAL_EPOLL=off`.
+pub(crate) fn on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        crate::epoll::app_drive()
+            && !std::env::var("SMCR_VIRTUAL_EPOLL")
+                .is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+    })
+}
+
+/// Whether `epfd` holds virtual registrations (cheap when none exist anywhere).
+pub(crate) fn has(epfd: i32) -> bool {
+    ANY.load(Ordering::Acquire) && SETS.lock().contains_key(&epfd)
+}
+
+/// The application's `epoll_ctl(epfd, op, fd, ev)` for the SMC-R socket `fd` showing `pair`:
+/// `Some(result)` if we took it (the kernel holds no registration of `fd` in `epfd`), `None`
+/// if it is the kernel's to do. `kernel_has`: the kernel holds one already.
+pub(crate) fn ctl(
+    epfd: i32,
+    op: i32,
+    fd: i32,
+    ev: *const libc::epoll_event,
+    pair: &Arc<Pair>,
+    kernel_has: bool,
+) -> Option<i32> {
+    if !on() || kernel_has || KERNEL.lock().contains(&epfd) {
+        return None;
+    }
+    // Our own calls below (and the closes of descriptors we move) must not reach our hooks,
+    // which take the lock held here.
+    let _own = crate::guard::Bypass::new();
+    let mut sets = SETS.lock();
+    let known = sets
+        .get(&epfd)
+        .is_some_and(|s| s.regs.iter().any(|r| r.fd == fd));
+    let fail = |e: i32| {
+        crate::guard::set_errno(e);
+        Some(-1)
+    };
+    match op {
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
+            if ev.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: for ADD and MOD the application passes an event.
+            let ev = unsafe { *ev };
+            if op == libc::EPOLL_CTL_ADD && known {
+                return fail(libc::EEXIST);
+            }
+            if op == libc::EPOLL_CTL_MOD && !known {
+                return fail(libc::ENOENT);
+            }
+            if ev.events & libc::EPOLLEXCLUSIVE as u32 != 0 && op == libc::EPOLL_CTL_MOD {
+                return fail(libc::EINVAL);
+            }
+            let set = match sets.entry(epfd) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => match new_set(epfd) {
+                    Ok(s) => {
+                        ANY.store(true, Ordering::Release);
+                        v.insert(s)
+                    }
+                    Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EINVAL)),
+                },
+            };
+            let seen = pair.rises();
+            if let Some(r) = set.regs.iter_mut().find(|r| r.fd == fd) {
+                r.events = ev.events;
+                r.data = ev.u64;
+                r.seen = seen;
+                r.fresh = true;
+                r.armed = true;
+            } else {
+                set.regs.push(Reg {
+                    fd,
+                    pid: crate::table::pid(),
+                    pair: pair.clone(),
+                    events: ev.events,
+                    data: ev.u64,
+                    seen,
+                    fresh: true,
+                    armed: true,
+                });
+                pair.watched_by(epfd, true);
+            }
+            // Ready already: a thread sleeping in the set wakes, as the kernel wakes it when
+            // a ready file is added.
+            let want = ev.events | (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+            if events_of(pair.latest()) & want != 0 {
+                let one = 1u64.to_ne_bytes();
+                // SAFETY: 8 bytes into our eventfd.
+                unsafe { real::write()(set.kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+            }
+            Some(0)
+        }
+        libc::EPOLL_CTL_DEL => {
+            if !known {
+                // Not ours: the kernel answers (ENOENT, or it has one after all).
+                return None;
+            }
+            let set = sets.get_mut(&epfd).expect("known");
+            set.regs.retain(|r| r.fd != fd);
+            pair.watched_by(epfd, false);
+            Some(0)
+        }
+        _ => fail(libc::EINVAL),
+    }
+}
+
+/// A set's kick eventfd, registered in it.
+fn new_set(epfd: i32) -> std::io::Result<Set> {
+    // SAFETY: a new eventfd of ours.
+    let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if k < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let kick = crate::shim::hide_owned(k)?;
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        u64: KICK_TAG | epfd as u32 as u64,
+    };
+    // SAFETY: registering our descriptor in the application's set (this also checks that
+    // `epfd` is an epoll set).
+    if unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, kick.as_raw_fd(), &mut ev) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Set {
+        regs: Vec::new(),
+        kick,
+        next: 0,
+    })
+}
+
+/// Epoll bits of a packed state (see `Pair::latest`), and which of them each rise counter
+/// belongs to.
+const BITS: [u32; 5] = [
+    (libc::EPOLLIN | libc::EPOLLRDNORM) as u32,
+    (libc::EPOLLOUT | libc::EPOLLWRNORM) as u32,
+    libc::EPOLLRDHUP as u32,
+    libc::EPOLLHUP as u32,
+    libc::EPOLLERR as u32,
+];
+
+fn events_of(state: u32) -> u32 {
+    BITS.iter()
+        .enumerate()
+        .filter(|(i, _)| state & (1 << i) != 0)
+        .fold(0, |m, (_, b)| m | b)
+}
+
+/// The events of `epfd`'s registrations that are ready, written to `out` (at most `max`);
+/// returns how many. With `commit` false nothing is written and no edge-triggered or one-shot
+/// state changes (a look before sleeping).
+pub(crate) fn ready(epfd: i32, out: *mut libc::epoll_event, max: usize, commit: bool) -> usize {
+    if max == 0 {
+        return 0;
+    }
+    let me = crate::table::pid();
+    let mut sets = SETS.lock();
+    let Some(set) = sets.get_mut(&epfd) else {
+        return 0;
+    };
+    let len = set.regs.len();
+    let start = if len == 0 { 0 } else { set.next % len };
+    let mut n = 0;
+    let mut last = start;
+    for k in 0..len {
+        let i = (start + k) % len;
+        let r = &mut set.regs[i];
+        if r.pid != me || !r.armed {
+            continue;
+        }
+        let want = r.events | (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+        let rep = events_of(r.pair.latest()) & want;
+        if rep == 0 {
+            continue;
+        }
+        let et = r.events & libc::EPOLLET as u32 != 0;
+        let rises = if et { r.pair.rises() } else { [0; 5] };
+        if et
+            && !r.fresh
+            && !BITS
+                .iter()
+                .enumerate()
+                .any(|(b, bits)| rep & bits != 0 && rises[b] != r.seen[b])
+        {
+            continue;
+        }
+        if commit {
+            if et {
+                r.seen = rises;
+            }
+            r.fresh = false;
+            if r.events & libc::EPOLLONESHOT as u32 != 0 {
+                r.armed = false;
+            }
+            // SAFETY: the caller's buffer has room for `max` events.
+            unsafe {
+                out.add(n).write(libc::epoll_event {
+                    events: rep,
+                    u64: r.data,
+                })
+            };
+        }
+        n += 1;
+        last = i;
+        if n == max {
+            break;
+        }
+    }
+    if commit && n > 0 {
+        set.next = last + 1;
+    }
+    n
+}
+
+/// `fd` is closed or another file is at its number: its registrations go.
+pub(crate) fn forget_fd(fd: i32) {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
+    let mut sets = SETS.lock();
+    for (epfd, set) in sets.iter_mut() {
+        set.regs.retain(|r| {
+            let keep = r.fd != fd;
+            if !keep {
+                r.pair.watched_by(*epfd, false);
+            }
+            keep
+        });
+    }
+}
+
+/// The epoll descriptor `epfd` was closed: its registrations go with it.
+pub(crate) fn closed_epfd(epfd: i32) {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
+    let _own = crate::guard::Bypass::new();
+    KERNEL.lock().remove(&epfd);
+    let set = SETS.lock().remove(&epfd);
+    if let Some(set) = set {
+        for r in set.regs {
+            r.pair.watched_by(epfd, false);
+        }
+    }
+}
+
+/// The kernel must answer for `epfd` from now on (it is polled, selected or nested in another
+/// set): its registrations move onto the pairs, which are then kept in step.
+pub(crate) fn to_kernel(epfd: i32) {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
+    let _own = crate::guard::Bypass::new();
+    KERNEL.lock().insert(epfd);
+    let Some(set) = SETS.lock().remove(&epfd) else {
+        return;
+    };
+    for r in set.regs {
+        r.pair.observe_epoll();
+        let mut ev = libc::epoll_event {
+            events: r.events,
+            u64: r.data,
+        };
+        // ONESHOT that already fired stays disarmed: registered without events.
+        if !r.armed {
+            ev.events &= !(libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
+        }
+        // SAFETY: the application's registration, now made in the kernel.
+        if unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, r.fd, &mut ev) } == 0 {
+            crate::epoll::record(r.fd, epfd, ev);
+        }
+        r.pair.watched_by(epfd, false);
+        crate::log::line(format_args!(
+            "epoll set {epfd} is looked at through the kernel: fd {} registered there",
+            r.fd
+        ));
+    }
+    // The kick eventfd closes (dropped with the set) and leaves it.
+}
+
+/// A registered socket became ready (a bit rose) on this thread: wakes the threads in
+/// `epoll_wait` on `sets`, but the set this thread waits on (it looks when it returns).
+pub(crate) fn kick(sets: &[i32]) {
+    let mine = WAITING_ON.with(Cell::get);
+    let _own = crate::guard::Bypass::new();
+    let one = 1u64.to_ne_bytes();
+    let guard = SETS.lock();
+    for epfd in sets.iter().filter(|&&e| e != mine) {
+        if let Some(s) = guard.get(epfd) {
+            // SAFETY: 8 bytes into our eventfd.
+            unsafe { real::write()(s.kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+}
+
+/// Marks this thread as waiting on `epfd` while it lives.
+pub(crate) struct Waiting(i32);
+
+impl Waiting {
+    pub(crate) fn new(epfd: i32) -> Self {
+        Self(WAITING_ON.with(|w| w.replace(epfd)))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITING_ON.with(|w| w.set(self.0));
+    }
+}
