@@ -598,6 +598,21 @@ impl ShmQp {
         Ok(false)
     }
 
+    /// Copies `data` into the peer's memory at `remote_addr` (checked against `rkey` as an
+    /// RDMA WRITE is), from the caller's buffer rather than a local region: `false` if there
+    /// is no peer yet or the check fails (then post the WRITE, which reports it).
+    pub(crate) fn write_direct(&self, data: &[u8], remote_addr: u64, rkey: u32) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        let Ok(off) = tx
+            .arena
+            .lookup(rkey, remote_addr, data.len() as u64, Access::REMOTE_WRITE)
+        else {
+            return false;
+        };
+        // SAFETY: `data` is valid for its length; the destination was checked by `lookup`.
+        unsafe { tx.arena.seg.copy_in_raw(off, data.as_ptr(), data.len()) }
+    }
+
     /// Requests still waiting for ring space.
     pub(crate) fn backlog_len(&self) -> usize {
         self.backlog.len()

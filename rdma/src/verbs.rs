@@ -524,6 +524,20 @@ impl QueuePair {
         shm.as_mut().is_some_and(|s| s.ready(rc, *av))
     }
 
+    /// Same-host transport only: places `data` at `remote_addr` of the peer (`rkey` checked),
+    /// as an RDMA WRITE of a registered buffer would, but straight from the caller's memory
+    /// (one copy less). Data written this way is in the peer's memory when this returns, so a
+    /// SEND posted afterwards is seen after it. `false`: the QP does not send through shared
+    /// memory (or the check failed): post a WRITE instead.
+    pub fn write_direct(&self, data: &[u8], remote_addr: u64, rkey: u32) -> bool {
+        let mut core = self.qp.core.lock();
+        let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
+        let Some(shm) = shm else { return false };
+        rc.state() == QpState::Rts
+            && shm.ready(rc, *av)
+            && shm.write_direct(data, remote_addr, rkey)
+    }
+
     /// Send requests posted and not finished: on UDP, those the peer has not acknowledged
     /// yet; on the same-host transport, those waiting for room in the peer's ring (the rest
     /// are in the peer's memory already). Zero once everything posted has reached the peer.

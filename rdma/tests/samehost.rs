@@ -689,3 +689,34 @@ fn a_kick_ends_the_wait_of_a_sleeper_on_a_driven_cq() {
         drop(a);
     }
 }
+
+#[test]
+fn direct_writes_land_in_the_peers_region_after_the_same_checks() {
+    // write_direct: the caller's bytes straight into the peer's region (no local region),
+    // refused for a wrong rkey, a range outside the region, or a QP that talks UDP.
+    let (a, b) = ready_pair(true);
+    let dst =
+        b.pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let data = pattern(1000, 9);
+    assert!(a.qp.write_direct(&data, dst.addr() + 100, dst.rkey()));
+    let mut got = vec![0u8; 1000];
+    dst.read(100, &mut got);
+    assert_eq!(got, data);
+    assert!(!a.qp.write_direct(&data, dst.addr(), dst.rkey() ^ 0x100));
+    assert!(!a.qp.write_direct(&data, dst.addr() + 3500, dst.rkey()));
+    let mut untouched = vec![0u8; 596];
+    dst.read(3500, &mut untouched);
+    assert!(
+        untouched.iter().all(|&b| b == 0),
+        "nothing written past the end"
+    );
+    let (u, v) = ready_pair(false);
+    let dst =
+        v.pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    assert!(
+        !u.qp.write_direct(&data, dst.addr(), dst.rkey()),
+        "UDP: post a WRITE"
+    );
+}

@@ -2036,13 +2036,30 @@ impl ConnShared {
         pending: u32,
         poller: bool,
     ) -> io::Result<()> {
+        self.flush_staged(s, lg, pending, poller, false)
+    }
+
+    /// Writes the staged bytes (unless `written`: already in the peer's RMB, see
+    /// [`Self::write_direct`]) and announces them with a CDC.
+    fn flush_staged(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        pending: u32,
+        poller: bool,
+        written: bool,
+    ) -> io::Result<()> {
         if s.staged == 0 {
             return Ok(());
         }
         // The slot first: once the cursor has advanced, the CDC must go out.
         let slot = lg.take_slot(poller)?;
         let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
-        let pieces: Vec<(u32, u32)> = plan.pieces.into_iter().filter(|p| p.1 > 0).collect();
+        let pieces: Vec<(u32, u32)> = plan
+            .pieces
+            .into_iter()
+            .filter(|p| p.1 > 0 && !written)
+            .collect();
         s.stats.bytes_sent += u64::from(s.staged);
         s.stats.data_cdcs += 1;
         if let Some(st) = &s.stat {
@@ -2063,6 +2080,41 @@ impl ConnShared {
             s.inflight -= 1;
         }
         Ok(())
+    }
+
+    /// Same-host links: writes `buf` straight into the peer's RMB where the next staged bytes
+    /// would go (the peer reads nothing past the producer cursor we announced, and `buf` fits
+    /// the free space) and announces it, with no copy through the send buffer. Returns false
+    /// (nothing announced) when that cannot be done: bytes already staged or a CDC in flight
+    /// (order), or a link on UDP.
+    pub(crate) fn write_direct(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        buf: &[u8],
+        pending: u32,
+    ) -> io::Result<bool> {
+        if s.staged != 0 || s.inflight != 0 || !lg.same_host() {
+            return Ok(false);
+        }
+        let n = buf.len() as u32;
+        let mut at = 0usize;
+        for (off, len) in s.core.stage_pieces(0, n) {
+            if len == 0 {
+                continue;
+            }
+            let piece = &buf[at..at + len as usize];
+            if !lg
+                .qp
+                .write_direct(piece, self.peer_vaddr + u64::from(off), self.peer_rkey)
+            {
+                return Ok(false);
+            }
+            at += len as usize;
+        }
+        s.staged = n;
+        self.flush_staged(s, lg, pending, false, true)?;
+        Ok(true)
     }
 
     /// A data CDC of ours completed: when none is left in flight, post what was corked.
