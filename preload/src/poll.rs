@@ -20,9 +20,10 @@ thread_local! {
     static BUF: Cell<Vec<pollfd>> = const { Cell::new(Vec::new()) };
 }
 
-/// The SMC-R connections of this process among a poll's or select's descriptors: their pairs
-/// are kept in step while the value lives (the kernel looks at them), and their link groups
-/// (each once; none if application driving is off) are driven by the call.
+/// The SMC-R connections of this process among a poll's or select's descriptors, and their
+/// link groups (each once), which the call drives. With application driving the call answers
+/// for these sockets itself (`run`); without it (no groups here) their pairs are kept in step
+/// while the value lives, and the kernel answers.
 pub(crate) struct Ours {
     pub(crate) drivers: Vec<smcr::Driver>,
     socks: Vec<std::sync::Arc<crate::shim::Sock>>,
@@ -32,10 +33,25 @@ impl Drop for Ours {
     fn drop(&mut self) {
         for s in &self.socks {
             if let crate::shim::Sock::Smc(c) = &**s {
-                c.pair.observe(false);
+                if self.drivers.is_empty() {
+                    c.pair.observe(false);
+                } else {
+                    c.pair.polled.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
     }
+}
+
+thread_local! {
+    /// This thread is in a poll or select that answers for SMC-R sockets: what it makes ready
+    /// itself needs no kick. Const-initialised, no destructor.
+    static POLLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is in such a poll or select.
+pub(crate) fn polling() -> bool {
+    POLLING.try_with(Cell::get).unwrap_or(false)
 }
 
 /// [`Ours`] for the descriptors `fds`; `None` if none is an SMC-R connection of this process.
@@ -44,6 +60,7 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         drivers: Vec::new(),
         socks: Vec::new(),
     };
+    let drive = app_drive();
     for fd in fds {
         if crate::vepoll::has(fd) {
             // An epoll set with registrations of ours, polled: the kernel must answer for it.
@@ -53,19 +70,24 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         let crate::shim::Sock::Smc(c) = &*sock else {
             continue;
         };
-        c.pair.observe(true);
-        if let Some(d) = c.stream.driver()
-            && !out.drivers.iter().any(|o| o.id() == d.id())
-        {
-            out.drivers.push(d);
+        if !drive {
+            c.pair.observe(true);
+        } else {
+            let Some(d) = c.stream.driver() else {
+                // No group (it cannot be: an SMC-R connection has one): the kernel answers.
+                c.pair.observe(true);
+                out.drivers.clear();
+                continue;
+            };
+            c.pair.polled.fetch_add(1, Ordering::AcqRel);
+            if !out.drivers.iter().any(|o| o.id() == d.id()) {
+                out.drivers.push(d);
+            }
         }
         out.socks.push(sock.clone());
     }
     if out.socks.is_empty() {
         return None;
-    }
-    if !app_drive() {
-        out.drivers.clear();
     }
     say_driven(&out.drivers);
     Some(out)
@@ -123,45 +145,62 @@ fn run(
     call: &mut impl FnMut(&mut [pollfd], i32) -> i32,
 ) -> i32 {
     let n_app = fds.len();
+    // Our sockets among the entries: with groups to drive, their events come from the
+    // connections' state, and the kernel does not look at them (their entries go to it as
+    // -1, which it skips).
+    let pairs: Vec<Option<std::sync::Arc<crate::shim::Pair>>> = if ds.is_empty() {
+        Vec::new()
+    } else {
+        fds.iter().map(|p| pair_of(p.fd)).collect()
+    };
+    let _polling = Polling::new();
     loop {
-        if *t == 0 {
-            // A poll that does not sleep: what arrived is handled first (the group stays held,
-            // see `smcr::RuntimeConfig::app_hold`, so nobody else drains its socket).
-            let _own = guard::Bypass::new();
-            handle(
-                ds,
-                &ds.iter()
-                    .filter_map(smcr::Driver::rx_fd)
-                    .collect::<Vec<_>>(),
-            );
-            drop(_own);
-            return call(fds, 0);
-        }
+        buf.clear();
+        buf.extend(fds.iter().enumerate().map(|(i, p)| {
+            if pairs.get(i).is_some_and(Option::is_some) {
+                pollfd {
+                    fd: -1,
+                    events: 0,
+                    revents: 0,
+                }
+            } else {
+                *p
+            }
+        }));
         // The groups' descriptors follow the application's entries: first each group's event
         // descriptor, then each distinct UDP socket.
-        buf.clear();
-        buf.extend_from_slice(fds);
         let mut asleep = Asleep(Vec::new());
         let mut handled = false;
         let mut rxs: Vec<i32> = Vec::new();
         {
             let _own = guard::Bypass::new();
-            for d in ds {
-                let rx = d.rx_fd();
-                match d.sleep_begin(rx.is_some()) {
-                    Some(true) => asleep.0.push(d.clone()),
-                    Some(false) => handled = true,
-                    None => continue,
-                }
-                buf.push(pollfd {
-                    fd: d.fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-                if let Some(s) = rx
-                    && !rxs.contains(&s)
-                {
-                    rxs.push(s);
+            if *t == 0 {
+                // A poll that does not sleep: what arrived is handled first (the group stays
+                // held, see `smcr::RuntimeConfig::app_hold`, so nobody else drains its socket).
+                handle(
+                    ds,
+                    &ds.iter()
+                        .filter_map(smcr::Driver::rx_fd)
+                        .collect::<Vec<_>>(),
+                );
+            } else {
+                for d in ds {
+                    let rx = d.rx_fd();
+                    match d.sleep_begin(rx.is_some()) {
+                        Some(true) => asleep.0.push(d.clone()),
+                        Some(false) => handled = true,
+                        None => continue,
+                    }
+                    buf.push(pollfd {
+                        fd: d.fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    if let Some(s) = rx
+                        && !rxs.contains(&s)
+                    {
+                        rxs.push(s);
+                    }
                 }
             }
         }
@@ -171,8 +210,14 @@ fn run(
             events: libc::POLLIN,
             revents: 0,
         }));
+        // Ours ready already (looked at once the groups are driven: what changes from now on
+        // wakes the call): no sleep.
+        let pending = fds
+            .iter()
+            .zip(&pairs)
+            .any(|(p, o)| o.as_ref().is_some_and(|o| revents_of(o, p.events) != 0));
         let slept = Instant::now();
-        let n = call(buf, if handled { 0 } else { *t });
+        let n = call(buf, if handled || pending { 0 } else { *t });
         // What follows may touch errno (futex waits in locks): the application sees the real
         // call's.
         let errno = std::io::Error::last_os_error().raw_os_error();
@@ -204,31 +249,60 @@ fn run(
                 }
             }
         }
-        let mut ready = 0;
-        for (a, b) in fds.iter_mut().zip(buf.iter()) {
-            a.revents = b.revents;
-            ready += i32::from(b.revents != 0);
-        }
         if n < 0 {
             if let Some(e) = errno {
                 guard::set_errno(e);
             }
             return n;
         }
-        if ready > 0 || !ours {
+        let mut ready = 0;
+        for (i, a) in fds.iter_mut().enumerate() {
+            a.revents = match pairs.get(i) {
+                Some(Some(p)) => revents_of(p, a.events),
+                _ => buf[i].revents,
+            };
+            ready += i32::from(a.revents != 0);
+        }
+        if ready > 0 || *t == 0 || (n == 0 && !ours && !pending) {
+            // Something for the application, or the time is up.
             return ready;
         }
-        // Only our descriptors fired: what they made ready shows in a look at the
-        // application's own entries (without sleeping: no wait-queue entries to set up and
-        // tear down); else wait on for what is left of the timeout.
-        let n = call(fds, 0);
-        if n != 0 {
-            return n;
-        }
+        // Only our descriptors fired and nothing is ready: wait on for what is left.
         *t = left(deadline).unwrap_or(-1);
         if *t == 0 {
             return 0;
         }
+    }
+}
+
+/// The pair of `fd` if it is an SMC-R connection of this process.
+fn pair_of(fd: i32) -> Option<std::sync::Arc<crate::shim::Pair>> {
+    let sock = table::get(fd)?;
+    match &*sock {
+        crate::shim::Sock::Smc(c) => Some(c.pair.clone()),
+        _ => None,
+    }
+}
+
+/// The poll events of a socket in `state`'s pair, for a request of `events` (POLLERR and
+/// POLLHUP always): the epoll bits are poll's (POLLIN = EPOLLIN, and so on).
+fn revents_of(pair: &crate::shim::Pair, events: i16) -> i16 {
+    let want = (events as u16 as u32) | (libc::POLLERR | libc::POLLHUP) as u32;
+    (crate::vepoll::events_of(pair.latest()) & want) as i16
+}
+
+/// Marks this thread as in a poll that answers for SMC-R sockets while it lives.
+struct Polling(bool);
+
+impl Polling {
+    fn new() -> Self {
+        Self(POLLING.try_with(|p| p.replace(true)).unwrap_or(false))
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        let _ = POLLING.try_with(|p| p.set(self.0));
     }
 }
 

@@ -305,6 +305,12 @@ pub(crate) struct Pair {
     /// Epoll sets that hold the socket as a registration of ours (vepoll.rs): a bit that
     /// rises wakes their waiters.
     watched: Mutex<Vec<i32>>,
+    /// poll/select calls in progress that answer for the socket themselves (poll.rs): a bit
+    /// that rises elsewhere wakes them through the link group's descriptor.
+    pub(crate) polled: AtomicU32,
+    /// The connection's link group, to wake those calls (set when the pair starts to follow
+    /// the connection).
+    driver: std::sync::OnceLock<smcr::Driver>,
 }
 
 struct PairState {
@@ -379,6 +385,8 @@ impl Pair {
                 latest: AtomicU32::new(pack(fresh)),
                 rises: Default::default(),
                 watched: Mutex::new(Vec::new()),
+                polled: AtomicU32::new(0),
+                driver: std::sync::OnceLock::new(),
                 st: Mutex::new(PairState {
                     cur: fresh,
                     want: fresh,
@@ -423,6 +431,12 @@ impl Pair {
             let sets = self.watched.lock().clone();
             if !sets.is_empty() {
                 crate::vepoll::kick(&sets);
+            }
+            if self.polled.load(Ordering::Acquire) > 0
+                && !crate::poll::polling()
+                && let Some(d) = self.driver.get()
+            {
+                d.kick();
             }
         }
     }
@@ -651,6 +665,9 @@ fn smc_fd(stream: SmcStream, nonblock: bool, pair: Arc<Pair>) -> Arc<Sock> {
 /// table: an application woken by the pair must find its calls going to SMC-R.
 fn follow(sock: &Sock) {
     if let Sock::Smc(c) = sock {
+        if let Some(d) = c.stream.driver() {
+            let _ = c.pair.driver.set(d);
+        }
         c.stream.set_readiness(Box::new(PairSink(c.pair.clone())));
     }
 }

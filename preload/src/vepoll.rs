@@ -211,7 +211,7 @@ const BITS: [u32; 5] = [
     libc::EPOLLERR as u32,
 ];
 
-fn events_of(state: u32) -> u32 {
+pub(crate) fn events_of(state: u32) -> u32 {
     BITS.iter()
         .enumerate()
         .filter(|(i, _)| state & (1 << i) != 0)

@@ -1460,6 +1460,11 @@ impl LinkGroup {
 
     /// Wakes the blocking driver, if there is one and it is not this thread's own handling
     /// (its sleep ends; it re-checks its condition).
+    /// Wakes whoever sleeps on the group's driver descriptor (see [`crate::Driver::kick`]).
+    pub(crate) fn kick_drivers(&self) {
+        self.cq.kick_driver();
+    }
+
     pub(crate) fn kick_blocking_driver(&self) {
         if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
             self.cq.kick_driver();

@@ -201,6 +201,14 @@ impl Driver {
         self.id
     }
 
+    /// Makes [`Self::fd`] readable: a thread waiting on it (with the group's other
+    /// descriptors of its call) wakes and looks again, for a change no completion brought.
+    pub fn kick(&self) {
+        if let Some(lg) = self.lg.upgrade() {
+            lg.kick_drivers();
+        }
+    }
+
     /// Handles what the link group has received, on the calling thread, unless another thread
     /// is doing so; never blocks. Returns false once the group is gone.
     pub fn progress(&self) -> bool {

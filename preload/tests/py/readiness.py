@@ -819,6 +819,32 @@ def g_sets():
         fail("shut down by another thread while one sleeps", f"epoll gives {show(got)}")
     ok("shut down by another thread while one sleeps: it wakes")
     w.close()
+    # The same with poll() and select() asleep.
+    c3, s3 = connect(l)
+    got = []
+    t = threading.Thread(target=lambda: got.append(poll_mask(s3, 10, select.POLLIN)))
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    s3.shutdown(socket.SHUT_RD)
+    t.join()
+    took = time.monotonic() - t0
+    if not got or not got[0] & IN or took > ARRIVE / 2:
+        fail("poll() asleep, the socket shut down by another thread",
+             f"poll gives {got} after {took:.2f} s")
+    ok("poll() asleep, the socket shut down by another thread: it wakes")
+    c4, s4 = connect(l)
+    got = []
+    t = threading.Thread(target=lambda: got.append(select.select([s4], [], [], ARRIVE)[0]))
+    t.start()
+    time.sleep(0.2)
+    c4.send(b"w")
+    t.join()
+    if got != [[s4]]:
+        fail("select() asleep, data arrives", f"select gives {got}")
+    ok("select() asleep, data arrives: readable")
+    for x in (c3, s3, c4, s4):
+        x.close()
     # Many ready sockets, one event per call: each comes in turn.
     pairs = [connect(l) for _ in range(5)]
     many = select.epoll()
