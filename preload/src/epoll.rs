@@ -58,7 +58,7 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
             .get(&fd)
             .is_some_and(|r| r.iter().any(|(e, _)| *e == epfd));
         if let Some(r) = crate::vepoll::ctl(epfd, op, fd, ev, &c.pair, kernel_has) {
-            if r == 0 && op != libc::EPOLL_CTL_DEL && !drive_with(epfd, fd) {
+            if r == 0 && op != libc::EPOLL_CTL_DEL && !drive_stream(epfd, &c.stream) {
                 // Without the group's descriptor in the set nothing would wake it: the
                 // kernel keeps this one.
                 let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, &c.pair, false);
@@ -152,14 +152,25 @@ fn drive_with(epfd: i32, fd: i32) -> bool {
     let crate::shim::Sock::Smc(c) = &*sock else {
         return false;
     };
-    let Some(d) = c.stream.driver() else {
+    drive_stream(epfd, &c.stream)
+}
+
+/// [`drive_with`] for a connection in hand.
+fn drive_stream(epfd: i32, stream: &smcr::SmcStream) -> bool {
+    if !app_drive() {
+        return false;
+    }
+    let Some(id) = stream.group_id() else {
         return false;
     };
     let mut m = DRIVERS.lock();
-    let key = (epfd, d.id());
+    let key = (epfd, id);
     if m.contains_key(&key) {
         return true;
     }
+    let Some(d) = stream.driver() else {
+        return false;
+    };
     let rx = d.rx_fd().filter(|&s| watch_rx(epfd, s));
     let mut ev = libc::epoll_event {
         // Edge-triggered (nobody needs to drain it) and exclusive: when several threads wait on

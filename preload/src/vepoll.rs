@@ -17,7 +17,7 @@
 //! the pairs, which are then kept in step.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +47,9 @@ struct Reg {
 
 struct Set {
     regs: Vec<Reg>,
+    /// Where each registered descriptor is in `regs` (applications such as redis-benchmark
+    /// modify a registration several times per request: no scan of the set for that).
+    at: HashMap<i32, usize>,
     /// In the set (edge-triggered): written when a registered socket becomes ready outside
     /// this set's `epoll_wait`.
     kick: OwnedFd,
@@ -100,9 +103,7 @@ pub(crate) fn ctl(
     // which take the lock held here.
     let _own = crate::guard::Bypass::new();
     let mut sets = SETS.lock();
-    let known = sets
-        .get(&epfd)
-        .is_some_and(|s| s.regs.iter().any(|r| r.fd == fd));
+    let known = sets.get(&epfd).is_some_and(|s| s.at.contains_key(&fd));
     let fail = |e: i32| {
         crate::guard::set_errno(e);
         Some(-1)
@@ -134,13 +135,14 @@ pub(crate) fn ctl(
                 },
             };
             let seen = pair.rises();
-            if let Some(r) = set.regs.iter_mut().find(|r| r.fd == fd) {
+            if let Some(r) = set.at.get(&fd).map(|&i| &mut set.regs[i]) {
                 r.events = ev.events;
                 r.data = ev.u64;
                 r.seen = seen;
                 r.fresh = true;
                 r.armed = true;
             } else {
+                set.at.insert(fd, set.regs.len());
                 set.regs.push(Reg {
                     fd,
                     pid: crate::table::pid(),
@@ -169,11 +171,23 @@ pub(crate) fn ctl(
                 return None;
             }
             let set = sets.get_mut(&epfd).expect("known");
-            set.regs.retain(|r| r.fd != fd);
+            set.remove(fd);
             pair.watched_by(epfd, false);
             Some(0)
         }
         _ => fail(libc::EINVAL),
+    }
+}
+
+impl Set {
+    /// Takes `fd`'s registration out (the last one moves into its place).
+    fn remove(&mut self, fd: i32) -> Option<Reg> {
+        let i = self.at.remove(&fd)?;
+        let r = self.regs.swap_remove(i);
+        if let Some(moved) = self.regs.get(i) {
+            self.at.insert(moved.fd, i);
+        }
+        Some(r)
     }
 }
 
@@ -196,6 +210,7 @@ fn new_set(epfd: i32) -> std::io::Result<Set> {
     }
     Ok(Set {
         regs: Vec::new(),
+        at: HashMap::new(),
         kick,
         next: 0,
     })
@@ -291,13 +306,9 @@ pub(crate) fn forget_fd(fd: i32) {
     }
     let mut sets = SETS.lock();
     for (epfd, set) in sets.iter_mut() {
-        set.regs.retain(|r| {
-            let keep = r.fd != fd;
-            if !keep {
-                r.pair.watched_by(*epfd, false);
-            }
-            keep
-        });
+        if let Some(r) = set.remove(fd) {
+            r.pair.watched_by(*epfd, false);
+        }
     }
 }
 

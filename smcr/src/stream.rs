@@ -857,6 +857,12 @@ impl SmcStream {
         &self.mode
     }
 
+    /// The id of the link group this connection runs on (`None` for TCP): what
+    /// [`Driver::id`] would say, without making one.
+    pub fn group_id(&self) -> Option<u64> {
+        self.smc.as_ref().map(|smc| u64::from(smc.lg.id))
+    }
+
     /// What an application thread needs to do this connection's link-group work itself
     /// (`None` for a plain TCP connection). See [`Driver`].
     pub fn driver(&self) -> Option<Driver> {

@@ -861,6 +861,30 @@ def g_sets():
     if seen != want:
         fail("five ready sockets, maxevents 1", f"saw {sorted(seen)} of {sorted(want)}")
     ok("five ready sockets, maxevents 1: each reported in turn")
+    # Registrations taken out of the middle and the front: the others keep theirs (events,
+    # data), can be modified and deleted, and a deleted one is unknown.
+    gone = {pairs[2][1].fileno(), pairs[0][1].fileno()}
+    for fd in (pairs[2][1].fileno(), pairs[0][1].fileno()):
+        many.unregister(fd)
+    left = [srv for _, srv in pairs if srv.fileno() not in gone]
+    for srv in left:
+        many.modify(srv.fileno(), IN | OUT)
+    got = dict(many.poll(ARRIVE))
+    if set(got) != {srv.fileno() for srv in left} or any(m != IN | OUT for m in got.values()):
+        fail("after deleting two of five, the other three modified", f"epoll gives {show(got.items())}")
+    for fd in gone:
+        try:
+            many.modify(fd, IN)
+            fail("MOD of a deleted registration", "no error")
+        except FileNotFoundError:
+            pass
+    many.unregister(left[-1].fileno())
+    many.register(pairs[2][1].fileno(), OUT)
+    got = dict(many.poll(ARRIVE))
+    want = {left[0].fileno(): IN | OUT, left[1].fileno(): IN | OUT, pairs[2][1].fileno(): OUT}
+    if got != want:
+        fail("deleted, added again", f"epoll gives {show(got.items())}, want {show(want.items())}")
+    ok("registrations deleted from the middle of a set: the rest keep theirs")
     for x in [many, ep, c, s, c2, s2, l] + [y for p in pairs for y in p]:
         x.close()
 
