@@ -104,7 +104,12 @@ pub struct Options {
     pub smoke: bool,
     /// Only these setups (and their baselines).
     pub only: Vec<Setup>,
+    /// Only these workloads (names in [`WORKLOADS`]; all when empty).
+    pub workloads: Vec<&'static str>,
 }
+
+/// The workloads, as `--workloads` names them.
+pub const WORKLOADS: [&str; 5] = ["redis", "sockperf", "iperf3", "connections", "memory"];
 
 const SERVER_ADDR_LOCAL: &str = "127.0.0.2";
 const NS_A: &str = "10.78.0.1";
@@ -554,15 +559,37 @@ fn rss_kib(pid: u32) -> Result<f64> {
         .context("no VmRSS")
 }
 
-/// CPU time a process used so far, ms (user + system).
-fn cpu_ms(pid: u32) -> Result<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = &s[s.rfind(')').context("stat")? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks * 1000.0 / hz)
+/// CPU time each thread of a process used so far, ns, by thread id (the scheduler's own
+/// account in `schedstat`: exact, where `stat`'s user and system times move in 10 ms ticks
+/// charged to whoever runs when the tick comes).
+fn cpu_ns(pid: u32) -> Result<std::collections::HashMap<u32, u64>> {
+    let mut out = std::collections::HashMap::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let e = e?;
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // A thread that ended since the listing has no file any more: it used nothing after.
+        let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
+            continue;
+        };
+        let ns = s.split_whitespace().next().and_then(|v| v.parse().ok());
+        out.insert(tid, ns.context("schedstat")?);
+    }
+    Ok(out)
+}
+
+/// CPU ms a process's threads used between two [`cpu_ns`] readings (threads that ended
+/// between them are not counted: what they ran in the window is lost, a few system calls).
+fn cpu_ms_between(
+    before: &std::collections::HashMap<u32, u64>,
+    after: &std::collections::HashMap<u32, u64>,
+) -> f64 {
+    let ns: u64 = after
+        .iter()
+        .map(|(tid, &a)| a.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+        .sum();
+    ns as f64 / 1e6
 }
 
 /// Memory per connection and for the first connection (link group, device, engine), on the
@@ -608,9 +635,9 @@ fn memory_and_idle(
     writeln!(input, "more")?;
     expect(&mut lines, "all")?;
     let (s2, c2) = (rss_kib(spid)?, rss_kib(cpid)?);
-    let (sc, cc) = (cpu_ms(spid)?, cpu_ms(cpid)?);
+    let (sc, cc) = (cpu_ns(spid)?, cpu_ns(cpid)?);
     std::thread::sleep(idle);
-    let idle_ms = (cpu_ms(spid)? - sc) + (cpu_ms(cpid)? - cc);
+    let idle_ms = cpu_ms_between(&sc, &cpu_ns(spid)?) + cpu_ms_between(&cc, &cpu_ns(cpid)?);
     env.check(s, &server.0, n as u64, "memory and idle")?;
     drop(input);
     let secs = idle.as_secs_f64();
@@ -745,7 +772,7 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
     ));
     let idle = Duration::from_secs(if opt.smoke { 1 } else { 10 });
     workloads.push((
-        "memory and idle",
+        "memory",
         Box::new(move |env: &Env, s: Setup| {
             let v = memory_and_idle(env, s, 100, idle)
                 .with_context(|| format!("memory and idle ({})", s.name()))?;
@@ -755,9 +782,10 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
             Ok(v)
         }),
     ));
+    workloads.retain(|(w, _)| opt.workloads.is_empty() || opt.workloads.contains(w));
     for (what, w) in &workloads {
         // Memory and idle CPU are not noisy the same way, and each run idles for a while.
-        let reps = if *what == "memory and idle" { 1 } else { reps };
+        let reps = if *what == "memory" { 1 } else { reps };
         for rep in 0..reps {
             eprintln!("== {what} ({}/{reps})", rep + 1);
             for &s in &setups {
@@ -941,6 +969,18 @@ pub fn parse_setups(list: &str) -> Result<Vec<Setup>> {
                 .into_iter()
                 .find(|s| s.name() == n.trim())
                 .with_context(|| format!("unknown setup {n:?}"))
+        })
+        .collect()
+}
+
+/// Parses `--workloads a,b`.
+pub fn parse_workloads(list: &str) -> Result<Vec<&'static str>> {
+    list.split(',')
+        .map(|n| {
+            WORKLOADS
+                .into_iter()
+                .find(|w| *w == n.trim())
+                .with_context(|| format!("unknown workload {n:?}; workloads: {WORKLOADS:?}"))
         })
         .collect()
 }

@@ -153,6 +153,9 @@ pub(crate) struct CqShared {
     /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
     /// turns their ring entries into completions.
     pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<QpShared>>>,
+    /// Set by `CompletionQueue::kick`: a poller in `wait_ready` returns to recompute its
+    /// timers rather than sleeping on to its old deadline.
+    pub(crate) kicked: AtomicBool,
 }
 
 /// Sleepers of a CQ (see [`CqShared`]).
@@ -190,6 +193,7 @@ impl CqShared {
             spin_fails: AtomicU32::new(0),
             sleepers: Mutex::new(Sleepers::default()),
             shm_qps: Mutex::new(Vec::new()),
+            kicked: AtomicBool::new(false),
         })
     }
 

@@ -270,8 +270,9 @@ impl CompletionQueue {
     }
 
     /// Makes [`Self::fd`] readable without a completion: wakes a thread waiting on it (a
-    /// poller in [`Self::wait_ready`]) so it looks again.
+    /// poller in [`Self::wait_ready`], which then returns so that it looks again).
     pub fn kick(&self) {
+        self.shared.kicked.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.shared.event, &1u64.to_ne_bytes());
     }
 
@@ -387,10 +388,13 @@ impl CompletionQueue {
                 return Ok(false);
             }
             let driven = self.driven();
+            if self.shared.kicked.swap(false, Ordering::SeqCst) {
+                return Ok(false);
+            }
             self.guard.shared.wait_cq(&self.shared, left)?;
             // Driven before or now (a drive began while we slept, and the kick that woke us
-            // says so): the caller decides anew.
-            if driven || self.driven() {
+            // says so), or kicked: the caller decides anew.
+            if driven || self.driven() || self.shared.kicked.swap(false, Ordering::SeqCst) {
                 return Ok(false);
             }
         }

@@ -142,6 +142,14 @@ impl<C: Clone> LgrCore<C> {
         self.conns.get(&token)
     }
 
+    /// When the linger timer will delete the group, if it runs (no connections, nothing held).
+    pub fn linger_deadline(&self) -> Option<Instant> {
+        if !self.conns.is_empty() || !self.held.is_empty() {
+            return None;
+        }
+        self.idle_since.map(|t| t + self.linger)
+    }
+
     /// Whether the idle group's linger time is over (nothing attached or promised).
     pub fn linger_expired(&self, now: Instant) -> bool {
         self.conns.is_empty()

@@ -21,6 +21,7 @@ pub mod policy;
 pub mod runtime;
 pub mod stats;
 mod stream;
+mod tcpwatch;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 pub mod view;

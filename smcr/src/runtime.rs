@@ -692,6 +692,9 @@ struct Hold {
 /// before the DELETE LINK: the transport's retries (7 × ~134 ms) fit.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
+/// The longest a link group's poller sleeps when no timer is due.
+const IDLE_WAIT: Duration = Duration::from_secs(30);
+
 /// Holders asleep this long leave the poller on its long timer (they kick it when they wake).
 const HOLD_IDLE: Duration = Duration::from_millis(5);
 
@@ -748,10 +751,10 @@ struct LgState {
     orderly: bool,
     /// Connections by token, promised tokens, SEND slots, linger (sans-IO, `crate::lgr`).
     core: LgrCore<Arc<ConnShared>>,
-    /// A duplicate of each connection's TCP socket: a hang-up there without an SMC-R close
-    /// makes the poller probe the link (a killed peer process is found within seconds).
-    watch: HashMap<u32, OwnedFd>,
-    next_watch: Instant,
+    /// A duplicate of each connection's TCP socket, watched for a hang-up (`tcpwatch`): one
+    /// without an SMC-R close makes the group probe the link (a killed peer process is found
+    /// within seconds).
+    watch: HashMap<u32, crate::tcpwatch::Watched>,
     /// RMBs and send buffers of closed connections, reused by later ones (Linux keeps them in
     /// the link group too). An entry is free once no connection holds it any more.
     rmb_pool: Vec<Arc<MemoryRegion>>,
@@ -843,7 +846,6 @@ impl LinkGroup {
                     Instant::now(),
                 ),
                 watch: HashMap::new(),
-                next_watch: Instant::now(),
                 rmb_pool: Vec::new(),
                 sndbuf_pool: Vec::new(),
                 confirmed: HashSet::new(),
@@ -1035,11 +1037,12 @@ impl LinkGroup {
         self.st.lock().core.unpromise(token);
     }
 
-    pub(crate) fn attach(&self, token: u32, c: Arc<ConnShared>, tcp: Option<OwnedFd>) {
+    pub(crate) fn attach(self: &Arc<Self>, token: u32, c: Arc<ConnShared>, tcp: Option<OwnedFd>) {
+        let watched = tcp.map(|fd| crate::tcpwatch::watch(self, token, fd));
         let early = {
             let mut st = self.st.lock();
-            if let Some(fd) = tcp {
-                st.watch.insert(token, fd);
+            if let Some(w) = watched {
+                st.watch.insert(token, w);
             }
             let early = st.core.attach(token, c.clone());
             self.publish_conns(&st);
@@ -1246,10 +1249,14 @@ impl LinkGroup {
             let wait = {
                 let st = self.st.lock();
                 let next = st.link.as_ref().and_then(LinkCore::poll_timeout);
-                let cap = if st.watch.is_empty() { 500 } else { 200 };
-                let wait = next.map_or(Duration::from_millis(cap), |t| {
-                    t.saturating_duration_since(Instant::now())
-                        .min(Duration::from_millis(cap))
+                let next = match (next, st.core.linger_deadline()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                // Nothing is due: sleep until something arrives (an idle program uses no
+                // CPU); the cap only bounds what a missed wake-up could cost.
+                let wait = next.map_or(IDLE_WAIT, |t| {
+                    t.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
                 });
                 drop(st);
                 self.check_hold(wait)
@@ -1580,7 +1587,6 @@ impl LinkGroup {
                 }
             }
             let st = &mut *st;
-            self.check_tcp(st, now);
             if st.core.linger_expired(now)
                 && let Some(l) = st.link.as_mut()
             {
@@ -1827,38 +1833,25 @@ impl LinkGroup {
         self.publish_conns(&st);
     }
 
-    /// Polls the watched TCP sockets (at most every 200 ms); on a hang-up of a connection the
-    /// peer has not closed, probes the link.
-    fn check_tcp(&self, st: &mut LgState, now: Instant) {
-        if now < st.next_watch || st.watch.is_empty() {
+    /// The TCP connection under `token` hung up (seen by `tcpwatch`): unless the connection
+    /// closed meanwhile, the link is probed (TEST LINK): a peer whose process died does not
+    /// answer, and the group fails.
+    pub(crate) fn tcp_hung_up(&self, token: u32) {
+        let mut guard = self.st.lock();
+        let st = &mut *guard;
+        if st.watch.remove(&token).is_none() {
             return;
         }
-        st.next_watch = now + Duration::from_millis(200);
-        let tokens: Vec<u32> = st.watch.keys().copied().collect();
-        let mut fds: Vec<libc::pollfd> = tokens
-            .iter()
-            .map(|t| libc::pollfd {
-                fd: st.watch[t].as_raw_fd(),
-                events: libc::POLLRDHUP,
-                revents: 0,
-            })
-            .collect();
-        // SAFETY: fds is a valid array of pollfd for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        if n <= 0 {
-            return;
-        }
-        let hung_up = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
-        let mut probe = false;
-        for (t, f) in tokens.iter().zip(&fds) {
-            if f.revents & hung_up != 0 {
-                st.watch.remove(t);
-                probe = true;
+        if let Some(l) = st.link.as_mut() {
+            l.probe(Instant::now());
+            while let Some(m) = l.poll_transmit() {
+                st.llc_out.push_back(m);
             }
         }
-        if probe && let Some(l) = st.link.as_mut() {
-            l.probe(now);
-        }
+        self.flush_llc(st);
+        drop(guard);
+        // The poller, asleep on its long timer, learns the probe's deadline.
+        self.cq.kick();
     }
 
     /// Deletes the link group (DELETE LINK to the peer) and stops its poller.

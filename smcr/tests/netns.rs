@@ -393,6 +393,59 @@ fn killed_server_fails_the_client_promptly() {
     assert!(after < std::time::Duration::from_secs(10), "{after:?}");
 }
 
+/// A client that only waits to read learns promptly that the server's process died: the
+/// kernel closes the TCP connection under the SMC-R one, the group's TCP watch sees it at once
+/// and probes the link, and the probe finds nobody.
+#[test]
+fn killed_server_fails_an_idle_reader_promptly() {
+    if !privileged("netns kill idle") {
+        return;
+    }
+    use std::io::{BufRead, Read};
+    let install = TestInstall::new("killidle");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7401).into();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sink_server_child", "--ignored", "--nocapture"])
+        .env("SMCR_TEST_NETNS", &net.b)
+        .env("SMCR_TEST_BPF_DIR", &install.0)
+        .env("SMCR_TEST_ADDR", addr.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().contains("READY")));
+    let pid = child.id() as i32;
+    let rt = runtime(&install);
+    let client = in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }));
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            std::time::Instant::now()
+        });
+        let r = c.read(&mut [0u8; 16]);
+        let killed_at = killer.join().unwrap();
+        (r.map_err(|e| e.kind()), killed_at.elapsed())
+    });
+    let (r, after) = client.join().unwrap();
+    let _ = child.wait();
+    eprintln!("idle reader saw {r:?} {after:?} after the kill");
+    assert!(
+        matches!(
+            r,
+            Ok(0)
+                | Err(std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe)
+        ),
+        "{r:?}"
+    );
+    assert!(after < std::time::Duration::from_secs(5), "{after:?}");
+}
+
 /// Run as a child process by `restarted_client_gets_a_new_link_group`: connects, reports, waits
 /// to be killed.
 #[test]

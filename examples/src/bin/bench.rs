@@ -1,4 +1,5 @@
-//! `bench apps [--quick|--smoke] [--only SETUPS] [--json FILE] [--svg FILE]` (root): real programs
+//! `bench apps [--quick|--smoke] [--only SETUPS] [--workloads W,..] [--json FILE] [--svg FILE]`
+//! (root): real programs
 //! (redis-benchmark, sockperf, iperf3, a connect+echo+close loop) over plain TCP, smcr on one
 //! host, both across two namespaces, and smcr fallback, with ratios (see
 //! `examples::app_bench`).
@@ -186,6 +187,10 @@ fn main() -> Result<()> {
                 Some(l) => app_bench::parse_setups(&l)?,
                 None => Vec::new(),
             },
+            workloads: match arg("--workloads") {
+                Some(l) => app_bench::parse_workloads(&l)?,
+                None => Vec::new(),
+            },
         };
         let metrics = app_bench::run(&opt)?;
         print!("{}", app_bench::table(&metrics));
@@ -206,7 +211,7 @@ fn main() -> Result<()> {
     }
     ensure!(
         what == "rdma",
-        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       bench apps [--quick] [--only SETUPS] [--json FILE] [--svg FILE]"
+        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       bench apps [--quick] [--only SETUPS] [--workloads W,..] [--json FILE] [--svg FILE]"
     );
     let (bytes, runs, iters) = if quick {
         (256u64 << 20, 3, 2000)
