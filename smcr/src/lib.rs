@@ -29,6 +29,7 @@ pub mod view;
 pub use clc::DeclineReason;
 /// Threads that leave the application's signals to the application (see [`rdma::thread`]).
 pub use rdma::thread;
+pub use rdma::{DeviceStats, FaultConfig};
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,

@@ -290,6 +290,12 @@ impl LinkCore {
         )
     }
 
+    /// Rkey requests queued or awaiting an answer: each is answered, or given up after
+    /// [`LLC_WAIT`] from when it is sent, one after the other.
+    pub fn rkey_backlog(&self) -> usize {
+        self.rkey_queue.len() + usize::from(self.rkey_outstanding.is_some())
+    }
+
     fn rkey_request(&mut self, body: Llc, now: Instant) -> u64 {
         let id = self.next_rkey_id;
         self.next_rkey_id += 1;

@@ -101,6 +101,9 @@ pub struct RuntimeConfig {
     /// unused, CONFIRM RKEY at its next use). Either way a peer sees valid rkeys only: Linux
     /// looks an rkey up in its rtoken table and keeps entries it is not told to delete.
     pub rkey_reuse: bool,
+    /// Faults the RoCE engine injects into the packets it sends (tests; `None`: the
+    /// `SMCR_RDMA_FAULTS` environment variable decides, as for any device).
+    pub faults: Option<rdma::FaultConfig>,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -143,6 +146,7 @@ impl RuntimeConfig {
             app_hold: Duration::from_millis(1),
             write_pad: true,
             rkey_reuse: true,
+            faults: None,
         }
     }
 }
@@ -387,6 +391,16 @@ impl Runtime {
         out
     }
 
+    /// The counters of each RoCE device (local address) this runtime opened.
+    pub fn device_stats(&self) -> Vec<(Ipv4Addr, rdma::DeviceStats)> {
+        self.inner
+            .devices
+            .lock()
+            .iter()
+            .map(|(ip, d)| (*ip, d.device.stats()))
+            .collect()
+    }
+
     /// First-contact link confirmations (CONFIRM LINK exchanges) so far.
     pub fn links_confirmed(&self) -> u32 {
         self.inner.links_confirmed.load(Ordering::Relaxed)
@@ -466,7 +480,9 @@ impl Inner {
         if let Some(d) = devs.get(&ip) {
             return Ok(d.clone());
         }
-        let device = Device::open(DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port)))?;
+        let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
+        dcfg.faults = self.cfg.faults;
+        let device = Device::open(dcfg)?;
         let o = ip.octets();
         let d = Arc::new(Dev {
             ip,
@@ -1704,13 +1720,19 @@ impl LinkGroup {
             return Err(io::Error::other("link not started"));
         };
         let id = l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now());
+        // The link answers every request (the peer's answer, its LLC_WAIT timer once sent,
+        // or the link going down), one request at a time: ours may wait behind the others
+        // (many connections set up at once over a slow path). The deadline only bounds a
+        // bug. (Was LLC_WAIT + 1 s from now: 65 connections at once over a 20 ms path timed
+        // out in the queue and deleted a healthy group.)
+        let backlog = l.rkey_backlog() as u32;
         self.count_rkey_request();
         while let Some(m) = l.poll_transmit() {
             st.llc_out.push_back(m);
         }
         st.rkey_waiting.insert(id);
         self.flush_llc(st);
-        let deadline = Instant::now() + link::LLC_WAIT + Duration::from_secs(1);
+        let deadline = Instant::now() + link::LLC_WAIT * backlog + Duration::from_secs(1);
         loop {
             if let Some(ok) = guard.rkey_results.remove(&id) {
                 return if ok {

@@ -25,7 +25,10 @@ pub struct FaultConfig {
     pub corrupt: f64,
     /// Fixed delay added to every packet.
     pub delay: Duration,
-    /// Random extra delay, uniform in `[0, jitter]`.
+    /// Random extra delay, uniform in `[0, jitter]`. It varies the delay as a queue on the
+    /// path would, without reordering: a packet never leaves before the one sent before it
+    /// (reordering is `reorder`'s; go-back-N RC over a path that reorders most packets
+    /// retransmits most of them).
     pub jitter: Duration,
     /// How long a reordered packet is held back (uniform in `[0, reorder_delay]`).
     pub reorder_delay: Duration,
@@ -149,6 +152,9 @@ pub(crate) struct FaultInjector {
     state: u64,
     seq: u64,
     held: BinaryHeap<Reverse<(Instant, u64, Held)>>,
+    /// When the last packet not picked for reordering is due: the next one is not due
+    /// before it (jitter keeps the order).
+    last_due: Option<Instant>,
     pub(crate) stats: FaultStats,
 }
 
@@ -177,6 +183,7 @@ impl FaultInjector {
             state: cfg.seed,
             seq: 0,
             held: BinaryHeap::new(),
+            last_due: None,
             stats: FaultStats::default(),
         }
     }
@@ -227,11 +234,18 @@ impl FaultInjector {
         };
         for c in 0..copies {
             let mut delay = self.cfg.delay + self.uniform(self.cfg.jitter);
+            if !self.cfg.jitter.is_zero()
+                && let Some(last) = self.last_due
+            {
+                delay = delay.max(last.saturating_duration_since(now));
+            }
             if c == 0 && self.chance(self.cfg.reorder) {
                 self.stats.reordered += 1;
                 delay += self
                     .uniform(self.cfg.reorder_delay)
                     .max(Duration::from_micros(1));
+            } else {
+                self.last_due = Some(now + delay);
             }
             let pkt = if c + 1 == copies {
                 std::mem::take(&mut bytes)
@@ -314,5 +328,41 @@ mod tests {
             assert!((800..1200).contains(&x), "{a:?}");
         }
         assert_eq!(n as u64, a.packets - a.dropped + a.duplicated);
+    }
+
+    #[test]
+    fn jitter_varies_the_delay_but_keeps_the_order() {
+        let cfg = FaultConfig {
+            delay: Duration::from_millis(20),
+            jitter: Duration::from_millis(5),
+            ..FaultConfig::default()
+        };
+        let mut f = FaultInjector::new(cfg);
+        let t0 = Instant::now();
+        let dst = SocketAddrV4::new([127, 0, 0, 1].into(), 1);
+        let mut out = vec![];
+        for i in 0..1000u32 {
+            // One packet every 10 us: far closer than the jitter.
+            f.process(
+                t0 + Duration::from_micros(10 * u64::from(i)),
+                dst,
+                i.to_be_bytes().to_vec(),
+                &mut out,
+            );
+        }
+        assert!(out.is_empty(), "nothing before the delay");
+        f.release(t0 + Duration::from_millis(20), &mut out);
+        let early = out.len();
+        assert!(early < 1000, "the delay holds them");
+        f.release(t0 + Duration::from_secs(1), &mut out);
+        let order: Vec<u32> = out
+            .iter()
+            .map(|r| u32::from_be_bytes(r.bytes[..4].try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            order,
+            (0..1000).collect::<Vec<_>>(),
+            "jitter reordered packets"
+        );
     }
 }

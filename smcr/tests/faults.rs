@@ -1,0 +1,403 @@
+//! Issue 8, faults on the wire: two network namespaces joined by veth; loss, duplication and
+//! corruption made by nftables on the veth (this kernel has no netem), reordering and delay by
+//! the engine's own fault injector. Under each, many connections and one large transfer
+//! arrive intact (every byte checked against a pattern, both directions), and no reader waits
+//! longer than the transport's timers allow.
+//!
+//! Sizes: CI moves 64 connections × 1 MiB and one 64 MiB transfer per case;
+//! `SMCR_FAULT_FULL=1` moves the issue's 64 × 16 MiB and 1 GiB (docs/reliability.md: at those
+//! sizes 5% loss, reordering and delay still fail — later connections' setup times out while
+//! CONFIRM RKEY exchanges, one at a time per link, wait behind the first ones' data).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{NetPair, TestInstall, have_tool, in_netns, privileged};
+use smcr::{FaultConfig, Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
+
+/// The longest a reader may wait for the next bytes. The transport retransmits after ~134 ms
+/// (with backoff when the retransmission is lost too); with 5% loss in each direction a few
+/// losses in a row happen, and the delay case adds its 20–25 ms each way. Far below the link's
+/// probe and keepalive times: a stall this long means something waited for a timer it should
+/// not have needed.
+const MAX_STALL: Duration = Duration::from_secs(3);
+
+fn runtime(install: &TestInstall, faults: Option<FaultConfig>) -> Runtime {
+    let mut cfg = RuntimeConfig::new();
+    cfg.negotiation = Negotiation::TcpOption {
+        dir: install.0.clone(),
+    };
+    cfg.faults = faults;
+    Runtime::new(cfg)
+}
+
+fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        let p = pos + i as u64;
+        *b = ((p ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8;
+    }
+}
+
+/// Sends `total` bytes of `pattern(seed)` and half-closes.
+fn send_pattern(c: &mut SmcStream, seed: u64, total: u64) {
+    let mut chunk = vec![0u8; 128 * 1024 + 13];
+    let mut pos = 0u64;
+    while pos < total {
+        let n = chunk.len().min((total - pos) as usize);
+        pattern(seed, pos, &mut chunk[..n]);
+        c.write_all(&chunk[..n])
+            .unwrap_or_else(|e| panic!("seed {seed}: write at {pos}: {e}"));
+        pos += n as u64;
+    }
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+}
+
+/// Reads to EOF checking `pattern(seed)`; returns the byte count and the longest wait for a
+/// read.
+fn check_pattern(s: &mut SmcStream, seed: u64) -> (u64, Duration) {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut want = vec![0u8; buf.len()];
+    let mut pos = 0u64;
+    let mut longest = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("seed {seed}: read at {pos}: {e}"));
+        longest = longest.max(t.elapsed());
+        if n == 0 {
+            return (pos, longest);
+        }
+        pattern(seed, pos, &mut want[..n]);
+        assert!(buf[..n] == want[..n], "seed {seed}: corrupt data at {pos}");
+        pos += n as u64;
+    }
+}
+
+struct Sizes {
+    conns: u64,
+    each: u64,
+    big: u64,
+}
+
+fn sizes() -> Sizes {
+    if std::env::var("SMCR_FAULT_FULL").as_deref() == Ok("1") {
+        Sizes {
+            conns: 64,
+            each: 16 << 20,
+            big: 1 << 30,
+        }
+    } else {
+        Sizes {
+            conns: 64,
+            each: 1 << 20,
+            big: 64 << 20,
+        }
+    }
+}
+
+/// What one case saw.
+struct Outcome {
+    bytes: u64,
+    secs: f64,
+    longest_wait: Duration,
+    client: smcr::DeviceStats,
+    server: smcr::DeviceStats,
+}
+
+fn stats_of(rt: &Runtime) -> smcr::DeviceStats {
+    rt.device_stats()
+        .into_iter()
+        .map(|(_, s)| s)
+        .next()
+        .unwrap_or_default()
+}
+
+/// Every client connection sends its stream to the server, which checks it, answers with the
+/// count and sends a stream back (1 MiB) that the client checks. The last connection is the
+/// big one.
+fn transfer(
+    net: &NetPair,
+    install: &TestInstall,
+    port: u16,
+    faults: Option<FaultConfig>,
+) -> Outcome {
+    let sz = sizes();
+    let addr: SocketAddr = (net.addr_b, port).into();
+    let (tx, rx) = mpsc::channel();
+    let conns = sz.conns;
+    let server = {
+        let rt = runtime(install, faults);
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let mut handles = Vec::new();
+            for _ in 0..conns + 1 {
+                let (mut s, _) = l.accept().unwrap();
+                assert!(matches!(s.mode(), Mode::SmcR { .. }), "{:?}", s.mode());
+                handles.push(std::thread::spawn(move || {
+                    let mut seed = [0u8; 8];
+                    s.read_exact(&mut seed).unwrap();
+                    let seed = u64::from_le_bytes(seed);
+                    let (got, longest) = check_pattern(&mut s, seed);
+                    s.write_all(&got.to_le_bytes()).unwrap();
+                    send_pattern(&mut s, !seed, 1 << 20);
+                    (got, longest)
+                }));
+            }
+            let mut total = 0;
+            let mut longest = Duration::ZERO;
+            for h in handles {
+                let (got, l) = h.join().unwrap();
+                total += got;
+                longest = longest.max(l);
+            }
+            let stats = stats_of(&rt);
+            rt.shutdown();
+            (total, longest, stats)
+        })
+    };
+    rx.recv().unwrap();
+    let rt = runtime(install, faults);
+    let (each, big) = (sz.each, sz.big);
+    let client = in_netns(&net.a, move || {
+        let t0 = Instant::now();
+        let mut handles = Vec::new();
+        for i in 0..conns + 1 {
+            let rt = rt.clone();
+            handles.push(std::thread::spawn(move || {
+                let (seed, total) = if i == conns { (999, big) } else { (i, each) };
+                let mut c = SmcStream::connect(&rt, addr).unwrap();
+                assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+                c.write_all(&seed.to_le_bytes()).unwrap();
+                send_pattern(&mut c, seed, total);
+                let mut got = [0u8; 8];
+                c.read_exact(&mut got).unwrap();
+                assert_eq!(u64::from_le_bytes(got), total, "seed {seed}: count");
+                let (back, longest) = check_pattern(&mut c, !seed);
+                assert_eq!(back, 1 << 20, "seed {seed}: stream back");
+                (total, longest)
+            }));
+        }
+        let mut sum = 0;
+        let mut longest = Duration::ZERO;
+        for h in handles {
+            let (n, l) = h.join().unwrap();
+            sum += n;
+            longest = longest.max(l);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let stats = stats_of(&rt);
+        rt.shutdown();
+        (sum, secs, longest, stats)
+    });
+    let (sent, secs, client_wait, client) = client.join().unwrap();
+    let (received, server_wait, server) = server.join().unwrap();
+    assert_eq!(sent, sz.conns * sz.each + sz.big);
+    assert_eq!(received, sent, "bytes the server checked");
+    Outcome {
+        bytes: received,
+        secs,
+        longest_wait: client_wait.max(server_wait),
+        client,
+        server,
+    }
+}
+
+/// Loads an nftables script into namespace `ns`.
+fn nft(ns: &str, script: &str) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(script.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft in {ns}: {}\n{script}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Packets the rule in `ns` matched (its counter).
+fn nft_matched(ns: &str) -> u64 {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "list",
+            "table",
+            "netdev",
+            "smcr_fault",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A rule on each side's veth, for RoCE packets: `hook` is ingress or egress, `stmt` what
+/// it does to them.
+fn on_both(net: &NetPair, hook: &str, stmt: &str) {
+    for (ns, dev) in [(&net.a, &net.veth_a), (&net.b, &net.veth_b)] {
+        let stmt = stmt.replace("DEV", dev);
+        nft(
+            ns,
+            &format!(
+                "table netdev smcr_fault {{ chain c {{ type filter hook {hook} device \"{dev}\" priority 0; udp dport 4791 {stmt}; }}; }}"
+            ),
+        );
+    }
+}
+
+fn report(case: &str, o: &Outcome, note: &str) {
+    eprintln!(
+        "{case}: {} MiB intact in {:.2} s ({:.2} Gbit/s), longest wait for a read {:?}; \
+         client tx {} rx {} icrc-errors {}, server tx {} rx {} icrc-errors {}{note}",
+        o.bytes >> 20,
+        o.secs,
+        o.bytes as f64 * 8.0 / o.secs / 1e9,
+        o.longest_wait,
+        o.client.tx_packets,
+        o.client.rx_packets,
+        o.client.rx_icrc_errors,
+        o.server.tx_packets,
+        o.server.rx_packets,
+        o.server.rx_icrc_errors,
+    );
+    assert!(
+        o.longest_wait < MAX_STALL,
+        "{case}: a reader waited {:?}",
+        o.longest_wait
+    );
+}
+
+/// One case at a time: the longest wait is measured, and two cases sharing the CPUs would
+/// measure each other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn setup(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, TestInstall, NetPair)> {
+    if !privileged(test) || !have_tool(test, "nft") {
+        return None;
+    }
+    let turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    Some((turn, TestInstall::new(test), NetPair::new().unwrap()))
+}
+
+#[test]
+fn one_percent_loss() {
+    let Some((_turn, install, net)) = setup("loss1") else {
+        return;
+    };
+    on_both(&net, "ingress", "numgen random mod 100 < 1 counter drop");
+    let o = transfer(&net, &install, 7500, None);
+    let dropped = nft_matched(&net.a) + nft_matched(&net.b);
+    report("1% loss", &o, &format!("; {dropped} packets dropped"));
+    assert!(dropped > 0, "the rule dropped nothing");
+}
+
+#[test]
+fn five_percent_loss() {
+    let Some((_turn, install, net)) = setup("loss5") else {
+        return;
+    };
+    on_both(&net, "ingress", "numgen random mod 100 < 5 counter drop");
+    let o = transfer(&net, &install, 7501, None);
+    let dropped = nft_matched(&net.a) + nft_matched(&net.b);
+    report("5% loss", &o, &format!("; {dropped} packets dropped"));
+    assert!(dropped > 0, "the rule dropped nothing");
+}
+
+#[test]
+fn duplication() {
+    let Some((_turn, install, net)) = setup("dup") else {
+        return;
+    };
+    // The copy leaves through the same device without passing the egress hook again.
+    on_both(
+        &net,
+        "egress",
+        "numgen random mod 100 < 3 counter dup to \"DEV\"",
+    );
+    let o = transfer(&net, &install, 7502, None);
+    let duplicated = nft_matched(&net.a) + nft_matched(&net.b);
+    report(
+        "3% duplication",
+        &o,
+        &format!("; {duplicated} packets duplicated"),
+    );
+    assert!(duplicated > 0, "the rule duplicated nothing");
+}
+
+#[test]
+fn corruption_is_caught_by_the_icrc() {
+    let Some((_turn, install, net)) = setup("corrupt") else {
+        return;
+    };
+    // Byte 24 of the UDP payload's packet (after the 8-byte UDP header: BTH 12 bytes, then
+    // the RETH, the payload or, in an ACK, the AETH and ICRC): a field the ICRC covers in
+    // every packet. Veth delivers without checking the UDP checksum, as a NIC that offloads
+    // it would not catch a corruption past its own check either: the ICRC must.
+    on_both(
+        &net,
+        "ingress",
+        "numgen random mod 100 < 1 counter @th,192,8 set 0x5a",
+    );
+    let o = transfer(&net, &install, 7503, None);
+    let rewritten = nft_matched(&net.a) + nft_matched(&net.b);
+    report(
+        "1% corruption",
+        &o,
+        &format!("; {rewritten} packets rewritten"),
+    );
+    assert!(rewritten > 0, "the rule rewrote nothing");
+    assert!(
+        o.client.rx_icrc_errors + o.server.rx_icrc_errors > 0,
+        "no corrupted packet was caught by the ICRC"
+    );
+}
+
+#[test]
+fn reordering() {
+    let Some((_turn, install, net)) = setup("reorder") else {
+        return;
+    };
+    let f = FaultConfig {
+        reorder: 0.05,
+        reorder_delay: Duration::from_millis(2),
+        seed: 11,
+        ..FaultConfig::default()
+    };
+    let o = transfer(&net, &install, 7504, Some(f));
+    report("5% reordered (held up to 2 ms)", &o, "");
+}
+
+#[test]
+fn delay_with_jitter() {
+    let Some((_turn, install, net)) = setup("delay") else {
+        return;
+    };
+    let f = FaultConfig {
+        delay: Duration::from_millis(20),
+        jitter: Duration::from_millis(5),
+        seed: 12,
+        ..FaultConfig::default()
+    };
+    let o = transfer(&net, &install, 7505, Some(f));
+    report("20 ms delay, 5 ms jitter", &o, "");
+}
