@@ -1148,6 +1148,17 @@ impl LinkGroup {
     /// `before`: requests posted ahead of the SEND in the same post (then `true` means they
     /// all ran too).
     fn post_send_slot(&self, before: &[SendWr<'_>], slot: usize, bytes: &[u8]) -> io::Result<bool> {
+        self.post_send_slot_with(before, slot, bytes, SendFlags::empty())
+    }
+
+    /// [`Self::post_send_slot`] with extra flags for the SEND.
+    fn post_send_slot_with(
+        &self,
+        before: &[SendWr<'_>],
+        slot: usize,
+        bytes: &[u8],
+        extra: SendFlags,
+    ) -> io::Result<bool> {
         let same_host = self.same_host();
         self.send_mr.write(slot * SLOT, bytes);
         let sge = [self.send_mr.sge(slot * SLOT, bytes.len())];
@@ -1159,11 +1170,12 @@ impl LinkGroup {
             // same-host link a SEND that ran when posted is done: a completion would only
             // wake our own poller. One that had to wait for ring space completes later,
             // like a SEND on the wire (so slots and autocorking still hold writers back).
-            flags: if same_host {
-                SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
-            } else {
-                SendFlags::SIGNALED | SendFlags::SOLICITED
-            },
+            flags: extra
+                | if same_host {
+                    SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
+                } else {
+                    SendFlags::SIGNALED | SendFlags::SOLICITED
+                },
         };
         let ran = if before.is_empty() {
             self.qp.post_send_report(&[send])
@@ -1253,7 +1265,16 @@ impl LinkGroup {
                 st.core.put_back(slot);
                 continue;
             }
-            if !matches!(self.post_send_slot(&[], slot, &b), Ok(false)) {
+            // LLC requests and answers go ahead of connection data that has not started to
+            // leave (a CONFIRM RKEY answer behind megabytes of data on a slow path outlived
+            // the peer's LLC_WAIT); DELETE LINK stays behind it: what was posted before it
+            // must arrive first.
+            let flags = if matches!(m.body, llc::Llc::DeleteLink(_)) {
+                SendFlags::empty()
+            } else {
+                SendFlags::EXPEDITE
+            };
+            if !matches!(self.post_send_slot_with(&[], slot, &b, flags), Ok(false)) {
                 st.core.put_back(slot);
             }
         }

@@ -152,6 +152,13 @@ bitflags! {
         /// when posted (the peer's ring was full); see
         /// [`QueuePair::post_send_report`](crate::QueuePair::post_send_report).
         const SIGNAL_IF_DEFERRED = 4;
+        /// Our extension: the request goes ahead of requests posted before it that have not
+        /// started to transmit (none of their packets was ever sent), instead of behind them.
+        /// The wire stays one in-order PSN stream; only the order of posting is not kept, so
+        /// use it only for a message that does not depend on earlier ones having arrived
+        /// (SMC-R's LLC requests and answers, so that they do not wait behind megabytes of
+        /// connection data on a slow path). Its completion may come before theirs.
+        const EXPEDITE = 8;
     }
 }
 

@@ -179,7 +179,7 @@ impl Requester {
             } => (WqeKind::Write, Some(imm), remote_addr, rkey),
             WrOpcode::RdmaRead { remote_addr, rkey } => (WqeKind::Read, None, remote_addr, rkey),
         };
-        self.wqes.push_back(SendWqe {
+        let mut wqe = SendWqe {
             wr_id,
             kind,
             imm,
@@ -191,8 +191,27 @@ impl Requester {
             first_psn: self.next_psn,
             npkts,
             read_done: 0,
-        });
+        };
         self.next_psn = self.next_psn.add(npkts);
+        if flags.contains(SendFlags::EXPEDITE) {
+            // Ahead of the first request none of whose packets was ever sent (the responder
+            // may hold any PSN before `max_sent`; after a go-back-N, `snd_psn` is behind it).
+            let sent = if self.snd_psn.is_after(self.max_sent) {
+                self.snd_psn
+            } else {
+                self.max_sent
+            };
+            if let Some(pos) = self.wqes.iter().position(|w| !w.first_psn.is_before(sent)) {
+                wqe.first_psn = self.wqes[pos].first_psn;
+                for w in self.wqes.iter_mut().skip(pos) {
+                    w.first_psn = w.first_psn.add(npkts);
+                }
+                self.wqes.insert(pos, wqe);
+                self.seek();
+                return;
+            }
+        }
+        self.wqes.push_back(wqe);
     }
 
     fn in_flight(&self) -> u32 {

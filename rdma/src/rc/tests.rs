@@ -1074,3 +1074,90 @@ fn completions_pushed_outside_the_packet_path_queue_behind_the_packet_ones() {
         .collect();
     assert_eq!(order, [7, 8]);
 }
+
+#[test]
+fn an_expedited_send_overtakes_requests_that_have_not_started() {
+    for seed in 0..4 {
+        let mut p = Pair::new(Mtu::Mtu256, 0xFF_FFF0, 0x10);
+        p.rng = Rng(seed);
+        p.faults = Faults {
+            drop: 0.05,
+            dup: 0.02,
+            reorder: 0.05,
+        };
+        let n = 20;
+        let len = 1000; // four packets at MTU 256
+        let src = Pair::mr(&p.a, n * len + 64);
+        let dst = Pair::mr(&p.b, n * len);
+        let recv = Pair::mr(&p.b, (n + 1) * 64);
+        let data = pattern(seed as u8, n * len);
+        src.write(0, &data);
+        src.write(n * len, b"URGENT!!");
+        for i in 0..=n {
+            p.b.qp
+                .post_recv(
+                    &RecvWr {
+                        wr_id: 1000 + i as u64,
+                        sg_list: &[sge(&recv, i * 64, 64)],
+                    },
+                    &p.b.mrs,
+                )
+                .unwrap();
+        }
+        for i in 0..n {
+            let w = SendWr {
+                wr_id: i as u64,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: dst.addr() + (i * len) as u64,
+                    rkey: dst.key(),
+                },
+                sg_list: &[sge(&src, i * len, len)],
+                flags: SendFlags::empty(),
+            };
+            p.a.qp.post_send(&w, &p.a.mrs).unwrap();
+            let s = SendWr {
+                wr_id: 5000 + i as u64,
+                opcode: WrOpcode::Send,
+                sg_list: &[sge(&src, i * len, 8)],
+                flags: SendFlags::SIGNALED,
+            };
+            p.a.qp.post_send(&s, &p.a.mrs).unwrap();
+        }
+        // Six packets leave: WRITE 0 (4), SEND 0, and the first packet of WRITE 1, which has
+        // therefore started; SEND 1 and everything after it have not.
+        let mut buf = vec![0u8; 8192];
+        for _ in 0..6 {
+            let k = p.a.qp.poll_transmit(p.now, &mut buf).unwrap();
+            let pkt = PacketRepr::parse_bytes(&buf[..k]).unwrap();
+            p.b.qp.handle_packet(p.now, &pkt, &p.b.mrs);
+        }
+        let urgent = SendWr {
+            wr_id: 9999,
+            opcode: WrOpcode::Send,
+            sg_list: &[sge(&src, n * len, 8)],
+            flags: SendFlags::SIGNALED | SendFlags::EXPEDITE,
+        };
+        p.a.qp.post_send(&urgent, &p.a.mrs).unwrap();
+        p.run(100_000);
+        assert_eq!(contents(&dst, 0, n * len), data, "seed {seed}: data intact");
+        // What each receive got: SEND 0, the expedited one, then SEND 1.. in order.
+        assert_eq!(contents(&recv, 0, 8), data[..8], "seed {seed}");
+        assert_eq!(contents(&recv, 64, 8), b"URGENT!!", "seed {seed}: overtook");
+        for i in 1..n {
+            assert_eq!(
+                contents(&recv, (i + 1) * 64, 8),
+                data[i * len..i * len + 8],
+                "seed {seed}: SEND {i}"
+            );
+        }
+        let ids: Vec<u64> = p.a.completions.iter().map(|c| c.1.wr_id).collect();
+        let mut want = vec![5000, 9999];
+        want.extend(5001..5000 + n as u64);
+        assert_eq!(ids, want, "seed {seed}: completions in wire order");
+        assert!(
+            p.a.completions
+                .iter()
+                .all(|c| c.1.status == WcStatus::Success)
+        );
+    }
+}
