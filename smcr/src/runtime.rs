@@ -391,6 +391,12 @@ impl Runtime {
         out
     }
 
+    /// Bytes of RMB memory the runtime holds (connections' RMBs and the pooled ones), counted
+    /// against [`RuntimeConfig::rmb_budget`].
+    pub fn rmb_in_use(&self) -> u64 {
+        *self.inner.rmb_in_use.lock()
+    }
+
     /// The counters of each RoCE device (local address) this runtime opened.
     pub fn device_stats(&self) -> Vec<(Ipv4Addr, rdma::DeviceStats)> {
         self.inner

@@ -446,6 +446,179 @@ fn killed_server_fails_an_idle_reader_promptly() {
     assert!(after < std::time::Duration::from_secs(5), "{after:?}");
 }
 
+/// The TCP connection under a live SMC-R connection is reset (`ss -K` destroys the server's
+/// socket: RST to the client, ECONNABORTED locally), both processes alive: the data path does
+/// not depend on it. Both ends see the hang-up, probe their link, get an answer, and the
+/// connection goes on moving data and closes cleanly on the same link group.
+#[test]
+fn a_tcp_reset_under_a_live_connection_leaves_it_working() {
+    if !privileged("netns tcp reset") || !common::have_tool("netns tcp reset", "ss") {
+        return;
+    }
+    let install = TestInstall::new("tcprst");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7402).into();
+    let (tx, rx) = mpsc::channel();
+    let server = {
+        let rt = runtime(&install);
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            assert!(matches!(s.mode(), Mode::SmcR { .. }));
+            let mut total = 0u64;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                s.write_all(&buf[..n]).unwrap();
+                total += n as u64;
+            }
+            drop(s);
+            // The runtime goes back with the results: dropping it here would delete the
+            // group (DELETE LINK) before the client has looked at its own.
+            (total, rt.links_confirmed(), rt.link_groups(), rt)
+        })
+    };
+    rx.recv().unwrap();
+    let rt = runtime(&install);
+    let ns_b = net.b.clone();
+    let client = in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        let round = |c: &mut SmcStream, seed: u64| {
+            let mut out = vec![0u8; 100_000];
+            pattern(seed, 0, &mut out);
+            c.write_all(&out).unwrap();
+            let mut back = vec![0u8; out.len()];
+            c.read_exact(&mut back).unwrap();
+            assert!(back == out, "round {seed}: echo differs");
+        };
+        round(&mut c, 1);
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns_b, "ss", "-K", "state", "established"])
+            .arg("( sport = :7402 )")
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(":7402"),
+            "ss -K killed nothing: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Long enough for both hang-ups to be seen and both probes answered.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        for seed in 2..12 {
+            round(&mut c, seed);
+        }
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+        (rt.links_confirmed(), rt.link_groups())
+    });
+    let (client_links, client_groups) = client.join().unwrap();
+    let (echoed, server_links, server_groups, _server_rt) = server.join().unwrap();
+    assert_eq!(echoed, 11 * 100_000);
+    assert_eq!((client_links, server_links), (1, 1), "no new link group");
+    assert_eq!(
+        (client_groups, server_groups),
+        (1, 1),
+        "the group is still up on both sides"
+    );
+}
+
+/// A client that goes away after the server's Accept (as if killed mid-handshake: it never
+/// confirms, its TCP connection closes): the server's handshake ends at the EOF, and the link
+/// group, token and RMB it had set up for that client go; the next client gets SMC-R.
+#[test]
+fn a_client_gone_after_the_accept_leaves_nothing_behind() {
+    if !privileged("netns handshake abandoned") {
+        return;
+    }
+    use smcr::handshake::{Client, Event};
+    use std::os::fd::AsFd;
+    let install = TestInstall::new("abandon");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7404).into();
+    let (tx, rx) = mpsc::channel();
+    let server_rt = runtime(&install);
+    let server = {
+        let rt = server_rt.clone();
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            // The abandoned handshake may or may not surface as a (fallen back) connection;
+            // the first SMC-R one is the real client's.
+            loop {
+                let (mut s, _) = l.accept().unwrap();
+                if matches!(s.mode(), Mode::SmcR { .. }) {
+                    echo_once(&mut s, b"after");
+                    return;
+                }
+            }
+        })
+    };
+    rx.recv().unwrap();
+    let client_rt = runtime(&install);
+    let ip_a = net.addr_a;
+    let rt = client_rt.clone();
+    let abandoned = in_netns(&net.a, move || {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        assert!(rt.mark(sock.as_fd()), "the option program marks the socket");
+        sock.connect(&addr.into()).unwrap();
+        let mut tcp: std::net::TcpStream = sock.into();
+        let cfg = RuntimeConfig::new().handshake;
+        let mut hs = Client::new(cfg, clc::Gid::from_ipv4(ip_a), std::time::Instant::now());
+        while let Some(b) = hs.poll_transmit() {
+            tcp.write_all(&b).unwrap();
+        }
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = tcp.read(&mut buf).unwrap();
+            assert!(n > 0, "EOF before the Accept");
+            let mut at = 0;
+            while at < n {
+                at += hs.handle_data(&buf[at..n]);
+            }
+            match hs.poll_event() {
+                Some(Event::Accepted { .. }) => return tcp,
+                None => {}
+                Some(other) => panic!("expected Accept, got {other:?}"),
+            }
+        }
+    });
+    let tcp = abandoned.join().unwrap();
+    // The server has set the client up (a new link group, listed once its link is
+    // confirmed, and an RMB) and waits for a Confirm.
+    assert!(server_rt.rmb_in_use() > 0, "the server holds an RMB");
+    // The client goes without confirming.
+    drop(tcp);
+    // The server gives up at the EOF, long before its 6 s CLC wait.
+    let t = std::time::Instant::now();
+    while (server_rt.link_groups() > 0 || server_rt.rmb_in_use() > 0)
+        && t.elapsed() < std::time::Duration::from_secs(3)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        (server_rt.link_groups(), server_rt.rmb_in_use()),
+        (0, 0),
+        "after {:?}: the abandoned group or RMB is still held",
+        t.elapsed()
+    );
+    let rt = client_rt.clone();
+    let client = in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        echo_once(&mut c, b"after");
+    });
+    client.join().unwrap();
+    server.join().unwrap();
+}
+
 /// Run as a child process by `restarted_client_gets_a_new_link_group`: connects, reports, waits
 /// to be killed.
 #[test]
