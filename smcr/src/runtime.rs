@@ -1311,9 +1311,14 @@ impl LinkGroup {
                 self.release_hold();
                 return;
             }
-            let driver = self.driver.lock();
             // While an application thread drives the group, what arrives is its to take (it is
-            // signalled, and sleeps until then): only the timers are ours.
+            // signalled, and sleeps until then): only the timers are ours. Woken with none due
+            // (a kick: a holder came back), only the wait is recomputed, without the driver
+            // lock: a driver's `progress` must not find it taken for nothing.
+            if self.cq.driven() && !self.timers_due(Instant::now()) {
+                continue;
+            }
+            let driver = self.driver.lock();
             let n = if self.cq.driven() {
                 0
             } else {
@@ -1326,6 +1331,16 @@ impl LinkGroup {
                 return;
             }
         }
+    }
+
+    /// Whether one of the poller's timers (the link's, the linger) is due at `now`.
+    fn timers_due(&self, now: Instant) -> bool {
+        let st = self.st.lock();
+        let link = st.link.as_ref().and_then(LinkCore::poll_timeout);
+        [link, st.core.linger_deadline()]
+            .into_iter()
+            .flatten()
+            .any(|t| t <= now)
     }
 
     /// The poller stops (the group failed or was deleted): nobody will take the hold back, so

@@ -619,6 +619,123 @@ fn a_client_gone_after_the_accept_leaves_nothing_behind() {
     server.join().unwrap();
 }
 
+/// The only link dies mid-transfer (the veth goes down; both processes stay alive): the
+/// writer gets an error when its retransmissions run out (~6 s), the reader, which has
+/// nothing in flight, when the keepalive's TEST LINK goes unanswered (its idle time here 3 s
+/// instead of Linux's 30 s, to keep the test short) — neither hangs, as a TCP reader would —
+/// and each runtime frees the group and its RMBs once the streams are dropped.
+#[test]
+fn the_only_link_dying_fails_its_connections_promptly() {
+    if !privileged("netns link down") {
+        return;
+    }
+    let install = TestInstall::new("linkdown");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7405).into();
+    let (tx, rx) = mpsc::channel();
+    let (down_tx, down_rx) = mpsc::channel::<std::time::Instant>();
+    let keepalive = std::time::Duration::from_secs(3);
+    let runtime = |install: &TestInstall| {
+        let mut cfg = RuntimeConfig::new();
+        cfg.negotiation = Negotiation::TcpOption {
+            dir: install.0.clone(),
+        };
+        cfg.test_link_time = Some(keepalive);
+        Runtime::new(cfg)
+    };
+    let server_rt = runtime(&install);
+    let server = {
+        let rt = server_rt.clone();
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            assert!(matches!(s.mode(), Mode::SmcR { .. }));
+            let mut buf = vec![0u8; 256 * 1024];
+            let err = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => panic!("EOF instead of an error"),
+                    Ok(_) => {}
+                    Err(e) => break e.kind(),
+                }
+            };
+            let after = down_rx.recv().unwrap().elapsed();
+            (err, after)
+        })
+    };
+    rx.recv().unwrap();
+    let client_rt = runtime(&install);
+    let rt = client_rt.clone();
+    let (ns_a, veth_a) = (net.a.clone(), net.veth_a.clone());
+    let client = in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        let chunk = vec![0x3cu8; 128 * 1024];
+        let t0 = std::time::Instant::now();
+        let mut down_at = None;
+        loop {
+            if down_at.is_none() && t0.elapsed() > std::time::Duration::from_millis(300) {
+                let ok = std::process::Command::new("ip")
+                    .args(["-n", &ns_a, "link", "set", &veth_a, "down"])
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok, "ip link set down");
+                let now = std::time::Instant::now();
+                down_tx.send(now).unwrap();
+                down_at = Some(now);
+            }
+            if let Err(e) = c.write_all(&chunk) {
+                return (
+                    e.kind(),
+                    down_at.expect("error before the link went down").elapsed(),
+                );
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "writer hangs"
+            );
+        }
+    });
+    let (werr, wafter) = client.join().unwrap();
+    let (rerr, rafter) = server.join().unwrap();
+    eprintln!("writer: {werr:?} after {wafter:?}; reader: {rerr:?} after {rafter:?}");
+    for (who, kind, after) in [("writer", werr, wafter), ("reader", rerr, rafter)] {
+        assert!(
+            matches!(
+                kind,
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ),
+            "{who}: {kind:?}"
+        );
+        assert!(
+            // Retries: 7, from ~134 ms doubling to a ceiling; keepalive: idle time + LLC_WAIT.
+            after < std::time::Duration::from_secs(10) + keepalive,
+            "{who}: {after:?}"
+        );
+    }
+    // The streams are gone: nothing of the dead group stays held.
+    let t = std::time::Instant::now();
+    while (client_rt.link_groups() + server_rt.link_groups() > 0
+        || client_rt.rmb_in_use() + server_rt.rmb_in_use() > 0)
+        && t.elapsed() < std::time::Duration::from_secs(5)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        (
+            client_rt.link_groups(),
+            server_rt.link_groups(),
+            client_rt.rmb_in_use(),
+            server_rt.rmb_in_use()
+        ),
+        (0, 0, 0, 0),
+        "groups and RMBs after the link died"
+    );
+}
+
 /// Run as a child process by `restarted_client_gets_a_new_link_group`: connects, reports, waits
 /// to be killed.
 #[test]
