@@ -59,12 +59,23 @@ sleep 0.5
 "$smcr" run "${mode[@]}" --log "$log" -- redis-benchmark -h $addr -p $port -q \
   -t set,get,incr,lpush,lpop,mset -n "$n" -c 50 &
 bench=$!
-# While the benchmark runs: what its connections' TCP sockets carried (the CLC handshake only).
-sleep 2
-tcp_bytes=$(ss -tinH state established "( sport = :$port )" | grep -o 'bytes_received:[0-9]*' | cut -d: -f2 | sort -n | tail -1 || true)
-tcp_conns=$(ss -tnH state established "( sport = :$port )" | wc -l)
-"$stat" >"$work/stat.txt"
-"$stat" -R >"$work/links.txt"
+# While the benchmark runs (as soon as its 50 clients are connected; each test takes well
+# under a second over SMC-R): what their TCP sockets carried (the CLC handshake only), and
+# what smc-stat shows.
+tcp_conns=0
+tcp_bytes=0
+echo "(the benchmark ended before a look)" >"$work/stat.txt"
+: >"$work/links.txt"
+while kill -0 $bench 2>/dev/null; do
+  if [ "$(ss -tnH state established "( sport = :$port )" | wc -l)" -ge 50 ]; then
+    "$stat" >"$work/stat.txt"
+    "$stat" -R >"$work/links.txt"
+    tcp_bytes=$(ss -tinH state established "( sport = :$port )" | grep -o 'bytes_received:[0-9]*' | cut -d: -f2 | sort -n | tail -1 || true)
+    tcp_conns=$(ss -tnH state established "( sport = :$port )" | wc -l)
+    break
+  fi
+  sleep 0.02
+done
 wait $bench
 client=$(grep -c 'connect.*): SMC-R' "$log" || true)
 server=$(grep -c 'accept.*): SMC-R' "$log" || true)

@@ -926,7 +926,9 @@ impl LinkGroup {
         rec.words[lg::PEER_SYSTEM] = u64::from_be_bytes(self.peer_id.0);
         rec.words[lg::SINCE] = st.since;
         rec.words[lg::MTU] = u64::from(self.mtu.bytes().unwrap_or(0));
-        rec.words[lg::TRANSPORT] = if self.qp.is_same_host() {
+        // Sticky: a same-host link whose peer went away (its offer closed) still shows what
+        // it ran on, not UDP.
+        rec.words[lg::TRANSPORT] = if self.same_host() {
             lg::TRANSPORT_SHM
         } else {
             lg::TRANSPORT_UDP
