@@ -162,6 +162,10 @@ impl Capture {
                 "-n",
                 "-U",
                 "--immediate-mode",
+                // 64 MiB: the engine sends bursts of up to 4096 packets; a capture must not
+                // drop what a test counts.
+                "-B",
+                "65536",
                 "-i",
                 dev,
                 "-w",
