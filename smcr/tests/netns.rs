@@ -9,7 +9,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 
 use clc::DeclineReason;
-use common::{NetPair, TestInstall, in_netns, privileged};
+use common::{
+    NetPair, TestInstall, check_pattern, in_netns, nft, pattern, privileged, send_pattern,
+};
 use smcr::{FallbackReason, Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 fn runtime(install: &TestInstall) -> Runtime {
@@ -190,42 +192,6 @@ fn fallback_against_plain_peers_and_declines() {
     );
 }
 
-fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
-    for (i, b) in out.iter_mut().enumerate() {
-        let p = pos + i as u64;
-        *b = ((p ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8;
-    }
-}
-
-/// Sends `total` bytes of `pattern(seed)` and half-closes.
-fn send_pattern(c: &mut SmcStream, seed: u64, total: u64) {
-    let mut chunk = vec![0u8; 128 * 1024 + 13];
-    let mut pos = 0u64;
-    while pos < total {
-        let n = chunk.len().min((total - pos) as usize);
-        pattern(seed, pos, &mut chunk[..n]);
-        c.write_all(&chunk[..n]).unwrap();
-        pos += n as u64;
-    }
-    c.shutdown(std::net::Shutdown::Write).unwrap();
-}
-
-/// Reads to EOF checking `pattern(seed)`; returns the byte count.
-fn check_pattern(s: &mut SmcStream, seed: u64) -> u64 {
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut want = vec![0u8; buf.len()];
-    let mut pos = 0u64;
-    loop {
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            return pos;
-        }
-        pattern(seed, pos, &mut want[..n]);
-        assert!(buf[..n] == want[..n], "seed {seed}: corrupt data at {pos}");
-        pos += n as u64;
-    }
-}
-
 #[test]
 fn concurrent_connections_and_a_gibibyte_and_half_close() {
     if !privileged("netns bulk") {
@@ -253,7 +219,7 @@ fn concurrent_connections_and_a_gibibyte_and_half_close() {
                     let mut seed = [0u8; 8];
                     s.read_exact(&mut seed).unwrap();
                     let seed = u64::from_le_bytes(seed);
-                    let got = check_pattern(&mut s, seed);
+                    let (got, _) = check_pattern(&mut s, seed);
                     s.write_all(&got.to_le_bytes()).unwrap();
                     send_pattern(&mut s, !seed, 1 << 20);
                     got
@@ -283,7 +249,7 @@ fn concurrent_connections_and_a_gibibyte_and_half_close() {
                 let mut got = [0u8; 8];
                 c.read_exact(&mut got).unwrap();
                 assert_eq!(u64::from_le_bytes(got), total);
-                assert_eq!(check_pattern(&mut c, !seed), 1 << 20);
+                assert_eq!(check_pattern(&mut c, !seed).0, 1 << 20);
                 total
             }));
         }
@@ -824,26 +790,6 @@ fn restarted_client_gets_a_new_link_group() {
     );
     let server_modes = server.join().unwrap();
     assert_eq!(server_modes.len(), 3);
-}
-
-/// Runs an nftables script in namespace `ns`.
-fn nft(ns: &str, script: &str) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(script.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nft in {ns}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]

@@ -308,3 +308,70 @@ impl Drop for TestInstall {
         smcr::option::uninstall(&self.0).expect("uninstall");
     }
 }
+
+/// The byte at stream position `pos` of the test stream `seed`, for `out.len()` positions.
+pub fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        let p = pos + i as u64;
+        *b = ((p ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8;
+    }
+}
+
+/// Sends `total` bytes of `pattern(seed)` and half-closes.
+pub fn send_pattern(c: &mut smcr::SmcStream, seed: u64, total: u64) {
+    use std::io::Write;
+    let mut chunk = vec![0u8; 128 * 1024 + 13];
+    let mut pos = 0u64;
+    while pos < total {
+        let n = chunk.len().min((total - pos) as usize);
+        pattern(seed, pos, &mut chunk[..n]);
+        c.write_all(&chunk[..n])
+            .unwrap_or_else(|e| panic!("seed {seed}: write at {pos}: {e}"));
+        pos += n as u64;
+    }
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+}
+
+/// Reads to EOF checking `pattern(seed)`; returns the byte count and the longest wait for a
+/// read.
+pub fn check_pattern(s: &mut smcr::SmcStream, seed: u64) -> (u64, Duration) {
+    use std::io::Read;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut want = vec![0u8; buf.len()];
+    let mut pos = 0u64;
+    let mut longest = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("seed {seed}: read at {pos}: {e}"));
+        longest = longest.max(t.elapsed());
+        if n == 0 {
+            return (pos, longest);
+        }
+        pattern(seed, pos, &mut want[..n]);
+        assert!(buf[..n] == want[..n], "seed {seed}: corrupt data at {pos}");
+        pos += n as u64;
+    }
+}
+
+/// Loads an nftables script into namespace `ns`.
+pub fn nft(ns: &str, script: &str) {
+    use std::io::Write;
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(script.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft in {ns}: {}\n{script}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
