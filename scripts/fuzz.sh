@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes every decoder for a fixed time each: CLC, LLC, CDC and RoCE v2 packets, the same-host
-# ring over shared memory and the entries a same-host peer puts in it, and sock_diag dumps.
+# ring over shared memory and the entries a same-host peer puts in it, sock_diag dumps, and
+# (stateful) packets into a connected queue pair and LLC messages into a link.
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]    (default 60 s, all targets)
 # Runs on stable Rust (`cargo fuzz run -s none`), installs cargo-fuzz if missing, seeds the
 # corpora from the kernel capture, prints executions per target, and fails on any finding
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(clc_message llc_message cdc_message roce_packet shm_ring samehost_entries sock_diag)
+[ ${#targets[@]} -eq 0 ] && targets=(clc_message llc_message cdc_message roce_packet shm_ring samehost_entries sock_diag qp_and_link)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
 python3 scripts/fuzz_seeds.py fuzz/corpus >/dev/null
 cd fuzz
