@@ -15,11 +15,27 @@ use common::{
 use smcr::{FallbackReason, Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 fn runtime(install: &TestInstall) -> Runtime {
+    runtime_with(install, |_| {})
+}
+
+/// [`runtime`] with `adjust` applied to the configuration first.
+fn runtime_with(install: &TestInstall, adjust: impl FnOnce(&mut RuntimeConfig)) -> Runtime {
     let mut cfg = RuntimeConfig::new();
     cfg.negotiation = Negotiation::TcpOption {
         dir: install.0.clone(),
     };
+    adjust(&mut cfg);
     Runtime::new(cfg)
+}
+
+/// How a connection whose peer or link died fails (TCP's errors for a dead peer).
+fn is_peer_gone(kind: std::io::ErrorKind) -> bool {
+    matches!(
+        kind,
+        std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::BrokenPipe
+    )
 }
 
 /// Echoes every connection until EOF; returns the modes it saw.
@@ -301,15 +317,13 @@ fn sink_server_child() {
     .unwrap();
 }
 
-#[test]
-fn killed_server_fails_the_client_promptly() {
-    if !privileged("netns kill") {
-        return;
-    }
+/// Starts `sink_server_child` in namespace `b` on `addr` and waits until it listens.
+fn start_sink_server(
+    net: &NetPair,
+    install: &TestInstall,
+    addr: SocketAddr,
+) -> std::process::Child {
     use std::io::BufRead;
-    let install = TestInstall::new("kill");
-    let net = NetPair::new().unwrap();
-    let addr: SocketAddr = (net.addr_b, 7400).into();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "sink_server_child", "--ignored", "--nocapture"])
         .env("SMCR_TEST_NETNS", &net.b)
@@ -320,6 +334,18 @@ fn killed_server_fails_the_client_promptly() {
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.unwrap().contains("READY")));
+    child
+}
+
+#[test]
+fn killed_server_fails_the_client_promptly() {
+    if !privileged("netns kill") {
+        return;
+    }
+    let install = TestInstall::new("kill");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7400).into();
+    let mut child = start_sink_server(&net, &install, addr);
     let pid = child.id() as i32;
     let rt = runtime(&install);
     let client = in_netns(&net.a, move || {
@@ -347,15 +373,7 @@ fn killed_server_fails_the_client_promptly() {
     let (kind, after) = client.join().unwrap();
     let _ = child.wait();
     eprintln!("client saw {kind:?} {after:?} after the kill");
-    assert!(
-        matches!(
-            kind,
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::ConnectionAborted
-        ),
-        "{kind:?}"
-    );
+    assert!(is_peer_gone(kind), "{kind:?}");
     assert!(after < std::time::Duration::from_secs(10), "{after:?}");
 }
 
@@ -367,20 +385,11 @@ fn killed_server_fails_an_idle_reader_promptly() {
     if !privileged("netns kill idle") {
         return;
     }
-    use std::io::{BufRead, Read};
+    use std::io::Read;
     let install = TestInstall::new("killidle");
     let net = NetPair::new().unwrap();
     let addr: SocketAddr = (net.addr_b, 7401).into();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sink_server_child", "--ignored", "--nocapture"])
-        .env("SMCR_TEST_NETNS", &net.b)
-        .env("SMCR_TEST_BPF_DIR", &install.0)
-        .env("SMCR_TEST_ADDR", addr.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(lines.any(|l| l.unwrap().contains("READY")));
+    let mut child = start_sink_server(&net, &install, addr);
     let pid = child.id() as i32;
     let rt = runtime(&install);
     let client = in_netns(&net.a, move || {
@@ -399,16 +408,7 @@ fn killed_server_fails_an_idle_reader_promptly() {
     let (r, after) = client.join().unwrap();
     let _ = child.wait();
     eprintln!("idle reader saw {r:?} {after:?} after the kill");
-    assert!(
-        matches!(
-            r,
-            Ok(0)
-                | Err(std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe)
-        ),
-        "{r:?}"
-    );
+    assert!(matches!(r, Ok(0)) || r.is_err_and(is_peer_gone), "{r:?}");
     assert!(after < std::time::Duration::from_secs(5), "{after:?}");
 }
 
@@ -601,14 +601,8 @@ fn the_only_link_dying_fails_its_connections_promptly() {
     let (tx, rx) = mpsc::channel();
     let (down_tx, down_rx) = mpsc::channel::<std::time::Instant>();
     let keepalive = std::time::Duration::from_secs(3);
-    let runtime = |install: &TestInstall| {
-        let mut cfg = RuntimeConfig::new();
-        cfg.negotiation = Negotiation::TcpOption {
-            dir: install.0.clone(),
-        };
-        cfg.test_link_time = Some(keepalive);
-        Runtime::new(cfg)
-    };
+    let runtime =
+        |install: &TestInstall| runtime_with(install, |cfg| cfg.test_link_time = Some(keepalive));
     let server_rt = runtime(&install);
     let server = {
         let rt = server_rt.clone();
@@ -667,15 +661,7 @@ fn the_only_link_dying_fails_its_connections_promptly() {
     let (rerr, rafter) = server.join().unwrap();
     eprintln!("writer: {werr:?} after {wafter:?}; reader: {rerr:?} after {rafter:?}");
     for (who, kind, after) in [("writer", werr, wafter), ("reader", rerr, rafter)] {
-        assert!(
-            matches!(
-                kind,
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            ),
-            "{who}: {kind:?}"
-        );
+        assert!(is_peer_gone(kind), "{who}: {kind:?}");
         assert!(
             // Retries: 7, from ~134 ms doubling to a ceiling; keepalive: idle time + LLC_WAIT.
             after < std::time::Duration::from_secs(10) + keepalive,
