@@ -1061,7 +1061,12 @@ impl LinkGroup {
         self.st.lock().core.unpromise(token);
     }
 
-    pub(crate) fn attach(self: &Arc<Self>, token: u32, c: Arc<ConnShared>, tcp: Option<OwnedFd>) {
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        token: u32,
+        c: Arc<ConnShared>,
+        tcp: Option<Arc<std::net::TcpStream>>,
+    ) {
         let watched = tcp.map(|fd| crate::tcpwatch::watch(self, token, fd));
         let early = {
             let mut st = self.st.lock();

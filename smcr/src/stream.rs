@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,7 +112,9 @@ pub enum Mode {
 
 /// A connected stream: SMC-R when both ends could, TCP otherwise.
 pub struct SmcStream {
-    tcp: TcpStream,
+    /// Shared with the link group's hang-up watch (`tcpwatch`), which needs the socket open
+    /// as long as the connection is attached: one descriptor per connection, not two.
+    tcp: Arc<TcpStream>,
     smc: Option<Smc>,
     mode: Mode,
     /// This connection's record in the runtime's stats area.
@@ -361,7 +363,8 @@ impl Timeline {
     }
 }
 
-fn drive(tcp: &mut TcpStream, hs: &mut impl Handshake, tl: &mut Timeline) -> io::Result<Event> {
+fn drive(tcp: &TcpStream, hs: &mut impl Handshake, tl: &mut Timeline) -> io::Result<Event> {
+    let mut tcp = tcp;
     // The socket may be non-blocking (the preload negotiates on the application's own
     // socket): wait in poll, never by spinning on EAGAIN.
     let mut buf = [0u8; 1024];
@@ -520,7 +523,7 @@ fn make_conn(
     token: u32,
     rmb: Arc<rdma::MemoryRegion>,
     peer: &Endpoint,
-    tcp: &TcpStream,
+    tcp: &Arc<TcpStream>,
 ) -> io::Result<Arc<ConnShared>> {
     let peer_rmb = peer.rmb_size.bytes();
     let sndbuf = lg.take_sndbuf(peer_rmb)?;
@@ -552,7 +555,7 @@ fn make_conn(
         events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
         readiness: std::sync::OnceLock::new(),
     });
-    lg.attach(token, c.clone(), tcp.try_clone().ok().map(OwnedFd::from));
+    lg.attach(token, c.clone(), Some(tcp.clone()));
     Ok(c)
 }
 
@@ -692,7 +695,7 @@ impl SmcStream {
 
     fn plain(tcp: TcpStream, mode: Mode) -> Self {
         Self {
-            tcp,
+            tcp: Arc::new(tcp),
             smc: None,
             mode,
             stat: None,
@@ -748,7 +751,7 @@ impl SmcStream {
             Gid::from_ipv4(*local.ip()),
             Instant::now(),
         );
-        let (negotiated, server) = match drive(&mut self.tcp, &mut hs, &mut self.timeline)? {
+        let (negotiated, server) = match drive(&self.tcp, &mut hs, &mut self.timeline)? {
             Event::Accepted { negotiated, server } => (negotiated, server),
             Event::Fallback {
                 reason, by_peer, ..
@@ -812,7 +815,7 @@ impl SmcStream {
             Ok(x) => x,
             Err(reason) => {
                 hs.decline(reason).map_err(io::Error::other)?;
-                let ev = drive(&mut self.tcp, &mut hs, &mut self.timeline)?;
+                let ev = drive(&self.tcp, &mut hs, &mut self.timeline)?;
                 if let Event::Fallback {
                     reason, by_peer, ..
                 } = ev
@@ -828,7 +831,7 @@ impl SmcStream {
         let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
         let mut finish = |s: &mut Self| -> io::Result<()> {
             hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
-            match drive(&mut s.tcp, &mut hs, &mut s.timeline)? {
+            match drive(&s.tcp, &mut hs, &mut s.timeline)? {
                 Event::Confirmed => {}
                 Event::Failed(e) => return Err(failed(e)),
                 other => return Err(io::Error::other(format!("unexpected {other:?}"))),
@@ -1022,7 +1025,7 @@ impl SmcStream {
     /// On a TCP-mode stream this reads the TCP socket.
     pub fn recv(&self, buf: &mut [u8], peek: bool, how: Blocking) -> io::Result<usize> {
         let r = if self.smc.is_none() {
-            (&self.tcp).read(buf)
+            (&*self.tcp).read(buf)
         } else {
             self.smc_read(buf, peek, how)
         };
@@ -1032,7 +1035,7 @@ impl SmcStream {
     /// Writes to an SMC-R stream with per-call blocking; on a TCP-mode stream, to the socket.
     pub fn send(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
         let r = if self.smc.is_none() {
-            (&self.tcp).write(buf)
+            (&*self.tcp).write(buf)
         } else {
             self.smc_write(buf, how)
         };
@@ -1334,7 +1337,7 @@ impl Read for SmcStream {
         let r = if self.smc.is_some() {
             self.smc_read(buf, false, self.how(self.read_timeout))
         } else {
-            self.tcp.read(buf)
+            (&*self.tcp).read(buf)
         };
         self.counted(r, false)
     }
@@ -1345,7 +1348,7 @@ impl Write for SmcStream {
         let r = if self.smc.is_some() {
             self.smc_write(buf, self.how(self.write_timeout))
         } else {
-            self.tcp.write(buf)
+            (&*self.tcp).write(buf)
         };
         self.counted(r, true)
     }
@@ -1410,6 +1413,29 @@ pub struct SmcListener {
     _stat: Option<ListenerRecord>,
 }
 
+/// What the acceptor does after a failed `accept`.
+#[derive(Debug, PartialEq)]
+enum AcceptError {
+    /// At once: a signal, or a connection that went before it was taken.
+    Retry,
+    /// After a pause: the process or system is out of descriptors or memory.
+    Later,
+    /// Never again: the listener was shut down or is not a listener.
+    Stop,
+}
+
+fn accept_error(e: &io::Error) -> AcceptError {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => AcceptError::Later,
+        Some(libc::EINVAL | libc::EBADF | libc::ENOTSOCK | libc::EOPNOTSUPP | libc::EFAULT) => {
+            AcceptError::Stop
+        }
+        // EINTR, ECONNABORTED, EPROTO, EPERM (a firewall rule), and the pending network
+        // errors accept(2) may pass on: that connection is lost, the listener is fine.
+        _ => AcceptError::Retry,
+    }
+}
+
 impl SmcListener {
     /// Binds and listens on `addr`, marked for the SMC-R option.
     pub fn bind(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
@@ -1430,9 +1456,17 @@ impl SmcListener {
             loop {
                 let (tcp, peer) = match tcp.accept() {
                     Ok(x) => x,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    // The listener was shut down (dropped) or is broken.
-                    Err(_) => return,
+                    Err(e) => match accept_error(&e) {
+                        AcceptError::Retry => continue,
+                        // Out of descriptors or memory: the connection waits in the kernel's
+                        // backlog (as it would for a TCP server) until some are freed.
+                        AcceptError::Later => {
+                            std::thread::sleep(Duration::from_millis(20));
+                            continue;
+                        }
+                        // The listener was shut down (dropped) or is broken.
+                        AcceptError::Stop => return,
+                    },
                 };
                 let (rt, tx) = (rt.clone(), tx.clone());
                 let _ = rdma::thread::spawn("smcr-handshake".into(), move || {
@@ -1519,7 +1553,7 @@ impl SmcStream {
         let mut hs = handshake::Server::new(rt.inner.cfg.handshake.clone(), Instant::now());
         let decline = |s: &mut Self, hs: &mut handshake::Server, reason| -> io::Result<()> {
             hs.decline(reason).map_err(io::Error::other)?;
-            match drive(&mut s.tcp, hs, &mut s.timeline)? {
+            match drive(&s.tcp, hs, &mut s.timeline)? {
                 Event::Fallback {
                     reason, by_peer, ..
                 } => {
@@ -1529,7 +1563,7 @@ impl SmcStream {
                 ev => Err(io::Error::other(format!("unexpected {ev:?}"))),
             }
         };
-        let (client_gid, client_id) = match drive(&mut self.tcp, &mut hs, &mut self.timeline)? {
+        let (client_gid, client_id) = match drive(&self.tcp, &mut hs, &mut self.timeline)? {
             Event::Proposed {
                 client_gid,
                 client_id,
@@ -1591,7 +1625,7 @@ impl SmcStream {
         lg.reserve(token);
         hs.accept(&local_ep, first_contact, Instant::now())
             .map_err(io::Error::other)?;
-        let (negotiated, client) = match drive(&mut self.tcp, &mut hs, &mut self.timeline) {
+        let (negotiated, client) = match drive(&self.tcp, &mut hs, &mut self.timeline) {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
                 lg.unreserve(token);
@@ -1635,5 +1669,30 @@ impl SmcStream {
         self.mode = Mode::SmcR { first_contact };
         self.smc = Some(Smc { conn, lg });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acceptor_outlives_what_accept_can_report_for_one_connection_or_a_shortage() {
+        let e = |n| io::Error::from_raw_os_error(n);
+        for n in [
+            libc::EINTR,
+            libc::ECONNABORTED,
+            libc::EPROTO,
+            libc::EPERM,
+            libc::ETIMEDOUT,
+        ] {
+            assert_eq!(accept_error(&e(n)), AcceptError::Retry, "{n}");
+        }
+        for n in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert_eq!(accept_error(&e(n)), AcceptError::Later, "{n}");
+        }
+        for n in [libc::EINVAL, libc::EBADF, libc::ENOTSOCK] {
+            assert_eq!(accept_error(&e(n)), AcceptError::Stop, "{n}");
+        }
     }
 }

@@ -1,12 +1,13 @@
 //! Hang-ups of the TCP connections under SMC-R connections, seen without polling.
 //!
 //! A peer process that dies leaves no SMC-R close behind, but its kernel closes (or resets)
-//! the TCP connection the handshake ran on. Each link group keeps a duplicate of every
-//! connection's TCP socket; the sockets are registered in one epoll set per process, and one
+//! the TCP connection the handshake ran on. Each link group shares every attached
+//! connection's TCP socket with its stream (it stays open while either holds it); the sockets are registered in one epoll set per process, and one
 //! thread sleeps in it: an idle program makes no system call for this, and a hang-up is seen
 //! at once (the group then probes its link, see `LinkGroup::tcp_hung_up`).
 
 use std::collections::HashMap;
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -15,9 +16,10 @@ use parking_lot::Mutex;
 
 use crate::runtime::LinkGroup;
 
-/// A watched TCP socket; dropping it ends the watch (and closes the duplicate).
+/// A watched TCP socket; dropping it ends the watch (and lets the socket close once the
+/// stream is gone too).
 pub(crate) struct Watched {
-    fd: OwnedFd,
+    fd: Arc<TcpStream>,
     key: u64,
 }
 
@@ -35,7 +37,7 @@ static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 /// Watches `fd`, the TCP socket of connection `token` of `lg`, for a hang-up. If the watch
 /// cannot be set up (no epoll set, no thread), the socket is kept without one: the link's own
 /// keepalive still finds a dead peer.
-pub(crate) fn watch(lg: &Arc<LinkGroup>, token: u32, fd: OwnedFd) -> Watched {
+pub(crate) fn watch(lg: &Arc<LinkGroup>, token: u32, fd: Arc<TcpStream>) -> Watched {
     let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let mut w = WATCHER.lock();
@@ -74,8 +76,8 @@ impl Drop for Watched {
             && w.pid == std::process::id()
             && w.regs.remove(&self.key).is_some()
         {
-            // The duplicate closes after this, but the application may hold the same file
-            // open: only an explicit delete takes it out of the set.
+            // The stream (or the application, under the preload) may hold the same file open:
+            // only an explicit delete takes it out of the set.
             // SAFETY: our set and our descriptor, still open.
             unsafe {
                 libc::epoll_ctl(

@@ -837,3 +837,314 @@ fn data_and_close_in_flight_when_the_peer_deletes_its_link_group_still_arrive() 
     drop(c);
     rt.shutdown();
 }
+
+/// Resident set size of `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Raises this process's soft descriptor limit (children inherit it) to its hard limit (which
+/// root without CAP_SYS_RESOURCE cannot raise); returns it.
+fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls with valid arguments.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    lim.rlim_cur
+}
+
+/// Run as a child process by `ten_thousand_concurrent_connections_from_one_process`: accepts
+/// `SMCR_TEST_CONNS` connections, echoes 8 bytes on each and keeps them all open; reports its
+/// memory and link groups, then echoes once more on each and waits for every EOF.
+#[test]
+#[ignore = "run as a child process"]
+fn hold_server_child() {
+    let (Some(dir), Some(addr), Some(ns), Some(n)) = (
+        std::env::var_os("SMCR_TEST_BPF_DIR"),
+        std::env::var("SMCR_TEST_ADDR").ok(),
+        std::env::var("SMCR_TEST_NETNS").ok(),
+        std::env::var("SMCR_TEST_CONNS").ok(),
+    ) else {
+        return;
+    };
+    let n: usize = n.parse().unwrap();
+    in_netns(&ns, move || {
+        let install = TestInstall(dir.into());
+        let rt = runtime(&install);
+        std::mem::forget(install);
+        let l = SmcListener::bind(&rt, addr.parse().unwrap()).unwrap();
+        let base = rss_kib(std::process::id());
+        println!("READY");
+        let mut conns = Vec::with_capacity(n);
+        let mut smcr = 0;
+        for _ in 0..n {
+            let (mut s, _) = l.accept().unwrap();
+            smcr += usize::from(matches!(s.mode(), Mode::SmcR { .. }));
+            let mut b = [0u8; 8];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+            conns.push(s);
+        }
+        println!(
+            "HELD smcr={smcr} groups={} rss_kib={} base_kib={base} rmb={}",
+            rt.link_groups(),
+            rss_kib(std::process::id()),
+            rt.rmb_in_use()
+        );
+        for s in &mut conns {
+            let mut b = [0u8; 8];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+        }
+        for mut s in conns {
+            assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0);
+        }
+        println!("DONE");
+    })
+    .join()
+    .unwrap();
+}
+
+/// Issue 8's resource limit: 10 000 concurrent SMC-R connections from one client process to
+/// one server process (40 link groups of 255), each checked by an echo when opened and again
+/// once all are open; memory per connection reported and bounded.
+#[test]
+fn ten_thousand_concurrent_connections_from_one_process() {
+    if !privileged("netns 10000 connections") {
+        return;
+    }
+    use std::io::BufRead;
+    let n: usize = std::env::var("SMCR_TEST_CONCURRENT").map_or(10_000, |v| v.parse().unwrap());
+    let nofile = raise_nofile();
+    eprintln!("descriptor limit {nofile}");
+    let install = TestInstall::new("many");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7407).into();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "hold_server_child", "--ignored", "--nocapture"])
+        .env("SMCR_TEST_NETNS", &net.b)
+        .env("SMCR_TEST_BPF_DIR", &install.0)
+        .env("SMCR_TEST_ADDR", addr.to_string())
+        .env("SMCR_TEST_CONNS", n.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().contains("READY")));
+    let rt = runtime(&install);
+    let me = std::process::id();
+    let base = rss_kib(me);
+    let client = in_netns(&net.a, move || {
+        let t0 = std::time::Instant::now();
+        let mut conns = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut c =
+                SmcStream::connect(&rt, addr).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            assert!(
+                matches!(c.mode(), Mode::SmcR { .. }),
+                "connection {i}: {:?}",
+                c.mode()
+            );
+            let m = (i as u64).to_le_bytes();
+            c.write_all(&m).unwrap();
+            let mut b = [0u8; 8];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(b, m, "connection {i}");
+            conns.push(c);
+        }
+        let opened = t0.elapsed();
+        let rss = rss_kib(me);
+        let groups = rt.link_groups();
+        for (i, c) in conns.iter_mut().enumerate() {
+            let m = (!(i as u64)).to_le_bytes();
+            c.write_all(&m).unwrap();
+            let mut b = [0u8; 8];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(b, m, "connection {i}, second echo");
+        }
+        drop(conns);
+        (opened, rss, groups, rt)
+    });
+    let (opened, rss, groups, rt) = client.join().unwrap();
+    let held = lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("HELD"))
+        .expect("the server reports");
+    assert!(lines.any(|l| l.unwrap().contains("DONE")), "server ends");
+    assert!(child.wait().unwrap().success());
+    let per_conn = (rss - base) as f64 / n as f64;
+    eprintln!(
+        "{n} concurrent SMC-R connections opened in {:.1} s ({:.0}/s); client: {groups} link \
+         groups, RSS +{} MiB ({per_conn:.1} KiB per connection); server: {held}",
+        opened.as_secs_f64(),
+        n as f64 / opened.as_secs_f64(),
+        (rss - base) / 1024
+    );
+    assert_eq!(groups, n.div_ceil(255), "255 connections per link group");
+    assert!(held.contains(&format!("smcr={n}")), "{held}");
+    // RMBs are not touched until data arrives: a connection costs its bookkeeping, not 64 KiB.
+    assert!(per_conn < 48.0, "{per_conn:.1} KiB per connection");
+    rt.shutdown();
+}
+
+/// RMB memory runs out with connections held open: beyond the server's budget every new
+/// connection is declined with MEM (by the server) and goes on over TCP, echoing intact;
+/// the same beyond the client's own budget (declined by the client); once SMC-R connections
+/// close, their pooled RMBs serve new ones over SMC-R again. Nothing crashes or hangs.
+#[test]
+fn rmb_budget_exhaustion_declines_with_mem_and_recovers() {
+    if !privileged("netns rmb exhaustion") {
+        return;
+    }
+    const RMB: u64 = 64 * 1024;
+    let install = TestInstall::new("budget");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7408).into();
+    let stingy_addr: SocketAddr = (net.addr_b, 7409).into();
+    let small = |budget: u64| {
+        move |c: &mut RuntimeConfig| {
+            c.rmb_budget = budget;
+            c.remote_rmb_size = None;
+        }
+    };
+    // One runtime serves both listeners (two engines cannot share an address).
+    let server_rt = runtime_with(&install, small(200 * RMB));
+    let (tx, rx) = mpsc::channel();
+    let server = {
+        let rt = server_rt.clone();
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            let l2 = SmcListener::bind(&rt, stingy_addr).unwrap();
+            tx.send(()).unwrap();
+            // Every connection, on either listener, echoes until EOF on a thread of its own.
+            let serve = |l: SmcListener| {
+                std::thread::spawn(move || {
+                    let mut modes = Vec::new();
+                    let mut threads = Vec::new();
+                    while let Ok((mut s, _)) = l.accept() {
+                        let done = s.mode() == &Mode::Tcp(FallbackReason::PeerNoSmc);
+                        modes.push(s.mode().clone());
+                        threads.push(std::thread::spawn(move || {
+                            let mut buf = [0u8; 256];
+                            loop {
+                                match s.read(&mut buf) {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => s.write_all(&buf[..n]).unwrap(),
+                                }
+                            }
+                        }));
+                        if done {
+                            break; // the plain "stop" connection
+                        }
+                    }
+                    for t in threads {
+                        t.join().unwrap();
+                    }
+                    modes
+                })
+            };
+            let a = serve(l);
+            let b = serve(l2);
+            (a.join().unwrap(), b.join().unwrap())
+        })
+    };
+    rx.recv().unwrap();
+    let client_rt = runtime_with(&install, small(1 << 30));
+    let stingy_client = runtime_with(&install, small(50 * RMB));
+    let rt = client_rt.clone();
+    let server_rt2 = server_rt.clone();
+    let client = in_netns(&net.a, move || {
+        let open = |rt: &Runtime, to: SocketAddr, i: usize| {
+            let mut c = SmcStream::connect(rt, to).unwrap_or_else(|e| panic!("{i}: {e}"));
+            let m = format!("connection {i}");
+            c.write_all(m.as_bytes()).unwrap();
+            let mut b = vec![0u8; m.len()];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(b, m.as_bytes());
+            c
+        };
+        let mode_counts = |cs: &[SmcStream]| {
+            let mut smc = 0;
+            let mut other = std::collections::BTreeMap::new();
+            for c in cs {
+                match c.mode() {
+                    Mode::SmcR { .. } => smc += 1,
+                    m => *other.entry(format!("{m:?}")).or_insert(0) += 1,
+                }
+            }
+            (smc, other)
+        };
+        // 1. A client's own budget: 50 RMBs (the server has room for 200).
+        let stingy: Vec<SmcStream> = (0..60)
+            .map(|i| open(&stingy_client, stingy_addr, i))
+            .collect();
+        let first = mode_counts(&stingy);
+        // That client goes (two engines cannot share its address): its link group ends on
+        // both sides and the server's 50 RMBs are freed with it.
+        drop(stingy);
+        stingy_client.shutdown();
+        drop(stingy_client);
+        let t = std::time::Instant::now();
+        while server_rt2.rmb_in_use() > 0 && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(
+            server_rt2.rmb_in_use(),
+            0,
+            "the server freed the group's RMBs"
+        );
+        // 2. The server's budget: 200 RMBs.
+        let mut held: Vec<SmcStream> = (0..240).map(|i| open(&rt, addr, i)).collect();
+        let second = mode_counts(&held);
+        // 3. 100 SMC-R connections close; the RMBs they gave back to their link group's pool
+        // serve new connections over SMC-R.
+        let freed: Vec<SmcStream> = held.drain(..100).collect();
+        for mut c in freed {
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let _ = c.read_to_end(&mut Vec::new());
+        }
+        let again: Vec<SmcStream> = (0..40).map(|i| open(&rt, addr, 1000 + i)).collect();
+        let third = mode_counts(&again);
+        held.extend(again);
+        // Everything still open still works.
+        for (i, c) in held.iter_mut().enumerate() {
+            c.write_all(b"x").unwrap();
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"x", "{i}");
+        }
+        drop(held);
+        for to in [addr, stingy_addr] {
+            drop(TcpStream::connect(to).unwrap()); // a plain connection: the server stops
+        }
+        (first, second, third)
+    });
+    let (first, second, third) = client.join().unwrap();
+    let (_, _) = server.join().unwrap();
+    eprintln!("client budget: {first:?}; server budget: {second:?}; after closes: {third:?}");
+    let mem = |by_peer| {
+        format!(
+            "{:?}",
+            Mode::Tcp(FallbackReason::Declined {
+                reason: DeclineReason::MEM,
+                by_peer
+            })
+        )
+    };
+    assert_eq!(first.0, 50);
+    assert_eq!(first.1.get(&mem(false)), Some(&10), "{first:?}");
+    assert_eq!(second.0, 200);
+    assert_eq!(second.1.get(&mem(true)), Some(&40), "{second:?}");
+    assert_eq!(third, (40, Default::default()));
+}
