@@ -13,6 +13,8 @@
 pub mod conn;
 pub mod diag;
 pub mod handshake;
+#[cfg(feature = "hostile")]
+mod hostile;
 pub mod lgr;
 pub mod link;
 mod metrics;

@@ -420,6 +420,15 @@ impl LinkCore {
             }
             Llc::ConfirmRkey(c) => self.rkey_answered(true, !c.negative, now),
             Llc::DeleteRkey(d) => self.rkey_answered(false, !d.negative && d.errors == 0, now),
+            Llc::DeleteLink(d) if !d.response && !d.all && d.link_id != self.p.link_id => {
+                // Not our link (Linux: answered with NO_LINK, nothing deleted).
+                self.stats.dropped += 1;
+                self.send(Llc::DeleteLink(DeleteLink {
+                    response: true,
+                    reason: DeleteLinkReason::NO_LINK,
+                    ..d
+                }));
+            }
             Llc::DeleteLink(d) if !d.response => {
                 if !d.all {
                     // A single link: confirm its deletion (for the whole group Linux does not).

@@ -1138,6 +1138,39 @@ impl LinkGroup {
         done
     }
 
+    /// Posts `bytes` as a SEND of no connection (feature `hostile`: tests of what the peer
+    /// makes of messages we would never send).
+    #[cfg(feature = "hostile")]
+    pub(crate) fn post_raw_send(&self, bytes: &[u8]) -> io::Result<()> {
+        if bytes.len() > SLOT {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let slot = self.take_slot(false)?;
+        self.st.lock().core.set_owner(slot, 0);
+        let done = self.post_send_slot(&[], slot, bytes);
+        if !matches!(done, Ok(false)) {
+            self.put_back(slot);
+        }
+        done.map(drop)
+    }
+
+    /// Why the QP failed, as the link's down reason: a flush caused by a request of the peer
+    /// that our responder refused says so (the peer misbehaved), rather than only `WR_FLUSH_ERR`.
+    fn failure_cause(&self, status: WcStatus) -> String {
+        let r = self.qp.responder_stats();
+        match status {
+            WcStatus::WrFlushErr if r.access_errors > 0 => {
+                "the peer's RDMA request was refused (remote access error: rkey, range or \
+                 rights; WR_FLUSH_ERR)"
+                    .into()
+            }
+            WcStatus::WrFlushErr if r.invalid > 0 => {
+                "the peer's RDMA request was refused (invalid request; WR_FLUSH_ERR)".into()
+            }
+            s => s.name().into(),
+        }
+    }
+
     /// Returns a slot that carries nothing in flight.
     pub(crate) fn put_back(&self, slot: usize) {
         self.st.lock().core.put_back(slot);
@@ -1606,8 +1639,10 @@ impl LinkGroup {
             let mut st = self.st.lock();
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
-                    if let Some(l) = st.link.as_mut() {
-                        l.transport_failed(wc.status.name());
+                    if let Some(l) = st.link.as_mut()
+                        && l.state() != link::LinkState::Down
+                    {
+                        l.transport_failed(&self.failure_cause(wc.status));
                     }
                     continue;
                 }

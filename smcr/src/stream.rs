@@ -560,6 +560,12 @@ fn make_conn(
 }
 
 impl SmcStream {
+    /// The connection and its link group, when SMC-R.
+    #[cfg(feature = "hostile")]
+    pub(crate) fn smc_parts(&self) -> Option<(&Arc<ConnShared>, &Arc<LinkGroup>)> {
+        self.smc.as_ref().map(|s| (&s.conn, &s.lg))
+    }
+
     /// Connects to `addr` (the first address that accepts a TCP connection), then negotiates
     /// SMC-R; falls back to TCP as Linux would.
     pub fn connect(rt: &Runtime, addr: impl ToSocketAddrs) -> io::Result<Self> {

@@ -362,3 +362,45 @@ fn rkey_flows_match_linux_and_complete_in_order() {
         Some(LinkEvent::RkeyDone { id: e, ok: false })
     );
 }
+
+#[test]
+fn delete_link_for_a_link_we_do_not_have_is_answered_no_link_and_deletes_nothing() {
+    let now = Instant::now();
+    let (mut s, mut c) = confirmed_pair(now);
+    let ours = c.params().link_id;
+    for (link_id, all) in [(ours.wrapping_add(7), false), (ours, false)] {
+        let req = LlcMessage {
+            version: Version::V2,
+            body: Llc::DeleteLink(DeleteLink {
+                response: false,
+                all,
+                orderly: false,
+                link_id,
+                reason: DeleteLinkReason::LOST_PATH,
+            }),
+        };
+        c.handle_llc(&bytes(&req), now);
+        let Some(LlcMessage {
+            body: Llc::DeleteLink(answer),
+            ..
+        }) = c.poll_transmit()
+        else {
+            panic!("no answer");
+        };
+        assert!(answer.response);
+        assert_eq!(answer.link_id, link_id);
+        if link_id == ours {
+            // Our own link: deleted, the answer carries the request's reason.
+            assert_eq!(answer.reason, DeleteLinkReason::LOST_PATH);
+            assert_eq!(c.state(), LinkState::Down);
+        } else {
+            assert_eq!(answer.reason, DeleteLinkReason::NO_LINK);
+            assert_eq!(c.state(), LinkState::Active);
+            assert_eq!(c.poll_event(), None);
+            // Still in business: TEST LINK answered.
+            s.probe(now);
+            assert_eq!(pump(&mut s, &mut c, now), 1);
+            assert_eq!(pump(&mut c, &mut s, now), 1);
+        }
+    }
+}

@@ -375,3 +375,48 @@ pub fn nft(ns: &str, script: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A third namespace, `c`, joined to `b` of a [`NetPair`] by a second veth pair: `c` has
+/// 10.78.0.1/24, `b` 10.78.0.2/24 (a second peer of b's, or b's second path). Deleted on drop.
+pub struct Third {
+    pub c: String,
+    pub veth_c: String,
+    pub veth_b2: String,
+    pub addr_c: Ipv4Addr,
+    pub addr_b2: Ipv4Addr,
+}
+
+impl Third {
+    pub fn new(pair: &NetPair) -> io::Result<Self> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let t = Self {
+            c: format!("smcr-{pid}-{n}-c"),
+            veth_c: format!("v{pid}c{n}"),
+            veth_b2: format!("v{pid}d{n}"),
+            addr_c: Ipv4Addr::new(10, 78, 0, 1),
+            addr_b2: Ipv4Addr::new(10, 78, 0, 2),
+        };
+        run(&["ip", "netns", "add", &t.c])?;
+        run(&[
+            "ip", "link", "add", &t.veth_c, "netns", &t.c, "type", "veth", "peer", "name",
+            &t.veth_b2, "netns", &pair.b,
+        ])?;
+        for (ns, dev, addr) in [
+            (&t.c, &t.veth_c, t.addr_c),
+            (&pair.b, &t.veth_b2, t.addr_b2),
+        ] {
+            let cidr = format!("{addr}/24");
+            run(&["ip", "-n", ns, "addr", "add", &cidr, "dev", dev])?;
+            run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+        run(&["ip", "-n", &t.c, "link", "set", "lo", "up"])?;
+        Ok(t)
+    }
+}
+
+impl Drop for Third {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "netns", "del", &self.c]);
+    }
+}
