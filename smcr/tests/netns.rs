@@ -1148,3 +1148,118 @@ fn rmb_budget_exhaustion_declines_with_mem_and_recovers() {
     assert_eq!(second.1.get(&mem(true)), Some(&40), "{second:?}");
     assert_eq!(third, (40, Default::default()));
 }
+
+/// The server's process dies in the middle of the handshake (played by a raw server that
+/// closes its socket, as the kernel does for a killed process): after reading the Proposal,
+/// and after sending its Accept (first contact: the client has set up a link group, a QP and
+/// an RMB for it and waits for CONFIRM LINK). The client's connect fails promptly in both
+/// cases (no fallback is possible on a closed socket) and leaves no group or RMB behind; the
+/// next connection to a live server gets SMC-R.
+#[test]
+fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
+    if !privileged("netns server gone mid-handshake") {
+        return;
+    }
+    use smcr::handshake::{Endpoint, Event, Server};
+    use std::os::fd::AsFd;
+    let install = TestInstall::new("hsgone");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7410).into();
+    let marker = runtime(&install);
+    let (tx, rx) = mpsc::channel();
+    let ip_b = net.addr_b;
+    let raw = in_netns(&net.b, move || {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_reuse_address(true).unwrap();
+        assert!(marker.mark(sock.as_fd()));
+        sock.bind(&addr.into()).unwrap();
+        sock.listen(8).unwrap();
+        let l: TcpListener = sock.into();
+        tx.send(()).unwrap();
+        for accept in [false, true] {
+            let (mut tcp, _) = l.accept().unwrap();
+            let mut hs = Server::new(RuntimeConfig::new().handshake, std::time::Instant::now());
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = tcp.read(&mut buf).unwrap();
+                assert!(n > 0);
+                let mut at = 0;
+                while at < n {
+                    at += hs.handle_data(&buf[at..n]);
+                }
+                if let Some(Event::Proposed { .. }) = hs.poll_event() {
+                    break;
+                }
+            }
+            if accept {
+                let ep = Endpoint {
+                    gid: clc::Gid::from_ipv4(ip_b),
+                    mac: clc::Mac([2, 0, 10, 77, 0, 2]),
+                    qpn: 0x4242,
+                    initial_psn: 1,
+                    mtu: clc::QpMtu::MTU_1024,
+                    rmb_rkey: 0x77,
+                    rmb_vaddr: 0x10000,
+                    rmb_size: clc::RmbSize::round_up(65536),
+                    token: 5,
+                };
+                hs.accept(&ep, true, std::time::Instant::now()).unwrap();
+                while let Some(b) = hs.poll_transmit() {
+                    tcp.write_all(&b).unwrap();
+                }
+            }
+            drop(tcp); // the process is gone
+        }
+    });
+    rx.recv().unwrap();
+    let rt = runtime(&install);
+    let client_rt = rt.clone();
+    let results = in_netns(&net.a, move || {
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let t = std::time::Instant::now();
+            let r = SmcStream::connect(&rt, addr).map(|s| s.mode().clone());
+            out.push((r.map_err(|e| e.to_string()), t.elapsed()));
+        }
+        out
+    })
+    .join()
+    .unwrap();
+    raw.join().unwrap();
+    for ((r, took), when) in results
+        .iter()
+        .zip(["after the Proposal", "after the Accept"])
+    {
+        eprintln!("server gone {when}: connect {r:?} in {took:?}");
+        assert!(r.is_err(), "{when}: {r:?}");
+        assert!(
+            *took < std::time::Duration::from_secs(3),
+            "{when}: {took:?}"
+        );
+    }
+    assert_eq!(
+        (client_rt.link_groups(), client_rt.rmb_in_use()),
+        (0, 0),
+        "the abandoned link group and RMB are freed"
+    );
+    // A live server afterwards: SMC-R.
+    let (tx, rx) = mpsc::channel();
+    let server = {
+        let rt = runtime(&install);
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            echo_server(l, 1)
+        })
+    };
+    rx.recv().unwrap();
+    in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&client_rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        echo_once(&mut c, b"a live server");
+    })
+    .join()
+    .unwrap();
+    assert!(matches!(server.join().unwrap()[0], Mode::SmcR { .. }));
+}
