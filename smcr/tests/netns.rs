@@ -1263,3 +1263,106 @@ fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
     .unwrap();
     assert!(matches!(server.join().unwrap()[0], Mode::SmcR { .. }));
 }
+
+/// The engine's UDP socket fails every send (an nftables rule in the client's namespace makes
+/// `sendmsg` return EPERM for RoCE packets), both processes alive: the writer gets an error
+/// once the transport's retries run out, instead of hanging; the device counts the failed
+/// sends; once sends work again, a new connection gets SMC-R on a new link group (the engine
+/// survived its socket's errors).
+#[test]
+fn a_failing_engine_socket_fails_its_connections_and_the_engine_recovers() {
+    if !privileged("netns engine socket failing") || !common::have_tool("engine socket", "nft") {
+        return;
+    }
+    let install = TestInstall::new("sockfail");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7411).into();
+    let (tx, rx) = mpsc::channel();
+    let server_rt = runtime(&install);
+    let server = {
+        let rt = server_rt.clone();
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            // The first connection: read until it fails; the second: echo.
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+            }
+            drop(s);
+            echo_server(l, 1)
+        })
+    };
+    rx.recv().unwrap();
+    let client_rt = runtime(&install);
+    let rt = client_rt.clone();
+    let ns_a = net.a.clone();
+    let (kind, after) = in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+        let chunk = vec![0x3cu8; 128 * 1024];
+        let t0 = std::time::Instant::now();
+        let mut failing_at = None;
+        loop {
+            if failing_at.is_none() && t0.elapsed() > std::time::Duration::from_millis(300) {
+                nft(
+                    &ns_a,
+                    "table inet smcr_sockfail {\n chain out {\n  type filter hook output \
+                     priority 0;\n  udp dport 4791 drop\n }\n}\n",
+                );
+                failing_at = Some(std::time::Instant::now());
+            }
+            if let Err(e) = c.write_all(&chunk) {
+                return (
+                    e.kind(),
+                    failing_at.expect("error before the fault").elapsed(),
+                );
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "writer hangs"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+    let tx_errors: u64 = client_rt
+        .device_stats()
+        .iter()
+        .map(|(_, s)| s.tx_errors)
+        .sum();
+    eprintln!("writer: {kind:?} {after:?} after sends began to fail; {tx_errors} failed sends");
+    assert!(is_peer_gone(kind), "{kind:?}");
+    assert!(after < std::time::Duration::from_secs(10), "{after:?}");
+    assert!(tx_errors > 0, "the device saw its sends fail");
+    nft(&net.a, "delete table inet smcr_sockfail");
+    // The server learns of the dead link from the TCP hang-up and an unanswered TEST LINK
+    // (~2 s). A connection before that would be offered the dead group (its CONFIRM RKEY then
+    // fails: declined ERR_REGBUF, TCP, and the group ends).
+    let t = std::time::Instant::now();
+    while server_rt.link_groups() > 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    eprintln!(
+        "server's group gone {:?} after the fault was lifted",
+        t.elapsed()
+    );
+    assert_eq!(server_rt.link_groups(), 0);
+    let rt = client_rt.clone();
+    in_netns(&net.a, move || {
+        let mut c = SmcStream::connect(&rt, addr).unwrap();
+        assert_eq!(
+            c.mode(),
+            &Mode::SmcR {
+                first_contact: true
+            }
+        );
+        echo_once(&mut c, b"after the socket recovered");
+    })
+    .join()
+    .unwrap();
+    assert!(matches!(server.join().unwrap()[0], Mode::SmcR { .. }));
+}
