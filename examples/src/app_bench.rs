@@ -115,11 +115,11 @@ const SERVER_ADDR_LOCAL: &str = "127.0.0.2";
 const NS_A: &str = "10.78.0.1";
 const NS_B: &str = "10.78.0.2";
 
-struct Env {
+pub(crate) struct Env {
     lib: PathBuf,
     bpf: PathBuf,
-    stats: PathBuf,
-    work: PathBuf,
+    pub(crate) stats: PathBuf,
+    pub(crate) work: PathBuf,
     ns: Option<(String, String)>,
     next_port: std::cell::Cell<u16>,
 }
@@ -156,7 +156,7 @@ impl Env {
         }
     }
 
-    fn new(need_ns: bool) -> Result<Self> {
+    pub(crate) fn new(need_ns: bool) -> Result<Self> {
         Self::clean_leftovers();
         let exe = std::env::current_exe()?;
         let lib = exe.parent().context("exe dir")?.join("libsmcr_preload.so");
@@ -202,18 +202,29 @@ impl Env {
         Ok(env)
     }
 
-    fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         let p = self.next_port.get();
         self.next_port.set(p + 1);
         p
     }
 
-    fn server_addr(&self, s: Setup) -> &'static str {
+    /// The namespace and veth device of the server's (b) or the client's (a) side.
+    pub(crate) fn veth(&self, server: bool) -> Option<(&str, String)> {
+        let (a, b) = self.ns.as_ref()?;
+        let pid = std::process::id();
+        Some(if server {
+            (b, format!("sb{pid}b"))
+        } else {
+            (a, format!("sb{pid}a"))
+        })
+    }
+
+    pub(crate) fn server_addr(&self, s: Setup) -> &'static str {
         if s.netns() { NS_B } else { SERVER_ADDR_LOCAL }
     }
 
     /// `prog` for one side of a setup: in its namespace, under the shim if that side is.
-    fn cmd(&self, s: Setup, server: bool, prog: &str) -> Command {
+    pub(crate) fn cmd(&self, s: Setup, server: bool, prog: &str) -> Command {
         let mut c = match (&self.ns, s.netns()) {
             (Some((a, b)), true) => {
                 // nsenter --net, not `ip netns exec`: that one also gives the program a
@@ -244,7 +255,7 @@ impl Env {
         c
     }
 
-    fn wait_listening(&self, s: Setup, port: u16) -> Result<()> {
+    pub(crate) fn wait_listening(&self, s: Setup, port: u16) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let mut c = match (&self.ns, s.netns()) {
@@ -337,7 +348,7 @@ impl Drop for Env {
 }
 
 /// A background process, killed on drop.
-struct Bg(Child);
+pub(crate) struct Bg(pub(crate) Child);
 
 impl Drop for Bg {
     fn drop(&mut self) {

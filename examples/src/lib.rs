@@ -6,3 +6,4 @@
 pub mod app_bench;
 pub mod peer;
 pub mod smc_bench;
+pub mod soak;

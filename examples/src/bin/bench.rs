@@ -4,6 +4,10 @@
 //! host, both across two namespaces, and smcr fallback, with ratios (see
 //! `examples::app_bench`).
 //!
+//! `bench soak [--minutes N] [--loss PCT] [--dup PCT] [--faults roce|all] [--seed N] [--keys N]`
+//! (root): redis-benchmark under the shim with random faults on the wire for N minutes, then a
+//! check of every key of a known data set (see `examples::soak`).
+//!
 //! `bench smc [--quick] [--json FILE]`: SmcStream against TcpStream across a veth pair (see
 //! `examples::smc_bench`).
 //!
@@ -201,6 +205,10 @@ fn main() -> Result<()> {
         eprintln!("wrote {json} and {svg}");
         return Ok(());
     }
+    if what == "soak" {
+        let opt = examples::soak::parse(&args[2..])?;
+        return examples::soak::run(&opt);
+    }
     if what == "smc" {
         let json = examples::smc_bench::suite(quick)?;
         if let Some(p) = json_path {
@@ -211,7 +219,8 @@ fn main() -> Result<()> {
     }
     ensure!(
         what == "rdma",
-        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       bench apps [--quick] [--only SETUPS] [--workloads W,..] [--json FILE] [--svg FILE]"
+        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       bench apps [--quick] [--only SETUPS] [--workloads W,..] [--json FILE] [--svg FILE]\n       {}",
+        examples::soak::USAGE
     );
     let (bytes, runs, iters) = if quick {
         (256u64 << 20, 3, 2000)
