@@ -15,7 +15,7 @@
 //! 4. Removes the faults, reads back every key and compares it byte for byte; checks DBSIZE, the
 //!    number of `soak:*` keys, the server's error replies (INFO stats) and the server's stats
 //!    area (every connection SMC-R, none fell back, no handshake failed — except, as the shim's
-//!    log (`SMCR_LOG`) tells, ones the client abandoned by exiting mid-handshake). A client
+//!    log (`SMCR_LOG`) tells, ones a client abandoned by exiting mid-handshake). A client
 //!    that exits non-zero, hangs, or prints an error (redis-cli reconnects after a failed
 //!    connection and says so on stderr) is an error too.
 //!
@@ -120,7 +120,10 @@ pub fn parse(args: &[String]) -> Result<Options> {
             _ => bail!("unknown argument {a}; usage: {USAGE}"),
         }
     }
-    ensure!(o.minutes >= 0.0, "--minutes must not be negative");
+    ensure!(
+        o.minutes.is_finite() && o.minutes >= 0.0,
+        "--minutes must be a number ≥ 0"
+    );
     ensure!(
         (0.0..=100.0).contains(&o.loss) && (0.0..=100.0).contains(&o.dup),
         "--loss and --dup are percentages"
@@ -252,6 +255,16 @@ impl Soak<'_> {
                 break Some(st);
             }
             if r.started.elapsed() > limit {
+                // What the shim's stats areas say, for the report.
+                let snap = smcr::view::Snapshot::collect(&self.env.stats, None);
+                let keep = std::env::temp_dir().join(format!(
+                    "smcr-soak-{}-hang-{}.json",
+                    std::process::id(),
+                    r.child.id()
+                ));
+                if std::fs::write(&keep, smcr::view::render_json(&snap)).is_ok() {
+                    eprintln!("  hung: the stats areas are saved in {}", keep.display());
+                }
                 let _ = r.child.kill();
                 let _ = r.child.wait();
                 break None;
@@ -494,7 +507,7 @@ struct Failures {
     /// Reported to a client program.
     client: u64,
     /// On the server, because the client closed (or reset) the TCP connection during the CLC
-    /// handshake with no failure of its own:
+    /// handshake: after a failure of its own (counted in `client`), or with none of its own:
     /// redis-benchmark exits once its last test's requests are done, even while some of that
     /// test's 50 connections are still negotiating (slow when the faults hit TCP too). The
     /// program never used them; the server drops them.
@@ -727,9 +740,12 @@ pub fn run(opt: &Options) -> Result<()> {
         bad.dedup();
         let ok = match done.status {
             None => {
+                let last = out.split(['\r', '\n']).rfind(|l| !l.trim().is_empty());
                 s.error(format!(
-                    "{what}: hung, killed after {:.0} s",
-                    RUN_LIMIT.as_secs_f64()
+                    "{what}: hung, killed after {:.0} s; last output {:?}; stderr {:?}",
+                    RUN_LIMIT.as_secs_f64(),
+                    last.unwrap_or("").trim(),
+                    done.stderr.trim()
                 ));
                 false
             }
@@ -862,7 +878,7 @@ pub fn run(opt: &Options) -> Result<()> {
     let hf = handshake_failures(&log);
     if smcr_conns == 0 || tcp_conns > 0 || failed_conns > hf.abandoned || hf.client > 0 {
         s.error(format!(
-            "not all over SMC-R: the server counted {smcr_conns} SMC-R, {tcp_conns} TCP (fallbacks {fallbacks:?}), {failed_conns} failed handshakes ({} abandoned by an exiting client); {} failed on the client side; the log says: {:?}",
+            "not all over SMC-R: the server counted {smcr_conns} SMC-R, {tcp_conns} TCP (fallbacks {fallbacks:?}), {failed_conns} failed handshakes on the server ({} closed by the client mid-handshake), {} on the client side; the log says: {:?}",
             hf.abandoned, hf.client, hf.lines
         ));
     }
@@ -999,7 +1015,7 @@ pub fn run(opt: &Options) -> Result<()> {
         &mut o,
         "failed handshakes",
         format!(
-            "server {failed_conns} ({} abandoned by an exiting client), client {}",
+            "server {failed_conns} ({} closed by the client mid-handshake), client {}",
             hf.abandoned, hf.client
         ),
     );
