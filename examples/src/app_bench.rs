@@ -1003,14 +1003,19 @@ pub fn write(path: &Path, text: &str) -> Result<()> {
 
 /// Errors unless the tools are there.
 pub fn check_tools() -> Result<()> {
-    for t in [
+    require_tools(&[
         "redis-server",
         "redis-benchmark",
         "sockperf",
         "iperf3",
         "ss",
         "ip",
-    ] {
+    ])
+}
+
+/// Errors naming the first of `tools` that is not on the PATH.
+pub(crate) fn require_tools(tools: &[&str]) -> Result<()> {
+    for t in tools {
         let ok = Command::new("sh")
             .args(["-c", &format!("command -v {t}")])
             .stdout(Stdio::null())

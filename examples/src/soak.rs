@@ -537,7 +537,7 @@ fn handshake_failures(log: &Path) -> Failures {
 
 /// Errors unless the tools are there.
 fn check_tools() -> Result<()> {
-    for t in [
+    crate::app_bench::require_tools(&[
         "redis-server",
         "redis-cli",
         "redis-benchmark",
@@ -545,15 +545,7 @@ fn check_tools() -> Result<()> {
         "ip",
         "ss",
         "nsenter",
-    ] {
-        let ok = Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ensure!(ok, "{t} is missing: run scripts/setup.sh as root");
-    }
-    Ok(())
+    ])
 }
 
 /// Runs the soak; prints the summary; errors if anything went wrong.

@@ -1128,9 +1128,21 @@ impl LinkGroup {
     ) -> io::Result<bool> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
+        self.post_owned(before, slot, &b, owner)
+    }
+
+    /// Posts `bytes` from `slot` for connection `owner` (0: none), after `before`; the slot
+    /// is freed here if the SEND completed at once or was never posted.
+    fn post_owned(
+        &self,
+        before: &[SendWr<'_>],
+        slot: usize,
+        bytes: &[u8],
+        owner: u32,
+    ) -> io::Result<bool> {
         // The owner first: on UDP the completion may be handled before post_send returns.
         self.st.lock().core.set_owner(slot, owner);
-        let done = self.post_send_slot(before, slot, &b);
+        let done = self.post_send_slot(before, slot, bytes);
         if !matches!(done, Ok(false)) {
             // Completed at once, or never posted: the slot is free again.
             self.put_back(slot);
@@ -1146,12 +1158,7 @@ impl LinkGroup {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let slot = self.take_slot(false)?;
-        self.st.lock().core.set_owner(slot, 0);
-        let done = self.post_send_slot(&[], slot, bytes);
-        if !matches!(done, Ok(false)) {
-            self.put_back(slot);
-        }
-        done.map(drop)
+        self.post_owned(&[], slot, bytes, 0).map(drop)
     }
 
     /// Why the QP failed, as the link's down reason: a flush caused by a request of the peer

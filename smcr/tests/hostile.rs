@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{NetPair, TestInstall, Third, in_netns, privileged};
+use common::{NetPair, TestInstall, Third, in_netns, privileged, wait_until};
 use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 const PORT: u16 = 7500;
@@ -100,15 +100,11 @@ impl Setup {
 
     /// Waits until the server has `n` link groups.
     fn server_groups(&self, n: usize) {
-        let t = Instant::now();
-        while self.server_rt.link_groups() != n && t.elapsed() < Duration::from_secs(8) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let waited = wait_until(Duration::from_secs(8), || self.server_rt.link_groups() == n);
         assert_eq!(
             self.server_rt.link_groups(),
             n,
-            "server link groups after {:?}",
-            t.elapsed()
+            "server link groups after {waited:?}"
         );
     }
 }

@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use clc::DeclineReason;
 use common::{
     NetPair, TestInstall, check_pattern, in_netns, nft, pattern, privileged, send_pattern,
+    wait_until,
 };
 use smcr::{FallbackReason, Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
@@ -563,17 +564,13 @@ fn a_client_gone_after_the_accept_leaves_nothing_behind() {
     // The client goes without confirming.
     drop(tcp);
     // The server gives up at the EOF, long before its 6 s CLC wait.
-    let t = std::time::Instant::now();
-    while (server_rt.link_groups() > 0 || server_rt.rmb_in_use() > 0)
-        && t.elapsed() < std::time::Duration::from_secs(3)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let waited = wait_until(std::time::Duration::from_secs(3), || {
+        server_rt.link_groups() == 0 && server_rt.rmb_in_use() == 0
+    });
     assert_eq!(
         (server_rt.link_groups(), server_rt.rmb_in_use()),
         (0, 0),
-        "after {:?}: the abandoned group or RMB is still held",
-        t.elapsed()
+        "after {waited:?}: the abandoned group or RMB is still held"
     );
     let rt = client_rt.clone();
     let client = in_netns(&net.a, move || {
@@ -669,13 +666,10 @@ fn the_only_link_dying_fails_its_connections_promptly() {
         );
     }
     // The streams are gone: nothing of the dead group stays held.
-    let t = std::time::Instant::now();
-    while (client_rt.link_groups() + server_rt.link_groups() > 0
-        || client_rt.rmb_in_use() + server_rt.rmb_in_use() > 0)
-        && t.elapsed() < std::time::Duration::from_secs(5)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until(std::time::Duration::from_secs(5), || {
+        client_rt.link_groups() + server_rt.link_groups() == 0
+            && client_rt.rmb_in_use() + server_rt.rmb_in_use() == 0
+    });
     assert_eq!(
         (
             client_rt.link_groups(),
@@ -1095,10 +1089,9 @@ fn rmb_budget_exhaustion_declines_with_mem_and_recovers() {
         drop(stingy);
         stingy_client.shutdown();
         drop(stingy_client);
-        let t = std::time::Instant::now();
-        while server_rt2.rmb_in_use() > 0 && t.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_until(std::time::Duration::from_secs(5), || {
+            server_rt2.rmb_in_use() == 0
+        });
         assert_eq!(
             server_rt2.rmb_in_use(),
             0,
@@ -1342,14 +1335,10 @@ fn a_failing_engine_socket_fails_its_connections_and_the_engine_recovers() {
     // The server learns of the dead link from the TCP hang-up and an unanswered TEST LINK
     // (~2 s). A connection before that would be offered the dead group (its CONFIRM RKEY then
     // fails: declined ERR_REGBUF, TCP, and the group ends).
-    let t = std::time::Instant::now();
-    while server_rt.link_groups() > 0 && t.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    eprintln!(
-        "server's group gone {:?} after the fault was lifted",
-        t.elapsed()
-    );
+    let waited = wait_until(std::time::Duration::from_secs(10), || {
+        server_rt.link_groups() == 0
+    });
+    eprintln!("server's group gone {waited:?} after the fault was lifted");
     assert_eq!(server_rt.link_groups(), 0);
     let rt = client_rt.clone();
     in_netns(&net.a, move || {

@@ -420,3 +420,12 @@ impl Drop for Third {
         let _ = run(&["ip", "netns", "del", &self.c]);
     }
 }
+
+/// Polls `done` every 20 ms until it holds or `limit` has passed; returns the time waited.
+pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !done() && t.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
