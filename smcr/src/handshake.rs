@@ -11,8 +11,19 @@
 //! `max_conns` / `max_links`; the server needs a common UEID, takes the minimum of both sides'
 //! release and limits, and refuses what Linux refuses, with Linux's decline codes. Outcomes
 //! follow Linux's rules: a positive reason is a Decline and a fallback to TCP agreed by both
-//! sides; a timeout or a malformed/unexpected message fails the connection (Linux: `ETIMEDOUT`,
-//! `EPROTO`) because falling back then could put CLC bytes into the application's stream.
+//! sides; a malformed/unexpected message fails the connection (Linux: `EPROTO`).
+//!
+//! Timeouts, where we do better than Linux (which fails the connection with `ETIMEDOUT`): a
+//! client that waited [`CLC_WAIT_TIME`] for the Accept, or a server that waited as long for the
+//! Proposal, declines with [`DeclineReason::TIMEOUT_CLC`] and then reads the one CLC message the
+//! peer still owes (every peer, Linux too, answers a Proposal with exactly one Accept or
+//! Decline, and opens with exactly one Proposal or Decline), so no CLC byte can reach the
+//! application; only if that message does not come either does the connection fail. The server
+//! still fails when the Confirm does not come: a client on a reused link group is already
+//! sending over RDMA then, and a fallback would split the stream. When the first link does not
+//! come up (no CONFIRM LINK in time, or it fails), both sides do what Linux does: listen
+//! [`CLC_WAIT_TIME_SHORT`] for the peer's Decline, else decline with `TIMEOUT_CL`; either way
+//! the connection continues as TCP.
 
 use clc::{
     AcceptBody, AcceptConfirm, Decline, DeclineReason, Eid, FirstContactExt, Gid, Hostname, Mac,
@@ -24,6 +35,9 @@ use std::time::{Duration, Instant};
 
 /// Linux's `CLC_WAIT_TIME`: how long each side waits for the peer's next CLC message.
 pub const CLC_WAIT_TIME: Duration = Duration::from_secs(6);
+/// Linux's `CLC_WAIT_TIME_SHORT`: how long to listen for the peer's Decline after the first
+/// link failed to come up.
+pub const CLC_WAIT_TIME_SHORT: Duration = Duration::from_secs(1);
 /// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`).
 pub const MIN_CONNS_PER_LGR: u8 = 16;
 /// Most links per link group (`SMC_LINKS_ADD_LNK_MAX`).
@@ -306,17 +320,35 @@ impl Common {
         }
     }
 
-    fn handle_timeout(&mut self, now: Instant) {
-        if let Some((at, what)) = self.deadline
-            && now >= at
-            && !self.done
-        {
-            let waited = self.cfg.timeout;
-            self.fail(Error::Timeout {
-                waiting_for: what,
-                waited,
-            });
+    /// The message waited for, once its deadline has passed.
+    fn expired(&self, now: Instant) -> Option<MsgType> {
+        match self.deadline {
+            Some((at, what)) if now >= at && !self.done => Some(what),
+            _ => None,
         }
+    }
+
+    fn timed_out(&mut self, what: MsgType) {
+        let waited = self.cfg.timeout;
+        self.fail(Error::Timeout {
+            waiting_for: what,
+            waited,
+        });
+    }
+
+    /// Declines with `reason` but keeps reading: the peer still owes one CLC message (sent
+    /// before it sees our Decline), which must not reach the application.
+    fn decline_and_drain(&mut self, reason: DeclineReason, owed: MsgType, now: Instant) {
+        let d = Decline::linux(2, self.cfg.peer_id, reason);
+        self.send(&Message::Decline(d));
+        self.wait_for(owed, now);
+    }
+
+    /// The first link did not come up: listen briefly for the peer's Decline (`until`).
+    fn await_link_decline(&mut self, until: Instant) {
+        self.done = false;
+        self.framer = Framer::default();
+        self.deadline = Some((until, MsgType::Decline));
     }
 
     /// Feeds bytes; returns bytes consumed and a parsed message, or handles a framing error.
@@ -425,7 +457,9 @@ macro_rules! driver_methods {
 
             /// Call at (or after) `poll_timeout()`.
             pub fn handle_timeout(&mut self, now: Instant) {
-                self.c.handle_timeout(now);
+                if let Some(what) = self.c.expired(now) {
+                    self.on_timeout(what, now);
+                }
             }
 
             /// When `handle_timeout` must be called next.
@@ -459,10 +493,19 @@ pub struct Client {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ClientState {
     AwaitAccept,
+    /// Declined after the Accept wait; reading the Accept or Decline still owed.
+    Draining,
     AwaitLocal {
         negotiated: Negotiated,
         server: PeerInfo,
     },
+    /// Confirm sent (first contact: the link must come up next).
+    Confirmed {
+        first_contact: bool,
+        at: Instant,
+    },
+    /// The first link failed: listening for the server's Decline.
+    AwaitLinkDecline,
 }
 
 impl Client {
@@ -502,8 +545,27 @@ impl Client {
     }
 
     fn on_message(&mut self, m: Message) {
-        if self.state != ClientState::AwaitAccept {
-            return;
+        match (&self.state, &m) {
+            (ClientState::AwaitAccept, _) => {}
+            (ClientState::Draining, Message::Decline(d)) => return self.c.peer_declined(d),
+            (ClientState::Draining, Message::AcceptConfirm(a)) if a.role == Role::Accept => {
+                // The server's answer to our Proposal; it falls back on our Decline.
+                return self.c.finish(Event::Fallback {
+                    reason: DeclineReason::TIMEOUT_CLC,
+                    by_peer: false,
+                    out_of_sync: false,
+                });
+            }
+            (ClientState::AwaitLinkDecline, Message::Decline(d)) => {
+                return self.c.peer_declined(d);
+            }
+            (ClientState::Draining | ClientState::AwaitLinkDecline, _) => {
+                return self.c.fail(Error::Unexpected {
+                    expected: MsgType::Decline,
+                    got: m.msg_type(),
+                });
+            }
+            _ => return,
         }
         let a = match m {
             Message::Decline(d) => {
@@ -529,6 +591,18 @@ impl Client {
             Err(reason) => {
                 self.c.decline(a.version.min(2), reason);
             }
+        }
+    }
+
+    fn on_timeout(&mut self, what: MsgType, now: Instant) {
+        match self.state {
+            ClientState::AwaitAccept => {
+                self.state = ClientState::Draining;
+                self.c
+                    .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Accept, now);
+            }
+            ClientState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
+            _ => self.c.timed_out(what),
         }
     }
 
@@ -590,7 +664,12 @@ impl Client {
 
     /// Sends the Confirm with our endpoint (after the link is set up or found). `alt_gids` are
     /// further RoCE v2 GIDs of ours (first contact only; Linux lists the link GID first).
-    pub fn confirm(&mut self, local: &Endpoint, alt_gids: &[Gid]) -> Result<(), StateError> {
+    pub fn confirm(
+        &mut self,
+        local: &Endpoint,
+        alt_gids: &[Gid],
+        now: Instant,
+    ) -> Result<(), StateError> {
         let (ClientState::AwaitLocal { negotiated, server }, false) = (&self.state, self.c.done)
         else {
             return Err(StateError("confirm needs an Accept first"));
@@ -611,8 +690,32 @@ impl Client {
             server.first_contact,
             Some(gids),
         );
+        self.state = ClientState::Confirmed {
+            first_contact: server.first_contact,
+            at: now,
+        };
         self.c.send(&m);
         self.c.finish(Event::Confirmed);
+        Ok(())
+    }
+
+    /// The first link did not come up (first contact, after [`Client::confirm`]): the server
+    /// decides, so listen for its Decline until [`CLC_WAIT_TIME_SHORT`] after the server's own
+    /// CONFIRM LINK wait would have ended, then decline `TIMEOUT_CL` ourselves. Ends in
+    /// [`Event::Fallback`] (or `Failed` if the TCP connection closed).
+    pub fn link_failed(&mut self, now: Instant) -> Result<(), StateError> {
+        let ClientState::Confirmed {
+            first_contact: true,
+            at,
+        } = self.state
+        else {
+            return Err(StateError(
+                "link_failed needs a first-contact Confirm first",
+            ));
+        };
+        let until = now.max(at + crate::link::CLIENT_CONFIRM_WAIT) + CLC_WAIT_TIME_SHORT;
+        self.state = ClientState::AwaitLinkDecline;
+        self.c.await_link_decline(until);
         Ok(())
     }
 
@@ -646,6 +749,14 @@ enum ServerState {
         first_contact: bool,
         mtu: QpMtu,
     },
+    /// Declined after the Proposal wait; reading the Proposal or Decline still owed.
+    Draining,
+    /// The client confirmed (first contact: the link must come up next).
+    Established {
+        first_contact: bool,
+    },
+    /// The first link failed: listening for the client's Decline.
+    AwaitLinkDecline,
 }
 
 impl Server {
@@ -664,6 +775,30 @@ impl Server {
         let expected = match self.state {
             ServerState::Proposal => MsgType::Proposal,
             ServerState::Confirm { .. } => MsgType::Confirm,
+            ServerState::Draining => {
+                return match m {
+                    Message::Decline(d) => self.c.peer_declined(&d),
+                    // The client's Proposal: it falls back on our Decline.
+                    Message::Proposal(_) => self.c.finish(Event::Fallback {
+                        reason: DeclineReason::TIMEOUT_CLC,
+                        by_peer: false,
+                        out_of_sync: false,
+                    }),
+                    other => self.c.fail(Error::Unexpected {
+                        expected: MsgType::Proposal,
+                        got: other.msg_type(),
+                    }),
+                };
+            }
+            ServerState::AwaitLinkDecline => {
+                return match m {
+                    Message::Decline(d) => self.c.peer_declined(&d),
+                    other => self.c.fail(Error::Unexpected {
+                        expected: MsgType::Decline,
+                        got: other.msg_type(),
+                    }),
+                };
+            }
             _ => return,
         };
         if let Message::Decline(d) = &m {
@@ -703,6 +838,7 @@ impl Server {
                 },
             ) => match Self::check_confirm(&c, &negotiated, first_contact, mtu) {
                 Ok(client) => {
+                    self.state = ServerState::Established { first_contact };
                     self.c.finish(Event::Established { negotiated, client });
                 }
                 Err(reason) => {
@@ -711,6 +847,38 @@ impl Server {
             },
             _ => {}
         }
+    }
+
+    fn on_timeout(&mut self, what: MsgType, now: Instant) {
+        match self.state {
+            ServerState::Proposal => {
+                self.state = ServerState::Draining;
+                self.c
+                    .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Proposal, now);
+            }
+            ServerState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
+            // The Confirm did not come: a client on a reused link group may already be writing
+            // over RDMA, so falling back could split the stream; fail as Linux does.
+            _ => self.c.timed_out(what),
+        }
+    }
+
+    /// The first link did not come up (first contact, after `Established`): listen
+    /// [`CLC_WAIT_TIME_SHORT`] for the client's Decline, then decline `TIMEOUT_CL`. Ends in
+    /// [`Event::Fallback`] (or `Failed` if the TCP connection closed).
+    pub fn link_failed(&mut self, now: Instant) -> Result<(), StateError> {
+        if self.state
+            != (ServerState::Established {
+                first_contact: true,
+            })
+        {
+            return Err(StateError(
+                "link_failed needs a first-contact Confirm first",
+            ));
+        }
+        self.state = ServerState::AwaitLinkDecline;
+        self.c.await_link_decline(now + CLC_WAIT_TIME_SHORT);
+        Ok(())
     }
 
     /// Linux's server-side choice (`smc_listen_v2_check`, `smc_find_rdma_v2_device_serv`,

@@ -23,8 +23,12 @@ use llc::{
     RequestAddLink, TestLink, Version,
 };
 
-/// How long each side waits for the first CONFIRM LINK exchange (`SMC_LLC_WAIT_FIRST_TIME`).
+/// How long the server waits for the client's CONFIRM LINK response (`SMC_LLC_WAIT_TIME`).
 pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
+/// How long the client waits for the server's CONFIRM LINK request: twice the server's wait, as
+/// current Linux does (`2 * SMC_LLC_WAIT_TIME`), so a server that gives up has declined on the
+/// TCP connection before the client looks there (the server decides; no crossed Declines).
+pub const CLIENT_CONFIRM_WAIT: Duration = Duration::from_secs(4);
 /// How long a TEST LINK request may go unanswered (`SMC_LLC_WAIT_TIME`).
 pub const LLC_WAIT: Duration = Duration::from_secs(2);
 /// Idle time before a TEST LINK keepalive (Linux's `net.smc.smcr_testlink_time` default).
@@ -160,13 +164,13 @@ pub struct LinkCore {
 
 impl LinkCore {
     /// A new link after the CLC handshake: the server queues CONFIRM LINK, the client waits for
-    /// it. Both give up after [`CONFIRM_WAIT`].
+    /// it. The server gives up after [`CONFIRM_WAIT`], the client after [`CLIENT_CONFIRM_WAIT`].
     pub fn new(p: LinkParams, now: Instant) -> Self {
         let mut l = Self {
             p,
             state: LinkState::Confirming,
             peer: None,
-            confirm_deadline: Some(now + CONFIRM_WAIT),
+            confirm_deadline: Some(now + Self::confirm_wait(p.role)),
             last_activity: now,
             test_sent: None,
             tx: VecDeque::new(),
@@ -181,6 +185,14 @@ impl LinkCore {
             l.send(m);
         }
         l
+    }
+
+    /// How long `role` waits for the first CONFIRM LINK exchange.
+    pub fn confirm_wait(role: Role) -> Duration {
+        match role {
+            Role::Server => CONFIRM_WAIT,
+            Role::Client => CLIENT_CONFIRM_WAIT,
+        }
     }
 
     /// The link's state.
@@ -552,7 +564,7 @@ impl LinkCore {
             LinkState::Confirming => {
                 if self.confirm_deadline.is_some_and(|d| now >= d) {
                     self.tx.clear();
-                    self.down(DownReason::ConfirmTimeout(CONFIRM_WAIT));
+                    self.down(DownReason::ConfirmTimeout(Self::confirm_wait(self.p.role)));
                 }
             }
             LinkState::Active => match (self.test_sent, self.p.test_link_time) {

@@ -721,6 +721,18 @@ const IDLE_WAIT: Duration = Duration::from_secs(30);
 const HOLD_IDLE: Duration = Duration::from_millis(5);
 
 /// A refused post, as the connection sees it.
+/// The TCP socket has bytes, EOF or an error to report (without waiting).
+fn tcp_has_input(tcp: &std::net::TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: tcp.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+}
+
 fn post_error(e: rdma::PostError) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
 }
@@ -1032,7 +1044,11 @@ impl LinkGroup {
     }
 
     /// Waits until the link is confirmed, or fails.
-    pub(crate) fn wait_up(&self, timeout: Duration) -> io::Result<()> {
+    pub(crate) fn wait_up(&self, timeout: Duration, tcp: &std::net::TcpStream) -> io::Result<()> {
+        // The peer sends nothing on the TCP connection while the link comes up, except a
+        // Decline (it gave up) or its close: look every slice, so a peer that gave up or died
+        // ends the wait at once instead of at the deadline.
+        const SLICE: Duration = Duration::from_millis(20);
         let deadline = Instant::now() + timeout;
         let mut st = self.st.lock();
         loop {
@@ -1042,10 +1058,21 @@ impl LinkGroup {
             if st.up {
                 return Ok(());
             }
-            if self.cond.wait_until(&mut st, deadline).timed_out() {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "link not confirmed in time",
+                ));
+            }
+            let _ = self.cond.wait_until(&mut st, deadline.min(now + SLICE));
+            if !st.up
+                && st.down_reason.is_none()
+                && parking_lot::MutexGuard::unlocked(&mut st, || tcp_has_input(tcp))
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the peer closed or declined on the TCP connection while the link came up",
                 ));
             }
         }
@@ -1965,6 +1992,17 @@ impl LinkGroup {
         drop(guard);
         // The poller, asleep on its long timer, learns the probe's deadline.
         self.cq.kick();
+    }
+
+    /// Gives up a new group whose first link did not come up: nothing to tell a peer that
+    /// never confirmed it (Linux: `smc_lgr_cleanup_early`), so it fails here and now, its RMBs
+    /// freed; a group that came up after all is deleted as usual.
+    pub(crate) fn abandon(&self) {
+        if self.st.lock().up {
+            self.terminate();
+        } else {
+            self.fail("the first link did not come up");
+        }
     }
 
     /// Deletes the link group (DELETE LINK to the peer) and stops its poller.

@@ -13,7 +13,7 @@ use socket2::{Domain, Socket, Type};
 
 use crate::conn::ConnCore;
 use crate::handshake::{self, Endpoint, Event};
-use crate::link::{self, CONFIRM_WAIT};
+use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
 use crate::option::Capability;
 use crate::runtime::{ConnShared, ConnState, LinkGroup, Negotiation, Runtime, roce_mtu};
 
@@ -469,6 +469,27 @@ fn failed(e: handshake::Error) -> io::Error {
 }
 
 /// The inode of the socket at `fd` (as `/proc/PID/fd/N` shows it: `socket:[inode]`).
+/// The first link of a new group did not come up: the group ends, its never-used
+/// connection goes, and the handshake (already told `link_failed`) settles the fallback on the
+/// TCP connection — the peer's Decline, or ours with `TIMEOUT_CL` — as Linux does.
+fn link_not_up(
+    s: &mut SmcStream,
+    lg: &LinkGroup,
+    conn: &ConnShared,
+    hs: &mut impl Handshake,
+) -> io::Result<FallbackReason> {
+    lg.detach(conn.token);
+    lg.give_back(conn.rmb.clone());
+    lg.abandon();
+    match drive(&s.tcp, hs, &mut s.timeline)? {
+        Event::Fallback {
+            reason, by_peer, ..
+        } => Ok(FallbackReason::Declined { reason, by_peer }),
+        Event::Failed(e) => Err(failed(e)),
+        other => Err(io::Error::other(format!("unexpected {other:?}"))),
+    }
+}
+
 pub(crate) fn socket_inode(fd: std::os::fd::RawFd) -> Option<u64> {
     // SAFETY: fstat into a zeroed stat struct; an invalid fd is an error, not UB.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -835,24 +856,31 @@ impl SmcStream {
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
         let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
-        let mut finish = |s: &mut Self| -> io::Result<()> {
-            hs.confirm(&local_ep, &[]).map_err(io::Error::other)?;
-            match drive(&s.tcp, &mut hs, &mut s.timeline)? {
-                Event::Confirmed => {}
-                Event::Failed(e) => return Err(failed(e)),
-                other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+        let finish = |s: &mut Self, hs: &mut handshake::Client| -> io::Result<()> {
+            hs.confirm(&local_ep, &[], Instant::now())
+                .map_err(io::Error::other)?;
+            match drive(&s.tcp, hs, &mut s.timeline)? {
+                Event::Confirmed => Ok(()),
+                Event::Failed(e) => Err(failed(e)),
+                other => Err(io::Error::other(format!("unexpected {other:?}"))),
             }
-            if server.first_contact {
-                lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
-                s.timeline.mark(T_LINK);
-            }
-            Ok(())
         };
-        if let Err(e) = finish(self) {
+        if let Err(e) = finish(self, &mut hs) {
             // Never used: detach it and keep its RMB for others (or free it with the group).
             lg.detach(token);
             lg.give_back(conn.rmb.clone());
             return Err(e);
+        }
+        if server.first_contact {
+            if lg
+                .wait_up(CLIENT_CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
+                .is_err()
+            {
+                hs.link_failed(Instant::now()).map_err(io::Error::other)?;
+                self.mode = Mode::Tcp(link_not_up(self, &lg, &conn, &mut hs)?);
+                return Ok(());
+            }
+            self.timeline.mark(T_LINK);
         }
         self.mode = Mode::SmcR {
             first_contact: server.first_contact,
@@ -1669,7 +1697,14 @@ impl SmcStream {
         }
         let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
         if first_contact {
-            lg.wait_up(CONFIRM_WAIT + Duration::from_secs(1))?;
+            if lg
+                .wait_up(CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
+                .is_err()
+            {
+                hs.link_failed(Instant::now()).map_err(io::Error::other)?;
+                self.mode = Mode::Tcp(link_not_up(self, &lg, &conn, &mut hs)?);
+                return Ok(());
+            }
             self.timeline.mark(T_LINK);
         }
         self.mode = Mode::SmcR { first_contact };

@@ -101,7 +101,7 @@ fn test_first_contact_like_linux() {
     assert_eq!(server.endpoint, endpoint(2, 1));
     assert!(server.first_contact);
     assert_eq!(server.hostname.unwrap().to_string(), "A");
-    c.confirm(&endpoint(3, 1), &[]).unwrap();
+    c.confirm(&endpoint(3, 1), &[], t0).unwrap();
     assert_eq!(c.poll_event(), Some(Event::Confirmed));
     deliver_to_server(&mut c, &mut s, &mut sizes);
     let Some(Event::Established {
@@ -138,7 +138,7 @@ fn test_reused_link_group() {
         panic!()
     };
     assert!(!server.first_contact);
-    c.confirm(&endpoint(3, 2), &[]).unwrap();
+    c.confirm(&endpoint(3, 2), &[], t0).unwrap();
     deliver_to_server(&mut c, &mut s, &mut sizes);
     assert!(
         matches!(s.poll_event(), Some(Event::Established { client, .. }) if !client.first_contact)
@@ -313,15 +313,80 @@ fn test_client_syncerr_terminates_server_link_group() {
     );
 }
 
+fn decline_of(bytes: &[u8]) -> Decline {
+    match Message::parse(bytes).unwrap() {
+        Message::Decline(d) => d,
+        other => panic!("expected a Decline, got {other:?}"),
+    }
+}
+
 #[test]
-fn test_timeouts_fail_without_fallback() {
+fn test_accept_timeout_declines_reads_the_owed_answer_and_falls_back() {
     let t0 = Instant::now();
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
-    c.poll_transmit().unwrap();
+    let mut s = Server::new(cfg(2, "A"), t0);
+    let proposal = c.poll_transmit().unwrap();
     assert_eq!(c.poll_timeout(), Some(t0 + CLC_WAIT_TIME));
     c.handle_timeout(t0 + Duration::from_secs(5));
-    assert_eq!(c.poll_event(), None);
-    c.handle_timeout(t0 + CLC_WAIT_TIME);
+    assert_eq!((c.poll_event(), c.poll_transmit()), (None, None));
+    let t1 = t0 + CLC_WAIT_TIME;
+    c.handle_timeout(t1);
+    assert_eq!(c.poll_event(), None, "not over before the owed answer");
+    let d = decline_of(&c.poll_transmit().unwrap());
+    assert_eq!(d.reason, DeclineReason::TIMEOUT_CLC);
+    assert!(!d.out_of_sync);
+    assert_eq!(c.poll_timeout(), Some(t1 + CLC_WAIT_TIME));
+    // The slow server gets the Proposal now and accepts (first contact).
+    s.handle_data(&proposal);
+    s.poll_event().unwrap();
+    s.accept(&endpoint(2, 1), true, t1).unwrap();
+    let accept = s.poll_transmit().unwrap();
+    // The client takes exactly the Accept: what follows is application data.
+    let mut wire = accept.clone();
+    wire.extend_from_slice(b"app");
+    assert_eq!(c.handle_data(&wire), accept.len());
+    assert_eq!(
+        c.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::TIMEOUT_CLC,
+            by_peer: false,
+            out_of_sync: false
+        })
+    );
+    assert_eq!(c.wants(), 0);
+    // The server reads our Decline where it expected the Confirm, and falls back too.
+    s.handle_data(&Message::Decline(d).to_vec());
+    assert_eq!(
+        s.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::TIMEOUT_CLC,
+            by_peer: true,
+            out_of_sync: false
+        })
+    );
+
+    // The owed answer is a Decline: the peer's reason is kept.
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    c.poll_transmit().unwrap();
+    c.handle_timeout(t1);
+    c.poll_transmit().unwrap();
+    let theirs = Decline::linux(2, cfg(2, "A").peer_id, DeclineReason::NOUEID);
+    c.handle_data(&Message::Decline(theirs).to_vec());
+    assert_eq!(
+        c.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::NOUEID,
+            by_peer: true,
+            out_of_sync: false
+        })
+    );
+
+    // Nothing comes at all: then the connection fails.
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    c.poll_transmit().unwrap();
+    c.handle_timeout(t1);
+    c.poll_transmit().unwrap();
+    c.handle_timeout(t1 + CLC_WAIT_TIME);
     assert_eq!(
         c.poll_event(),
         Some(Event::Failed(Error::Timeout {
@@ -331,13 +396,64 @@ fn test_timeouts_fail_without_fallback() {
     );
     assert_eq!(c.poll_timeout(), None);
 
-    // Server waiting for the Confirm.
+    // Anything but an Accept or Decline is still a protocol error.
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    c.poll_transmit().unwrap();
+    c.handle_timeout(t1);
+    c.poll_transmit().unwrap();
+    c.handle_data(&proposal);
+    assert!(matches!(
+        c.poll_event(),
+        Some(Event::Failed(Error::Unexpected { .. }))
+    ));
+}
+
+#[test]
+fn test_proposal_timeout_declines_and_drains_the_proposal_confirm_timeout_fails() {
+    let t0 = Instant::now();
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    let mut s = Server::new(cfg(2, "A"), t0);
+    let t1 = t0 + CLC_WAIT_TIME;
+    s.handle_timeout(t1);
+    assert_eq!(s.poll_event(), None);
+    let d = decline_of(&s.poll_transmit().unwrap());
+    assert_eq!(d.reason, DeclineReason::TIMEOUT_CLC);
+    // The late Proposal is read and dropped, then the client reads our Decline.
+    deliver_to_server(&mut c, &mut s, &mut vec![]);
+    assert_eq!(
+        s.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::TIMEOUT_CLC,
+            by_peer: false,
+            out_of_sync: false
+        })
+    );
+    c.handle_data(&Message::Decline(d).to_vec());
+    assert!(matches!(
+        c.poll_event(),
+        Some(Event::Fallback { by_peer: true, .. })
+    ));
+    // Neither comes: fail.
+    let mut s = Server::new(cfg(2, "A"), t0);
+    s.handle_timeout(t1);
+    s.poll_transmit().unwrap();
+    s.handle_timeout(t1 + CLC_WAIT_TIME);
+    assert_eq!(
+        s.poll_event(),
+        Some(Event::Failed(Error::Timeout {
+            waiting_for: MsgType::Proposal,
+            waited: CLC_WAIT_TIME
+        }))
+    );
+
+    // Server waiting for the Confirm: the client may already be writing over RDMA, so fail.
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     let mut s = Server::new(cfg(2, "A"), t0);
     deliver_to_server(&mut c, &mut s, &mut vec![]);
     s.poll_event().unwrap();
     let t1 = t0 + Duration::from_secs(1);
-    s.accept(&endpoint(2, 1), true, t1).unwrap();
+    s.accept(&endpoint(2, 1), false, t1).unwrap();
+    s.poll_transmit().unwrap();
     s.handle_timeout(t1 + CLC_WAIT_TIME);
     assert_eq!(
         s.poll_event(),
@@ -346,6 +462,97 @@ fn test_timeouts_fail_without_fallback() {
             waited: CLC_WAIT_TIME
         }))
     );
+    assert_eq!(s.poll_transmit(), None, "no Decline");
+}
+
+/// Client and server through a first-contact Confirm, events taken.
+fn confirmed_first_contact(t0: Instant) -> (Client, Server) {
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    let mut s = Server::new(cfg(2, "A"), t0);
+    deliver_to_server(&mut c, &mut s, &mut vec![]);
+    s.poll_event().unwrap();
+    s.accept(&endpoint(2, 1), true, t0).unwrap();
+    deliver_to_client(&mut s, &mut c, &mut vec![]);
+    c.poll_event().unwrap();
+    c.confirm(&endpoint(3, 1), &[], t0).unwrap();
+    deliver_to_server(&mut c, &mut s, &mut vec![]);
+    assert_eq!(c.poll_event(), Some(Event::Confirmed));
+    assert!(matches!(s.poll_event(), Some(Event::Established { .. })));
+    (c, s)
+}
+
+#[test]
+fn test_first_link_failure_the_server_declines_timeout_cl_and_the_client_follows() {
+    let t0 = Instant::now();
+    let (mut c, mut s) = confirmed_first_contact(t0);
+    // The server's CONFIRM LINK wait (2 s) ends first; it listens 1 s for a Decline.
+    let ts = t0 + crate::link::CONFIRM_WAIT;
+    s.link_failed(ts).unwrap();
+    assert_eq!(s.poll_timeout(), Some(ts + CLC_WAIT_TIME_SHORT));
+    assert!(s.wants() > 0);
+    // The client's link fails early (the server ended the group): it listens until 1 s
+    // after its own 4 s wait, so the server's Decline (at 3 s) is in time.
+    let tc = t0 + Duration::from_millis(2100);
+    c.link_failed(tc).unwrap();
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t0 + crate::link::CLIENT_CONFIRM_WAIT + CLC_WAIT_TIME_SHORT)
+    );
+    s.handle_timeout(ts + CLC_WAIT_TIME_SHORT);
+    assert_eq!(
+        s.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::TIMEOUT_CL,
+            by_peer: false,
+            out_of_sync: false
+        })
+    );
+    deliver_to_client(&mut s, &mut c, &mut vec![]);
+    assert_eq!(
+        c.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::TIMEOUT_CL,
+            by_peer: true,
+            out_of_sync: false
+        })
+    );
+    assert_eq!(
+        c.poll_transmit(),
+        None,
+        "the client sends no Decline of its own"
+    );
+
+    // A silent server: the client declines itself once its window ends.
+    let (mut c, mut s) = confirmed_first_contact(t0);
+    c.link_failed(t0 + crate::link::CLIENT_CONFIRM_WAIT)
+        .unwrap();
+    c.handle_timeout(t0 + crate::link::CLIENT_CONFIRM_WAIT + CLC_WAIT_TIME_SHORT);
+    assert_eq!(
+        c.poll_event(),
+        Some(Event::Fallback {
+            reason: DeclineReason::TIMEOUT_CL,
+            by_peer: false,
+            out_of_sync: false
+        })
+    );
+    // A server still listening takes it as the peer's.
+    s.link_failed(t0 + crate::link::CONFIRM_WAIT).unwrap();
+    deliver_to_server(&mut c, &mut s, &mut vec![]);
+    assert!(matches!(
+        s.poll_event(),
+        Some(Event::Fallback { by_peer: true, .. })
+    ));
+
+    // Only after a first-contact Confirm.
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    assert!(c.link_failed(t0).is_err());
+    let mut s = Server::new(cfg(2, "A"), t0);
+    assert!(s.link_failed(t0).is_err());
+    // EOF while listening fails.
+    let (mut c, _) = confirmed_first_contact(t0);
+    c.link_failed(t0).unwrap();
+    c.handle_eof();
+    assert_eq!(c.poll_event(), Some(Event::Failed(Error::PeerClosed)));
 }
 
 #[test]
@@ -393,7 +600,7 @@ fn test_confirm_feature_mismatch_is_declined() {
     let accept = s.poll_transmit().unwrap();
     c.handle_data(&accept);
     c.poll_event().unwrap();
-    c.confirm(&endpoint(3, 1), &[]).unwrap();
+    c.confirm(&endpoint(3, 1), &[], t0).unwrap();
     let confirm = c.poll_transmit().unwrap();
     // Tamper with the echoed max_conns (FCE byte 36 at offset 104 + 36).
     let mut m = Message::parse(&confirm).unwrap();

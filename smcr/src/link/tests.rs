@@ -164,16 +164,19 @@ fn unanswered_test_link_takes_the_link_down() {
 }
 
 #[test]
-fn confirm_timeout_on_both_sides() {
+fn confirm_timeout_on_both_sides_the_client_waits_twice_as_long() {
     let t0 = Instant::now();
     let mut s = LinkCore::new(params(Role::Server), t0);
     let mut c = LinkCore::new(params(Role::Client), t0);
-    for l in [&mut s, &mut c] {
-        assert_eq!(l.poll_timeout(), Some(t0 + CONFIRM_WAIT));
-        l.handle_timeout(t0 + CONFIRM_WAIT);
+    assert_eq!(CLIENT_CONFIRM_WAIT, 2 * CONFIRM_WAIT);
+    for (l, wait) in [(&mut s, CONFIRM_WAIT), (&mut c, CLIENT_CONFIRM_WAIT)] {
+        assert_eq!(l.poll_timeout(), Some(t0 + wait));
+        l.handle_timeout(t0 + wait - Duration::from_millis(1));
+        assert_eq!(l.poll_event(), None, "not before its wait");
+        l.handle_timeout(t0 + wait);
         assert_eq!(
             l.poll_event(),
-            Some(LinkEvent::Down(DownReason::ConfirmTimeout(CONFIRM_WAIT)))
+            Some(LinkEvent::Down(DownReason::ConfirmTimeout(wait)))
         );
         assert!(l.poll_transmit().is_none());
     }
