@@ -15,7 +15,8 @@
 //!
 //! Timeouts, where we do better than Linux (which fails the connection with `ETIMEDOUT`): a
 //! client that waited [`CLC_WAIT_TIME`] for the Accept, or a server that waited as long for the
-//! Proposal, declines with [`DeclineReason::TIMEOUT_CLC`] and then reads the one CLC message the
+//! Proposal, and received none of it (part of a message that then stalls is a broken peer: the
+//! connection fails), declines with [`DeclineReason::TIMEOUT_CLC`] and then reads the one CLC message the
 //! peer still owes (every peer, Linux too, answers a Proposal with exactly one Accept or
 //! Decline, and opens with exactly one Proposal or Decline), so no CLC byte can reach the
 //! application; only if that message does not come either does the connection fail. The server
@@ -596,7 +597,9 @@ impl Client {
 
     fn on_timeout(&mut self, what: MsgType, now: Instant) {
         match self.state {
-            ClientState::AwaitAccept => {
+            // Nothing of the Accept came: a slow server. (Part of one that stalled is a broken
+            // peer: fail, below.)
+            ClientState::AwaitAccept if self.c.framer.buf.is_empty() => {
                 self.state = ClientState::Draining;
                 self.c
                     .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Accept, now);
@@ -851,7 +854,9 @@ impl Server {
 
     fn on_timeout(&mut self, what: MsgType, now: Instant) {
         match self.state {
-            ServerState::Proposal => {
+            // Nothing of the Proposal came: a slow client. (Part of one that stalled, e.g. a
+            // length beyond what was sent, is a broken peer: fail, below.)
+            ServerState::Proposal if self.c.framer.buf.is_empty() => {
                 self.state = ServerState::Draining;
                 self.c
                     .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Proposal, now);

@@ -1616,44 +1616,55 @@ impl SmcStream {
         // smc_server_lgr_pending): concurrent first contacts would create two link groups.
         let pending = rt.inner.pending(true, peer_ip);
         let _one_at_a_time = pending.lock();
-        let existing =
-            rt.inner
-                .find_group(*local.ip(), client_gid, link::Role::Server, client_id, None);
-        let first_contact = existing.is_none();
-        let lg = match existing {
-            Some(lg) => lg,
-            None => {
-                let Ok(dev) = rt.inner.device(*local.ip()) else {
-                    return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
-                };
-                match LinkGroup::create(
-                    &rt.inner,
-                    dev,
-                    link::Role::Server,
-                    client_gid,
-                    client_id,
-                    mtu,
-                ) {
-                    Ok(lg) => lg,
-                    Err(_) => return decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
-                }
-            }
-        };
         let size = match client_gid.to_ipv4() {
             Some(ip) => rt.inner.rmb_size_for(ip),
             None => rt.inner.rmb_size(),
         };
-        let rmb = match lg.take_rmb(size.bytes()) {
-            Ok(x) => x,
-            Err(reason) => return decline(self, &mut hs, reason),
+        let mut stale = false;
+        let (lg, first_contact, rmb) = loop {
+            // After a group that did not answer, only a new one.
+            let existing = if stale {
+                None
+            } else {
+                rt.inner
+                    .find_group(*local.ip(), client_gid, link::Role::Server, client_id, None)
+            };
+            let first_contact = existing.is_none();
+            let lg = match existing {
+                Some(lg) => lg,
+                None => {
+                    let Ok(dev) = rt.inner.device(*local.ip()) else {
+                        return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
+                    };
+                    match LinkGroup::create(
+                        &rt.inner,
+                        dev,
+                        link::Role::Server,
+                        client_gid,
+                        client_id,
+                        mtu,
+                    ) {
+                        Ok(lg) => lg,
+                        Err(_) => return decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
+                    }
+                }
+            };
+            let rmb = match lg.take_rmb(size.bytes()) {
+                Ok(x) => x,
+                Err(reason) => return decline(self, &mut hs, reason),
+            };
+            if !first_contact && lg.confirm_rkey(&rmb).is_err() {
+                // The client does not answer on this group (its side is gone: a process that
+                // died without DELETE LINK, or a link it already found dead): end it and offer
+                // this connection a new group as a first contact — nothing was sent yet, and
+                // the client's Accept wait (6 s) has room for the 2 s lost here.
+                lg.give_back(rmb);
+                lg.terminate();
+                stale = true;
+                continue;
+            }
+            break (lg, first_contact, rmb);
         };
-        if !first_contact && lg.confirm_rkey(&rmb).is_err() {
-            // The peer does not answer on this group (a client process that died without
-            // DELETE LINK): end it, so this client's next connection is a first contact.
-            lg.give_back(rmb);
-            lg.terminate();
-            return decline(self, &mut hs, DeclineReason::ERR_REGBUF);
-        }
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
         lg.reserve(token);

@@ -411,7 +411,7 @@ fn malformed_clc_proposals_are_refused_and_the_server_goes_on() {
             if decline {
                 format!(
                     "Decline, reason {:#010x}",
-                    u32::from_be_bytes(answer[20..24].try_into().unwrap_or_default())
+                    u32::from_be_bytes(answer[16..20].try_into().unwrap_or_default())
                 )
             } else {
                 format!("closed after {} bytes", answer.len())

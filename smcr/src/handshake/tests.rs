@@ -396,6 +396,25 @@ fn test_accept_timeout_declines_reads_the_owed_answer_and_falls_back() {
     );
     assert_eq!(c.poll_timeout(), None);
 
+    // Part of an Accept that then stalls is a broken peer, not a slow one: fail, no Decline.
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    c.poll_transmit().unwrap();
+    let mut s = Server::new(cfg(2, "A"), t0);
+    s.handle_data(&proposal);
+    s.poll_event().unwrap();
+    s.accept(&endpoint(2, 1), true, t0).unwrap();
+    let accept = s.poll_transmit().unwrap();
+    c.handle_data(&accept[..20]);
+    c.handle_timeout(t1);
+    assert_eq!(
+        c.poll_event(),
+        Some(Event::Failed(Error::Timeout {
+            waiting_for: MsgType::Accept,
+            waited: CLC_WAIT_TIME
+        }))
+    );
+    assert_eq!(c.poll_transmit(), None);
+
     // Anything but an Accept or Decline is still a protocol error.
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
     c.poll_transmit().unwrap();
@@ -433,6 +452,17 @@ fn test_proposal_timeout_declines_and_drains_the_proposal_confirm_timeout_fails(
         c.poll_event(),
         Some(Event::Fallback { by_peer: true, .. })
     ));
+    // A Proposal whose length claims more than comes: fail, no Decline.
+    let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    let mut s = Server::new(cfg(2, "A"), t0);
+    let p = c.poll_transmit().unwrap();
+    s.handle_data(&p[..p.len() - 1]);
+    s.handle_timeout(t1);
+    assert!(matches!(
+        s.poll_event(),
+        Some(Event::Failed(Error::Timeout { .. }))
+    ));
+    assert_eq!(s.poll_transmit(), None);
     // Neither comes: fail.
     let mut s = Server::new(cfg(2, "A"), t0);
     s.handle_timeout(t1);
