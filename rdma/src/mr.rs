@@ -104,6 +104,9 @@ impl Drop for Mapping {
 enum Memory {
     /// Private anonymous memory.
     Private(Mapping),
+    /// Another region's bytes (the same buffer registered again, e.g. on a second device for
+    /// a second link): kept alive by this region.
+    Alias(Arc<Region>),
     /// A slice of a protection domain's shared arena (same-host peers map it).
     Arena {
         arena: Arc<crate::samehost::Arena>,
@@ -122,12 +125,14 @@ impl Memory {
     fn ptr(&self) -> NonNull<u8> {
         match self {
             Self::Private(m) => m.ptr,
+            Self::Alias(r) => r.mem.ptr(),
             Self::Arena { ptr, .. } => *ptr,
         }
     }
     fn len(&self) -> usize {
         match self {
             Self::Private(m) => m.len,
+            Self::Alias(r) => r.mem.len(),
             Self::Arena { len, .. } => *len,
         }
     }
@@ -341,6 +346,51 @@ impl MrTable {
             iova,
             access,
             mem,
+        });
+        slots[index] = Some(mr.clone());
+        Ok(mr)
+    }
+
+    /// Registers the bytes of `of` (a region of any device) again, in protection domain `pd`
+    /// of this table, with its own key and address (`ibv_reg_mr` of an already registered
+    /// buffer): what arrives through either key lands in the same memory. Only private memory:
+    /// a shared arena's regions are reachable by same-host peers of that domain alone.
+    pub fn register_alias(
+        &self,
+        pd: u32,
+        of: &Arc<Region>,
+        access: Access,
+    ) -> std::io::Result<Arc<Region>> {
+        if matches!(of.mem, Memory::Arena { .. }) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "a shared-memory region cannot be registered again in another domain",
+            ));
+        }
+        // An alias of an alias is an alias of the owner.
+        let owner = match &of.mem {
+            Memory::Alias(o) => o.clone(),
+            _ => of.clone(),
+        };
+        let tag = self.next_tag();
+        let mut slots = self.slots.write();
+        let index = match slots.iter().skip(1).position(Option::is_none) {
+            Some(i) => i + 1,
+            None => {
+                if slots.len() >= 1 << 24 {
+                    return Err(std::io::ErrorKind::OutOfMemory.into());
+                }
+                slots.push(None);
+                slots.len() - 1
+            }
+        };
+        let key = ((index as u32) << 8) | u32::from(tag);
+        let mr = Arc::new(Region {
+            key,
+            pd,
+            iova: (u64::from(key) << 32) | 0x1000_0000,
+            access,
+            mem: Memory::Alias(owner),
         });
         slots[index] = Some(mr.clone());
         Ok(mr)

@@ -139,6 +139,28 @@ impl ProtectionDomain {
         })
     }
 
+    /// Registers the memory of `mr` (of this or another device) again in this domain
+    /// (`ibv_reg_mr` of an already registered buffer): a second link of an SMC-R link group
+    /// reaches the same RMB with its own rkey. The alias keeps the memory alive; dropping it
+    /// deregisters only its own key. Refused for memory of a shared (same-host) domain.
+    pub fn reg_alias(&self, mr: &MemoryRegion, access: Access) -> io::Result<MemoryRegion> {
+        if self.arena.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "aliases are registered in private domains only",
+            ));
+        }
+        let region = self
+            .guard
+            .shared
+            .mrs
+            .register_alias(self.id, &mr.region, access)?;
+        Ok(MemoryRegion {
+            region,
+            guard: self.guard.clone(),
+        })
+    }
+
     /// Creates an RC queue pair in the RESET state (`ibv_create_qp`). With `sq_sig_all`, every
     /// send request produces a completion.
     pub fn create_qp(

@@ -242,3 +242,65 @@ fn rnr_then_receive_posted_over_udp() {
     dst.read(0, &mut got);
     assert_eq!(&got, b"ready?");
 }
+
+/// One buffer registered on two devices (an SMC-R RMB reachable over two links): a WRITE
+/// through either device's key lands in the same bytes; each key works only on its own
+/// device; the alias keeps the memory after the first registration is dropped.
+#[test]
+fn a_buffer_registered_on_two_devices_takes_writes_through_either_key() {
+    let (a1, b1) = (side(None), side(None));
+    let (a2, b2) = (side(None), side(None));
+    connect(&a1, &b1, Mtu::Mtu1024, 14);
+    connect(&a2, &b2, Mtu::Mtu1024, 14);
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let rmb = b1.pd.reg_mr(8192, rights).unwrap();
+    // Another index on device 2, so device 1's key cannot name the alias by chance (keys are
+    // index and a random tag).
+    let _other = b2.pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let alias = b2.pd.reg_alias(&rmb, rights).unwrap();
+    assert_ne!(alias.rkey(), rmb.rkey());
+    assert_eq!(alias.len(), rmb.len());
+    let write = |from: &Side, off: u64, addr: u64, rkey: u32, byte: u8| {
+        let src = from.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        src.write(0, &[byte; 4096]);
+        from.qp
+            .post_send(&[SendWr {
+                wr_id: u64::from(byte),
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: addr + off,
+                    rkey,
+                },
+                sg_list: &[src.sge(0, 4096)],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+        wait_one(&from.cq)
+    };
+    let wc = write(&a1, 0, rmb.addr(), rmb.rkey(), 0x11);
+    assert_eq!(wc.status, WcStatus::Success);
+    let wc = write(&a2, 4096, alias.addr(), alias.rkey(), 0x22);
+    assert_eq!(wc.status, WcStatus::Success);
+    let mut got = vec![0u8; 8192];
+    alias.read(0, &mut got);
+    assert!(got[..4096].iter().all(|&b| b == 0x11), "link 1's bytes");
+    assert!(got[4096..].iter().all(|&b| b == 0x22), "link 2's bytes");
+    rmb.read(0, &mut got);
+    assert!(got[4096..].iter().all(|&b| b == 0x22), "the same memory");
+    // Device 1's key means nothing on device 2.
+    let wc = write(&a2, 0, rmb.addr(), rmb.rkey(), 0x33);
+    assert_eq!(wc.status, WcStatus::RemAccessErr);
+    // The alias outlives the first registration.
+    drop(rmb);
+    let (a3, b3) = (side(None), side(None));
+    connect(&a3, &b3, Mtu::Mtu1024, 14);
+    let alias3 = b3.pd.reg_alias(&alias, rights).unwrap();
+    let wc = write(&a3, 0, alias3.addr(), alias3.rkey(), 0x44);
+    assert_eq!(wc.status, WcStatus::Success);
+    alias.read(0, &mut got[..4096]);
+    assert!(got[..4096].iter().all(|&b| b == 0x44), "an alias of an alias");
+    // Shared (same-host) domains keep their memory to themselves.
+    let shared = b1.dev.alloc_shared_pd().unwrap();
+    let in_arena = shared.reg_mr(4096, rights).unwrap();
+    assert!(b2.pd.reg_alias(&in_arena, rights).is_err());
+    assert!(shared.reg_alias(&alias, rights).is_err());
+}
