@@ -297,7 +297,10 @@ fn a_buffer_registered_on_two_devices_takes_writes_through_either_key() {
     let wc = write(&a3, 0, alias3.addr(), alias3.rkey(), 0x44);
     assert_eq!(wc.status, WcStatus::Success);
     alias.read(0, &mut got[..4096]);
-    assert!(got[..4096].iter().all(|&b| b == 0x44), "an alias of an alias");
+    assert!(
+        got[..4096].iter().all(|&b| b == 0x44),
+        "an alias of an alias"
+    );
     // Shared (same-host) domains keep their memory to themselves.
     let shared = b1.dev.alloc_shared_pd().unwrap();
     let in_arena = shared.reg_mr(4096, rights).unwrap();

@@ -58,6 +58,26 @@ pub struct WritePlan {
     pub slack: u32,
 }
 
+/// What moving a connection to another link of its group must redo (Linux's
+/// `smc_switch_conns`/`smc_switch_cursor`): WRITEs and CDCs in flight on the failed link may
+/// or may not have arrived. Our send buffer mirrors the peer's RMB and keeps every byte until
+/// the peer confirms consuming it, so everything past the peer's consumer cursor is written
+/// again (bytes the peer already has are rewritten with the same values, at the same places,
+/// before it may reuse them), then a CDC with the current cursors and close flags follows.
+/// Cursors are absolute and close flags sticky: that CDC carries whatever a lost one did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failover {
+    /// Linux's validation CDC, first on the new link: only the `FAILOVER_VALIDATION` flag and
+    /// the sequence number before the last CDC known to have completed (as Linux sends it);
+    /// it takes no sequence number of its own.
+    pub validation: CdcMessage,
+    /// (offset, length) pieces of the peer's RMB, which are also the send buffer's, to write
+    /// again on the new link.
+    pub pieces: [(u32, u32); 2],
+    /// The CDC after those WRITEs.
+    pub cdc: CdcMessage,
+}
+
 /// What a received CDC changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RxUpdate {
@@ -88,6 +108,8 @@ pub struct ConnCore {
     /// The consumer cursor we last told the peer.
     cons_sent: Cursor,
     seq_tx: u16,
+    /// Sequence number of the last of our CDCs known to have reached the peer's queue pair.
+    seq_done: Option<u16>,
     seq_rx: Option<u16>,
     peer_blocked: bool,
     peer_wants_update: bool,
@@ -109,6 +131,7 @@ impl ConnCore {
             rx_cons: Cursor::default(),
             cons_sent: Cursor::default(),
             seq_tx: 0,
+            seq_done: None,
             seq_rx: None,
             peer_blocked: false,
             peer_wants_update: false,
@@ -245,8 +268,49 @@ impl ConnCore {
         self.next_cdc(ProducerFlags::empty())
     }
 
+    /// Our CDC with sequence number `seq` completed (the peer's queue pair took it).
+    pub fn cdc_done(&mut self, seq: u16) {
+        if self.seq_done.is_none_or(|d| seq_before(d, seq)) {
+            self.seq_done = Some(seq);
+        }
+    }
+
+    /// The connection moves to another link (see [`Failover`]).
+    pub fn failover(&mut self) -> Failover {
+        let validation = CdcMessage {
+            // Linux records the sequence number before the increment: one less than the last
+            // completed CDC's; 0 when none completed.
+            seq: self.seq_done.map_or(0, |d| d.wrapping_sub(1)),
+            token: self.token_peer,
+            prod: Cursor::default(),
+            cons: Cursor::default(),
+            prod_flags: ProducerFlags::FAILOVER_VALIDATION,
+            conn_flags: ConnStateFlags::empty(),
+        };
+        let unconsumed = Cursor::diff(self.peer_rmb, self.peer_cons, self.tx_prod);
+        let off = self.peer_cons.count;
+        let first = unconsumed.min(self.peer_rmb - off);
+        let pieces = [(off, first), (0, unconsumed - first)];
+        let cdc = self.next_cdc(ProducerFlags::empty());
+        Failover {
+            validation,
+            pieces,
+            cdc,
+        }
+    }
+
     /// Takes a CDC from the peer.
     pub fn on_cdc(&mut self, m: &CdcMessage) -> Result<RxUpdate, ConnError> {
+        if m.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
+            // The peer moved this connection to another link. Linux aborts when the number is
+            // newer than the last CDC it took (a CDC it never saw completed at the sender);
+            // we need not: the peer's next CDC carries absolute cursors and sticky flags, so
+            // nothing a lost CDC said is missing. Nothing else in it counts.
+            return Ok(RxUpdate {
+                stale: true,
+                ..Default::default()
+            });
+        }
         if let Some(last) = self.seq_rx
             && seq_before(m.seq, last)
         {

@@ -268,3 +268,199 @@ fn the_slack_after_a_write_is_free_space_up_to_the_end_of_the_ring() {
     assert_eq!(p.pieces, [(5, 88), (0, 0)]);
     assert_eq!(p.slack, 2);
 }
+
+/// One direction of a link: WRITEs (bytes at RMB offsets) and CDCs in order.
+enum Wire {
+    Write(u32, Vec<u8>),
+    Cdc(CdcMessage),
+}
+
+/// A sender whose send buffer mirrors the peer's RMB, as the runtime's does.
+struct Sender {
+    core: ConnCore,
+    sndbuf: Vec<u8>,
+}
+
+fn send_failover_plan(s: &mut Sender, link: &mut std::collections::VecDeque<Wire>) {
+    let f = s.core.failover();
+    assert!(
+        f.validation
+            .prod_flags
+            .contains(ProducerFlags::FAILOVER_VALIDATION)
+    );
+    link.push_back(Wire::Cdc(f.validation));
+    for (off, len) in f.pieces {
+        if len > 0 {
+            let b = s.sndbuf[off as usize..(off + len) as usize].to_vec();
+            link.push_back(Wire::Write(off, b));
+        }
+    }
+    link.push_back(Wire::Cdc(f.cdc));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The link under a connection fails any number of times with WRITEs and CDCs in flight in
+    /// both directions (the first WRITE possibly half delivered); each time both ends move to
+    /// a new link with `failover()`. The stream arrives intact, in order, nothing twice, and
+    /// no CDC is refused.
+    #[test]
+    fn prop_failover_with_anything_in_flight_loses_nothing(
+        rmb in prop::sample::select(vec![16384u32, 65536]),
+        ops in prop::collection::vec((0u8..6, 1usize..30000), 1..300),
+    ) {
+        use std::collections::VecDeque;
+        let mut a = Sender {
+            core: ConnCore::new(2, rmb, rmb),
+            sndbuf: vec![0; rmb as usize],
+        };
+        let mut b = End {
+            core: ConnCore::new(1, rmb, rmb),
+            rmb: vec![0; rmb as usize],
+        };
+        let total = 400_000usize;
+        let src: Vec<u8> = (0..total).map(|i| (i * 13 + i / 509) as u8).collect();
+        let (mut sent, mut got) = (0usize, Vec::new());
+        let (mut to_b, mut to_a) = (VecDeque::new(), VecDeque::<Wire>::new());
+        let mut steps = ops.into_iter().cycle();
+        let mut guard = 0;
+        while got.len() < total {
+            guard += 1;
+            prop_assert!(guard < 200_000, "no progress");
+            let (op, n) = steps.next().unwrap();
+            match op {
+                // Write what fits: bytes into the send buffer, WRITEs and the CDC on the link.
+                0 | 1 => {
+                    let n = (n.min(total - sent) as u32).min(a.core.space());
+                    if n > 0 {
+                        let plan = a.core.prepare_write(n, n);
+                        let mut at = sent;
+                        for (off, len) in plan.pieces {
+                            let (o, l) = (off as usize, len as usize);
+                            a.sndbuf[o..o + l].copy_from_slice(&src[at..at + l]);
+                            if l > 0 {
+                                to_b.push_back(Wire::Write(off, src[at..at + l].to_vec()));
+                            }
+                            at += l;
+                        }
+                        sent = at;
+                        to_b.push_back(Wire::Cdc(plan.cdc));
+                    }
+                }
+                // Deliver to b: WRITEs land, CDCs are taken (their completion seen by a).
+                2 => {
+                    for _ in 0..(n % 7 + 1) {
+                        match to_b.pop_front() {
+                            Some(Wire::Write(off, bytes)) => {
+                                b.rmb[off as usize..off as usize + bytes.len()]
+                                    .copy_from_slice(&bytes);
+                            }
+                            Some(Wire::Cdc(m)) => {
+                                b.core.on_cdc(&m).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                                a.core.cdc_done(m.seq);
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                // b reads; its consumer updates travel back.
+                3 => {
+                    let k = (n as u32).min(b.core.readable());
+                    for (off, len) in b.core.read_pieces(k) {
+                        got.extend_from_slice(&b.rmb[off as usize..(off + len) as usize]);
+                    }
+                    if let Some(c) = b.core.consume(k) {
+                        to_a.push_back(Wire::Cdc(c));
+                    }
+                }
+                // Deliver to a.
+                4 => {
+                    while let Some(Wire::Cdc(m)) = to_a.pop_front() {
+                        a.core.on_cdc(&m).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    }
+                }
+                // The link fails: everything in flight is gone, except maybe part of the
+                // first WRITE; both ends move to a new link.
+                _ => {
+                    if let Some(Wire::Write(off, bytes)) = to_b.front() {
+                        let part = n % (bytes.len() + 1);
+                        b.rmb[*off as usize..*off as usize + part].copy_from_slice(&bytes[..part]);
+                    }
+                    to_b.clear();
+                    to_a.clear();
+                    send_failover_plan(&mut a, &mut to_b);
+                    let f = b.core.failover();
+                    prop_assert_eq!(f.pieces[0].1 + f.pieces[1].1, 0, "b wrote nothing");
+                    to_a.push_back(Wire::Cdc(f.cdc));
+                }
+            }
+            // Keep the stream moving when the ops alone would not.
+            if guard % 50 == 0 {
+                while let Some(w) = to_b.pop_front() {
+                    match w {
+                        Wire::Write(off, bytes) => b.rmb[off as usize..off as usize + bytes.len()]
+                            .copy_from_slice(&bytes),
+                        Wire::Cdc(m) => {
+                            b.core.on_cdc(&m).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            a.core.cdc_done(m.seq);
+                        }
+                    }
+                }
+                let k = b.core.readable();
+                for (off, len) in b.core.read_pieces(k) {
+                    got.extend_from_slice(&b.rmb[off as usize..(off + len) as usize]);
+                }
+                if let Some(c) = b.core.consume(k) {
+                    to_a.push_back(Wire::Cdc(c));
+                }
+                while let Some(Wire::Cdc(m)) = to_a.pop_front() {
+                    a.core.on_cdc(&m).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+                if a.core.space() == 0 && b.core.readable() == 0 {
+                    // Only a lost consumer update can leave the writer without space: the
+                    // next failover (or update) frees it.
+                    let c = b.core.control_cdc();
+                    a.core.on_cdc(&c).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+        }
+        prop_assert!(got.len() == total);
+        prop_assert!(got == src, "stream differs");
+    }
+}
+
+#[test]
+fn failover_validation_carries_the_sequence_before_the_last_completed_cdc_and_is_not_data() {
+    let (mut a, mut b) = pair(65536, 65536);
+    let f = a.core.failover();
+    assert_eq!(f.validation.seq, 0, "none completed");
+    assert_eq!(f.pieces, [(0, 0), (0, 0)]);
+    let data = vec![7u8; 1000];
+    write(&mut a, &mut b, &data);
+    a.core.cdc_done(1);
+    a.core.cdc_done(3);
+    a.core.cdc_done(2); // completions are reported in order; an older one changes nothing
+    let f = a.core.failover();
+    assert_eq!(
+        f.validation.seq, 2,
+        "Linux's number: one before the last completed"
+    );
+    assert_eq!(f.validation.token, 2);
+    assert_eq!(f.validation.prod, Cursor::default());
+    assert_eq!(
+        f.pieces,
+        [(0, 1000), (0, 0)],
+        "unconsumed bytes are written again"
+    );
+    // The validation changes nothing at the receiver, even with a number from the future.
+    let before = b.core.cursors();
+    let mut v = f.validation;
+    v.seq = 500;
+    v.prod = Cursor::new(0, 5000);
+    assert!(b.core.on_cdc(&v).unwrap().stale);
+    assert_eq!(b.core.cursors(), before);
+    // The CDC after the rewrite is an ordinary one with the current cursors.
+    let up = b.core.on_cdc(&f.cdc).unwrap();
+    assert_eq!((up.new_data, up.stale), (0, false));
+}
