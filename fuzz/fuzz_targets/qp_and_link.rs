@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 use rdma::rc::RcQp;
 use rdma::wire::{Aeth, AtomicEth, BthRepr, NakCode, Opcode, PacketRepr, Reth, Syndrome};
 use rdma::{Access, MrTable, Mtu, Psn, QpAttr, QpCaps, QpState, RecvWr, SendFlags, SendWr, Sge};
-use smcr::link::{LinkCore, LinkParams, Role};
+use smcr::link::{LinkCore, LinkEvent, LinkParams, Role};
 use std::time::{Duration, Instant};
 
 const PD: u32 = 1;
@@ -83,12 +83,16 @@ fuzz_target!(|data: &[u8]| {
             qpn: 0x11,
             link_id: 0,
             link_uid: [0; 4],
-            max_links: 1,
+            max_links: 2,
             max_conns: 255,
             test_link_time: Some(Duration::from_secs(30)),
         },
         now,
     );
+    // A client with an alternate path in a group of several links: ADD LINK requests reach
+    // the driver (answered below), DELETE LINK for links 2 and 3 is the group's.
+    link.set_accept_add_link(true);
+    link.set_group_links(&[2, 3]);
     let payload = [0xCCu8; 600];
     let mut buf = vec![0u8; 4096];
     let mut ids = 0u64;
@@ -211,16 +215,24 @@ fuzz_target!(|data: &[u8]| {
                 now += Duration::from_millis(u64::from(inp.u8()) * 4);
                 qp.handle_timeout(now);
                 link.handle_timeout(now);
+                while let Some(ev) = link.poll_event() {
+                    if let LinkEvent::PeerAddLink(a) = ev {
+                        link.answer_add_link(Some(a));
+                    }
+                }
                 while link.poll_transmit().is_some() {}
-                while link.poll_event().is_some() {}
             }
             // An LLC message (any bytes) into the link.
             _ => {
                 let n = usize::from(inp.u8() % 100) + 1;
                 let m = inp.bytes(n).to_vec();
                 link.handle_llc(&m, now);
+                while let Some(ev) = link.poll_event() {
+                    if let LinkEvent::PeerAddLink(a) = ev {
+                        link.answer_add_link(Some(a));
+                    }
+                }
                 while link.poll_transmit().is_some() {}
-                while link.poll_event().is_some() {}
             }
         }
     }

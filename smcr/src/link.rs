@@ -2,6 +2,13 @@
 //! TEST LINK, the answers a Linux peer expects (ADD LINK rejected when we have no second path,
 //! CONFIRM/DELETE RKEY acknowledged), and DELETE LINK on teardown.
 //!
+//! For groups of two links (failover, not yet driven by the runtime, which keeps one link per
+//! group): the server's ADD LINK request with every RMB's rkeys and its 2 s answer wait
+//! ([`LinkCore::add_link`], byte-identical to Linux's), the client handing a usable request to
+//! its driver and answering it ([`LinkCore::answer_add_link`]), CONFIRM LINK on the added link
+//! with Linux's 5 s wait ([`LinkCore::new_added`]), CONFIRM RKEY with the other link's rtoken,
+//! and DELETE LINK for one link of the group, sent and answered as Linux does.
+//!
 //! The driver feeds received LLC SEND payloads to [`LinkCore::handle_llc`], reports other
 //! traffic (CDC) with [`LinkCore::note_activity`], sends what [`LinkCore::poll_transmit`] gives
 //! as RDMA SENDs, and acts on [`LinkCore::poll_event`]. Time is a parameter.
@@ -31,6 +38,9 @@ pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
 pub const CLIENT_CONFIRM_WAIT: Duration = Duration::from_secs(4);
 /// How long a TEST LINK request may go unanswered (`SMC_LLC_WAIT_TIME`).
 pub const LLC_WAIT: Duration = Duration::from_secs(2);
+/// How long both sides wait for CONFIRM LINK on a link added to a group
+/// (`SMC_LLC_WAIT_FIRST_TIME`).
+pub const ADDED_CONFIRM_WAIT: Duration = Duration::from_secs(5);
 /// Idle time before a TEST LINK keepalive (Linux's `net.smc.smcr_testlink_time` default).
 pub const TEST_LINK_TIME: Duration = Duration::from_secs(30);
 
@@ -124,6 +134,30 @@ pub enum LinkEvent {
     },
     /// The link is down: fail its connections (after sending what `poll_transmit` still has).
     Down(DownReason),
+    /// Server: the answer to our ADD LINK request ([`LinkCore::add_link`]): the client's
+    /// response (its new QP, MAC, GID, PSN, MTU and rkeys), or why there is none.
+    AddLinkResult(Result<AddLink, AddLinkRefused>),
+    /// Client: the server asks to add a link (already checked: we allow a second link and the
+    /// request is usable). Set the new link up and answer with [`LinkCore::answer_add_link`]
+    /// (`None` rejects).
+    PeerAddLink(AddLink),
+    /// The peer deleted another link of the group (`link_id`, one of
+    /// [`LinkCore::set_group_links`]); already answered. Move its connections here.
+    PeerDeletedLink {
+        /// The deleted link.
+        link_id: u8,
+        /// The peer's reason.
+        reason: DeleteLinkReason,
+    },
+}
+
+/// Why an ADD LINK request got no usable response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddLinkRefused {
+    /// The client rejected it (no alternate path).
+    Rejected,
+    /// No response within [`LLC_WAIT`] (Linux drops the new link silently then).
+    Timeout,
 }
 
 /// Counters for diagnostics.
@@ -149,6 +183,8 @@ pub struct LinkCore {
     peer: Option<ConfirmLink>,
     /// CONFIRM LINK deadline while confirming.
     confirm_deadline: Option<Instant>,
+    /// How long that wait is (for the reason given when it runs out).
+    confirm_wait: Duration,
     last_activity: Instant,
     /// Outstanding TEST LINK: when it was sent.
     test_sent: Option<Instant>,
@@ -160,17 +196,36 @@ pub struct LinkCore {
     rkey_queue: VecDeque<(u64, Llc)>,
     rkey_outstanding: Option<(u64, Instant, bool)>,
     next_rkey_id: u64,
+    /// Server: our ADD LINK request and when it went out (one ADD LINK flow at a time).
+    add_link_sent: Option<(u8, Instant)>,
+    /// Client: an ADD LINK request handed to the driver, not yet answered.
+    add_link_asked: Option<AddLink>,
+    /// Client: the driver can set up a second link (an alternate path exists).
+    accept_add_link: bool,
+    /// The group's other links (DELETE LINK for one of them is the group's business).
+    group_links: Vec<u8>,
 }
 
 impl LinkCore {
     /// A new link after the CLC handshake: the server queues CONFIRM LINK, the client waits for
     /// it. The server gives up after [`CONFIRM_WAIT`], the client after [`CLIENT_CONFIRM_WAIT`].
     pub fn new(p: LinkParams, now: Instant) -> Self {
+        Self::with_wait(p, now, Self::confirm_wait(p.role))
+    }
+
+    /// A link added to an existing group (after the ADD LINK exchange on another link): the
+    /// server sends CONFIRM LINK on it at once; both give up after [`ADDED_CONFIRM_WAIT`].
+    pub fn new_added(p: LinkParams, now: Instant) -> Self {
+        Self::with_wait(p, now, ADDED_CONFIRM_WAIT)
+    }
+
+    fn with_wait(p: LinkParams, now: Instant, wait: Duration) -> Self {
         let mut l = Self {
             p,
             state: LinkState::Confirming,
             peer: None,
-            confirm_deadline: Some(now + Self::confirm_wait(p.role)),
+            confirm_deadline: Some(now + wait),
+            confirm_wait: wait,
             last_activity: now,
             test_sent: None,
             tx: VecDeque::new(),
@@ -179,6 +234,10 @@ impl LinkCore {
             rkey_queue: VecDeque::new(),
             rkey_outstanding: None,
             next_rkey_id: 1,
+            add_link_sent: None,
+            add_link_asked: None,
+            accept_add_link: false,
+            group_links: Vec::new(),
         };
         if p.role == Role::Server {
             let m = l.confirm_link(false);
@@ -245,6 +304,8 @@ impl LinkCore {
             self.state = LinkState::Down;
             self.confirm_deadline = None;
             self.test_sent = None;
+            self.add_link_sent = None;
+            self.add_link_asked = None;
             let waiting = self.rkey_outstanding.take().map(|(id, ..)| id);
             for id in waiting
                 .into_iter()
@@ -341,6 +402,110 @@ impl LinkCore {
         }
     }
 
+    /// Announces a new RMB on a group with several links: `rkey`/`vaddr` for this link, and
+    /// `{link id, rkey, vaddr}` for each other active link (Linux: at most two more).
+    pub fn confirm_rkey_links(
+        &mut self,
+        rkey: u32,
+        vaddr: u64,
+        others: &[llc::Rtoken],
+        now: Instant,
+    ) -> u64 {
+        let mut rtokens = [llc::Rtoken::default(); 3];
+        rtokens[0] = llc::Rtoken {
+            link_id: 0,
+            rkey,
+            vaddr,
+        };
+        for (slot, t) in rtokens[1..].iter_mut().zip(others) {
+            *slot = *t;
+        }
+        self.rkey_request(
+            Llc::ConfirmRkey(ConfirmRkey {
+                response: false,
+                negative: false,
+                retry: false,
+                num_additional: others.len().min(2) as u8,
+                rtokens,
+            }),
+            now,
+        )
+    }
+
+    /// Server: asks the client to add a link (`req`: our new QP's MAC, GID, QPN, link id, MTU,
+    /// PSN, and the v2 extension with every RMB's rkeys); [`LinkEvent::AddLinkResult`] follows.
+    /// Refused (false) unless the link is active and no other ADD LINK is running.
+    pub fn add_link(&mut self, req: AddLink, now: Instant) -> bool {
+        if self.p.role != Role::Server
+            || self.state != LinkState::Active
+            || self.add_link_sent.is_some()
+        {
+            return false;
+        }
+        self.add_link_sent = Some((req.link_id, now));
+        self.send(Llc::AddLink(AddLink {
+            response: false,
+            reject: false,
+            reject_reason: 0,
+            ..req
+        }));
+        true
+    }
+
+    /// Client: whether an ADD LINK request may be handed to the driver (it has an alternate
+    /// path); otherwise requests are rejected at once, as Linux's client without one does.
+    pub fn set_accept_add_link(&mut self, on: bool) {
+        self.accept_add_link = on;
+    }
+
+    /// Client: answers the ADD LINK request of [`LinkEvent::PeerAddLink`]: our new link's
+    /// response (MAC, GID, QPN, MTU, PSN, our rkeys), or `None` to reject it.
+    pub fn answer_add_link(&mut self, resp: Option<AddLink>) -> bool {
+        let Some(req) = self.add_link_asked.take() else {
+            return false;
+        };
+        match resp {
+            Some(r) => self.send(Llc::AddLink(AddLink {
+                response: true,
+                reject: false,
+                reject_reason: 0,
+                link_id: req.link_id,
+                ..r
+            })),
+            None => self.reject_add_link(req),
+        }
+        true
+    }
+
+    fn reject_add_link(&mut self, req: AddLink) {
+        self.stats.add_links_rejected += 1;
+        self.send(Llc::AddLink(AddLink {
+            response: true,
+            reject: true,
+            reject_reason: 0,
+            v2: None,
+            ..req
+        }));
+    }
+
+    /// The group's other links, whose DELETE LINK arrives on this one.
+    pub fn set_group_links(&mut self, ids: &[u8]) {
+        self.group_links = ids.to_vec();
+    }
+
+    /// Tells the peer that another link of the group (`link_id`) is gone (DELETE LINK, orderly,
+    /// not ALL, as Linux sends it on the surviving link).
+    pub fn delete_other_link(&mut self, link_id: u8, reason: DeleteLinkReason) {
+        self.group_links.retain(|&l| l != link_id);
+        self.send(Llc::DeleteLink(DeleteLink {
+            response: false,
+            all: false,
+            orderly: true,
+            link_id,
+            reason,
+        }));
+    }
+
     /// Any traffic from the peer on this link (CDC messages, completions of our sends) shows it
     /// is alive and postpones the keepalive.
     pub fn note_activity(&mut self, now: Instant) {
@@ -396,16 +561,35 @@ impl LinkCore {
                 }
             }
             Llc::AddLink(a) if !a.response => {
-                // We never have a second path (max_links 1): reject, echoing the request.
-                self.stats.add_links_rejected += 1;
-                self.send(Llc::AddLink(AddLink {
-                    response: true,
-                    reject: true,
-                    reject_reason: 0,
-                    v2: None,
-                    ..a
-                }));
+                // Only a client with an alternate path takes it (Linux: the server runs ADD
+                // LINK, a client only suggests); an unusable MTU, a second request while one
+                // is open, or a link id in use are refused like a missing path.
+                let usable = self.p.role == Role::Client
+                    && self.accept_add_link
+                    && self.p.max_links > 1
+                    && a.mtu.bytes().is_some()
+                    && a.link_id != 0
+                    && a.link_id != self.p.link_id
+                    && !self.group_links.contains(&a.link_id)
+                    && self.add_link_asked.is_none();
+                if usable {
+                    self.add_link_asked = Some(a.clone());
+                    self.events.push_back(LinkEvent::PeerAddLink(a));
+                } else {
+                    self.reject_add_link(a);
+                }
             }
+            Llc::AddLink(a) => match self.add_link_sent {
+                Some((id, _)) if a.link_id == id => {
+                    self.add_link_sent = None;
+                    self.events.push_back(LinkEvent::AddLinkResult(if a.reject {
+                        Err(AddLinkRefused::Rejected)
+                    } else {
+                        Ok(a)
+                    }));
+                }
+                _ => self.stats.dropped += 1,
+            },
             Llc::RequestAddLink(r) if !r.response => {
                 self.send(Llc::RequestAddLink(RequestAddLink {
                     response: true,
@@ -432,8 +616,24 @@ impl LinkCore {
             }
             Llc::ConfirmRkey(c) => self.rkey_answered(true, !c.negative, now),
             Llc::DeleteRkey(d) => self.rkey_answered(false, !d.negative && d.errors == 0, now),
+            Llc::DeleteLink(d)
+                if !d.response && !d.all && self.group_links.contains(&d.link_id) =>
+            {
+                // Another link of the group: confirmed (as Linux's client answers: reason 0);
+                // the driver moves its connections here.
+                self.group_links.retain(|&l| l != d.link_id);
+                self.send(Llc::DeleteLink(DeleteLink {
+                    response: true,
+                    reason: DeleteLinkReason(0),
+                    ..d
+                }));
+                self.events.push_back(LinkEvent::PeerDeletedLink {
+                    link_id: d.link_id,
+                    reason: d.reason,
+                });
+            }
             Llc::DeleteLink(d) if !d.response && !d.all && d.link_id != self.p.link_id => {
-                // Not our link (Linux: answered with NO_LINK, nothing deleted).
+                // Not a link of ours (Linux: answered with NO_LINK, nothing deleted).
                 self.stats.dropped += 1;
                 self.send(Llc::DeleteLink(DeleteLink {
                     response: true,
@@ -540,16 +740,23 @@ impl LinkCore {
                     (None, None) => None,
                 };
                 let rkey = self.rkey_outstanding.map(|(_, sent, _)| sent + LLC_WAIT);
-                match (keepalive, rkey) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                let add = self.add_link_sent.map(|(_, sent)| sent + LLC_WAIT);
+                [keepalive, rkey, add].into_iter().flatten().min()
             }
         }
     }
 
-    /// Runs timers: CONFIRM LINK deadline, keepalive, TEST LINK and rkey answer deadlines.
+    /// Runs timers: CONFIRM LINK deadline, keepalive, TEST LINK, rkey and ADD LINK answer
+    /// deadlines.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == LinkState::Active
+            && let Some((_, sent)) = self.add_link_sent
+            && now >= sent + LLC_WAIT
+        {
+            self.add_link_sent = None;
+            self.events
+                .push_back(LinkEvent::AddLinkResult(Err(AddLinkRefused::Timeout)));
+        }
         if self.state == LinkState::Active
             && let Some((id, sent, _)) = self.rkey_outstanding
             && now >= sent + LLC_WAIT
@@ -564,7 +771,7 @@ impl LinkCore {
             LinkState::Confirming => {
                 if self.confirm_deadline.is_some_and(|d| now >= d) {
                     self.tx.clear();
-                    self.down(DownReason::ConfirmTimeout(Self::confirm_wait(self.p.role)));
+                    self.down(DownReason::ConfirmTimeout(self.confirm_wait));
                 }
             }
             LinkState::Active => match (self.test_sent, self.p.test_link_time) {

@@ -1757,6 +1757,19 @@ impl LinkGroup {
                         }
                     }
                     LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
+                    // One link per group so far (max_links 1; no ADD LINK is sent or taken):
+                    // the link core rejects ADD LINK itself, and knows no other links.
+                    LinkEvent::PeerAddLink(_) => {
+                        if let Some(l) = st.link.as_mut() {
+                            l.answer_add_link(None);
+                        }
+                    }
+                    LinkEvent::AddLinkResult(_) | LinkEvent::PeerDeletedLink { .. } => {}
+                }
+            }
+            if let Some(l) = st.link.as_mut() {
+                while let Some(m) = l.poll_transmit() {
+                    st.llc_out.push_back(m);
                 }
             }
             self.flush_llc(st);

@@ -407,3 +407,282 @@ fn delete_link_for_a_link_we_do_not_have_is_answered_no_link_and_deletes_nothing
         }
     }
 }
+
+/// The second link the server of the reference capture offered (frame 13).
+fn linux_add_link_request() -> AddLink {
+    let gid = Gid::from_ipv4([10, 77, 0, 2].into());
+    AddLink {
+        response: false,
+        reject: false,
+        reject_reason: 0,
+        mac: Mac([0x52, 0x54, 0, 0x77, 0, 2]),
+        gid,
+        qpn: 0x12,
+        link_id: 2,
+        mtu: clc::QpMtu::MTU_1024,
+        initial_psn: 0x86e686,
+        v2: Some(llc::AddLinkV2Ext {
+            v2_direct: true,
+            target_gid: gid,
+            rkeys: vec![llc::RkeyPair {
+                rkey: 0x3e3,
+                rkey_new: 0x5ca,
+                vaddr_new: 0xff3d_233f_8436_0000,
+            }],
+        }),
+    }
+}
+
+#[test]
+fn add_link_request_bytes_match_linux_and_the_flow_completes() {
+    let now = Instant::now();
+    let (mut s, mut c) = confirmed_pair(now);
+    assert!(s.add_link(linux_add_link_request(), now));
+    assert!(
+        !s.add_link(linux_add_link_request(), now),
+        "one ADD LINK flow at a time"
+    );
+    assert!(
+        !c.add_link(linux_add_link_request(), now),
+        "the server runs ADD LINK"
+    );
+    let req = s.poll_transmit().unwrap();
+    assert_eq!(
+        bytes(&req),
+        hex(
+            "22580000525400770002000000000000000000000000ffff0a4d0002000012020386e6860000000000000000800000000000000000000000ffff0a4d000200000000000000000100000003e3000005caff3d233f84360000"
+        ),
+        "frame 13 of the reference capture"
+    );
+    // A client with an alternate path takes it to its driver...
+    c.set_accept_add_link(true);
+    c.handle_llc(&bytes(&req), now);
+    assert_eq!(c.poll_transmit(), None, "no answer before the driver's");
+    let Some(LinkEvent::PeerAddLink(got)) = c.poll_event() else {
+        panic!("no PeerAddLink")
+    };
+    assert_eq!(got, linux_add_link_request());
+    // ...which answers with its own new link and RMBs.
+    let cgid = Gid::from_ipv4([10, 78, 0, 3].into());
+    let resp = AddLink {
+        mac: Mac([0x52, 0x54, 0, 0x78, 0, 3]),
+        gid: cgid,
+        qpn: 0x44,
+        link_id: 0, // taken from the request
+        initial_psn: 0x1234,
+        v2: Some(llc::AddLinkV2Ext {
+            v2_direct: true,
+            target_gid: cgid,
+            rkeys: vec![
+                llc::RkeyPair {
+                    rkey: 0x101,
+                    rkey_new: 0x202,
+                    vaddr_new: 0x3000,
+                },
+                llc::RkeyPair {
+                    rkey: 0x111,
+                    rkey_new: 0x222,
+                    vaddr_new: 0x4000,
+                },
+            ],
+        }),
+        ..got
+    };
+    assert!(c.answer_add_link(Some(resp.clone())));
+    assert!(!c.answer_add_link(None), "answered once");
+    let answer = c.poll_transmit().unwrap();
+    let b = bytes(&answer);
+    assert_eq!(
+        &b[..4],
+        &[0x22, 72 + 32, 0, 0x80],
+        "v2 length LE, response flag"
+    );
+    assert_eq!(b[31], 2, "the server's link id");
+    assert_eq!(&b[70..72], &[2, 0], "two rkey entries, count in x86 order");
+    s.handle_llc(&b, now);
+    let Some(LinkEvent::AddLinkResult(Ok(r))) = s.poll_event() else {
+        panic!("no result")
+    };
+    assert_eq!((r.qpn, r.link_id, r.gid), (0x44, 2, cgid));
+    assert_eq!(r.v2.unwrap().rkeys, resp.v2.unwrap().rkeys);
+    assert_eq!(
+        s.poll_timeout(),
+        Some(now + TEST_LINK_TIME),
+        "nothing outstanding"
+    );
+}
+
+#[test]
+fn add_link_rejected_without_a_path_and_given_up_after_the_llc_wait() {
+    let now = Instant::now();
+    let (mut s, mut c) = confirmed_pair(now);
+    // No alternate path: rejected at once, as before.
+    s.add_link(linux_add_link_request(), now);
+    assert_eq!(pump(&mut s, &mut c, now), 1);
+    assert_eq!(c.poll_event(), None);
+    assert_eq!(pump(&mut c, &mut s, now), 1);
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::AddLinkResult(Err(AddLinkRefused::Rejected)))
+    );
+    // The driver rejects: the same answer.
+    c.set_accept_add_link(true);
+    s.add_link(linux_add_link_request(), now);
+    pump(&mut s, &mut c, now);
+    assert!(matches!(c.poll_event(), Some(LinkEvent::PeerAddLink(_))));
+    c.answer_add_link(None);
+    pump(&mut c, &mut s, now);
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::AddLinkResult(Err(AddLinkRefused::Rejected)))
+    );
+    // An unusable request (MTU 0, or our own link id) is rejected without asking the driver.
+    for bad in [
+        AddLink {
+            mtu: clc::QpMtu::from_code(0),
+            ..linux_add_link_request()
+        },
+        AddLink {
+            link_id: c.params().link_id,
+            ..linux_add_link_request()
+        },
+    ] {
+        let m = LlcMessage {
+            version: Version::V2,
+            body: Llc::AddLink(bad),
+        };
+        c.handle_llc(&bytes(&m), now);
+        assert_eq!(c.poll_event(), None);
+        let Some(LlcMessage {
+            body: Llc::AddLink(r),
+            ..
+        }) = c.poll_transmit()
+        else {
+            panic!()
+        };
+        assert!(r.response && r.reject);
+    }
+    // No answer: given up after the LLC wait; a stray late response is dropped.
+    s.add_link(linux_add_link_request(), now);
+    s.poll_transmit().unwrap();
+    assert_eq!(s.poll_timeout(), Some(now + LLC_WAIT));
+    s.handle_timeout(now + LLC_WAIT);
+    assert_eq!(
+        s.poll_event(),
+        Some(LinkEvent::AddLinkResult(Err(AddLinkRefused::Timeout)))
+    );
+    let late = LlcMessage {
+        version: Version::V2,
+        body: Llc::AddLink(AddLink {
+            response: true,
+            ..linux_add_link_request()
+        }),
+    };
+    let dropped = s.stats().dropped;
+    s.handle_llc(&bytes(&late), now);
+    assert_eq!((s.poll_event(), s.stats().dropped), (None, dropped + 1));
+    assert_eq!(s.state(), LinkState::Active);
+}
+
+#[test]
+fn an_added_link_confirms_like_the_first_with_linux_s_five_second_wait() {
+    let now = Instant::now();
+    let mut p_s = params(Role::Server);
+    p_s.link_id = 2;
+    p_s.qpn = 0x12;
+    let mut p_c = params(Role::Client);
+    p_c.link_id = 2; // learned from ADD LINK
+    p_c.qpn = 0x44;
+    let mut s = LinkCore::new_added(p_s, now);
+    let mut c = LinkCore::new_added(p_c, now);
+    assert_eq!(s.poll_timeout(), Some(now + ADDED_CONFIRM_WAIT));
+    assert_eq!(c.poll_timeout(), Some(now + ADDED_CONFIRM_WAIT));
+    let req = s.poll_transmit().unwrap();
+    assert_eq!(&bytes(&req)[..4], &[0x21, 0x2c, 0, 0x03]);
+    c.handle_llc(&bytes(&req), now);
+    pump(&mut c, &mut s, now);
+    assert!(
+        matches!(s.poll_event(), Some(LinkEvent::Up { peer }) if peer.qpn == 0x44 && peer.link_id == 2)
+    );
+    assert!(matches!(c.poll_event(), Some(LinkEvent::Up { peer }) if peer.qpn == 0x12));
+    // Unconfirmed: down after 5 s.
+    let mut lone = LinkCore::new_added(p_s, now);
+    lone.handle_timeout(now + ADDED_CONFIRM_WAIT);
+    assert_eq!(
+        lone.poll_event(),
+        Some(LinkEvent::Down(DownReason::ConfirmTimeout(
+            ADDED_CONFIRM_WAIT
+        )))
+    );
+}
+
+#[test]
+fn delete_link_for_another_link_of_the_group_moves_it_and_keeps_this_one() {
+    let now = Instant::now();
+    let (mut s, mut c) = confirmed_pair(now);
+    s.set_group_links(&[2]);
+    c.set_group_links(&[2]);
+    s.delete_other_link(2, DeleteLinkReason::LOST_PATH);
+    let m = s.poll_transmit().unwrap();
+    assert_eq!(
+        bytes(&m),
+        hex(
+            "242c002002000100000000000000000000000000000000000000000000000000000000000000000000000000"
+        ),
+        "Linux's DELETE LINK for one lost link: orderly, not ALL"
+    );
+    c.handle_llc(&bytes(&m), now);
+    assert_eq!(
+        c.poll_event(),
+        Some(LinkEvent::PeerDeletedLink {
+            link_id: 2,
+            reason: DeleteLinkReason::LOST_PATH
+        })
+    );
+    assert_eq!(
+        bytes(&c.poll_transmit().unwrap()),
+        hex(
+            "242c00a002000000000000000000000000000000000000000000000000000000000000000000000000000000"
+        ),
+        "answered as Linux's client does (reason 0)"
+    );
+    assert_eq!(c.state(), LinkState::Active);
+    // Link 2 is gone now: another DELETE LINK for it is NO_LINK.
+    c.handle_llc(&bytes(&m), now);
+    assert_eq!(c.poll_event(), None);
+    let Some(LlcMessage {
+        body: Llc::DeleteLink(d),
+        ..
+    }) = c.poll_transmit()
+    else {
+        panic!()
+    };
+    assert_eq!(d.reason, DeleteLinkReason::NO_LINK);
+    // The response at the server changes nothing.
+    pump(&mut c, &mut s, now);
+    assert_eq!((s.poll_event(), s.state()), (None, LinkState::Active));
+}
+
+#[test]
+fn confirm_rkey_for_two_links_carries_the_other_link_s_rtoken() {
+    let now = Instant::now();
+    let (mut s, mut c) = confirmed_pair(now);
+    let other = llc::Rtoken {
+        link_id: 2,
+        rkey: 0x5ca,
+        vaddr: 0xff3d_233f_8436_0000,
+    };
+    let id = s.confirm_rkey_links(0x3e3, 0x1000, &[other], now);
+    let m = s.poll_transmit().unwrap();
+    let b = bytes(&m);
+    assert_eq!(&b[..5], &[0x26, 0x2c, 0, 0, 1], "one additional rtoken");
+    assert_eq!(b[17], 2, "its link id");
+    assert_eq!(&b[18..22], &0x5cau32.to_be_bytes());
+    c.handle_llc(&b, now);
+    let Some(LinkEvent::PeerConfirmedRkey(got)) = c.poll_event() else {
+        panic!()
+    };
+    assert_eq!((got.num_additional, got.rtokens[1]), (1, other));
+    pump(&mut c, &mut s, now);
+    assert_eq!(s.poll_event(), Some(LinkEvent::RkeyDone { id, ok: true }));
+}
