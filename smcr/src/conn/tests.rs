@@ -298,6 +298,33 @@ fn send_failover_plan(s: &mut Sender, link: &mut std::collections::VecDeque<Wire
     link.push_back(Wire::Cdc(f.cdc));
 }
 
+/// `a` writes up to `n` more bytes of `src` (from `sent`) as far as space allows: into its send
+/// buffer, and as WRITEs and a CDC onto the link. Returns the new `sent`.
+fn send_some(
+    a: &mut Sender,
+    to_b: &mut std::collections::VecDeque<Wire>,
+    src: &[u8],
+    sent: usize,
+    n: usize,
+) -> usize {
+    let n = (n.min(src.len() - sent) as u32).min(a.core.space());
+    if n == 0 {
+        return sent;
+    }
+    let plan = a.core.prepare_write(n, n);
+    let mut at = sent;
+    for (off, len) in plan.pieces {
+        let (o, l) = (off as usize, len as usize);
+        a.sndbuf[o..o + l].copy_from_slice(&src[at..at + l]);
+        if l > 0 {
+            to_b.push_back(Wire::Write(off, src[at..at + l].to_vec()));
+        }
+        at += l;
+    }
+    to_b.push_back(Wire::Cdc(plan.cdc));
+    at
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -331,23 +358,7 @@ proptest! {
             let (op, n) = steps.next().unwrap();
             match op {
                 // Write what fits: bytes into the send buffer, WRITEs and the CDC on the link.
-                0 | 1 => {
-                    let n = (n.min(total - sent) as u32).min(a.core.space());
-                    if n > 0 {
-                        let plan = a.core.prepare_write(n, n);
-                        let mut at = sent;
-                        for (off, len) in plan.pieces {
-                            let (o, l) = (off as usize, len as usize);
-                            a.sndbuf[o..o + l].copy_from_slice(&src[at..at + l]);
-                            if l > 0 {
-                                to_b.push_back(Wire::Write(off, src[at..at + l].to_vec()));
-                            }
-                            at += l;
-                        }
-                        sent = at;
-                        to_b.push_back(Wire::Cdc(plan.cdc));
-                    }
-                }
+                0 | 1 => sent = send_some(&mut a, &mut to_b, &src, sent, n),
                 // Deliver to b: WRITEs land, CDCs are taken (their completion seen by a).
                 2 => {
                     for _ in 0..(n % 7 + 1) {
@@ -397,6 +408,7 @@ proptest! {
             }
             // Keep the stream moving when the ops alone would not.
             if guard % 50 == 0 {
+                sent = send_some(&mut a, &mut to_b, &src, sent, 65536);
                 while let Some(w) = to_b.pop_front() {
                     match w {
                         Wire::Write(off, bytes) => b.rmb[off as usize..off as usize + bytes.len()]
