@@ -1612,16 +1612,25 @@ impl SmcStream {
             Event::Failed(e) => return Err(failed(e)),
             other => return Err(io::Error::other(format!("unexpected {other:?}"))),
         };
-        // From here until the link is up, one handshake per client (Linux's
-        // smc_server_lgr_pending): concurrent first contacts would create two link groups.
+        // One handshake per client while it may create a link group (Linux's
+        // smc_server_lgr_pending): concurrent first contacts would create two. A handshake that
+        // reuses a group holds it only until its token is reserved in that group (which counts
+        // against the group's connection limit): the CONFIRM RKEY and CLC round trips of a burst
+        // of connections then overlap instead of queueing one after another (65 at once over a
+        // 50 ms round trip used to exceed the client's 6 s Accept wait). Linux holds its lock
+        // (for all clients) until the link is up or the Confirm is in.
         let pending = rt.inner.pending(true, peer_ip);
-        let _one_at_a_time = pending.lock();
+        let mut one_at_a_time = Some(pending.lock());
+        let token = rt.inner.token();
         let size = match client_gid.to_ipv4() {
             Some(ip) => rt.inner.rmb_size_for(ip),
             None => rt.inner.rmb_size(),
         };
         let mut stale = false;
         let (lg, first_contact, rmb) = loop {
+            if one_at_a_time.is_none() {
+                one_at_a_time = Some(pending.lock());
+            }
             // After a group that did not answer, only a new one.
             let existing = if stale {
                 None
@@ -1653,21 +1662,24 @@ impl SmcStream {
                 Ok(x) => x,
                 Err(reason) => return decline(self, &mut hs, reason),
             };
-            if !first_contact && lg.confirm_rkey(&rmb).is_err() {
-                // The client does not answer on this group (its side is gone: a process that
-                // died without DELETE LINK, or a link it already found dead): end it and offer
-                // this connection a new group as a first contact — nothing was sent yet, and
-                // the client's Accept wait (6 s) has room for the 2 s lost here.
-                lg.give_back(rmb);
-                lg.terminate();
-                stale = true;
-                continue;
+            lg.reserve(token);
+            if !first_contact {
+                one_at_a_time = None;
+                if lg.confirm_rkey(&rmb).is_err() {
+                    // The client does not answer on this group (its side is gone: a process
+                    // that died without DELETE LINK, or a link it already found dead): end it
+                    // and offer this connection a new group as a first contact — nothing was
+                    // sent yet, and the client's Accept wait (6 s) has room for the 2 s lost.
+                    lg.unreserve(token);
+                    lg.give_back(rmb);
+                    lg.terminate();
+                    stale = true;
+                    continue;
+                }
             }
             break (lg, first_contact, rmb);
         };
-        let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
-        lg.reserve(token);
         hs.accept(&local_ep, first_contact, Instant::now())
             .map_err(io::Error::other)?;
         let (negotiated, client) = match drive(&self.tcp, &mut hs, &mut self.timeline) {
@@ -1718,6 +1730,8 @@ impl SmcStream {
             }
             self.timeline.mark(T_LINK);
         }
+        // A first contact's link is up: later handshakes of this client may reuse the group.
+        drop(one_at_a_time);
         self.mode = Mode::SmcR { first_contact };
         self.smc = Some(Smc { conn, lg });
         Ok(())

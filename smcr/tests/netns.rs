@@ -1651,3 +1651,65 @@ fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
         assert_eq!((rt.link_groups(), rt.rmb_in_use()), (0, 0));
     }
 }
+
+/// A burst of connections to one server while its link groups fill up: the server reuses a
+/// group without holding up the client's other handshakes, yet no group takes more than its
+/// negotiated connection limit (the reuse reserves its place before the next one looks).
+/// 40 connections at once with 16 per group: all SMC-R, three groups on each side.
+#[test]
+fn a_burst_of_connections_fills_groups_to_their_limit_and_no_further() {
+    if !privileged("netns connection burst") {
+        return;
+    }
+    let install = TestInstall::new("burst");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7415).into();
+    let limit = |c: &mut RuntimeConfig| c.handshake.max_conns = 16;
+    let (tx, rx) = mpsc::channel();
+    let server_rt = runtime_with(&install, limit);
+    let server = {
+        let rt = server_rt.clone();
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let mut held = Vec::new();
+            for _ in 0..40 {
+                let (mut s, _) = l.accept().unwrap();
+                assert!(matches!(s.mode(), Mode::SmcR { .. }), "{:?}", s.mode());
+                let mut b = [0u8; 8];
+                s.read_exact(&mut b).unwrap();
+                s.write_all(&b).unwrap();
+                held.push(s);
+            }
+            let groups = rt.link_groups();
+            for mut s in held {
+                assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0);
+            }
+            groups
+        })
+    };
+    rx.recv().unwrap();
+    let client_rt = runtime_with(&install, limit);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(40));
+    let threads: Vec<_> = (0..40u64)
+        .map(|i| {
+            let (rt, barrier) = (client_rt.clone(), barrier.clone());
+            in_netns(&net.a, move || {
+                barrier.wait();
+                let mut c = SmcStream::connect(&rt, addr).unwrap();
+                assert!(matches!(c.mode(), Mode::SmcR { .. }), "{i}: {:?}", c.mode());
+                c.write_all(&i.to_le_bytes()).unwrap();
+                let mut b = [0u8; 8];
+                c.read_exact(&mut b).unwrap();
+                assert_eq!(u64::from_le_bytes(b), i);
+                c
+            })
+        })
+        .collect();
+    let conns: Vec<SmcStream> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let groups = client_rt.link_groups();
+    drop(conns);
+    let server_groups = server.join().unwrap();
+    eprintln!("40 at once, 16 per group: client {groups} groups, server {server_groups}");
+    assert_eq!((groups, server_groups), (3, 3));
+}
