@@ -309,6 +309,39 @@ impl MrTable {
         access: Access,
         arena: Option<&Arc<crate::samehost::Arena>>,
     ) -> std::io::Result<Arc<Region>> {
+        self.insert_with(|key, iova| {
+            let mem = match arena {
+                None => Memory::Private(Mapping::new(len)?),
+                Some(a) => {
+                    let (off, ptr) = a.alloc(len)?;
+                    let mem = Memory::Arena {
+                        arena: a.clone(),
+                        key,
+                        ptr,
+                        off,
+                        len,
+                    };
+                    // On failure `mem` is dropped, which gives the range back.
+                    a.publish(key, access, off, len, iova)?;
+                    mem
+                }
+            };
+            Ok(Region {
+                key,
+                pd,
+                iova,
+                access,
+                mem,
+            })
+        })
+    }
+
+    /// Takes a free slot and fills it with the region `make` builds for the slot's key and
+    /// IOVA (the address peers see: a per-region base that reveals nothing about ours).
+    fn insert_with(
+        &self,
+        make: impl FnOnce(u32, u64) -> std::io::Result<Region>,
+    ) -> std::io::Result<Arc<Region>> {
         let tag = self.next_tag();
         let mut slots = self.slots.write();
         let index = match slots.iter().skip(1).position(Option::is_none) {
@@ -322,31 +355,7 @@ impl MrTable {
             }
         };
         let key = ((index as u32) << 8) | u32::from(tag);
-        // The IOVA peers see: a per-region base that reveals nothing about our address space.
-        let iova = (u64::from(key) << 32) | 0x1000_0000;
-        let mem = match arena {
-            None => Memory::Private(Mapping::new(len)?),
-            Some(a) => {
-                let (off, ptr) = a.alloc(len)?;
-                let mem = Memory::Arena {
-                    arena: a.clone(),
-                    key,
-                    ptr,
-                    off,
-                    len,
-                };
-                // On failure `mem` is dropped, which gives the range back.
-                a.publish(key, access, off, len, iova)?;
-                mem
-            }
-        };
-        let mr = Arc::new(Region {
-            key,
-            pd,
-            iova,
-            access,
-            mem,
-        });
+        let mr = Arc::new(make(key, (u64::from(key) << 32) | 0x1000_0000)?);
         slots[index] = Some(mr.clone());
         Ok(mr)
     }
@@ -372,28 +381,15 @@ impl MrTable {
             Memory::Alias(o) => o.clone(),
             _ => of.clone(),
         };
-        let tag = self.next_tag();
-        let mut slots = self.slots.write();
-        let index = match slots.iter().skip(1).position(Option::is_none) {
-            Some(i) => i + 1,
-            None => {
-                if slots.len() >= 1 << 24 {
-                    return Err(std::io::ErrorKind::OutOfMemory.into());
-                }
-                slots.push(None);
-                slots.len() - 1
-            }
-        };
-        let key = ((index as u32) << 8) | u32::from(tag);
-        let mr = Arc::new(Region {
-            key,
-            pd,
-            iova: (u64::from(key) << 32) | 0x1000_0000,
-            access,
-            mem: Memory::Alias(owner),
-        });
-        slots[index] = Some(mr.clone());
-        Ok(mr)
+        self.insert_with(|key, iova| {
+            Ok(Region {
+                key,
+                pd,
+                iova,
+                access,
+                mem: Memory::Alias(owner),
+            })
+        })
     }
 
     /// Removes a region; in-flight users keep it alive until they finish.
