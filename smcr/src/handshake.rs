@@ -20,8 +20,9 @@
 //! peer still owes (every peer, Linux too, answers a Proposal with exactly one Accept or
 //! Decline, and opens with exactly one Proposal or Decline), so no CLC byte can reach the
 //! application; only if that message does not come either does the connection fail. The server
-//! still fails when the Confirm does not come: a client on a reused link group is already
-//! sending over RDMA then, and a fallback would split the stream. When the first link does not
+//! never falls back while waiting for the Confirm (a client on a reused link group is already
+//! sending over RDMA then, and a fallback would split the stream): it waits more rounds, up to
+//! [`CONFIRM_WAIT_MAX`], and fails only then (or at the TCP connection's end). When the first link does not
 //! come up (no CONFIRM LINK in time, or it fails), both sides do what Linux does: listen
 //! [`CLC_WAIT_TIME_SHORT`] for the peer's Decline, else decline with `TIMEOUT_CL`; either way
 //! the connection continues as TCP.
@@ -39,6 +40,13 @@ pub const CLC_WAIT_TIME: Duration = Duration::from_secs(6);
 /// Linux's `CLC_WAIT_TIME_SHORT`: how long to listen for the peer's Decline after the first
 /// link failed to come up.
 pub const CLC_WAIT_TIME_SHORT: Duration = Duration::from_secs(1);
+/// How long a server waits in all for the client's Confirm (or Decline) after its Accept, in
+/// rounds of the CLC wait, while nothing of it has come: the client owes one of the two and,
+/// on a reused link group, may already be writing over RDMA after sending its Confirm, so
+/// giving up would strand it (Linux fails after one round). Heavy TCP loss delays a segment
+/// past 6 s now and then (a 10%-loss soak saw it); a client that is gone closes the TCP
+/// connection, which ends the wait at once.
+pub const CONFIRM_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`).
 pub const MIN_CONNS_PER_LGR: u8 = 16;
 /// Most links per link group (`SMC_LINKS_ADD_LNK_MAX`).
@@ -751,6 +759,8 @@ enum ServerState {
         negotiated: Negotiated,
         first_contact: bool,
         mtu: QpMtu,
+        /// When the Accept went out.
+        since: Instant,
     },
     /// Declined after the Proposal wait; reading the Proposal or Decline still owed.
     Draining,
@@ -838,6 +848,7 @@ impl Server {
                     negotiated,
                     first_contact,
                     mtu,
+                    ..
                 },
             ) => match Self::check_confirm(&c, &negotiated, first_contact, mtu) {
                 Ok(client) => {
@@ -862,8 +873,18 @@ impl Server {
                     .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Proposal, now);
             }
             ServerState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
-            // The Confirm did not come: a client on a reused link group may already be writing
-            // over RDMA, so falling back could split the stream; fail as Linux does.
+            // The Confirm has not come: a client on a reused link group may already be writing
+            // over RDMA, so neither a fallback nor giving up is safe while it may still come:
+            // wait another round, up to CONFIRM_WAIT_MAX (nothing of it arrived yet).
+            ServerState::Confirm { since, .. }
+                if self.c.framer.buf.is_empty() && now < since + CONFIRM_WAIT_MAX =>
+            {
+                self.c.wait_for(MsgType::Confirm, now);
+            }
+            ServerState::Confirm { since, .. } => self.c.fail(Error::Timeout {
+                waiting_for: what,
+                waited: now.saturating_duration_since(since),
+            }),
             _ => self.c.timed_out(what),
         }
     }
@@ -963,6 +984,7 @@ impl Server {
             negotiated,
             first_contact,
             mtu: local.mtu,
+            since: now,
         };
         Ok(())
     }
