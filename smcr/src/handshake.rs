@@ -22,7 +22,7 @@
 //! application; only if that message does not come either does the connection fail. The server
 //! never falls back while waiting for the Confirm (a client on a reused link group is already
 //! sending over RDMA then, and a fallback would split the stream): it waits more rounds, up to
-//! [`CONFIRM_WAIT_MAX`], and fails only then (or at the TCP connection's end). When the first link does not
+//! [`OWED_WAIT_MAX`], and fails only then (or at the TCP connection's end). When the first link does not
 //! come up (no CONFIRM LINK in time, or it fails), both sides do what Linux does: listen
 //! [`CLC_WAIT_TIME_SHORT`] for the peer's Decline, else decline with `TIMEOUT_CL`; either way
 //! the connection continues as TCP.
@@ -40,13 +40,15 @@ pub const CLC_WAIT_TIME: Duration = Duration::from_secs(6);
 /// Linux's `CLC_WAIT_TIME_SHORT`: how long to listen for the peer's Decline after the first
 /// link failed to come up.
 pub const CLC_WAIT_TIME_SHORT: Duration = Duration::from_secs(1);
-/// How long a server waits in all for the client's Confirm (or Decline) after its Accept, in
-/// rounds of the CLC wait, while nothing of it has come: the client owes one of the two and,
-/// on a reused link group, may already be writing over RDMA after sending its Confirm, so
-/// giving up would strand it (Linux fails after one round). Heavy TCP loss delays a segment
-/// past 6 s now and then (a 10%-loss soak saw it); a client that is gone closes the TCP
+/// How long we wait in all, in rounds of the CLC wait while nothing of it has come, for a CLC
+/// message the peer owes: the server for the Confirm (or Decline) after its Accept — a client
+/// on a reused link group may already be writing over RDMA after sending its Confirm, so
+/// giving up would strand it — and either side, after its own timeout Decline, for the
+/// Proposal or Accept still in flight, which the peer's application bytes follow once it has
+/// read our Decline. Linux fails after one round. Heavy TCP loss delays a segment past 6 s,
+/// and even 12 s, now and then (10%-loss soaks saw both); a peer that is gone closes the TCP
 /// connection, which ends the wait at once.
-pub const CONFIRM_WAIT_MAX: Duration = Duration::from_secs(30);
+pub const OWED_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`).
 pub const MIN_CONNS_PER_LGR: u8 = 16;
 /// Most links per link group (`SMC_LINKS_ADD_LNK_MAX`).
@@ -345,6 +347,19 @@ impl Common {
         });
     }
 
+    /// The wait for a message the peer owes (since `since`) ran out: another round while
+    /// nothing of it has come, up to [`OWED_WAIT_MAX`]; then, or with part of it stalled, fail.
+    fn owed(&mut self, what: MsgType, since: Instant, now: Instant) {
+        if self.framer.buf.is_empty() && now < since + OWED_WAIT_MAX {
+            self.wait_for(what, now);
+        } else {
+            self.fail(Error::Timeout {
+                waiting_for: what,
+                waited: now.saturating_duration_since(since),
+            });
+        }
+    }
+
     /// Declines with `reason` but keeps reading: the peer still owes one CLC message (sent
     /// before it sees our Decline), which must not reach the application.
     fn decline_and_drain(&mut self, reason: DeclineReason, owed: MsgType, now: Instant) {
@@ -502,8 +517,10 @@ pub struct Client {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ClientState {
     AwaitAccept,
-    /// Declined after the Accept wait; reading the Accept or Decline still owed.
-    Draining,
+    /// Declined after the Accept wait (at `since`); reading the Accept or Decline still owed.
+    Draining {
+        since: Instant,
+    },
     AwaitLocal {
         negotiated: Negotiated,
         server: PeerInfo,
@@ -556,8 +573,10 @@ impl Client {
     fn on_message(&mut self, m: Message) {
         match (&self.state, &m) {
             (ClientState::AwaitAccept, _) => {}
-            (ClientState::Draining, Message::Decline(d)) => return self.c.peer_declined(d),
-            (ClientState::Draining, Message::AcceptConfirm(a)) if a.role == Role::Accept => {
+            (ClientState::Draining { .. }, Message::Decline(d)) => {
+                return self.c.peer_declined(d);
+            }
+            (ClientState::Draining { .. }, Message::AcceptConfirm(a)) if a.role == Role::Accept => {
                 // The server's answer to our Proposal; it falls back on our Decline.
                 return self.c.finish(Event::Fallback {
                     reason: DeclineReason::TIMEOUT_CLC,
@@ -568,7 +587,7 @@ impl Client {
             (ClientState::AwaitLinkDecline, Message::Decline(d)) => {
                 return self.c.peer_declined(d);
             }
-            (ClientState::Draining | ClientState::AwaitLinkDecline, _) => {
+            (ClientState::Draining { .. } | ClientState::AwaitLinkDecline, _) => {
                 return self.c.fail(Error::Unexpected {
                     expected: MsgType::Decline,
                     got: m.msg_type(),
@@ -608,10 +627,11 @@ impl Client {
             // Nothing of the Accept came: a slow server. (Part of one that stalled is a broken
             // peer: fail, below.)
             ClientState::AwaitAccept if self.c.framer.buf.is_empty() => {
-                self.state = ClientState::Draining;
+                self.state = ClientState::Draining { since: now };
                 self.c
                     .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Accept, now);
             }
+            ClientState::Draining { since } => self.c.owed(what, since, now),
             ClientState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
             _ => self.c.timed_out(what),
         }
@@ -762,8 +782,11 @@ enum ServerState {
         /// When the Accept went out.
         since: Instant,
     },
-    /// Declined after the Proposal wait; reading the Proposal or Decline still owed.
-    Draining,
+    /// Declined after the Proposal wait (at `since`); reading the Proposal or Decline still
+    /// owed.
+    Draining {
+        since: Instant,
+    },
     /// The client confirmed (first contact: the link must come up next).
     Established {
         first_contact: bool,
@@ -788,7 +811,7 @@ impl Server {
         let expected = match self.state {
             ServerState::Proposal => MsgType::Proposal,
             ServerState::Confirm { .. } => MsgType::Confirm,
-            ServerState::Draining => {
+            ServerState::Draining { .. } => {
                 return match m {
                     Message::Decline(d) => self.c.peer_declined(&d),
                     // The client's Proposal: it falls back on our Decline.
@@ -868,23 +891,16 @@ impl Server {
             // Nothing of the Proposal came: a slow client. (Part of one that stalled, e.g. a
             // length beyond what was sent, is a broken peer: fail, below.)
             ServerState::Proposal if self.c.framer.buf.is_empty() => {
-                self.state = ServerState::Draining;
+                self.state = ServerState::Draining { since: now };
                 self.c
                     .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Proposal, now);
             }
             ServerState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
             // The Confirm has not come: a client on a reused link group may already be writing
-            // over RDMA, so neither a fallback nor giving up is safe while it may still come:
-            // wait another round, up to CONFIRM_WAIT_MAX (nothing of it arrived yet).
-            ServerState::Confirm { since, .. }
-                if self.c.framer.buf.is_empty() && now < since + CONFIRM_WAIT_MAX =>
-            {
-                self.c.wait_for(MsgType::Confirm, now);
+            // over RDMA, so neither a fallback nor giving up is safe while it may still come.
+            ServerState::Confirm { since, .. } | ServerState::Draining { since } => {
+                self.c.owed(what, since, now);
             }
-            ServerState::Confirm { since, .. } => self.c.fail(Error::Timeout {
-                waiting_for: what,
-                waited: now.saturating_duration_since(since),
-            }),
             _ => self.c.timed_out(what),
         }
     }

@@ -430,9 +430,9 @@ fn malformed_clc_proposals_are_refused_and_the_server_goes_on() {
             "{what}: {answer:02x?}"
         );
         // Within the CLC wait; after an Accept, the server waits for the Confirm in rounds
-        // up to CONFIRM_WAIT_MAX (a client may be writing over RDMA already).
+        // up to OWED_WAIT_MAX (a client may be writing over RDMA already).
         let bound = if accept {
-            smcr::handshake::CONFIRM_WAIT_MAX + Duration::from_secs(2)
+            smcr::handshake::OWED_WAIT_MAX + Duration::from_secs(2)
         } else {
             Duration::from_secs(7)
         };
