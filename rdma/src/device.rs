@@ -35,6 +35,12 @@ pub struct DeviceConfig {
     pub gso: bool,
     /// Let the kernel coalesce received datagrams (UDP GRO).
     pub gro: bool,
+    /// Further local addresses this device serves besides `addr` (multi-homed: the socket binds
+    /// to the wildcard address on `addr`'s port and learns each datagram's destination with
+    /// `IP_PKTINFO`; a queue pair sends from one of them with [`crate::QpAttr::src`], so that
+    /// two links of an SMC-R link group can run over two paths on one device, sharing its
+    /// memory regions). Empty: bound to `addr` alone.
+    pub extra_addrs: Vec<std::net::Ipv4Addr>,
     /// Socket receive buffer in bytes (forced beyond `rmem_max` when the process may).
     pub rcvbuf: usize,
     /// Socket send buffer in bytes.
@@ -61,6 +67,7 @@ impl DeviceConfig {
     pub fn new(addr: SocketAddrV4) -> Self {
         Self {
             addr,
+            extra_addrs: Vec::new(),
             gso: true,
             gro: true,
             rcvbuf: 8 << 20,
@@ -228,6 +235,8 @@ impl CqShared {
 pub(crate) struct QpCore {
     pub(crate) rc: RcQp,
     pub(crate) av: Option<SocketAddrV4>,
+    /// Our source address on this QP's path (a multi-homed device's other address).
+    pub(crate) src: Option<Ipv4Addr>,
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
     timer_at: Option<Instant>,
@@ -252,6 +261,7 @@ impl QpShared {
             core: Mutex::new(QpCore {
                 rc,
                 av: None,
+                src: None,
                 send_cq,
                 recv_cq,
                 timer_at: None,
@@ -321,6 +331,9 @@ pub(crate) struct Shared {
     pub(crate) cfg: DeviceConfig,
     pub(crate) sock: UdpSocket,
     pub(crate) local: SocketAddrV4,
+    /// Served through a wildcard-bound socket: datagrams carry their destination, sends their
+    /// source (see [`DeviceConfig::extra_addrs`]).
+    pub(crate) multi: bool,
     pub(crate) mrs: MrTable,
     pub(crate) qps: RwLock<HashMap<u32, Arc<QpShared>>>,
     pub(crate) next_qpn: AtomicU32,
@@ -401,16 +414,23 @@ impl Shared {
                 released: Vec::new(),
             })
         });
+        let multi = !cfg.extra_addrs.is_empty();
+        let bind = if multi {
+            SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, cfg.addr.port())
+        } else {
+            cfg.addr
+        };
         let sock = UdpSocket::bind(
-            cfg.addr,
+            bind,
             UdpOptions {
                 rcvbuf: cfg.rcvbuf,
                 sndbuf: cfg.sndbuf,
                 gro: cfg.gro,
                 ttl: cfg.ttl,
+                pktinfo: multi,
             },
         )?;
-        let local = sock.local_addr();
+        let local = SocketAddrV4::new(*cfg.addr.ip(), sock.local_addr().port());
         let seed = (std::process::id() ^ (local.port() as u32) << 16) | 1;
         let kick = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
@@ -441,6 +461,7 @@ impl Shared {
             cfg,
             sock,
             local,
+            multi,
             mrs: MrTable::new(seed.wrapping_mul(0x9E37_79B9)),
             qps: RwLock::new(HashMap::new()),
             // A process that restarts on the same address must not reuse its predecessor's
@@ -556,6 +577,7 @@ impl Shared {
     }
 
     fn transmit(&self, core: &mut QpCore, dst: SocketAddrV4, now: Instant) {
+        let src = core.src.unwrap_or(*self.local.ip());
         let mut tx = self.tx_bufs.lock().pop().unwrap_or_else(TxScratch::new);
         tx.reset();
         let mut seg = 0;
@@ -564,7 +586,7 @@ impl Shared {
         let mut req_first = true;
         loop {
             if !tx.has_room() {
-                self.flush(&mut tx, seg, dst, now);
+                self.flush(&mut tx, seg, dst, src, now);
                 req_first = false;
             }
             let at = tx.used;
@@ -577,7 +599,7 @@ impl Shared {
             let len = parts.len();
             if !tx.pkts.is_empty() && len > seg {
                 // A longer packet cannot follow in the same GSO batch: send the batch first.
-                self.flush(&mut tx, seg, dst, now);
+                self.flush(&mut tx, seg, dst, src, now);
             }
             tx.used = at + parts.head + TRAILER;
             if tx.pkts.is_empty() {
@@ -587,18 +609,18 @@ impl Shared {
             tx.pkts.push(Pending { head: at, parts });
             if len < seg || !self.cfg.gso {
                 // A shorter packet ends a GSO batch (without GSO, each packet is one).
-                self.flush(&mut tx, seg, dst, now);
+                self.flush(&mut tx, seg, dst, src, now);
             }
         }
         if !tx.pkts.is_empty() {
-            self.flush(&mut tx, seg, dst, now);
+            self.flush(&mut tx, seg, dst, src, now);
         }
         self.tx_bufs.lock().push(tx);
     }
 
-    fn icrc_headers(&self, dst: SocketAddrV4, ip_id: u16) -> IcrcHeaders {
+    fn icrc_headers(&self, src: Ipv4Addr, dst: SocketAddrV4, ip_id: u16) -> IcrcHeaders {
         IcrcHeaders {
-            src: *self.local.ip(),
+            src,
             dst: *dst.ip(),
             ip_id,
             df: true,
@@ -609,7 +631,16 @@ impl Shared {
 
     /// Sends the pending packets (all `seg` bytes long but the last) and empties the batch.
     /// Must be called with the QP still locked: payloads point into its registered memory.
-    fn flush(&self, tx: &mut TxScratch, seg: usize, dst: SocketAddrV4, now: Instant) {
+    fn flush(
+        &self,
+        tx: &mut TxScratch,
+        seg: usize,
+        dst: SocketAddrV4,
+        src: Ipv4Addr,
+        now: Instant,
+    ) {
+        // A wildcard-bound socket is told the source; otherwise it is the bound address.
+        let pktinfo = self.multi.then_some(src);
         let count = tx.pkts.len();
         let faults = self.mw.as_ref().is_some_and(|m| m.lock().faults.is_some());
         let gso = self.cfg.gso && count > 1 && !faults;
@@ -638,7 +669,7 @@ impl Shared {
             }
             parts[n] = &[0u8; 3][..p.parts.pad];
             let icrc =
-                crate::wire::compute_icrc_vectored(&self.icrc_headers(dst, id), &parts[..=n]);
+                crate::wire::compute_icrc_vectored(&self.icrc_headers(src, dst, id), &parts[..=n]);
             trailer[..p.parts.pad].fill(0);
             trailer[p.parts.pad..p.parts.pad + 4].copy_from_slice(&icrc.to_le_bytes());
             parts[n] = &trailer[..p.parts.pad + 4];
@@ -669,15 +700,15 @@ impl Shared {
                 at += p.parts.len();
                 let id = if gso { i as u16 } else { 0 };
                 if let Some(pc) = &mut mw.pcap {
-                    let _ = pc.write_packet(&self.icrc_headers(dst, id), self.cfg.ttl, pkt);
+                    let _ = pc.write_packet(&self.icrc_headers(src, dst, id), self.cfg.ttl, pkt);
                 }
                 if let Some(f) = &mut mw.faults {
-                    f.process(now, dst, pkt.to_vec(), &mut mw.released);
+                    f.process(now, dst, pktinfo, pkt.to_vec(), &mut mw.released);
                 }
             }
             if mw.faults.is_some() {
                 for r in mw.released.drain(..) {
-                    self.send_raw(r.dst, &r.bytes, None);
+                    self.send_raw(r.dst, r.src, &r.bytes, None);
                 }
                 if let Some(t) = mw.faults.as_ref().and_then(FaultInjector::next_due) {
                     self.schedule(t, FAULT_TIMER);
@@ -688,15 +719,20 @@ impl Shared {
         }
         bump(&self.stats.tx_syscalls, 1);
         // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
-        if unsafe { self.sock.send_iov(dst, &tx.iov, gso.then_some(seg as u16)) }.is_err() {
+        if unsafe {
+            self.sock
+                .send_iov(dst, pktinfo, &tx.iov, gso.then_some(seg as u16))
+        }
+        .is_err()
+        {
             bump(&self.stats.tx_errors, 1);
         }
         tx.reset();
     }
 
-    fn send_raw(&self, dst: SocketAddrV4, bytes: &[u8], gso: Option<u16>) {
+    fn send_raw(&self, dst: SocketAddrV4, src: Option<Ipv4Addr>, bytes: &[u8], gso: Option<u16>) {
         bump(&self.stats.tx_syscalls, 1);
-        if self.sock.send(dst, bytes, gso).is_err() {
+        if self.sock.send(dst, src, bytes, gso).is_err() {
             bump(&self.stats.tx_errors, 1);
         }
     }
@@ -709,7 +745,7 @@ impl Shared {
         f.release(now, &mut mw.released);
         let next = f.next_due();
         for r in mw.released.drain(..) {
-            self.send_raw(r.dst, &r.bytes, None);
+            self.send_raw(r.dst, r.src, &r.bytes, None);
         }
         drop(guard);
         if let Some(t) = next {
@@ -904,7 +940,17 @@ impl Shared {
                 let d = batch.get(i, gro);
                 let seg = d.segment.unwrap_or(d.data.len()).max(1);
                 for (k, chunk) in d.data.chunks(seg).enumerate() {
-                    receive(self, now, d.from, chunk, k as u16, &mut current, dirty, ids);
+                    receive(
+                        self,
+                        now,
+                        d.from,
+                        d.to.unwrap_or(*self.local.ip()),
+                        chunk,
+                        k as u16,
+                        &mut current,
+                        dirty,
+                        ids,
+                    );
                 }
             }
             for qp in dirty.drain(..) {
@@ -1464,6 +1510,7 @@ fn receive(
     shared: &Shared,
     now: Instant,
     from: SocketAddrV4,
+    to: Ipv4Addr,
     bytes: &[u8],
     ip_id: u16,
     current: &mut Option<Arc<QpShared>>,
@@ -1477,7 +1524,7 @@ fn receive(
     {
         let h = IcrcHeaders {
             src: *from.ip(),
-            dst: *shared.local.ip(),
+            dst: to,
             ip_id,
             df: true,
             sport: from.port(),
@@ -1491,7 +1538,7 @@ fn receive(
     };
     let h = IcrcHeaders {
         src: *from.ip(),
-        dst: *shared.local.ip(),
+        dst: to,
         ip_id,
         df: true,
         sport: from.port(),

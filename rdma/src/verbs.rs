@@ -466,11 +466,21 @@ impl QueuePair {
         if attr.qp_state == QpState::Rtr && from == QpState::Init && attr.av.is_none() {
             return Err(ModifyError::MissingAttr("av"));
         }
+        let shared = &self.guard.shared;
+        if let Some(src) = attr.src
+            && src != *shared.local.ip()
+            && !shared.cfg.extra_addrs.contains(&src)
+        {
+            // Not an address of this device: its packets could not carry a valid ICRC.
+            return Err(ModifyError::NotModifiable("src"));
+        }
         core.rc.modify(attr)?;
         if let Some(av) = attr.av {
             core.av = Some(av);
         }
-        let shared = &self.guard.shared;
+        if attr.src.is_some() {
+            core.src = attr.src;
+        }
         let core_ref = &mut *core;
         if let Some(shm) = &mut core_ref.shm {
             match attr.qp_state {

@@ -307,3 +307,116 @@ fn a_buffer_registered_on_two_devices_takes_writes_through_either_key() {
     assert!(b2.pd.reg_alias(&in_arena, rights).is_err());
     assert!(shared.reg_alias(&alias, rights).is_err());
 }
+
+/// A multi-homed device (bound to the wildcard address, serving 127.0.0.1 and 127.0.0.2): two
+/// queue pairs on it, each sending from its own address, talk to two queue pairs of a peer
+/// device; both paths carry SENDs and WRITEs with valid ICRCs in both directions (the ICRC
+/// covers the source and destination addresses, so a wrong one on either side would be
+/// dropped and counted). Both paths reach the same memory region with the same key: what a
+/// second SMC-R link on a second path needs.
+#[test]
+fn a_multi_homed_device_runs_queue_pairs_from_each_of_its_addresses() {
+    let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.extra_addrs = vec!["127.0.0.2".parse().unwrap()];
+    let a = Device::open(cfg).unwrap();
+    let b = Device::open(DeviceConfig::new("127.0.0.3:0".parse().unwrap())).unwrap();
+    assert_eq!(
+        a.local_addr().ip().octets(),
+        [127, 0, 0, 1],
+        "the GID address"
+    );
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (cqa, cqb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let rmb = pa.reg_mr(8192, rights).unwrap();
+    let src = pb.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let rbuf = pa.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let port = a.local_addr().port();
+    let mut pairs = Vec::new();
+    for (i, ours) in ["127.0.0.1", "127.0.0.2"].iter().enumerate() {
+        let ours: std::net::Ipv4Addr = ours.parse().unwrap();
+        let qa = pa.create_qp(&cqa, &cqa, QpCaps::default(), false).unwrap();
+        let qb = pb.create_qp(&cqb, &cqb, QpCaps::default(), false).unwrap();
+        for (me, peer, av, src) in [
+            (&qa, &qb, b.local_addr(), Some(ours)),
+            (&qb, &qa, std::net::SocketAddrV4::new(ours, port), None),
+        ] {
+            me.modify(&QpAttr::state(QpState::Init)).unwrap();
+            me.modify(&QpAttr {
+                path_mtu: Some(Mtu::Mtu1024),
+                dest_qp_num: Some(peer.qp_num()),
+                rq_psn: Some(Psn::new(100)),
+                av: Some(av),
+                src,
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .unwrap();
+            me.modify(&QpAttr {
+                sq_psn: Some(Psn::new(100)),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .unwrap();
+        }
+        // b writes 4 KiB into a's region over this path, then a SEND that a receives.
+        src.write(i * 4096, &[0x50 + i as u8; 4096]);
+        qa.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &[rbuf.sge(0, 64)],
+        }])
+        .unwrap();
+        qb.post_send(&[
+            SendWr {
+                wr_id: 10 + i as u64,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: rmb.addr() + (i * 4096) as u64,
+                    rkey: rmb.rkey(),
+                },
+                sg_list: &[src.sge(i * 4096, 4096)],
+                flags: SendFlags::empty(),
+            },
+            SendWr {
+                wr_id: 20 + i as u64,
+                opcode: WrOpcode::Send,
+                sg_list: &[src.sge(i * 4096, 44)],
+                flags: SendFlags::SIGNALED,
+            },
+        ])
+        .unwrap();
+        let wc = wait_one(&cqa);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.qp_num),
+            (i as u64, WcStatus::Success, qa.qp_num())
+        );
+        assert_eq!(
+            wait_one(&cqb).status,
+            WcStatus::Success,
+            "acknowledged over path {i}"
+        );
+        pairs.push((qa, qb));
+    }
+    let mut got = vec![0u8; 8192];
+    rmb.read(0, &mut got);
+    assert!(got[..4096].iter().all(|&x| x == 0x50), "path 1's WRITE");
+    assert!(got[4096..].iter().all(|&x| x == 0x51), "path 2's WRITE");
+    for s in [a.stats(), b.stats()] {
+        assert_eq!(
+            (s.rx_icrc_errors, s.rx_wrong_source),
+            (0, 0),
+            "every packet's addresses as its ICRC says"
+        );
+    }
+    // An address the device does not serve is refused as a source.
+    let q = pa.create_qp(&cqa, &cqa, QpCaps::default(), false).unwrap();
+    q.modify(&QpAttr::state(QpState::Init)).unwrap();
+    assert!(
+        q.modify(&QpAttr {
+            path_mtu: Some(Mtu::Mtu1024),
+            dest_qp_num: Some(1),
+            rq_psn: Some(Psn::new(1)),
+            av: Some(b.local_addr()),
+            src: Some("127.0.0.9".parse().unwrap()),
+            ..QpAttr::state(QpState::Rtr)
+        })
+        .is_err()
+    );
+}

@@ -72,6 +72,9 @@ pub struct QpAttr {
     pub rq_psn: Option<Psn>,
     /// Where the peer's engine listens (required for INIT → RTR by the device layer).
     pub av: Option<SocketAddrV4>,
+    /// Our source address on this path: the device's address (the default) or one of its
+    /// `extra_addrs` (device layer; a second path of a multi-homed device).
+    pub src: Option<std::net::Ipv4Addr>,
     /// RNR timer code we put in RNR NAKs (default 12, 0.64 ms).
     pub min_rnr_timer: Option<u8>,
     /// Our initial PSN (required for RTR → RTS).
@@ -93,6 +96,7 @@ impl QpAttr {
             dest_qp_num: None,
             rq_psn: None,
             av: None,
+            src: None,
             min_rnr_timer: None,
             sq_psn: None,
             timeout: None,

@@ -144,6 +144,8 @@ pub struct FaultStats {
 /// A packet released by the injector for sending.
 pub(crate) struct Release {
     pub(crate) dst: SocketAddrV4,
+    /// The source address the packet's ICRC was computed with (multi-homed devices).
+    pub(crate) src: Option<std::net::Ipv4Addr>,
     pub(crate) bytes: Vec<u8>,
 }
 
@@ -158,7 +160,7 @@ pub(crate) struct FaultInjector {
     pub(crate) stats: FaultStats,
 }
 
-struct Held(SocketAddrV4, Vec<u8>);
+struct Held(SocketAddrV4, Option<std::net::Ipv4Addr>, Vec<u8>);
 impl PartialEq for Held {
     fn eq(&self, _: &Self) -> bool {
         true
@@ -213,6 +215,7 @@ impl FaultInjector {
         &mut self,
         now: Instant,
         dst: SocketAddrV4,
+        src: Option<std::net::Ipv4Addr>,
         mut bytes: Vec<u8>,
         out: &mut Vec<Release>,
     ) {
@@ -253,11 +256,15 @@ impl FaultInjector {
                 bytes.clone()
             };
             if delay.is_zero() && self.held.is_empty() {
-                out.push(Release { dst, bytes: pkt });
+                out.push(Release {
+                    dst,
+                    src,
+                    bytes: pkt,
+                });
             } else {
                 self.seq += 1;
                 self.held
-                    .push(Reverse((now + delay, self.seq, Held(dst, pkt))));
+                    .push(Reverse((now + delay, self.seq, Held(dst, src, pkt))));
             }
         }
         self.release(now, out);
@@ -269,8 +276,8 @@ impl FaultInjector {
             if *t > now {
                 break;
             }
-            let Reverse((_, _, Held(dst, bytes))) = self.held.pop().expect("peeked");
-            out.push(Release { dst, bytes });
+            let Reverse((_, _, Held(dst, src, bytes))) = self.held.pop().expect("peeked");
+            out.push(Release { dst, src, bytes });
         }
     }
 
@@ -317,7 +324,7 @@ mod tests {
             let dst = SocketAddrV4::new([127, 0, 0, 1].into(), 1);
             let mut out = vec![];
             for i in 0..10_000u32 {
-                f.process(t0, dst, i.to_be_bytes().to_vec(), &mut out);
+                f.process(t0, dst, None, i.to_be_bytes().to_vec(), &mut out);
             }
             f.release(t0 + Duration::from_secs(1), &mut out);
             (f.stats, out.len())
@@ -346,6 +353,7 @@ mod tests {
             f.process(
                 t0 + Duration::from_micros(10 * u64::from(i)),
                 dst,
+                None,
                 i.to_be_bytes().to_vec(),
                 &mut out,
             );

@@ -21,6 +21,9 @@ pub(crate) struct UdpOptions {
     pub(crate) sndbuf: usize,
     pub(crate) gro: bool,
     pub(crate) ttl: u8,
+    /// Report each datagram's destination address (`IP_PKTINFO`): a socket bound to the
+    /// wildcard address serves several local addresses.
+    pub(crate) pktinfo: bool,
 }
 
 pub(crate) struct UdpSocket {
@@ -76,6 +79,9 @@ impl UdpSocket {
             }
         }
         let gro = o.gro && sys::setsockopt_int(raw, SOL_UDP, UDP_GRO, 1).is_ok();
+        if o.pktinfo {
+            sys::setsockopt_int(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+        }
         rustix::net::bind(&fd, &std::net::SocketAddr::V4(addr))?;
         let Ok(std::net::SocketAddr::V4(local)) =
             std::net::SocketAddr::try_from(rustix::net::getsockname(&fd)?)
@@ -102,6 +108,7 @@ impl UdpSocket {
     pub(crate) fn send(
         &self,
         dst: SocketAddrV4,
+        src: Option<Ipv4Addr>,
         buf: &[u8],
         segment: Option<u16>,
     ) -> io::Result<()> {
@@ -110,23 +117,25 @@ impl UdpSocket {
             iov_len: buf.len(),
         }];
         // SAFETY: the iovec points at `buf`, alive for the call.
-        unsafe { self.send_iov(dst, &iov, segment) }
+        unsafe { self.send_iov(dst, src, &iov, segment) }
     }
 
     /// Sends the concatenation of `iov` to `dst`, as a GSO batch of `segment`-byte datagrams
-    /// when `segment` is set.
+    /// when `segment` is set, from source address `src` when set (`IP_PKTINFO`, for a socket
+    /// bound to the wildcard address).
     ///
     /// # Safety
     /// Every iovec must point at readable memory for the duration of the call.
     pub(crate) unsafe fn send_iov(
         &self,
         dst: SocketAddrV4,
+        src: Option<Ipv4Addr>,
         iov: &[libc::iovec],
         segment: Option<u16>,
     ) -> io::Result<()> {
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
         let mut name = sockaddr(dst);
-        let mut cmsg = [0u64; 4]; // 8-byte aligned control buffer
+        let mut cmsg = [0u64; 8]; // 8-byte aligned control buffer: GSO (24) + pktinfo (32)
         // SAFETY: zeroed msghdr is a valid empty header.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
@@ -145,6 +154,22 @@ impl UdpSocket {
             }
             msg.msg_control = bytes.cast();
             msg.msg_controllen = 24;
+        }
+        if let Some(src) = src {
+            let at = msg.msg_controllen;
+            // SAFETY: 32 bytes from `at` (0 or 24) fit the 64-byte buffer: a 16-byte header and
+            // in_pktinfo { ifindex 0 (routing picks it), spec_dst = src, addr unused }.
+            unsafe {
+                let b = cmsg.as_mut_ptr().cast::<u8>().add(at);
+                (b as *mut usize).write(16 + 12);
+                (b.add(8) as *mut i32).write(libc::IPPROTO_IP);
+                (b.add(12) as *mut i32).write(libc::IP_PKTINFO);
+                (b.add(16) as *mut i32).write(0);
+                (b.add(20) as *mut u32).write(u32::from_ne_bytes(src.octets()));
+                (b.add(24) as *mut u32).write(0);
+            }
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = at + 32;
         }
         loop {
             // SAFETY: every pointer in `msg` refers to live locals or the caller's iovecs.
@@ -172,6 +197,8 @@ unsafe impl Send for RecvBatch {}
 /// One received datagram (possibly a GRO batch of equal-sized segments).
 pub(crate) struct Datagram<'a> {
     pub(crate) from: SocketAddrV4,
+    /// The address it was sent to (sockets with `pktinfo`).
+    pub(crate) to: Option<Ipv4Addr>,
     pub(crate) data: &'a [u8],
     /// Segment size when GRO coalesced several datagrams.
     pub(crate) segment: Option<usize>,
@@ -227,7 +254,8 @@ impl RecvBatch {
         let h = &self.hdrs[i];
         let len = (h.msg_len as usize).min(MAX_DATAGRAM);
         let mut segment = None;
-        if gro && h.msg_hdr.msg_controllen >= 20 {
+        let mut to = None;
+        if h.msg_hdr.msg_controllen >= 16 {
             let c = self.cmsgs[i].as_ptr().cast::<u8>();
             let mut at = 0usize;
             while at + 16 <= h.msg_hdr.msg_controllen {
@@ -242,7 +270,14 @@ impl RecvBatch {
                 if clen < 16 || at + clen > 64 {
                     break;
                 }
-                if level == SOL_UDP && ty == UDP_GRO && clen >= 20 {
+                if level == libc::IPPROTO_IP && ty == libc::IP_PKTINFO && clen >= 28 {
+                    // in_pktinfo { ifindex: i32, spec_dst: in_addr, addr: in_addr }: `addr` is
+                    // the header's destination.
+                    // SAFETY: the 12 data bytes are inside the cmsg just checked.
+                    let a = unsafe { (c.add(at + 24) as *const u32).read_unaligned() };
+                    to = Some(Ipv4Addr::from(a.to_ne_bytes()));
+                }
+                if gro && level == SOL_UDP && ty == UDP_GRO && clen >= 20 {
                     // SAFETY: the 4 data bytes are inside the cmsg just checked.
                     let s = unsafe { (c.add(at + 16) as *const i32).read() };
                     if s > 0 && (s as usize) < len {
@@ -254,6 +289,7 @@ impl RecvBatch {
         }
         Datagram {
             from: from_sockaddr(&self.names[i]),
+            to,
             data: &self.bufs[i][..len],
             segment,
         }
