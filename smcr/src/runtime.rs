@@ -1951,6 +1951,13 @@ impl LinkGroup {
         };
         for c in conns {
             c.fail(reason);
+            // A connection its application already closed waits for the peer's close to be
+            // released; that will not come now: release it here, or its RMB's share of the
+            // budget would stay counted for good (the stream is gone, nobody else will).
+            let closed = c.core.lock().local_closed;
+            if closed {
+                c.release(self);
+            }
         }
         if !self.st.lock().orderly {
             let _ = self.qp.modify(&QpAttr::state(QpState::Error));
