@@ -13,7 +13,7 @@ macro_rules! reasons {
         impl DeclineReason {
             $( $(#[$doc])* pub const $name: Self = Self($code); )*
 
-            /// Every code Linux defines and smcr's own `TIMEOUT_CLC`, in numeric order.
+            /// Every code Linux defines, in numeric order.
             pub const ALL: &'static [Self] = &[$( Self::$name ),*];
 
             /// Linux's name without the `SMC_CLC_DECL_` prefix, e.g. `"NOSMCRDEV"`.
@@ -42,9 +42,6 @@ reasons! {
     TIMEOUT_CL = 0x0201_0000, "timeout waiting for the LLC CONFIRM LINK";
     /// Timed out waiting for ADD LINK (historic).
     TIMEOUT_AL = 0x0202_0000, "timeout waiting for the LLC ADD LINK";
-    /// smcr's own code, not Linux's: timed out waiting for the peer's CLC Proposal or Accept
-    /// and fell back (Linux fails the connection instead). Peers record it as a diagnosis.
-    TIMEOUT_CLC = 0x0203_0000, "timeout waiting for the CLC Proposal or Accept (smcr)";
     /// Configuration error.
     CNFERR = 0x0300_0000, "configuration error (e.g. no IP prefix for the interface)";
     /// The peer did not offer SMC (local only, never sent).
@@ -144,8 +141,8 @@ mod test {
     fn test_codes_are_linux_values() {
         assert_eq!(
             DeclineReason::ALL.len(),
-            37,
-            "every SMC_CLC_DECL_* of mainline smc_clc.h, and smcr's TIMEOUT_CLC"
+            36,
+            "every SMC_CLC_DECL_* of mainline smc_clc.h"
         );
         assert!(
             DeclineReason::ALL.windows(2).all(|w| w[0] < w[1]),

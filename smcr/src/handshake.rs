@@ -13,19 +13,17 @@
 //! follow Linux's rules: a positive reason is a Decline and a fallback to TCP agreed by both
 //! sides; a malformed/unexpected message fails the connection (Linux: `EPROTO`).
 //!
-//! Timeouts, where we do better than Linux (which fails the connection with `ETIMEDOUT`): a
-//! client that waited [`CLC_WAIT_TIME`] for the Accept, or a server that waited as long for the
-//! Proposal, and received none of it (part of a message that then stalls is a broken peer: the
-//! connection fails), declines with [`DeclineReason::TIMEOUT_CLC`] and then reads the one CLC message the
-//! peer still owes (every peer, Linux too, answers a Proposal with exactly one Accept or
-//! Decline, and opens with exactly one Proposal or Decline), so no CLC byte can reach the
-//! application; only if that message does not come either does the connection fail. The server
-//! never falls back while waiting for the Confirm (a client on a reused link group is already
-//! sending over RDMA then, and a fallback would split the stream): it waits more rounds, up to
-//! [`OWED_WAIT_MAX`], and fails only then (or at the TCP connection's end). When the first link does not
-//! come up (no CONFIRM LINK in time, or it fails), both sides do what Linux does: listen
-//! [`CLC_WAIT_TIME_SHORT`] for the peer's Decline, else decline with `TIMEOUT_CL`; either way
-//! the connection continues as TCP.
+//! Timeouts, where we do better than Linux (which fails the connection with `ETIMEDOUT` after
+//! one [`CLC_WAIT_TIME`]): every CLC message is owed by the peer — a Proposal or Decline first,
+//! an Accept or Decline for a Proposal, a Confirm or Decline for an Accept — so while none of it
+//! has arrived, a side waits another round, up to [`OWED_WAIT_MAX`] in all, and never declines
+//! because of a timeout: a Decline sent on a timeout could cross the peer's late message or its
+//! own Decline and end up in one side's application stream. Heavy TCP loss delays a segment for
+//! many seconds; a peer that is gone closes the TCP connection, which ends the wait at once;
+//! part of a message that then stalls is a broken peer and fails at the end of its round.
+//! When the first link does not come up (no CONFIRM LINK in time, or it fails), both sides do
+//! what Linux does: listen [`CLC_WAIT_TIME_SHORT`] for the peer's Decline, else decline with
+//! `TIMEOUT_CL`; either way the connection continues as TCP.
 
 use clc::{
     AcceptBody, AcceptConfirm, Decline, DeclineReason, Eid, FirstContactExt, Gid, Hostname, Mac,
@@ -40,14 +38,12 @@ pub const CLC_WAIT_TIME: Duration = Duration::from_secs(6);
 /// Linux's `CLC_WAIT_TIME_SHORT`: how long to listen for the peer's Decline after the first
 /// link failed to come up.
 pub const CLC_WAIT_TIME_SHORT: Duration = Duration::from_secs(1);
-/// How long we wait in all, in rounds of the CLC wait while nothing of it has come, for a CLC
-/// message the peer owes: the server for the Confirm (or Decline) after its Accept — a client
-/// on a reused link group may already be writing over RDMA after sending its Confirm, so
-/// giving up would strand it — and either side, after its own timeout Decline, for the
-/// Proposal or Accept still in flight, which the peer's application bytes follow once it has
-/// read our Decline. Linux fails after one round. Heavy TCP loss delays a segment past 6 s,
-/// and even 12 s, now and then (10%-loss soaks saw both); a peer that is gone closes the TCP
-/// connection, which ends the wait at once.
+/// How long we wait in all, in rounds of the CLC wait while nothing of it has come, for the
+/// CLC message the peer owes (Linux fails after one round). Giving up early strands a peer
+/// that is fine — e.g. a client on a reused link group that sent its Confirm already writes
+/// over RDMA — and a timeout Decline could cross the peer's late message (found in review).
+/// Heavy TCP loss delays a segment past 6 s, and even 12 s, now and then (10%-loss soaks saw
+/// both); a peer that is gone closes the TCP connection, which ends the wait at once.
 pub const OWED_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`).
 pub const MIN_CONNS_PER_LGR: u8 = 16;
@@ -272,17 +268,20 @@ struct Common {
     out: VecDeque<Vec<u8>>,
     events: VecDeque<Event>,
     deadline: Option<(Instant, MsgType)>,
+    /// When the wait for the current message began (its rounds count from there).
+    waiting_since: Instant,
     done: bool,
 }
 
 impl Common {
-    fn new(cfg: Config) -> Self {
+    fn new(cfg: Config, now: Instant) -> Self {
         Self {
             cfg,
             framer: Framer::default(),
             out: VecDeque::new(),
             events: VecDeque::new(),
             deadline: None,
+            waiting_since: now,
             done: false,
         }
     }
@@ -293,6 +292,7 @@ impl Common {
 
     fn wait_for(&mut self, what: MsgType, now: Instant) {
         self.deadline = Some((now + self.cfg.timeout, what));
+        self.waiting_since = now;
     }
 
     fn finish(&mut self, ev: Event) {
@@ -349,23 +349,16 @@ impl Common {
 
     /// The wait for a message the peer owes (since `since`) ran out: another round while
     /// nothing of it has come, up to [`OWED_WAIT_MAX`]; then, or with part of it stalled, fail.
-    fn owed(&mut self, what: MsgType, since: Instant, now: Instant) {
+    fn owed(&mut self, what: MsgType, now: Instant) {
+        let since = self.waiting_since;
         if self.framer.buf.is_empty() && now < since + OWED_WAIT_MAX {
-            self.wait_for(what, now);
+            self.deadline = Some((now + self.cfg.timeout, what));
         } else {
             self.fail(Error::Timeout {
                 waiting_for: what,
                 waited: now.saturating_duration_since(since),
             });
         }
-    }
-
-    /// Declines with `reason` but keeps reading: the peer still owes one CLC message (sent
-    /// before it sees our Decline), which must not reach the application.
-    fn decline_and_drain(&mut self, reason: DeclineReason, owed: MsgType, now: Instant) {
-        let d = Decline::linux(2, self.cfg.peer_id, reason);
-        self.send(&Message::Decline(d));
-        self.wait_for(owed, now);
     }
 
     /// The first link did not come up: listen briefly for the peer's Decline (`until`).
@@ -517,10 +510,6 @@ pub struct Client {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ClientState {
     AwaitAccept,
-    /// Declined after the Accept wait (at `since`); reading the Accept or Decline still owed.
-    Draining {
-        since: Instant,
-    },
     AwaitLocal {
         negotiated: Negotiated,
         server: PeerInfo,
@@ -537,7 +526,7 @@ enum ClientState {
 impl Client {
     /// Starts a handshake on a TCP connection whose peer advertised SMC-R: queues the Proposal.
     pub fn new(cfg: Config, roce_gid: Gid, now: Instant) -> Self {
-        let mut c = Common::new(cfg);
+        let mut c = Common::new(cfg, now);
         let p = Proposal {
             eyecatcher: clc::Eyecatcher::SmcR,
             version: 2,
@@ -573,21 +562,10 @@ impl Client {
     fn on_message(&mut self, m: Message) {
         match (&self.state, &m) {
             (ClientState::AwaitAccept, _) => {}
-            (ClientState::Draining { .. }, Message::Decline(d)) => {
-                return self.c.peer_declined(d);
-            }
-            (ClientState::Draining { .. }, Message::AcceptConfirm(a)) if a.role == Role::Accept => {
-                // The server's answer to our Proposal; it falls back on our Decline.
-                return self.c.finish(Event::Fallback {
-                    reason: DeclineReason::TIMEOUT_CLC,
-                    by_peer: false,
-                    out_of_sync: false,
-                });
-            }
             (ClientState::AwaitLinkDecline, Message::Decline(d)) => {
                 return self.c.peer_declined(d);
             }
-            (ClientState::Draining { .. } | ClientState::AwaitLinkDecline, _) => {
+            (ClientState::AwaitLinkDecline, _) => {
                 return self.c.fail(Error::Unexpected {
                     expected: MsgType::Decline,
                     got: m.msg_type(),
@@ -624,14 +602,8 @@ impl Client {
 
     fn on_timeout(&mut self, what: MsgType, now: Instant) {
         match self.state {
-            // Nothing of the Accept came: a slow server. (Part of one that stalled is a broken
-            // peer: fail, below.)
-            ClientState::AwaitAccept if self.c.framer.buf.is_empty() => {
-                self.state = ClientState::Draining { since: now };
-                self.c
-                    .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Accept, now);
-            }
-            ClientState::Draining { since } => self.c.owed(what, since, now),
+            // The server owes an Accept or Decline: wait more rounds.
+            ClientState::AwaitAccept => self.c.owed(what, now),
             ClientState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
             _ => self.c.timed_out(what),
         }
@@ -782,11 +754,6 @@ enum ServerState {
         /// When the Accept went out.
         since: Instant,
     },
-    /// Declined after the Proposal wait (at `since`); reading the Proposal or Decline still
-    /// owed.
-    Draining {
-        since: Instant,
-    },
     /// The client confirmed (first contact: the link must come up next).
     Established {
         first_contact: bool,
@@ -799,7 +766,7 @@ impl Server {
     /// Starts waiting for the client's Proposal on an accepted TCP connection whose SYN
     /// carried the SMC-R option.
     pub fn new(cfg: Config, now: Instant) -> Self {
-        let mut c = Common::new(cfg);
+        let mut c = Common::new(cfg, now);
         c.wait_for(MsgType::Proposal, now);
         Self {
             c,
@@ -811,21 +778,6 @@ impl Server {
         let expected = match self.state {
             ServerState::Proposal => MsgType::Proposal,
             ServerState::Confirm { .. } => MsgType::Confirm,
-            ServerState::Draining { .. } => {
-                return match m {
-                    Message::Decline(d) => self.c.peer_declined(&d),
-                    // The client's Proposal: it falls back on our Decline.
-                    Message::Proposal(_) => self.c.finish(Event::Fallback {
-                        reason: DeclineReason::TIMEOUT_CLC,
-                        by_peer: false,
-                        out_of_sync: false,
-                    }),
-                    other => self.c.fail(Error::Unexpected {
-                        expected: MsgType::Proposal,
-                        got: other.msg_type(),
-                    }),
-                };
-            }
             ServerState::AwaitLinkDecline => {
                 return match m {
                     Message::Decline(d) => self.c.peer_declined(&d),
@@ -888,19 +840,10 @@ impl Server {
 
     fn on_timeout(&mut self, what: MsgType, now: Instant) {
         match self.state {
-            // Nothing of the Proposal came: a slow client. (Part of one that stalled, e.g. a
-            // length beyond what was sent, is a broken peer: fail, below.)
-            ServerState::Proposal if self.c.framer.buf.is_empty() => {
-                self.state = ServerState::Draining { since: now };
-                self.c
-                    .decline_and_drain(DeclineReason::TIMEOUT_CLC, MsgType::Proposal, now);
-            }
             ServerState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
-            // The Confirm has not come: a client on a reused link group may already be writing
-            // over RDMA, so neither a fallback nor giving up is safe while it may still come.
-            ServerState::Confirm { since, .. } | ServerState::Draining { since } => {
-                self.c.owed(what, since, now);
-            }
+            // The client owes a Proposal (or Decline), or a Confirm (or Decline) after our
+            // Accept — on a reused link group it may already be writing over RDMA then.
+            ServerState::Proposal | ServerState::Confirm { .. } => self.c.owed(what, now),
             _ => self.c.timed_out(what),
         }
     }

@@ -1100,6 +1100,15 @@ impl LinkGroup {
             if let Some(w) = watched {
                 st.watch.insert(token, w);
             }
+            if let Some(why) = &st.down_reason {
+                // The group ended while this connection was set up (another handshake found it
+                // dead, or it failed): its drain is over, so fail the connection here, or a
+                // reader would wait for ever and its RMB stay counted.
+                let why = why.clone();
+                drop(st);
+                c.fail(&why);
+                return;
+            }
             let early = st.core.attach(token, c.clone());
             self.publish_conns(&st);
             early
@@ -2014,11 +2023,13 @@ impl LinkGroup {
         self.cq.kick();
     }
 
-    /// Gives up a new group whose first link did not come up: nothing to tell a peer that
-    /// never confirmed it (Linux: `smc_lgr_cleanup_early`), so it fails here and now, its RMBs
-    /// freed; a group that came up after all is deleted as usual.
+    /// Gives up a new group whose first link did not come up. A client's fails here and now,
+    /// its RMBs freed: the server never confirmed it (Linux: `smc_lgr_cleanup_early`). A
+    /// server's is deleted (DELETE LINK): the client's link may be up while ours is not (its
+    /// CONFIRM LINK response lost), and its connection must fail now, not at its keepalive.
+    /// A group that came up after all is deleted as usual.
     pub(crate) fn abandon(&self) {
-        if self.st.lock().up {
+        if self.st.lock().up || self.role == link::Role::Server {
             self.terminate();
         } else {
             self.fail("the first link did not come up");

@@ -828,9 +828,6 @@ pub fn remedy(code: u32) -> &'static str {
         0x0201_0000 | 0x0202_0000 => {
             "check that RoCE v2 (UDP 4791) passes between the hosts (firewall, MTU)"
         }
-        0x0203_0000 => {
-            "the peer answered the CLC handshake late (loaded server, heavy TCP loss); the connection went on as TCP"
-        }
         0x0300_0000 | 0x0307_0000 => {
             "give both interfaces addresses in a common subnet, or use SMC-Rv2 routing"
         }

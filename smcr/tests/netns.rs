@@ -1466,16 +1466,16 @@ fn a_first_link_that_cannot_come_up_falls_back_to_tcp_on_both_sides() {
 }
 
 /// Peers that answer the CLC handshake late (past the 6 s CLC wait): where Linux fails the
-/// connection (ETIMEDOUT), we decline with TIMEOUT_CLC, read the one CLC message still owed
-/// and go on as TCP. A raw server that Accepts 6.5 s after the Proposal, and a raw client that
-/// sends its Proposal 6.5 s after connecting; each then sees our Decline where the protocol
-/// puts one, and the application bytes after it arrive intact both ways.
+/// connection (ETIMEDOUT), we wait further rounds for the message the peer owes, sending
+/// nothing meanwhile. A raw server that declines 6.5 s after the Proposal, and a raw client that
+/// sends its Proposal 6.5 s after connecting (and declines our Accept): both connections go on
+/// as TCP with the peer's reason, the application bytes intact both ways.
 #[test]
-fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
+fn peers_that_answer_the_clc_handshake_late_are_waited_for() {
     if !privileged("netns slow CLC peers") {
         return;
     }
-    use smcr::handshake::{self, Endpoint, Event};
+    use smcr::handshake::{self, Event};
     use std::os::fd::AsFd;
     use std::time::{Duration, Instant};
     const LATE: Duration = Duration::from_millis(6500);
@@ -1502,7 +1502,6 @@ fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
 
     // The slow raw server.
     let (tx, rx) = mpsc::channel();
-    let ip_b = net.addr_b;
     let m = marker.clone();
     let raw_server = in_netns(&net.b, move || {
         let sock =
@@ -1521,25 +1520,11 @@ fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
         });
         assert!(matches!(ev, Event::Proposed { .. }), "{ev:?}");
         std::thread::sleep(LATE);
-        let ep = Endpoint {
-            gid: clc::Gid::from_ipv4(ip_b),
-            mac: clc::Mac([2, 0, 10, 77, 0, 2]),
-            qpn: 0x4242,
-            initial_psn: 1,
-            mtu: clc::QpMtu::MTU_1024,
-            rmb_rkey: 0x77,
-            rmb_vaddr: 0x10000,
-            rmb_size: clc::RmbSize::round_up(65536),
-            token: 5,
-        };
-        hs.accept(&ep, true, Instant::now()).unwrap();
+        hs.decline(DeclineReason::NOSMCRDEV).unwrap();
         while let Some(b) = hs.poll_transmit() {
             tcp.write_all(&b).unwrap();
         }
-        let ev = next_event(&mut tcp, &mut |b| {
-            hs.handle_data(b);
-            hs.poll_event()
-        });
+        let ev = hs.poll_event().unwrap();
         // Then plain TCP: echo one line.
         let mut line = [0u8; 5];
         tcp.read_exact(&mut line).unwrap();
@@ -1547,7 +1532,6 @@ fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
         ev
     });
     rx.recv().unwrap();
-
     // Our server, and the slow raw client.
     let (tx, rx) = mpsc::channel();
     let server_rt = runtime(&install);
@@ -1580,6 +1564,12 @@ fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
             hs.handle_data(b);
             hs.poll_event()
         });
+        assert!(matches!(ev, Event::Accepted { .. }), "{ev:?}");
+        hs.decline(DeclineReason::NOSMCRDEV).unwrap();
+        while let Some(b) = hs.poll_transmit() {
+            tcp.write_all(&b).unwrap();
+        }
+        let ev = hs.poll_event().unwrap();
         tcp.write_all(b"late!").unwrap();
         let mut back = [0u8; 5];
         tcp.read_exact(&mut back).unwrap();
@@ -1607,46 +1597,38 @@ fn peers_that_answer_the_clc_handshake_late_fall_back_instead_of_failing() {
     .join()
     .unwrap();
     eprintln!("slow server: our client {mode:?} after {took:?}");
-    assert_eq!(
-        mode,
+    let theirs = |by_peer| {
         Mode::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::TIMEOUT_CLC,
-            by_peer: false
+            reason: DeclineReason::NOSMCRDEV,
+            by_peer,
         })
-    );
+    };
+    assert_eq!(mode, theirs(true), "the late Decline was waited for");
     assert!(
         took >= LATE && took < LATE + Duration::from_secs(2),
         "{took:?}"
     );
-    let ev = raw_server.join().unwrap();
+    let ours = Event::Fallback {
+        reason: DeclineReason::NOSMCRDEV,
+        by_peer: false,
+        out_of_sync: false,
+    };
     assert_eq!(
-        ev,
-        Event::Fallback {
-            reason: DeclineReason::TIMEOUT_CLC,
-            by_peer: true,
-            out_of_sync: false
-        },
-        "the slow server read our Decline where the Confirm belongs"
+        raw_server.join().unwrap(),
+        ours,
+        "nothing came from our client but data"
     );
-    let ev = raw_client.join().unwrap();
-    assert!(
-        matches!(
-            ev,
-            Event::Fallback {
-                reason: DeclineReason::TIMEOUT_CLC,
-                by_peer: true,
-                ..
-            }
-        ),
-        "the slow client got our Decline: {ev:?}"
-    );
+    assert_eq!(raw_client.join().unwrap(), ours);
     assert_eq!(
         server.join().unwrap()[0],
-        Mode::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::TIMEOUT_CLC,
-            by_peer: false
-        })
+        theirs(true),
+        "the late Proposal was waited for"
     );
+    for rt in [&client_rt, &server_rt] {
+        wait_until(Duration::from_secs(5), || {
+            rt.link_groups() == 0 && rt.rmb_in_use() == 0
+        });
+    }
     for rt in [&client_rt, &server_rt] {
         assert_eq!((rt.link_groups(), rt.rmb_in_use()), (0, 0));
     }
