@@ -751,8 +751,6 @@ enum ServerState {
         negotiated: Negotiated,
         first_contact: bool,
         mtu: QpMtu,
-        /// When the Accept went out.
-        since: Instant,
     },
     /// The client confirmed (first contact: the link must come up next).
     Established {
@@ -943,7 +941,6 @@ impl Server {
             negotiated,
             first_contact,
             mtu: local.mtu,
-            since: now,
         };
         Ok(())
     }

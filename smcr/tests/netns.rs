@@ -293,22 +293,58 @@ fn concurrent_connections_and_a_gibibyte_and_half_close() {
 
 /// Run as a child process by `killed_server_fails_the_client_promptly`: an SMC-R sink in the
 /// namespace it is started in.
+/// What a test run as a child process gets from its parent: the option program's install
+/// (the parent's: never removed here), the namespace to run in and the address. `None` when
+/// the test runs on its own (it then does nothing).
+struct ChildEnv {
+    install: std::mem::ManuallyDrop<TestInstall>,
+    ns: String,
+    addr: String,
+}
+
+fn child_env() -> Option<ChildEnv> {
+    Some(ChildEnv {
+        install: std::mem::ManuallyDrop::new(TestInstall(
+            std::env::var_os("SMCR_TEST_BPF_DIR")?.into(),
+        )),
+        ns: std::env::var("SMCR_TEST_NETNS").ok()?,
+        addr: std::env::var("SMCR_TEST_ADDR").ok()?,
+    })
+}
+
+/// Starts the ignored test `name` as a child process in namespace `ns` with `install` and
+/// `addr` (and `extra` variables); its stdout (and stdin, with `stdin`) piped.
+fn spawn_child(
+    name: &str,
+    ns: &str,
+    install: &TestInstall,
+    addr: impl ToString,
+    extra: &[(&str, String)],
+    stdin: bool,
+) -> std::process::Child {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--ignored", "--nocapture"])
+        .env("SMCR_TEST_NETNS", ns)
+        .env("SMCR_TEST_BPF_DIR", &install.0)
+        .env("SMCR_TEST_ADDR", addr.to_string())
+        .envs(extra.iter().map(|(k, v)| (*k, v)))
+        .stdout(std::process::Stdio::piped());
+    if stdin {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    cmd.spawn().unwrap()
+}
+
 #[test]
 #[ignore = "run as a child process"]
 fn sink_server_child() {
-    let (Some(dir), Some(addr), Some(ns)) = (
-        std::env::var_os("SMCR_TEST_BPF_DIR"),
-        std::env::var("SMCR_TEST_ADDR").ok(),
-        std::env::var("SMCR_TEST_NETNS").ok(),
-    ) else {
+    let Some(env) = child_env() else {
         return;
     };
     // setns in a thread rather than `ip netns exec`, which remounts /sys and hides bpffs.
-    in_netns(&ns, move || {
-        let install = TestInstall(dir.into());
-        let rt = runtime(&install);
-        std::mem::forget(install); // the parent owns the install
-        let l = SmcListener::bind(&rt, addr.parse().unwrap()).unwrap();
+    in_netns(&env.ns.clone(), move || {
+        let rt = runtime(&env.install);
+        let l = SmcListener::bind(&rt, env.addr.parse().unwrap()).unwrap();
         println!("READY");
         let (mut s, _) = l.accept().unwrap();
         let mut buf = vec![0u8; 1 << 20];
@@ -325,14 +361,7 @@ fn start_sink_server(
     addr: SocketAddr,
 ) -> std::process::Child {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sink_server_child", "--ignored", "--nocapture"])
-        .env("SMCR_TEST_NETNS", &net.b)
-        .env("SMCR_TEST_BPF_DIR", &install.0)
-        .env("SMCR_TEST_ADDR", addr.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child("sink_server_child", &net.b, install, addr, &[], false);
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.unwrap().contains("READY")));
     child
@@ -687,18 +716,12 @@ fn the_only_link_dying_fails_its_connections_promptly() {
 #[test]
 #[ignore = "run as a child process"]
 fn idle_client_child() {
-    let (Some(dir), Some(addr), Some(ns)) = (
-        std::env::var_os("SMCR_TEST_BPF_DIR"),
-        std::env::var("SMCR_TEST_ADDR").ok(),
-        std::env::var("SMCR_TEST_NETNS").ok(),
-    ) else {
+    let Some(env) = child_env() else {
         return;
     };
-    in_netns(&ns, move || {
-        let install = TestInstall(dir.into());
-        let rt = runtime(&install);
-        std::mem::forget(install);
-        let c = SmcStream::connect(&rt, addr.parse::<SocketAddr>().unwrap()).unwrap();
+    in_netns(&env.ns.clone(), move || {
+        let rt = runtime(&env.install);
+        let c = SmcStream::connect(&rt, env.addr.parse::<SocketAddr>().unwrap()).unwrap();
         assert!(matches!(c.mode(), Mode::SmcR { .. }));
         println!("CONNECTED");
         std::thread::sleep(std::time::Duration::from_secs(60));
@@ -730,14 +753,7 @@ fn restarted_client_gets_a_new_link_group() {
     };
     rx.recv().unwrap();
     // A client process makes the link group, then dies without DELETE LINK.
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "idle_client_child", "--ignored", "--nocapture"])
-        .env("SMCR_TEST_NETNS", &net.a)
-        .env("SMCR_TEST_BPF_DIR", &install.0)
-        .env("SMCR_TEST_ADDR", addr.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child("idle_client_child", &net.a, &install, addr, &[], false);
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.unwrap().contains("CONNECTED")));
     child.kill().unwrap();
@@ -863,20 +879,13 @@ fn raise_nofile() -> u64 {
 #[test]
 #[ignore = "run as a child process"]
 fn hold_server_child() {
-    let (Some(dir), Some(addr), Some(ns), Some(n)) = (
-        std::env::var_os("SMCR_TEST_BPF_DIR"),
-        std::env::var("SMCR_TEST_ADDR").ok(),
-        std::env::var("SMCR_TEST_NETNS").ok(),
-        std::env::var("SMCR_TEST_CONNS").ok(),
-    ) else {
+    let (Some(env), Some(n)) = (child_env(), std::env::var("SMCR_TEST_CONNS").ok()) else {
         return;
     };
     let n: usize = n.parse().unwrap();
-    in_netns(&ns, move || {
-        let install = TestInstall(dir.into());
-        let rt = runtime(&install);
-        std::mem::forget(install);
-        let l = SmcListener::bind(&rt, addr.parse().unwrap()).unwrap();
+    in_netns(&env.ns.clone(), move || {
+        let rt = runtime(&env.install);
+        let l = SmcListener::bind(&rt, env.addr.parse().unwrap()).unwrap();
         let base = rss_kib(std::process::id());
         println!("READY");
         let mut conns = Vec::with_capacity(n);
@@ -924,15 +933,14 @@ fn ten_thousand_concurrent_connections_from_one_process() {
     let install = TestInstall::new("many");
     let net = NetPair::new().unwrap();
     let addr: SocketAddr = (net.addr_b, 7407).into();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "hold_server_child", "--ignored", "--nocapture"])
-        .env("SMCR_TEST_NETNS", &net.b)
-        .env("SMCR_TEST_BPF_DIR", &install.0)
-        .env("SMCR_TEST_ADDR", addr.to_string())
-        .env("SMCR_TEST_CONNS", n.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child(
+        "hold_server_child",
+        &net.b,
+        &install,
+        addr,
+        &[("SMCR_TEST_CONNS", n.to_string())],
+        false,
+    );
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.unwrap().contains("READY")));
     let rt = runtime(&install);
@@ -1711,21 +1719,14 @@ fn fds_and_threads() -> (usize, usize) {
 #[ignore = "run as a child process"]
 fn survivor_server_child() {
     use std::io::BufRead;
-    let (Some(dir), Some(port), Some(ns)) = (
-        std::env::var_os("SMCR_TEST_BPF_DIR"),
-        std::env::var("SMCR_TEST_PORT").ok(),
-        std::env::var("SMCR_TEST_NETNS").ok(),
-    ) else {
+    let Some(env) = child_env() else {
         return;
     };
-    let rt = in_netns(&ns, move || {
-        let install = TestInstall(dir.into());
-        let rt = runtime_with(&install, |c| {
+    let rt = in_netns(&env.ns.clone(), move || {
+        let rt = runtime_with(&env.install, |c| {
             c.linger = std::time::Duration::from_millis(300);
         });
-        std::mem::forget(install);
-        let addr: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, port.parse().unwrap()).into();
-        let l = SmcListener::bind(&rt, addr).unwrap();
+        let l = SmcListener::bind(&rt, env.addr.parse().unwrap()).unwrap();
         let rt2 = rt.clone();
         std::thread::spawn(move || {
             let _keep = rt2;
@@ -1774,18 +1775,12 @@ fn survivor_server_child() {
 #[test]
 #[ignore = "run as a child process"]
 fn echo_once_client_child() {
-    let (Some(dir), Some(addr), Some(ns)) = (
-        std::env::var_os("SMCR_TEST_BPF_DIR"),
-        std::env::var("SMCR_TEST_ADDR").ok(),
-        std::env::var("SMCR_TEST_NETNS").ok(),
-    ) else {
+    let Some(env) = child_env() else {
         return;
     };
-    in_netns(&ns, move || {
-        let install = TestInstall(dir.into());
-        let rt = runtime(&install);
-        std::mem::forget(install);
-        let mut c = SmcStream::connect(&rt, addr.parse::<SocketAddr>().unwrap()).unwrap();
+    in_netns(&env.ns.clone(), move || {
+        let rt = runtime(&env.install);
+        let mut c = SmcStream::connect(&rt, env.addr.parse::<SocketAddr>().unwrap()).unwrap();
         assert!(matches!(c.mode(), Mode::SmcR { .. }));
         echo_once(&mut c, b"warm-up");
         rt.shutdown();
@@ -1812,21 +1807,8 @@ fn a_killed_peer_leaves_the_survivor_nothing_behind() {
     let net = NetPair::new().unwrap();
     let third = common::Third::new(&net).unwrap();
     let port = 7416u16;
-    let exe = std::env::current_exe().unwrap();
-    let mut survivor = std::process::Command::new(&exe)
-        .args([
-            "--exact",
-            "survivor_server_child",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("SMCR_TEST_NETNS", &net.b)
-        .env("SMCR_TEST_BPF_DIR", &install.0)
-        .env("SMCR_TEST_PORT", port.to_string())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let any: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, port).into();
+    let mut survivor = spawn_child("survivor_server_child", &net.b, &install, any, &[], true);
     let mut cmd = survivor.stdin.take().unwrap();
     let (tx, lines) = mpsc::channel::<String>();
     let out = survivor.stdout.take().unwrap();
@@ -1850,16 +1832,7 @@ fn a_killed_peer_leaves_the_survivor_nothing_behind() {
     };
     expect("READY", Duration::from_secs(20));
     let to: SocketAddr = (net.addr_b, port).into();
-    let client = |name: &str| {
-        std::process::Command::new(&exe)
-            .args(["--exact", name, "--ignored", "--nocapture"])
-            .env("SMCR_TEST_NETNS", &net.a)
-            .env("SMCR_TEST_BPF_DIR", &install.0)
-            .env("SMCR_TEST_ADDR", to.to_string())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let client = |name: &str| spawn_child(name, &net.a, &install, to, &[], false);
     // A first client comes and goes; its group lingers 300 ms, then the counts settle.
     assert!(client("echo_once_client_child").wait().unwrap().success());
     let measure = |what: &str, cmd: &mut std::process::ChildStdin| -> String {
