@@ -32,7 +32,7 @@ impl SmcStream {
             sg_list: &sge,
             flags: SendFlags::empty(),
         };
-        lg.qp
+        lg.qp()
             .post_send(&[wr])
             .map_err(|e| io::Error::other(format!("{e:?}")))
     }

@@ -123,6 +123,11 @@ impl<C: Clone> LgrCore<C> {
         self.conns.drain().map(|(_, c)| c).collect()
     }
 
+    /// Every attached connection.
+    pub fn conns(&self) -> Vec<C> {
+        self.conns.values().cloned().collect()
+    }
+
     /// The connection a received CDC is for.
     pub fn route(&mut self, m: CdcMessage) -> Route<C> {
         if let Some(c) = self.conns.get(&m.token) {

@@ -8,6 +8,8 @@
 //! * `smcr_fallbacks_total{reason, code}` (counter): connections that stayed on TCP, by reason
 //!   name and code (`0x…`).
 //! * `smcr_handshake_failures_total` (counter): handshakes that failed with no fallback.
+//! * `smcr_link_failovers_total` (counter): links that failed while their group had another
+//!   (its connections moved there).
 //! * `smcr_handshake_seconds{mode}` (histogram): from the TCP connection being up to the
 //!   connection being usable (SMC-R: CONFIRM LINK included on a first contact).
 
@@ -37,4 +39,9 @@ pub(crate) fn connection(fallback: Option<&FallbackReason>, first_contact: bool,
 /// A handshake failed with no fallback.
 pub(crate) fn handshake_failed() {
     metrics::counter!("smcr_handshake_failures_total").increment(1);
+}
+
+/// A link failed and its group's connections moved to the other link.
+pub(crate) fn link_failover() {
+    metrics::counter!("smcr_link_failovers_total").increment(1);
 }

@@ -16,7 +16,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,12 @@ pub struct RuntimeConfig {
     /// Faults the RoCE engine injects into the packets it sends (tests; `None`: the
     /// `SMCR_RDMA_FAULTS` environment variable decides, as for any device).
     pub faults: Option<rdma::FaultConfig>,
+    /// Other local addresses of this host, each on another path to the peers than the
+    /// address a connection's TCP runs over (`SMCR_ALT_ADDRS`, comma-separated). With one, a
+    /// link group gets a second link over it (ADD LINK), connections move to it when their
+    /// link fails, and the group heals when the path comes back (docs/failover.md). Empty:
+    /// one link per group (max_links 1 in the CLC handshake).
+    pub alt_addrs: Vec<Ipv4Addr>,
 }
 
 /// Linux's `SMC_LGR_FREE_DELAY_CLNT`/`_SERV`: 10 minutes.
@@ -147,6 +153,7 @@ impl RuntimeConfig {
             write_pad: true,
             rkey_reuse: true,
             faults: None,
+            alt_addrs: Vec::new(),
         }
     }
 }
@@ -199,6 +206,12 @@ impl RuntimeConfig {
         if let Some(us) = var("SMCR_HOLD_US").and_then(|v| v.parse::<u64>().ok()) {
             cfg.app_hold = Duration::from_micros(us);
         }
+        if let Some(list) = var("SMCR_ALT_ADDRS") {
+            cfg.alt_addrs = list
+                .split(',')
+                .filter_map(|a| a.trim().parse().ok())
+                .collect();
+        }
         match var("SMCR_STATS_DIR").as_deref() {
             Some("off") => cfg.stats_dir = None,
             Some(d) => cfg.stats_dir = Some(d.into()),
@@ -244,6 +257,7 @@ pub(crate) struct Inner {
     rmb_in_use: Mutex<u64>,
     /// CONFIRM LINK exchanges completed (first contacts), for tests and stats.
     pub(crate) links_confirmed: AtomicU32,
+    pub(crate) failovers: AtomicU32,
     /// CONFIRM RKEY and DELETE RKEY requests sent.
     pub(crate) rkey_requests: AtomicU32,
     /// This runtime's shared-memory stats area (`smc-stat` reads it), if it could be made.
@@ -277,7 +291,12 @@ pub(crate) struct Dev {
 impl Runtime {
     /// A runtime with `cfg`. With TCP-option negotiation, the pinned map is opened now; if
     /// that fails every connection falls back to TCP with the reason (see [`crate::Mode`]).
-    pub fn new(cfg: RuntimeConfig) -> Self {
+    pub fn new(mut cfg: RuntimeConfig) -> Self {
+        if !cfg.alt_addrs.is_empty() {
+            // A second path: offer two links per group (Linux's default); without one, a
+            // single link, so peers never try to add a link we could not run.
+            cfg.handshake.max_links = cfg.handshake.max_links.max(2);
+        }
         // No area is no accelerator failure: smc-stat just does not see this process.
         // Areas of processes that are gone (the preload's runtime is never dropped) are
         // removed by whoever starts next.
@@ -308,6 +327,7 @@ impl Runtime {
                 next_lgr: AtomicU32::new(1),
                 rmb_in_use: Mutex::new(0),
                 links_confirmed: AtomicU32::new(0),
+                failovers: AtomicU32::new(0),
                 rkey_requests: AtomicU32::new(0),
                 pending: Mutex::new(HashMap::new()),
                 stats: cfg_stats,
@@ -377,18 +397,41 @@ impl Runtime {
         for g in self.inner.groups.lock().iter() {
             let st = g.st.lock();
             out += &format!(
-                "link group {} {:?} peer {:?} up={} down={:?} conns={} free_slots={}\n  {}\n",
+                "link group {} {:?} peer {:?} up={} down={:?} spare_up={} last_failover={:?} \
+                 conns={} free_slots={}\n  {}\n",
                 g.id,
                 g.role,
                 g.peer_gid.to_ipv4(),
                 st.up,
                 st.down_reason,
+                st.spare_up,
+                st.last_failover,
                 st.core.len(),
                 st.core.free_slots(),
-                g.qp.summary()
+                g.paths
+                    .iter()
+                    .map(|p| p.qp.summary())
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
             );
         }
         out
+    }
+
+    /// The number of usable links of each live link group (1, or 2 with a second path).
+    pub fn group_links(&self) -> Vec<usize> {
+        self.inner
+            .groups
+            .lock()
+            .iter()
+            .filter(|g| !g.is_down())
+            .map(|g| g.links())
+            .collect()
+    }
+
+    /// Times a link failed and its group's connections moved to the other link.
+    pub fn failovers(&self) -> u32 {
+        self.inner.failovers.load(Ordering::Relaxed)
     }
 
     /// Bytes of RMB memory the runtime holds (connections' RMBs and the pooled ones), counted
@@ -407,7 +450,7 @@ impl Runtime {
             .collect()
     }
 
-    /// First-contact link confirmations (CONFIRM LINK exchanges) so far.
+    /// Link confirmations (CONFIRM LINK exchanges, first links and added ones) so far.
     pub fn links_confirmed(&self) -> u32 {
         self.inner.links_confirmed.load(Ordering::Relaxed)
     }
@@ -481,6 +524,11 @@ impl Inner {
         v
     }
 
+    /// The alternate local address for groups whose first link runs from `ip`.
+    pub(crate) fn alt_addr(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
+        self.cfg.alt_addrs.iter().copied().find(|&a| a != ip)
+    }
+
     pub(crate) fn device(&self, ip: Ipv4Addr) -> io::Result<Arc<Dev>> {
         let mut devs = self.devices.lock();
         if let Some(d) = devs.get(&ip) {
@@ -488,6 +536,9 @@ impl Inner {
         }
         let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
         dcfg.faults = self.cfg.faults;
+        // Multi-homed: the second link of a group is a second queue pair of this device,
+        // sending from an alternate address (same memory regions, same CQ).
+        dcfg.extra_addrs = self.alt_addr(ip).into_iter().collect();
         let device = Device::open(dcfg)?;
         let o = ip.octets();
         let d = Arc::new(Dev {
@@ -549,9 +600,13 @@ impl Inner {
             .find(|g| {
                 g.role == role
                     && g.dev.ip == local
-                    && g.peer_gid == peer_gid
                     && g.peer_id == peer_id
-                    && peer_qpn.is_none_or(|q| q == g.peer_qpn.load(Ordering::Relaxed))
+                    // A client finds the group by the link the server's Accept names (any
+                    // of its links, as Linux's `smcr_lgr_match`); a server by the client's GID.
+                    && match peer_qpn {
+                        Some(q) => g.has_peer_link(peer_gid, q),
+                        None => g.peer_gid == peer_gid,
+                    }
                     && g.is_up()
                     && g.has_room()
             })
@@ -638,12 +693,45 @@ const GSO_WRITE_MIN: u32 = 28;
 /// SEND slots only the poller may take (consumer updates, LLC answers), so it never waits.
 const POLLER_RESERVE: usize = 32;
 
-/// A link group with its single link.
+/// One link of a group: a queue pair of the group's device (sharing its protection domain,
+/// so the same memory regions and rkeys, its CQ and its SEND slots), with receive slots of
+/// its own. Path 0 sends from the device's address, path 1 from the alternate one.
+pub(crate) struct Path {
+    pub(crate) qp: QueuePair,
+    /// Its receive slots are `recv_mr` slots `base..base + RECV_SLOTS`.
+    base: usize,
+    /// The local address its packets leave from.
+    src: Ipv4Addr,
+    /// Our initial PSN (a new one each time the path is set up).
+    psn: AtomicU32,
+    /// The peer's QP and address on it (its GID's IPv4 address), once connected.
+    peer_qpn: AtomicU32,
+    peer_ip: AtomicU32,
+}
+
+/// How long a server waits after a link failed before it tries to add one again, and
+/// between tries while the path stays down (Linux retries only on a port event, which
+/// has no counterpart here).
+const HEAL_RETRY: Duration = Duration::from_secs(3);
+
+/// ADD LINK carries one rkey entry per RMB of the group and must fit one SEND slot
+/// (72 + 16 per entry ≤ [`SLOT`]): with more RMBs, no link is added (see docs/failover.md).
+const ADD_LINK_MAX_RKEYS: usize = (SLOT - 72) / 16;
+
+/// A link group: one link, or two over two paths (the active one carries every connection;
+/// the other stands by).
 pub(crate) struct LinkGroup {
     pub(crate) id: u32,
     pub(crate) role: link::Role,
     pub(crate) dev: Arc<Dev>,
-    pub(crate) qp: QueuePair,
+    /// One path, or two with an alternate local address.
+    pub(crate) paths: Vec<Path>,
+    /// The active path (low 8 bits) and the failover epoch above them, in one word: a
+    /// connection reads both at once, and moves itself to the path (see
+    /// [`ConnShared::route`]) before it posts anything there after a failover.
+    route: AtomicU64,
+    /// The active link's id (for the stats record).
+    link_id: AtomicU32,
     cq: CompletionQueue,
     /// Held by whoever takes and handles completions (the poller, or an application thread in
     /// `progress`), so that they are handled one batch at a time, in order.
@@ -670,8 +758,6 @@ pub(crate) struct LinkGroup {
     /// The peer's system ID (from its Proposal or Accept): a restarted peer process on the same
     /// address is another system, with link groups of its own (Linux's `smcr_lgr_match`).
     pub(crate) peer_id: PeerId,
-    pub(crate) peer_qpn: AtomicU32,
-    pub(crate) psn: u32,
     pub(crate) mtu: QpMtu,
     recv_mr: MemoryRegion,
     send_mr: MemoryRegion,
@@ -776,7 +862,24 @@ impl Drop for LgStat {
 }
 
 struct LgState {
+    /// The LLC of the active path's link.
     link: Option<LinkCore>,
+    /// The LLC of the other path's link, while one is being added or stands by.
+    spare: Option<LinkCore>,
+    /// The spare link is confirmed: the active one may fail over to it.
+    spare_up: bool,
+    /// Server: when to try adding a link over the other path (after the first link came up,
+    /// or a link failed).
+    heal_at: Option<Instant>,
+    /// Server: the link id the next added link gets.
+    next_link_id: u8,
+    /// The negotiated limits, for added links' CONFIRM LINK.
+    limits: (u8, u8),
+    /// A failover happened: connections still to move (each also moves itself before it
+    /// posts, see `ConnShared::route`).
+    unmoved: bool,
+    /// Why the last failover happened (diagnostics).
+    last_failover: Option<String>,
     up: bool,
     down_reason: Option<String>,
     /// We deleted the group ourselves (DELETE LINK sent): what was posted before it — the
@@ -800,8 +903,59 @@ struct LgState {
     rkey_waiting: HashSet<u64>,
     rkey_results: HashMap<u64, bool>,
 
-    /// LLC messages waiting for a SEND slot.
-    llc_out: VecDeque<LlcMessage>,
+    /// LLC messages waiting for a SEND slot, with the path they go on.
+    llc_out: VecDeque<(usize, LlcMessage)>,
+}
+
+impl Path {
+    /// Resets the queue pair to INIT with every receive slot posted.
+    fn init(&self, recv_mr: &MemoryRegion) -> io::Result<()> {
+        self.qp
+            .modify(&QpAttr::state(QpState::Reset))
+            .and_then(|()| self.qp.modify(&QpAttr::state(QpState::Init)))
+            .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
+        for i in self.base..self.base + RECV_SLOTS {
+            self.qp
+                .post_recv(&[RecvWr {
+                    wr_id: i as u64,
+                    sg_list: &[recv_mr.sge(i * SLOT, SLOT)],
+                }])
+                .map_err(|e| io::Error::other(format!("post_recv: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    /// Connects the queue pair to the peer's (`peer_qpn` at `peer_ip`, starting at
+    /// `peer_psn`): RTR, then RTS.
+    fn connect(
+        &self,
+        peer_ip: Ipv4Addr,
+        peer_qpn: u32,
+        peer_psn: u32,
+        mtu: QpMtu,
+        port: u16,
+        pin: bool,
+    ) -> io::Result<()> {
+        self.peer_qpn.store(peer_qpn, Ordering::Relaxed);
+        self.peer_ip.store(u32::from(peer_ip), Ordering::Relaxed);
+        self.qp
+            .modify(&QpAttr {
+                path_mtu: Some(rdma_mtu(mtu)),
+                dest_qp_num: Some(peer_qpn),
+                rq_psn: Some(Psn::new(peer_psn)),
+                av: Some(SocketAddrV4::new(peer_ip, port)),
+                // On a multi-homed device every path names its source (the ICRC covers it).
+                src: pin.then_some(self.src),
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .map_err(|e| io::Error::other(format!("QP to RTR: {e:?}")))?;
+        self.qp
+            .modify(&QpAttr {
+                sq_psn: Some(Psn::new(self.psn.load(Ordering::Relaxed))),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .map_err(|e| io::Error::other(format!("QP to RTS: {e:?}")))
+    }
 }
 
 impl LinkGroup {
@@ -825,24 +979,34 @@ impl LinkGroup {
         } else {
             dev.device.alloc_pd()
         };
-        let qp = pd.create_qp(&cq, &cq, caps, false)?;
-        let recv_mr = pd.reg_mr(SLOT * RECV_SLOTS, Access::LOCAL_WRITE)?;
+        // A second path only over UDP between our addresses (a same-host group has one).
+        let alt = rt
+            .alt_addr(dev.ip)
+            .filter(|_| !(rt.cfg.same_host && rt.is_local(peer_gid.to_ipv4().unwrap_or(dev.ip))));
+        let srcs: Vec<Ipv4Addr> = std::iter::once(dev.ip).chain(alt).collect();
+        let recv_mr = pd.reg_mr(SLOT * RECV_SLOTS * srcs.len(), Access::LOCAL_WRITE)?;
         // One slot more than are handed out: it stays zero (see `ZERO_SLOT`).
         let send_mr = pd.reg_mr(SLOT * (SEND_SLOTS + 1), Access::LOCAL_WRITE)?;
-        qp.modify(&QpAttr::state(QpState::Init))
-            .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
-        for i in 0..RECV_SLOTS {
-            qp.post_recv(&[RecvWr {
-                wr_id: i as u64,
-                sg_list: &[recv_mr.sge(i * SLOT, SLOT)],
-            }])
-            .map_err(|e| io::Error::other(format!("post_recv: {e:?}")))?;
+        let mut paths = Vec::new();
+        for (i, &src) in srcs.iter().enumerate() {
+            let path = Path {
+                qp: pd.create_qp(&cq, &cq, caps, false)?,
+                base: i * RECV_SLOTS,
+                src,
+                psn: AtomicU32::new(random_u32() & 0xff_ffff),
+                peer_qpn: AtomicU32::new(0),
+                peer_ip: AtomicU32::new(0),
+            };
+            path.init(&recv_mr)?;
+            paths.push(path);
         }
         Ok(Arc::new(Self {
             id: rt.next_lgr.fetch_add(1, Ordering::Relaxed),
             role,
             dev,
-            qp,
+            paths,
+            route: AtomicU64::new(0),
+            link_id: AtomicU32::new(1),
             cq,
             driver: Mutex::new(()),
             blocking_driver: AtomicBool::new(false),
@@ -861,13 +1025,18 @@ impl LinkGroup {
             pd,
             peer_gid,
             peer_id,
-            peer_qpn: AtomicU32::new(0),
-            psn: random_u32() & 0xff_ffff,
             mtu,
             recv_mr,
             send_mr,
             st: Mutex::new(LgState {
                 link: None,
+                spare: None,
+                spare_up: false,
+                heal_at: None,
+                next_link_id: 2,
+                limits: (1, 1),
+                unmoved: false,
+                last_failover: None,
                 up: false,
                 down_reason: None,
                 orderly: false,
@@ -929,12 +1098,18 @@ impl LinkGroup {
             link::Role::Client => lg::ROLE_CLIENT,
             link::Role::Server => lg::ROLE_SERVER,
         };
-        rec.words[lg::ID] = u64::from(self.id) | role << 32 | 1 << 40 | state << 48;
+        let link_id = u64::from(self.link_id.load(Ordering::Relaxed));
+        rec.words[lg::ID] = u64::from(self.id) | role << 32 | link_id << 40 | state << 48;
         let (ours, _, qpn, _, _) = self.local_endpoint();
+        let path = &self.paths[self.active()];
+        let peer_gid = match path.peer_ip.load(Ordering::Relaxed) {
+            0 => self.peer_gid,
+            ip => Gid::from_ipv4(Ipv4Addr::from(ip)),
+        };
         rec.words[lg::GID..lg::GID + 2].copy_from_slice(&gid(&ours));
-        rec.words[lg::PEER_GID..lg::PEER_GID + 2].copy_from_slice(&gid(&self.peer_gid));
+        rec.words[lg::PEER_GID..lg::PEER_GID + 2].copy_from_slice(&gid(&peer_gid));
         rec.words[lg::QPNS] =
-            u64::from(qpn) | u64::from(self.peer_qpn.load(Ordering::Relaxed)) << 32;
+            u64::from(qpn) | u64::from(path.peer_qpn.load(Ordering::Relaxed)) << 32;
         rec.words[lg::PEER_SYSTEM] = u64::from_be_bytes(self.peer_id.0);
         rec.words[lg::SINCE] = st.since;
         rec.words[lg::MTU] = u64::from(self.mtu.bytes().unwrap_or(0));
@@ -955,15 +1130,63 @@ impl LinkGroup {
         }
     }
 
-    /// Our side of the link as CLC carries it.
+    /// Our side of the active link as CLC carries it.
     pub(crate) fn local_endpoint(&self) -> (Gid, Mac, u32, u32, QpMtu) {
+        let p = &self.paths[self.active()];
         (
-            Gid::from_ipv4(self.dev.ip),
+            Gid::from_ipv4(p.src),
             self.dev.mac,
-            self.qp.qp_num(),
-            self.psn,
+            p.qp.qp_num(),
+            p.psn.load(Ordering::Relaxed),
             self.mtu,
         )
+    }
+
+    /// The active path and the failover epoch.
+    pub(crate) fn route(&self) -> (u32, usize) {
+        let r = self.route.load(Ordering::Acquire);
+        ((r >> 8) as u32, (r & 0xff) as usize)
+    }
+
+    /// The active path.
+    pub(crate) fn active(&self) -> usize {
+        self.route().1
+    }
+
+    /// The active path's queue pair.
+    pub(crate) fn qp(&self) -> &QueuePair {
+        &self.paths[self.active()].qp
+    }
+
+    /// Usable links (1, or 2 while the spare is confirmed; 0 once down).
+    pub(crate) fn links(&self) -> usize {
+        let st = self.st.lock();
+        if !st.up || st.down_reason.is_some() {
+            return 0;
+        }
+        1 + usize::from(st.spare_up)
+    }
+
+    /// Whether the peer's QP `qpn` at `gid` is one of this group's live links.
+    pub(crate) fn has_peer_link(&self, gid: Gid, qpn: u32) -> bool {
+        let Some(ip) = gid.to_ipv4() else {
+            return false;
+        };
+        let st = self.st.lock();
+        let active = self.active();
+        self.paths.iter().enumerate().any(|(i, p)| {
+            (i == active || st.spare_up)
+                && p.peer_qpn.load(Ordering::Relaxed) == qpn
+                && p.peer_ip.load(Ordering::Relaxed) == u32::from(ip)
+        })
+    }
+
+    /// The path whose queue pair is `qpn`.
+    fn path_of(&self, qpn: u32) -> usize {
+        self.paths
+            .iter()
+            .position(|p| p.qp.qp_num() == qpn)
+            .unwrap_or(0)
     }
 
     /// Connects the QP to the peer (RTR, RTS) and starts the LLC conversation and the poller.
@@ -980,23 +1203,15 @@ impl LinkGroup {
             .peer_gid
             .to_ipv4()
             .ok_or_else(|| io::Error::other("peer GID is not IPv4-mapped"))?;
-        self.peer_qpn.store(peer_qpn, Ordering::Relaxed);
+        self.paths[0].connect(
+            peer_ip,
+            peer_qpn,
+            peer_psn,
+            mtu,
+            cfg.roce_port,
+            self.paths.len() > 1,
+        )?;
         self.publish(crate::stats::lg::LINK_ACTIVATING);
-        self.qp
-            .modify(&QpAttr {
-                path_mtu: Some(rdma_mtu(mtu)),
-                dest_qp_num: Some(peer_qpn),
-                rq_psn: Some(Psn::new(peer_psn)),
-                av: Some(SocketAddrV4::new(peer_ip, cfg.roce_port)),
-                ..QpAttr::state(QpState::Rtr)
-            })
-            .map_err(|e| io::Error::other(format!("QP to RTR: {e:?}")))?;
-        self.qp
-            .modify(&QpAttr {
-                sq_psn: Some(Psn::new(self.psn)),
-                ..QpAttr::state(QpState::Rts)
-            })
-            .map_err(|e| io::Error::other(format!("QP to RTS: {e:?}")))?;
         let (gid, mac, qpn, _, _) = self.local_endpoint();
         let now = Instant::now();
         let params = LinkParams {
@@ -1019,10 +1234,13 @@ impl LinkGroup {
         {
             let mut st = self.st.lock();
             let mut l = LinkCore::new(params, now);
+            // A client with a second path takes the server's ADD LINK.
+            l.set_accept_add_link(self.paths.len() > 1 && max_links > 1);
             while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back(m);
+                st.llc_out.push_back((0, m));
             }
             st.link = Some(l);
+            st.limits = (max_links, max_conns);
             st.core.set_max_conns(usize::from(max_conns));
             self.flush_llc(&mut st);
         }
@@ -1118,10 +1336,10 @@ impl LinkGroup {
         }
     }
 
-    /// Sends one CDC message from an application thread (waits for a free SEND slot).
-    pub(crate) fn send_cdc(&self, m: &CdcMessage, poller: bool) -> io::Result<()> {
+    /// Sends one CDC message on `path` (waits for a free SEND slot unless `poller`).
+    fn send_cdc(&self, path: usize, m: &CdcMessage, poller: bool) -> io::Result<()> {
         let slot = self.take_slot(poller)?;
-        self.post_cdc(slot, m, 0).map(drop)
+        self.post_cdc(path, slot, m, 0).map(drop)
     }
 
     /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the reserve).
@@ -1150,13 +1368,20 @@ impl LinkGroup {
     /// completion (autocorking waits for it). Returns `true` when the SEND completed at once
     /// (same-host link): the slot is free again and no completion will follow, so the caller
     /// counts it as done.
-    pub(crate) fn post_cdc(&self, slot: usize, m: &CdcMessage, owner: u32) -> io::Result<bool> {
-        self.post_cdc_after(&[], slot, m, owner)
+    pub(crate) fn post_cdc(
+        &self,
+        path: usize,
+        slot: usize,
+        m: &CdcMessage,
+        owner: u32,
+    ) -> io::Result<bool> {
+        self.post_cdc_after(path, &[], slot, m, owner)
     }
 
     /// [`Self::post_cdc`], with `before` (RDMA WRITEs) posted ahead of it in the same post.
     fn post_cdc_after(
         &self,
+        path: usize,
         before: &[SendWr<'_>],
         slot: usize,
         m: &CdcMessage,
@@ -1164,13 +1389,14 @@ impl LinkGroup {
     ) -> io::Result<bool> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
-        self.post_owned(before, slot, &b, owner)
+        self.post_owned(path, before, slot, &b, owner)
     }
 
     /// Posts `bytes` from `slot` for connection `owner` (0: none), after `before`; the slot
     /// is freed here if the SEND completed at once or was never posted.
     fn post_owned(
         &self,
+        path: usize,
         before: &[SendWr<'_>],
         slot: usize,
         bytes: &[u8],
@@ -1178,7 +1404,7 @@ impl LinkGroup {
     ) -> io::Result<bool> {
         // The owner first: on UDP the completion may be handled before post_send returns.
         self.st.lock().core.set_owner(slot, owner);
-        let done = self.post_send_slot(before, slot, bytes);
+        let done = self.post_send_slot_with(path, before, slot, bytes, SendFlags::empty());
         if !matches!(done, Ok(false)) {
             // Completed at once, or never posted: the slot is free again.
             self.put_back(slot);
@@ -1194,13 +1420,14 @@ impl LinkGroup {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let slot = self.take_slot(false)?;
-        self.post_owned(&[], slot, bytes, 0).map(drop)
+        self.post_owned(self.active(), &[], slot, bytes, 0)
+            .map(drop)
     }
 
     /// Why the QP failed, as the link's down reason: a flush caused by a request of the peer
     /// that our responder refused says so (the peer misbehaved), rather than only `WR_FLUSH_ERR`.
-    fn failure_cause(&self, status: WcStatus) -> String {
-        let r = self.qp.responder_stats();
+    fn failure_cause(&self, path: usize, status: WcStatus) -> String {
+        let r = self.paths[path].qp.responder_stats();
         match status {
             WcStatus::WrFlushErr if r.access_errors > 0 => {
                 "the peer's RDMA request was refused (remote access error: rkey, range or \
@@ -1225,24 +1452,21 @@ impl LinkGroup {
         if self.same_host.load(Ordering::Relaxed) {
             return true;
         }
-        let yes = self.qp.is_same_host();
+        // A same-host group has one path.
+        let yes = self.paths[0].qp.is_same_host();
         if yes {
             self.same_host.store(true, Ordering::Relaxed);
         }
         yes
     }
 
-    /// Posts a SEND of `bytes` from `slot`. Returns `true` if it completed at once (same-host
-    /// link: the payload was copied into the peer's ring; the slot may be reused).
-    /// `before`: requests posted ahead of the SEND in the same post (then `true` means they
-    /// all ran too).
-    fn post_send_slot(&self, before: &[SendWr<'_>], slot: usize, bytes: &[u8]) -> io::Result<bool> {
-        self.post_send_slot_with(before, slot, bytes, SendFlags::empty())
-    }
-
-    /// [`Self::post_send_slot`] with extra flags for the SEND.
+    /// Posts a SEND of `bytes` from `slot` on `path`, with `extra` flags. Returns `true` if it
+    /// completed at once (same-host link: the payload was copied into the peer's ring; the
+    /// slot may be reused). `before`: requests posted ahead of the SEND in the same post (then
+    /// `true` means they all ran too).
     fn post_send_slot_with(
         &self,
+        path: usize,
         before: &[SendWr<'_>],
         slot: usize,
         bytes: &[u8],
@@ -1266,12 +1490,13 @@ impl LinkGroup {
                     SendFlags::SIGNALED | SendFlags::SOLICITED
                 },
         };
+        let qp = &self.paths[path].qp;
         let ran = if before.is_empty() {
-            self.qp.post_send_report(&[send])
+            qp.post_send_report(&[send])
         } else {
             let mut wrs = before.to_vec();
             wrs.push(send);
-            self.qp.post_send_report(&wrs)
+            qp.post_send_report(&wrs)
         }
         .map_err(post_error)?;
         Ok(same_host && ran == before.len() + 1)
@@ -1281,6 +1506,7 @@ impl LinkGroup {
     /// from `slot`, like [`Self::post_cdc`].
     pub(crate) fn post_data(
         &self,
+        path: usize,
         w: &DataWrites<'_>,
         slot: usize,
         m: &CdcMessage,
@@ -1331,15 +1557,15 @@ impl LinkGroup {
         if same_host {
             // The shared-memory transport copies WRITEs as they are posted, and reports
             // whether the SEND ran at once on its own.
-            if let Err(e) = self.qp.post_send(&wrs) {
+            if let Err(e) = self.paths[path].qp.post_send(&wrs) {
                 self.put_back(slot);
                 return Err(post_error(e));
             }
-            return self.post_cdc(slot, m, owner);
+            return self.post_cdc(path, slot, m, owner);
         }
         // On UDP, WRITEs and SEND in one post: they are transmitted in one pass (one GSO
         // datagram when their sizes allow), not one system call each.
-        self.post_cdc_after(&wrs, slot, m, owner)
+        self.post_cdc_after(path, &wrs, slot, m, owner)
     }
 
     fn flush_llc(&self, st: &mut LgState) {
@@ -1347,7 +1573,7 @@ impl LinkGroup {
             let Slot::Got(slot) = st.core.take_slot(true) else {
                 return;
             };
-            let m = st.llc_out.pop_front().expect("non-empty");
+            let (path, m) = st.llc_out.pop_front().expect("non-empty");
             let mut b = vec![0u8; m.buffer_len()];
             m.emit(&mut b);
             if b.len() > SLOT {
@@ -1363,7 +1589,10 @@ impl LinkGroup {
             } else {
                 SendFlags::EXPEDITE
             };
-            if !matches!(self.post_send_slot_with(&[], slot, &b, flags), Ok(false)) {
+            if !matches!(
+                self.post_send_slot_with(path, &[], slot, &b, flags),
+                Ok(false)
+            ) {
                 st.core.put_back(slot);
             }
         }
@@ -1373,18 +1602,12 @@ impl LinkGroup {
         let mut wcs = [WorkCompletion::EMPTY; 64];
         loop {
             let wait = {
-                let st = self.st.lock();
-                let next = st.link.as_ref().and_then(LinkCore::poll_timeout);
-                let next = match (next, st.core.linger_deadline()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                let next = self.next_timer(&self.st.lock());
                 // Nothing is due: sleep until something arrives (an idle program uses no
                 // CPU); the cap only bounds what a missed wake-up could cost.
                 let wait = next.map_or(IDLE_WAIT, |t| {
                     t.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
                 });
-                drop(st);
                 self.check_hold(wait)
             };
             // Sleep without taking completions: an application thread may take and handle
@@ -1418,12 +1641,20 @@ impl LinkGroup {
 
     /// Whether one of the poller's timers (the link's, the linger) is due at `now`.
     fn timers_due(&self, now: Instant) -> bool {
-        let st = self.st.lock();
-        let link = st.link.as_ref().and_then(LinkCore::poll_timeout);
-        [link, st.core.linger_deadline()]
-            .into_iter()
-            .flatten()
-            .any(|t| t <= now)
+        self.next_timer(&self.st.lock()).is_some_and(|t| t <= now)
+    }
+
+    /// The earliest of the links' timers, the linger and the next try to add a link.
+    fn next_timer(&self, st: &LgState) -> Option<Instant> {
+        [
+            st.link.as_ref().and_then(LinkCore::poll_timeout),
+            st.spare.as_ref().and_then(LinkCore::poll_timeout),
+            st.core.linger_deadline(),
+            st.heal_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The poller stops (the group failed or was deleted): nobody will take the hold back, so
@@ -1674,18 +1905,35 @@ impl LinkGroup {
                 crate::stats::lg::LINK_ACTIVATING
             });
         }
-        let n = wcs.len();
         let now = Instant::now();
         let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
-        let mut sent: Vec<Arc<ConnShared>> = Vec::new();
-        {
-            let mut st = self.st.lock();
-            for wc in &wcs[..n] {
+        // Connections whose data CDC's SEND completed (with its sequence number) or was
+        // flushed by a failed link (none).
+        let mut sent: Vec<(Arc<ConnShared>, Option<u16>)> = Vec::new();
+        let unmoved = {
+            let mut guard = self.st.lock();
+            let st = &mut *guard;
+            let active = self.active();
+            for wc in wcs {
+                let path = self.path_of(wc.qp_num);
+                let core = if path == active {
+                    st.link.as_mut()
+                } else {
+                    st.spare.as_mut()
+                };
                 if wc.status != WcStatus::Success {
-                    if let Some(l) = st.link.as_mut()
+                    if let Some(l) = core
                         && l.state() != link::LinkState::Down
                     {
-                        l.transport_failed(&self.failure_cause(wc.status));
+                        l.transport_failed(&self.failure_cause(path, wc.status));
+                    }
+                    // A SEND flushed by a failed link frees its slot (and its connection's
+                    // count of CDCs in flight); a surviving link carries on.
+                    if wc.opcode == WcOpcode::Send && (wc.wr_id as usize) < SEND_SLOTS {
+                        if let Some(c) = st.core.complete(wc.wr_id as usize) {
+                            sent.push((c, None));
+                        }
+                        self.cond.notify_all();
                     }
                     continue;
                 }
@@ -1695,12 +1943,13 @@ impl LinkGroup {
                         let len = (wc.byte_len as usize).min(SLOT);
                         let mut b = [0u8; SLOT];
                         self.recv_mr.read(slot * SLOT, &mut b[..len]);
-                        let _ = self.qp.post_recv(&[RecvWr {
+                        let _ = self.paths[path].qp.post_recv(&[RecvWr {
                             wr_id: wc.wr_id,
                             sg_list: &[self.recv_mr.sge(slot * SLOT, SLOT)],
                         }]);
                         if b[0] == cdc::CDC_TYPE {
-                            if let Some(l) = st.link.as_mut() {
+                            // CDCs count on any link (Linux accepts them on each).
+                            if let Some(l) = core {
                                 l.note_activity(now);
                             }
                             match CdcMessage::parse(&b[..len]) {
@@ -1716,20 +1965,23 @@ impl LinkGroup {
                                     }
                                 }
                             }
-                        } else if let Some(l) = st.link.as_mut() {
+                        } else if let Some(l) = core {
                             l.handle_llc(&b[..len], now);
                         }
                     }
                     WcOpcode::Send => {
-                        if let Some(c) = st.core.complete(wc.wr_id as usize) {
-                            sent.push(c);
+                        let slot = wc.wr_id as usize;
+                        if let Some(c) = st.core.complete(slot) {
+                            // A data CDC: its sequence number is what a failover validates.
+                            let mut b = [0u8; cdc::CDC_LEN];
+                            self.send_mr.read(slot * SLOT, &mut b);
+                            sent.push((c, CdcMessage::parse(&b).ok().map(|m| m.seq)));
                         }
                         self.cond.notify_all();
                     }
                     _ => {}
                 }
             }
-            let st = &mut *st;
             if st.core.linger_expired(now)
                 && let Some(l) = st.link.as_mut()
             {
@@ -1737,61 +1989,37 @@ impl LinkGroup {
                 // free-delay timer, DELETE LINK with PROG_INIT_TERM).
                 l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
             }
-            if let Some(l) = st.link.as_mut() {
-                l.handle_timeout(now);
-                while let Some(m) = l.poll_transmit() {
-                    st.llc_out.push_back(m);
-                }
-            }
-            // Events first: a client's `up` must be visible before its CONFIRM LINK
-            // response leaves (the server may then Accept a reuse of this group).
-            while let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
-                match ev {
-                    LinkEvent::Up { .. } => {
-                        st.up = true;
-                        self.publish(crate::stats::lg::LINK_ACTIVE);
-                        if let Some(rt) = self.runtime.upgrade() {
-                            rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        self.cond.notify_all();
-                    }
-                    LinkEvent::Down(r) => {
-                        st.orderly = matches!(r, link::DownReason::Local(_));
-                        st.down_reason = Some(format!("link down: {r}"));
-                    }
-                    LinkEvent::RkeyDone { id, ok } => {
-                        if st.rkey_waiting.remove(&id) {
-                            st.rkey_results.insert(id, ok);
-                            self.cond.notify_all();
-                        }
-                    }
-                    LinkEvent::PeerConfirmedRkey(_) | LinkEvent::PeerDeletedRkeys(_) => {}
-                    // One link per group so far (max_links 1; no ADD LINK is sent or taken):
-                    // the link core rejects ADD LINK itself, and knows no other links.
-                    LinkEvent::PeerAddLink(_) => {
-                        if let Some(l) = st.link.as_mut() {
-                            l.answer_add_link(None);
-                        }
-                    }
-                    LinkEvent::AddLinkResult(_) | LinkEvent::PeerDeletedLink { .. } => {}
-                }
-            }
-            if let Some(l) = st.link.as_mut() {
-                while let Some(m) = l.poll_transmit() {
-                    st.llc_out.push_back(m);
-                }
-            }
-            self.flush_llc(st);
-        }
+            self.run_links(st, now);
+            std::mem::take(&mut st.unmoved)
+        };
         for (c, m) in cdcs {
             c.on_cdc(self, &m);
         }
         let retry: Vec<Arc<ConnShared>> = { self.st.lock().core.take_deferred() };
-        for c in sent {
+        for (c, seq) in sent {
+            if let Some(seq) = seq {
+                c.core.lock().core.cdc_done(seq);
+            }
             c.on_sent(self);
         }
         for c in retry {
             c.flush_corked(self);
+        }
+        if unmoved {
+            // A link failed: its requests were flushed into the completion queue. Take them
+            // first (their SEND slots, the connections' counts, what completed before), then
+            // move every connection to the surviving link.
+            let mut more = [WorkCompletion::EMPTY; 64];
+            loop {
+                let n = self.cq.poll(&mut more);
+                if n == 0 {
+                    break;
+                }
+                if self.handle(&more[..n]) {
+                    return true;
+                }
+            }
+            self.move_conns();
         }
         let down = self.st.lock().down_reason.clone();
         if let Some(r) = down {
@@ -1799,6 +2027,444 @@ impl LinkGroup {
             return true;
         }
         false
+    }
+
+    /// Runs both links' timers and events (which may fail a link over, add one or end the
+    /// group), then sends what their LLC queued.
+    fn run_links(&self, st: &mut LgState, now: Instant) {
+        for l in [st.link.as_mut(), st.spare.as_mut()].into_iter().flatten() {
+            l.handle_timeout(now);
+        }
+        // Queued before the events: a link dropped by one still sends what it had.
+        self.collect_llc(st);
+        loop {
+            if let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
+                self.on_link_event(st, ev, now);
+            } else if let Some(ev) = st.spare.as_mut().and_then(LinkCore::poll_event) {
+                self.on_spare_event(st, ev, now);
+            } else {
+                break;
+            }
+            // Events first: a client's `up` must be visible before its CONFIRM LINK
+            // response leaves (the server may then Accept a reuse of this group).
+            self.collect_llc(st);
+        }
+        if self.role == link::Role::Server
+            && st.heal_at.is_some_and(|t| t <= now)
+            && st.down_reason.is_none()
+        {
+            self.add_link(st, now);
+            self.collect_llc(st);
+        }
+        self.flush_llc(st);
+    }
+
+    /// Moves what both links' LLC queued to the send queue, each with its path.
+    fn collect_llc(&self, st: &mut LgState) {
+        let active = self.active();
+        if let Some(l) = st.link.as_mut() {
+            while let Some(m) = l.poll_transmit() {
+                st.llc_out.push_back((active, m));
+            }
+        }
+        if let Some(l) = st.spare.as_mut() {
+            while let Some(m) = l.poll_transmit() {
+                st.llc_out.push_back((1 - active, m));
+            }
+        }
+    }
+
+    /// An event of the active link.
+    fn on_link_event(&self, st: &mut LgState, ev: LinkEvent, now: Instant) {
+        match ev {
+            LinkEvent::Up { .. } => {
+                st.up = true;
+                if let Some(l) = &st.link {
+                    self.link_id
+                        .store(u32::from(l.params().link_id), Ordering::Relaxed);
+                }
+                self.publish(crate::stats::lg::LINK_ACTIVE);
+                if let Some(rt) = self.runtime.upgrade() {
+                    rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                }
+                self.cond.notify_all();
+                if self.role == link::Role::Server && self.can_add_link(st) {
+                    st.heal_at = Some(now);
+                }
+            }
+            LinkEvent::Down(r) => {
+                let lost = matches!(
+                    r,
+                    link::DownReason::Transport(_)
+                        | link::DownReason::TestLinkTimeout(_)
+                        | link::DownReason::PeerDeleted(DeleteLinkReason::LOST_PATH)
+                );
+                if lost && st.spare_up && !st.orderly {
+                    self.switch(st, format!("{r}"), false, now);
+                } else {
+                    st.orderly = matches!(r, link::DownReason::Local(_));
+                    st.down_reason = Some(format!("link down: {r}"));
+                }
+            }
+            LinkEvent::RkeyDone { id, ok } => self.rkey_done(st, id, ok),
+            LinkEvent::PeerConfirmedRkey(c) => {
+                // A peer whose RMB has another rkey or address on the other link (Linux,
+                // which registers each link apart) would need per-link rtokens, which we do
+                // not keep: such a group runs on one link.
+                let n = usize::from(c.num_additional).min(2);
+                let base = c.rtokens[0];
+                if c.rtokens[1..=n]
+                    .iter()
+                    .any(|t| t.rkey != base.rkey || t.vaddr != base.vaddr)
+                {
+                    self.drop_spare(st, true, now);
+                    st.heal_at = None;
+                }
+            }
+            LinkEvent::PeerDeletedRkeys(_) => {}
+            LinkEvent::PeerAddLink(req) => self.answer_add_link(st, req, now),
+            LinkEvent::AddLinkResult(res) => self.added_link(st, res, now),
+            LinkEvent::PeerDeletedLink { link_id, .. } => {
+                // The peer gave up the spare link (already answered).
+                if st
+                    .spare
+                    .as_ref()
+                    .is_some_and(|l| l.params().link_id == link_id)
+                {
+                    self.drop_spare(st, false, now);
+                }
+            }
+        }
+    }
+
+    /// An event of the spare link.
+    fn on_spare_event(&self, st: &mut LgState, ev: LinkEvent, now: Instant) {
+        match ev {
+            LinkEvent::Up { .. } => {
+                st.spare_up = true;
+                let ids = |l: &Option<LinkCore>| l.as_ref().map(|l| l.params().link_id);
+                let (a, b) = (ids(&st.link), ids(&st.spare));
+                if let (Some(l), Some(b)) = (st.link.as_mut(), b) {
+                    l.set_group_links(&[b]);
+                }
+                if let (Some(l), Some(a)) = (st.spare.as_mut(), a) {
+                    l.set_group_links(&[a]);
+                }
+                if let Some(rt) = self.runtime.upgrade() {
+                    rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            LinkEvent::Down(r) => {
+                let told = matches!(r, link::DownReason::PeerDeleted(_));
+                self.drop_spare(st, !told, now);
+            }
+            LinkEvent::RkeyDone { id, ok } => self.rkey_done(st, id, ok),
+            LinkEvent::PeerDeletedLink { .. } => {
+                // The peer lost the active link and tells us on this one (as Linux does).
+                if st.spare_up {
+                    self.switch(st, "the peer lost the path".into(), true, now);
+                } else {
+                    st.down_reason = Some("link down: the peer lost the path".into());
+                }
+            }
+            LinkEvent::PeerAddLink(_) => {
+                if let Some(l) = st.spare.as_mut() {
+                    l.answer_add_link(None);
+                }
+            }
+            LinkEvent::AddLinkResult(_)
+            | LinkEvent::PeerConfirmedRkey(_)
+            | LinkEvent::PeerDeletedRkeys(_) => {}
+        }
+    }
+
+    fn rkey_done(&self, st: &mut LgState, id: u64, ok: bool) {
+        if st.rkey_waiting.remove(&id) {
+            st.rkey_results.insert(id, ok);
+            self.cond.notify_all();
+        }
+    }
+
+    /// Whether this group may run a second link: a second path, two links negotiated, on UDP.
+    fn can_add_link(&self, st: &LgState) -> bool {
+        self.paths.len() > 1 && st.limits.0 > 1 && !self.same_host()
+    }
+
+    /// The active link failed (`why`) and the spare is up: it becomes the active one, and
+    /// every connection moves to it. Unless the peer `told` us, DELETE LINK for the failed
+    /// link goes out on the new one (Linux's `smc_llc_srv_delete_link_local` / LOST_PATH).
+    fn switch(&self, st: &mut LgState, why: String, told: bool, now: Instant) {
+        let (epoch, old) = self.route();
+        let new = 1 - old;
+        // Nothing more arrives on the failed link, and what was posted on it is flushed.
+        let _ = self.paths[old].qp.modify(&QpAttr::state(QpState::Error));
+        let old_id = st.link.take().map(|l| l.params().link_id);
+        st.link = st.spare.take();
+        st.spare_up = false;
+        if let Some(l) = st.link.as_mut() {
+            l.set_group_links(&[]);
+            if let (false, Some(id)) = (told, old_id) {
+                l.delete_other_link(id, DeleteLinkReason::LOST_PATH);
+            }
+            self.link_id
+                .store(u32::from(l.params().link_id), Ordering::Relaxed);
+        }
+        self.route.store(
+            u64::from(epoch.wrapping_add(1)) << 8 | new as u64,
+            Ordering::Release,
+        );
+        st.unmoved = true;
+        if let Some(rt) = self.runtime.upgrade() {
+            rt.failovers.fetch_add(1, Ordering::Relaxed);
+        }
+        crate::metrics::link_failover();
+        if self.role == link::Role::Server {
+            st.heal_at = Some(now + HEAL_RETRY);
+        }
+        st.last_failover = Some(why);
+        self.publish(crate::stats::lg::LINK_ACTIVE);
+    }
+
+    /// The spare link is gone (failed, timed out, or deleted by the peer): its queue pair
+    /// stops, and a server tries again later. `tell`: DELETE LINK for it to the peer.
+    fn drop_spare(&self, st: &mut LgState, tell: bool, now: Instant) {
+        let spare = 1 - self.active();
+        if let Some(l) = st.spare.take()
+            && tell
+            && let Some(a) = st.link.as_mut()
+        {
+            a.delete_other_link(l.params().link_id, DeleteLinkReason::LOST_PATH);
+        }
+        st.spare_up = false;
+        if let Some(a) = st.link.as_mut() {
+            a.set_group_links(&[]);
+        }
+        if let Some(p) = self.paths.get(spare) {
+            let _ = p.qp.modify(&QpAttr::state(QpState::Error));
+        }
+        if self.role == link::Role::Server {
+            st.heal_at = Some(now + HEAL_RETRY);
+        }
+    }
+
+    /// Our RMBs (in use and pooled) as ADD LINK's rkey entries: the same key and address on
+    /// both links (one protection domain). `None` when they do not fit one message.
+    fn rkey_pairs(&self, st: &LgState) -> Option<Vec<llc::RkeyPair>> {
+        let mut pairs: Vec<llc::RkeyPair> = st
+            .core
+            .conns()
+            .iter()
+            .map(|c| c.rmb.clone())
+            .chain(st.rmb_pool.iter().cloned())
+            .map(|m| llc::RkeyPair {
+                rkey: m.rkey(),
+                rkey_new: m.rkey(),
+                vaddr_new: m.addr(),
+            })
+            .collect();
+        pairs.sort_by_key(|p| p.rkey);
+        pairs.dedup_by_key(|p| p.rkey);
+        (pairs.len() <= ADD_LINK_MAX_RKEYS).then_some(pairs)
+    }
+
+    /// Whether the peer's rkey entries keep each RMB's key and address on the new link, as
+    /// ours do (see [`LinkEvent::PeerConfirmedRkey`] in `on_link_event`).
+    fn same_rkeys(&self, st: &LgState, v2: Option<&llc::AddLinkV2Ext>) -> bool {
+        let conns = st.core.conns();
+        v2.is_none_or(|x| {
+            x.rkeys.iter().all(|r| {
+                r.rkey == r.rkey_new
+                    && conns
+                        .iter()
+                        .filter(|c| c.peer_rkey == r.rkey)
+                        .all(|c| c.peer_vaddr == r.vaddr_new)
+            })
+        })
+    }
+
+    /// The parameters of a link added on `path` with `link_id` (the rest as the active one's).
+    fn added_params(&self, st: &LgState, path: usize, link_id: u8) -> Option<LinkParams> {
+        let p = &self.paths[path];
+        let base = *st.link.as_ref()?.params();
+        Some(LinkParams {
+            gid: Gid::from_ipv4(p.src),
+            qpn: p.qp.qp_num(),
+            link_id,
+            ..base
+        })
+    }
+
+    /// Server: asks the client for a link over the other path (ADD LINK on the active one).
+    fn add_link(&self, st: &mut LgState, now: Instant) {
+        st.heal_at = None;
+        if !self.can_add_link(st) || st.spare.is_some() || !st.up {
+            return;
+        }
+        let retry = Some(now + HEAL_RETRY);
+        let Some(rkeys) = self.rkey_pairs(st) else {
+            st.heal_at = retry;
+            return;
+        };
+        let spare = 1 - self.active();
+        let p = &self.paths[spare];
+        if p.init(&self.recv_mr).is_err() {
+            st.heal_at = retry;
+            return;
+        }
+        p.psn.store(random_u32() & 0xff_ffff, Ordering::Relaxed);
+        let active_id = st.link.as_ref().map_or(0, |l| l.params().link_id);
+        let mut id = st.next_link_id;
+        if id == active_id || id == 0 {
+            id = id.wrapping_add(1).max(1);
+        }
+        st.next_link_id = id.wrapping_add(1).max(1);
+        let gid = Gid::from_ipv4(p.src);
+        let req = llc::AddLink {
+            response: false,
+            reject: false,
+            reject_reason: 0,
+            mac: self.dev.mac,
+            gid,
+            qpn: p.qp.qp_num(),
+            link_id: id,
+            mtu: self.mtu,
+            initial_psn: p.psn.load(Ordering::Relaxed),
+            v2: Some(llc::AddLinkV2Ext {
+                v2_direct: true,
+                target_gid: gid,
+                rkeys,
+            }),
+        };
+        if !st.link.as_mut().is_some_and(|l| l.add_link(req, now)) {
+            st.heal_at = retry;
+        }
+    }
+
+    /// Server: the client's answer to our ADD LINK.
+    fn added_link(
+        &self,
+        st: &mut LgState,
+        res: Result<llc::AddLink, link::AddLinkRefused>,
+        now: Instant,
+    ) {
+        let retry = Some(now + HEAL_RETRY);
+        let Ok(resp) = res else {
+            st.heal_at = retry;
+            return;
+        };
+        if !self.same_rkeys(st, resp.v2.as_ref()) {
+            // Per-link rkeys (see `same_rkeys`): not a link we can run; no retry.
+            if let Some(l) = st.link.as_mut() {
+                l.delete_other_link(resp.link_id, DeleteLinkReason::LOST_PATH);
+            }
+            return;
+        }
+        let spare = 1 - self.active();
+        let mtu = if resp.mtu.bytes() < self.mtu.bytes() {
+            resp.mtu
+        } else {
+            self.mtu
+        };
+        let connected = resp.gid.to_ipv4().is_some_and(|ip| {
+            self.paths[spare]
+                .connect(ip, resp.qpn, resp.initial_psn, mtu, self.peer_port(), true)
+                .is_ok()
+        });
+        match self.added_params(st, spare, resp.link_id) {
+            Some(params) if connected => {
+                st.spare = Some(LinkCore::new_added(params, now));
+            }
+            _ => {
+                if let Some(l) = st.link.as_mut() {
+                    l.delete_other_link(resp.link_id, DeleteLinkReason::LOST_PATH);
+                }
+                st.heal_at = retry;
+            }
+        }
+    }
+
+    /// Client: the server asks for a link over another path.
+    fn answer_add_link(&self, st: &mut LgState, req: llc::AddLink, now: Instant) {
+        let spare = 1 - self.active();
+        let mtu = if req.mtu.bytes() < self.mtu.bytes() {
+            req.mtu
+        } else {
+            self.mtu
+        };
+        let usable = self.can_add_link(st)
+            && st.spare.is_none()
+            && st.up
+            && self.same_rkeys(st, req.v2.as_ref());
+        let rkeys = usable.then(|| self.rkey_pairs(st)).flatten();
+        let set_up = rkeys.is_some()
+            && req.gid.to_ipv4().is_some_and(|ip| {
+                let p = &self.paths[spare];
+                p.psn.store(random_u32() & 0xff_ffff, Ordering::Relaxed);
+                p.init(&self.recv_mr).is_ok()
+                    && p.connect(ip, req.qpn, req.initial_psn, mtu, self.peer_port(), true)
+                        .is_ok()
+            });
+        let params = self.added_params(st, spare, req.link_id);
+        let (Some(rkeys), true, Some(params)) = (rkeys, set_up, params) else {
+            if let Some(l) = st.link.as_mut() {
+                l.answer_add_link(None);
+            }
+            return;
+        };
+        let p = &self.paths[spare];
+        let gid = Gid::from_ipv4(p.src);
+        let resp = llc::AddLink {
+            response: true,
+            reject: false,
+            reject_reason: 0,
+            mac: self.dev.mac,
+            gid,
+            qpn: p.qp.qp_num(),
+            link_id: req.link_id,
+            mtu,
+            initial_psn: p.psn.load(Ordering::Relaxed),
+            v2: Some(llc::AddLinkV2Ext {
+                v2_direct: true,
+                target_gid: gid,
+                rkeys,
+            }),
+        };
+        if let Some(l) = st.link.as_mut() {
+            l.answer_add_link(Some(resp));
+        }
+        let mut l = LinkCore::new_added(params, now);
+        // Once it is the active link (after a failover), it takes the next ADD LINK.
+        l.set_accept_add_link(true);
+        st.spare = Some(l);
+    }
+
+    /// The peer's RoCE port.
+    fn peer_port(&self) -> u16 {
+        self.runtime.upgrade().map_or(4791, |rt| rt.cfg.roce_port)
+    }
+
+    /// After a failover: every connection moves to the active link (one that cannot now —
+    /// no SEND slot — is tried again at the next completion, and moves itself before it
+    /// posts anything).
+    fn move_conns(&self) {
+        let conns = self.st.lock().core.conns();
+        let mut left = false;
+        for c in conns {
+            let mut s = c.core.lock();
+            match c.route(&mut s, self, true) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => left = true,
+                Err(e) => {
+                    s.failed.get_or_insert_with(|| e.to_string());
+                    s.publish();
+                    drop(s);
+                    c.wake();
+                }
+            }
+        }
+        if left {
+            self.st.lock().unmoved = true;
+        }
     }
 
     /// An RMB of `size` bytes for a new connection: a free one from the pool, else a new
@@ -1856,10 +2522,28 @@ impl LinkGroup {
             return Ok(());
         }
         let st = &mut *guard;
+        let spare = st
+            .spare
+            .as_ref()
+            .filter(|_| st.spare_up)
+            .map(|l| l.params().link_id);
         let Some(l) = st.link.as_mut() else {
             return Err(io::Error::other("link not started"));
         };
-        let id = l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now());
+        let id = match spare {
+            // Both links: the same key and address on the other one (one protection domain).
+            Some(link_id) => l.confirm_rkey_links(
+                rmb.rkey(),
+                rmb.addr(),
+                &[llc::Rtoken {
+                    link_id,
+                    rkey: rmb.rkey(),
+                    vaddr: rmb.addr(),
+                }],
+                Instant::now(),
+            ),
+            None => l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now()),
+        };
         // The link answers every request (the peer's answer, its LLC_WAIT timer once sent,
         // or the link going down), one request at a time: ours may wait behind the others
         // (many connections set up at once over a slow path). The deadline only bounds a
@@ -1867,9 +2551,7 @@ impl LinkGroup {
         // out in the queue and deleted a healthy group.)
         let backlog = l.rkey_backlog() as u32;
         self.count_rkey_request();
-        while let Some(m) = l.poll_transmit() {
-            st.llc_out.push_back(m);
-        }
+        self.collect_llc(st);
         st.rkey_waiting.insert(id);
         self.flush_llc(st);
         let deadline = Instant::now() + link::LLC_WAIT * backlog + Duration::from_secs(1);
@@ -1930,9 +2612,7 @@ impl LinkGroup {
         {
             l.delete_rkey(rmb.rkey(), Instant::now());
             self.count_rkey_request();
-            while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back(m);
-            }
+            self.collect_llc(st);
         }
         self.flush_llc(st);
         st.rmb_pool.push(rmb.clone());
@@ -1968,8 +2648,13 @@ impl LinkGroup {
                 c.release(self);
             }
         }
-        if !self.st.lock().orderly {
-            let _ = self.qp.modify(&QpAttr::state(QpState::Error));
+        let orderly = self.st.lock().orderly;
+        for (i, p) in self.paths.iter().enumerate() {
+            // After our own DELETE LINK the active link still delivers what was posted
+            // (`finish`); every other queue pair stops now.
+            if !orderly || i != self.active() {
+                let _ = p.qp.modify(&QpAttr::state(QpState::Error));
+            }
         }
     }
 
@@ -1980,8 +2665,9 @@ impl LinkGroup {
     fn finish(&self) {
         if self.st.lock().orderly {
             let deadline = Instant::now() + DRAIN_WAIT;
-            while self.qp.unfinished_sends() > 0
-                && self.qp.state() != QpState::Error
+            let qp = self.qp();
+            while qp.unfinished_sends() > 0
+                && qp.state() != QpState::Error
                 && Instant::now() < deadline
             {
                 // The engine thread receives the ACKs, unless an event loop holding another
@@ -1990,7 +2676,9 @@ impl LinkGroup {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        let _ = self.qp.modify(&QpAttr::state(QpState::Error));
+        for p in &self.paths {
+            let _ = p.qp.modify(&QpAttr::state(QpState::Error));
+        }
     }
 
     /// Removes a connection whose both sides have closed; the link group stays (lingers) for
@@ -2013,10 +2701,8 @@ impl LinkGroup {
         }
         if let Some(l) = st.link.as_mut() {
             l.probe(Instant::now());
-            while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back(m);
-            }
         }
+        self.collect_llc(st);
         self.flush_llc(st);
         drop(guard);
         // The poller, asleep on its long timer, learns the probe's deadline.
@@ -2044,10 +2730,8 @@ impl LinkGroup {
         st.up = false;
         if let Some(l) = st.link.as_mut() {
             l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
-            while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back(m);
-            }
         }
+        self.collect_llc(st);
         self.flush_llc(st);
     }
 }
@@ -2130,6 +2814,8 @@ pub(crate) struct ConnState {
     /// The connection's record in the stats area, while the stream holds it (cleared under
     /// this lock before the record is freed, so no late update lands in a reused slot).
     pub(crate) stat: Option<StatRef>,
+    /// The group's failover epoch this connection last moved at (see [`ConnShared::route`]).
+    pub(crate) epoch: u32,
 }
 
 /// Where a connection publishes its cursors and state.
@@ -2232,6 +2918,7 @@ impl ConnShared {
         if s.staged == 0 {
             return Ok(());
         }
+        let path = self.route(s, lg, poller)?;
         // The slot first: once the cursor has advanced, the CDC must go out.
         let slot = lg.take_slot(poller)?;
         let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
@@ -2256,10 +2943,70 @@ impl ConnShared {
             peer: (self.peer_vaddr, self.peer_rkey),
             slack: plan.slack,
         };
-        if lg.post_data(&writes, slot, &plan.cdc, self.token)? {
+        if lg.post_data(path, &writes, slot, &plan.cdc, self.token)? {
             s.inflight -= 1;
         }
         Ok(())
+    }
+
+    /// The path this connection posts on now. After a failover (a new epoch), it first moves
+    /// there (under its lock, before anything else of it is posted there): Linux's
+    /// validation CDC, every byte the peer has not consumed written again, then a CDC with
+    /// the current cursors (see [`ConnCore::failover`]). A CDC of ours that announced bytes
+    /// lost with the failed link can then never arrive before those bytes.
+    pub(crate) fn route(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        poller: bool,
+    ) -> io::Result<usize> {
+        let (epoch, path) = lg.route();
+        if s.epoch == epoch {
+            return Ok(path);
+        }
+        if s.failed.is_some() {
+            s.epoch = epoch;
+            return Ok(path);
+        }
+        let first = lg.take_slot(poller)?;
+        let second = match lg.take_slot(poller) {
+            Ok(x) => x,
+            Err(e) => {
+                lg.put_back(first);
+                return Err(e);
+            }
+        };
+        let f = s.core.failover();
+        s.epoch = epoch;
+        s.stats.failovers += 1;
+        if let Err(e) = lg.post_cdc(path, first, &f.validation, 0) {
+            lg.put_back(second);
+            return Err(e);
+        }
+        let pieces: Vec<(u32, u32)> = f.pieces.into_iter().filter(|p| p.1 > 0).collect();
+        let writes = DataWrites {
+            sndbuf: &self.sndbuf,
+            pieces: &pieces,
+            peer: (self.peer_vaddr, self.peer_rkey),
+            slack: 0,
+        };
+        s.inflight += 1;
+        if lg.post_data(path, &writes, second, &f.cdc, self.token)? {
+            s.inflight -= 1;
+        }
+        Ok(path)
+    }
+
+    /// Sends a CDC of this connection (`m`, made under the same lock) on its path.
+    pub(crate) fn send_ctl(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        m: &CdcMessage,
+        poller: bool,
+    ) -> io::Result<()> {
+        let path = self.route(s, lg, poller)?;
+        lg.send_cdc(path, m, poller)
     }
 
     /// Same-host links: writes `buf` straight into the peer's RMB where the next staged bytes
@@ -2284,7 +3031,8 @@ impl ConnShared {
                 continue;
             }
             let piece = &buf[at..at + len as usize];
-            if !lg
+            // Same-host groups have one path.
+            if !lg.paths[0]
                 .qp
                 .write_direct(piece, self.peer_vaddr + u64::from(off), self.peer_rkey)
             {
@@ -2333,7 +3081,7 @@ impl ConnShared {
         s.failed = Some(why);
         let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_ABORT);
         s.publish();
-        let _ = lg.send_cdc(&cdc, true);
+        let _ = self.send_ctl(s, lg, &cdc, true);
     }
 
     fn on_cdc(&self, lg: &LinkGroup, m: &CdcMessage) {
@@ -2364,7 +3112,7 @@ impl ConnShared {
                 if u.update_requested {
                     let cdc = s.core.control_cdc();
                     // The poller must not wait; a missed update is re-requested by the peer.
-                    let _ = lg.send_cdc(&cdc, true);
+                    let _ = self.send_ctl(&mut s, lg, &cdc, true);
                 }
             }
             Err(e) => {

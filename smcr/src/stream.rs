@@ -96,6 +96,8 @@ pub struct ConnStats {
     pub data_cdcs: u64,
     /// `write` calls that moved bytes.
     pub writes: u64,
+    /// Times the connection moved to another link of its group (a link failed).
+    pub failovers: u64,
 }
 
 /// What a stream runs over.
@@ -569,6 +571,7 @@ fn make_conn(
             reported: None,
             arrivals: 0,
             stat: None,
+            epoch: lg.route().0,
         }),
         cond: parking_lot::Condvar::new(),
         wakes: std::sync::atomic::AtomicU64::new(0),
@@ -990,7 +993,7 @@ impl SmcStream {
             let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
             s.publish();
             s.shut_wr = true;
-            smc.lg.send_cdc(&cdc, false)?;
+            smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false)?;
             smc.conn.report(&mut s);
         }
         Ok(())
@@ -1114,7 +1117,7 @@ impl SmcStream {
                     // The bytes are in `buf` and consumed: they are returned even if the
                     // update cannot go (a peer that closed and deleted the link group before
                     // we read its last bytes); a dead link shows on the next call.
-                    let _ = smc.lg.send_cdc(&cdc, false);
+                    let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
                 }
                 s.publish();
                 smc.conn.report(&mut s);
@@ -1418,7 +1421,7 @@ impl Drop for SmcStream {
                 ConnStateFlags::PEER_CONN_CLOSED
             };
             let cdc = s.core.close_flags(flag);
-            let _ = smc.lg.send_cdc(&cdc, false);
+            let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
         }
         let peer_gone = s
             .core

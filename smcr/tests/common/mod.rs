@@ -111,7 +111,61 @@ impl NetPair {
     }
 }
 
+/// A second veth pair between a [`NetPair`]'s namespaces (another path between the two
+/// hosts): `a` gets 10.78.0.1/24 on `veth_a`, `b` 10.78.0.2/24 on `veth_b`.
+pub struct SecondPath {
+    pub veth_a: String,
+    pub veth_b: String,
+    pub addr_a: Ipv4Addr,
+    pub addr_b: Ipv4Addr,
+}
+
 impl NetPair {
+    /// Joins the namespaces by a second veth pair in another subnet.
+    pub fn add_path(&self) -> io::Result<SecondPath> {
+        let p = SecondPath {
+            veth_a: format!("{}p", self.veth_a),
+            veth_b: format!("{}p", self.veth_b),
+            addr_a: Ipv4Addr::new(10, 78, 0, 1),
+            addr_b: Ipv4Addr::new(10, 78, 0, 2),
+        };
+        run(&[
+            "ip", "link", "add", &p.veth_a, "netns", &self.a, "type", "veth", "peer", "name",
+            &p.veth_b, "netns", &self.b,
+        ])?;
+        for (ns, dev, addr) in [
+            (&self.a, &p.veth_a, p.addr_a),
+            (&self.b, &p.veth_b, p.addr_b),
+        ] {
+            run(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                dev,
+            ])?;
+            run(&["ip", "-n", ns, "link", "set", dev, "up"])?;
+        }
+        Ok(p)
+    }
+
+    /// Takes interface `dev` of namespace `ns` down or up (its veth peer loses or regains
+    /// its carrier: the path is cut or back).
+    pub fn set_link(&self, ns: &str, dev: &str, up: bool) -> io::Result<()> {
+        run(&[
+            "ip",
+            "-n",
+            ns,
+            "link",
+            "set",
+            dev,
+            if up { "up" } else { "down" },
+        ])
+    }
+
     /// Makes the veth pair segment GSO datagrams before they are captured (tcpdump on a veth
     /// otherwise sees one frame per GSO batch, where a real network carries one per packet).
     pub fn segment_before_capture(&self) -> io::Result<()> {
