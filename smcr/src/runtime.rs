@@ -700,6 +700,9 @@ pub(crate) struct Path {
     pub(crate) qp: QueuePair,
     /// Its receive slots are `recv_mr` slots `base..base + RECV_SLOTS`.
     base: usize,
+    /// Where the part of an LLC message beyond its slot lands (two-link groups; see
+    /// [`LLC_MAX`]): every receive names it after its slot.
+    big: Option<MemoryRegion>,
     /// The local address its packets leave from.
     src: Ipv4Addr,
     /// Our initial PSN (a new one each time the path is set up).
@@ -709,14 +712,27 @@ pub(crate) struct Path {
     peer_ip: AtomicU32,
 }
 
-/// How long a server waits after a link failed before it tries to add one again, and
-/// between tries while the path stays down (Linux retries only on a port event, which
-/// has no counterpart here).
+/// How long a server waits after a link failed before it tries to add one again (Linux
+/// retries only on a port event, which has no counterpart here). Each try that fails (the
+/// path still down, the client refusing) doubles the wait, up to [`HEAL_MAX`].
 const HEAL_RETRY: Duration = Duration::from_secs(3);
+/// See [`HEAL_RETRY`].
+const HEAL_MAX: Duration = Duration::from_secs(30);
 
-/// ADD LINK carries one rkey entry per RMB of the group and must fit one SEND slot
-/// (72 + 16 per entry ≤ [`SLOT`]): with more RMBs, no link is added (see docs/failover.md).
-const ADD_LINK_MAX_RKEYS: usize = (SLOT - 72) / 16;
+/// The longest LLC message a two-link group sends or takes (Linux's `SMC_WR_BUF_V2_SIZE`):
+/// ADD LINK carries one 16-byte rkey entry per RMB of the group, more than a [`SLOT`] holds.
+/// The part beyond the slot goes through a buffer of its own (receives: one per path, as
+/// Linux has one per link; LLC flows run one at a time).
+const LLC_MAX: usize = 8192;
+
+/// Rkey entries one ADD LINK carries (Linux's `SMC_LLC_RKEYS_PER_MSG_V2`): a group with more
+/// RMBs adds no link.
+const ADD_LINK_MAX_RKEYS: usize = 255;
+
+/// The key of rkey flow `id` of link `link_id` (each link numbers its flows from 1).
+fn rkey_key(link_id: u8, id: u64) -> u64 {
+    u64::from(link_id) << 56 | (id & ((1 << 56) - 1))
+}
 
 /// A link group: one link, or two over two paths (the active one carries every connection;
 /// the other stands by).
@@ -871,6 +887,8 @@ struct LgState {
     /// Server: when to try adding a link over the other path (after the first link came up,
     /// or a link failed).
     heal_at: Option<Instant>,
+    /// Server: the wait before the next try after this one fails (see [`HEAL_RETRY`]).
+    heal_delay: Duration,
     /// Server: the link id the next added link gets.
     next_link_id: u8,
     /// The negotiated limits, for added links' CONFIRM LINK.
@@ -915,14 +933,24 @@ impl Path {
             .and_then(|()| self.qp.modify(&QpAttr::state(QpState::Init)))
             .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
         for i in self.base..self.base + RECV_SLOTS {
-            self.qp
-                .post_recv(&[RecvWr {
-                    wr_id: i as u64,
-                    sg_list: &[recv_mr.sge(i * SLOT, SLOT)],
-                }])
+            self.post_recv(recv_mr, i)
                 .map_err(|e| io::Error::other(format!("post_recv: {e:?}")))?;
         }
         Ok(())
+    }
+
+    /// Posts receive slot `slot` (and the buffer for longer LLC messages after it).
+    fn post_recv(&self, recv_mr: &MemoryRegion, slot: usize) -> Result<(), rdma::PostError> {
+        let first = recv_mr.sge(slot * SLOT, SLOT);
+        let sges = match &self.big {
+            Some(b) => [first, b.sge(0, LLC_MAX - SLOT)],
+            None => [first, first],
+        };
+        let n = if self.big.is_some() { 2 } else { 1 };
+        self.qp.post_recv(&[RecvWr {
+            wr_id: slot as u64,
+            sg_list: &sges[..n],
+        }])
     }
 
     /// Connects the queue pair to the peer's (`peer_qpn` at `peer_ip`, starting at
@@ -992,6 +1020,11 @@ impl LinkGroup {
             let path = Path {
                 qp: pd.create_qp(&cq, &cq, caps, false)?,
                 base: i * RECV_SLOTS,
+                big: if srcs.len() > 1 {
+                    Some(pd.reg_mr(LLC_MAX - SLOT, Access::LOCAL_WRITE)?)
+                } else {
+                    None
+                },
                 src,
                 psn: AtomicU32::new(random_u32() & 0xff_ffff),
                 peer_qpn: AtomicU32::new(0),
@@ -1033,6 +1066,7 @@ impl LinkGroup {
                 spare: None,
                 spare_up: false,
                 heal_at: None,
+                heal_delay: HEAL_RETRY,
                 next_link_id: 2,
                 limits: (1, 1),
                 unmoved: false,
@@ -1336,12 +1370,6 @@ impl LinkGroup {
         }
     }
 
-    /// Sends one CDC message on `path` (waits for a free SEND slot unless `poller`).
-    fn send_cdc(&self, path: usize, m: &CdcMessage, poller: bool) -> io::Result<()> {
-        let slot = self.take_slot(poller)?;
-        self.post_cdc(path, slot, m, 0).map(drop)
-    }
-
     /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the reserve).
     pub(crate) fn take_slot(&self, poller: bool) -> io::Result<usize> {
         Ok({
@@ -1568,6 +1596,30 @@ impl LinkGroup {
         self.post_cdc_after(path, &wrs, slot, m, owner)
     }
 
+    /// Sends an LLC message longer than a slot: its first [`SLOT`] bytes from `slot`, the rest
+    /// from a region registered for it (the request keeps it alive until it completes).
+    fn post_long_llc(&self, path: usize, slot: usize, b: &[u8]) -> io::Result<()> {
+        if b.len() > LLC_MAX || self.paths.len() < 2 {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let tail = self.pd.reg_mr(b.len() - SLOT, Access::LOCAL_WRITE)?;
+        tail.write(0, &b[SLOT..]);
+        self.send_mr.write(slot * SLOT, &b[..SLOT]);
+        let sge = [
+            self.send_mr.sge(slot * SLOT, SLOT),
+            tail.sge(0, b.len() - SLOT),
+        ];
+        self.paths[path]
+            .qp
+            .post_send(&[SendWr {
+                wr_id: slot as u64,
+                opcode: WrOpcode::Send,
+                sg_list: &sge,
+                flags: SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::EXPEDITE,
+            }])
+            .map_err(post_error)
+    }
+
     fn flush_llc(&self, st: &mut LgState) {
         while !st.llc_out.is_empty() {
             let Slot::Got(slot) = st.core.take_slot(true) else {
@@ -1577,7 +1629,10 @@ impl LinkGroup {
             let mut b = vec![0u8; m.buffer_len()];
             m.emit(&mut b);
             if b.len() > SLOT {
-                st.core.put_back(slot);
+                // Only two-link groups make longer ones (ADD LINK).
+                if self.post_long_llc(path, slot, &b).is_err() {
+                    st.core.put_back(slot);
+                }
                 continue;
             }
             // LLC requests and answers go ahead of connection data that has not started to
@@ -1940,13 +1995,22 @@ impl LinkGroup {
                 match wc.opcode {
                     WcOpcode::Recv => {
                         let slot = wc.wr_id as usize;
+                        let p = &self.paths[path];
                         let len = (wc.byte_len as usize).min(SLOT);
                         let mut b = [0u8; SLOT];
                         self.recv_mr.read(slot * SLOT, &mut b[..len]);
-                        let _ = self.paths[path].qp.post_recv(&[RecvWr {
-                            wr_id: wc.wr_id,
-                            sg_list: &[self.recv_mr.sge(slot * SLOT, SLOT)],
-                        }]);
+                        // An LLC message longer than a slot (ADD LINK with many rkeys).
+                        let long = match &p.big {
+                            Some(big) if wc.byte_len as usize > SLOT => {
+                                let n = (wc.byte_len as usize).min(LLC_MAX);
+                                let mut v = vec![0u8; n];
+                                v[..SLOT].copy_from_slice(&b);
+                                big.read(0, &mut v[SLOT..]);
+                                Some(v)
+                            }
+                            _ => None,
+                        };
+                        let _ = p.post_recv(&self.recv_mr, slot);
                         if b[0] == cdc::CDC_TYPE {
                             // CDCs count on any link (Linux accepts them on each).
                             if let Some(l) = core {
@@ -1966,16 +2030,20 @@ impl LinkGroup {
                                 }
                             }
                         } else if let Some(l) = core {
-                            l.handle_llc(&b[..len], now);
+                            l.handle_llc(long.as_deref().unwrap_or(&b[..len]), now);
                         }
                     }
                     WcOpcode::Send => {
                         let slot = wc.wr_id as usize;
                         if let Some(c) = st.core.complete(slot) {
-                            // A data CDC: its sequence number is what a failover validates.
-                            let mut b = [0u8; cdc::CDC_LEN];
-                            self.send_mr.read(slot * SLOT, &mut b);
-                            sent.push((c, CdcMessage::parse(&b).ok().map(|m| m.seq)));
+                            // A data CDC: its sequence number is what a failover validates
+                            // (groups that can fail over only).
+                            let seq = (self.paths.len() > 1).then(|| {
+                                let mut b = [0u8; cdc::CDC_LEN];
+                                self.send_mr.read(slot * SLOT, &mut b);
+                                CdcMessage::parse(&b).ok().map(|m| m.seq)
+                            });
+                            sent.push((c, seq.flatten()));
                         }
                         self.cond.notify_all();
                     }
@@ -2106,7 +2174,10 @@ impl LinkGroup {
                     st.down_reason = Some(format!("link down: {r}"));
                 }
             }
-            LinkEvent::RkeyDone { id, ok } => self.rkey_done(st, id, ok),
+            LinkEvent::RkeyDone { id, ok } => {
+                let link_id = st.link.as_ref().map_or(0, |l| l.params().link_id);
+                self.rkey_done(st, rkey_key(link_id, id), ok);
+            }
             LinkEvent::PeerConfirmedRkey(c) => {
                 // A peer whose RMB has another rkey or address on the other link (Linux,
                 // which registers each link apart) would need per-link rtokens, which we do
@@ -2142,6 +2213,7 @@ impl LinkGroup {
         match ev {
             LinkEvent::Up { .. } => {
                 st.spare_up = true;
+                st.heal_delay = HEAL_RETRY;
                 let ids = |l: &Option<LinkCore>| l.as_ref().map(|l| l.params().link_id);
                 let (a, b) = (ids(&st.link), ids(&st.spare));
                 if let (Some(l), Some(b)) = (st.link.as_mut(), b) {
@@ -2158,7 +2230,10 @@ impl LinkGroup {
                 let told = matches!(r, link::DownReason::PeerDeleted(_));
                 self.drop_spare(st, !told, now);
             }
-            LinkEvent::RkeyDone { id, ok } => self.rkey_done(st, id, ok),
+            LinkEvent::RkeyDone { id, ok } => {
+                let link_id = st.spare.as_ref().map_or(0, |l| l.params().link_id);
+                self.rkey_done(st, rkey_key(link_id, id), ok);
+            }
             LinkEvent::PeerDeletedLink { .. } => {
                 // The peer lost the active link and tells us on this one (as Linux does).
                 if st.spare_up {
@@ -2178,6 +2253,7 @@ impl LinkGroup {
         }
     }
 
+    /// An rkey flow (`key`: see [`rkey_key`]) was answered or given up.
     fn rkey_done(&self, st: &mut LgState, id: u64, ok: bool) {
         if st.rkey_waiting.remove(&id) {
             st.rkey_results.insert(id, ok);
@@ -2199,6 +2275,19 @@ impl LinkGroup {
         // Nothing more arrives on the failed link, and what was posted on it is flushed.
         let _ = self.paths[old].qp.modify(&QpAttr::state(QpState::Error));
         let old_id = st.link.take().map(|l| l.params().link_id);
+        if let Some(id) = old_id {
+            // Rkey flows on the failed link get no answer: their waiters try again on the
+            // new one (see `confirm_rkey`).
+            let lost: Vec<u64> = st
+                .rkey_waiting
+                .iter()
+                .copied()
+                .filter(|k| (k >> 56) as u8 == id)
+                .collect();
+            for k in lost {
+                self.rkey_done(st, k, false);
+            }
+        }
         st.link = st.spare.take();
         st.spare_up = false;
         if let Some(l) = st.link.as_mut() {
@@ -2219,6 +2308,7 @@ impl LinkGroup {
         }
         crate::metrics::link_failover();
         if self.role == link::Role::Server {
+            st.heal_delay = HEAL_RETRY;
             st.heal_at = Some(now + HEAL_RETRY);
         }
         st.last_failover = Some(why);
@@ -2243,8 +2333,14 @@ impl LinkGroup {
             let _ = p.qp.modify(&QpAttr::state(QpState::Error));
         }
         if self.role == link::Role::Server {
-            st.heal_at = Some(now + HEAL_RETRY);
+            Self::heal_later(st, now);
         }
+    }
+
+    /// Server: the next try to add a link, after a wait that doubles with each failed one.
+    fn heal_later(st: &mut LgState, now: Instant) {
+        st.heal_at = Some(now + st.heal_delay);
+        st.heal_delay = (st.heal_delay * 2).min(HEAL_MAX);
     }
 
     /// Our RMBs (in use and pooled) as ADD LINK's rkey entries: the same key and address on
@@ -2300,15 +2396,14 @@ impl LinkGroup {
         if !self.can_add_link(st) || st.spare.is_some() || !st.up {
             return;
         }
-        let retry = Some(now + HEAL_RETRY);
         let Some(rkeys) = self.rkey_pairs(st) else {
-            st.heal_at = retry;
+            Self::heal_later(st, now);
             return;
         };
         let spare = 1 - self.active();
         let p = &self.paths[spare];
         if p.init(&self.recv_mr).is_err() {
-            st.heal_at = retry;
+            Self::heal_later(st, now);
             return;
         }
         p.psn.store(random_u32() & 0xff_ffff, Ordering::Relaxed);
@@ -2336,7 +2431,7 @@ impl LinkGroup {
             }),
         };
         if !st.link.as_mut().is_some_and(|l| l.add_link(req, now)) {
-            st.heal_at = retry;
+            Self::heal_later(st, now);
         }
     }
 
@@ -2347,9 +2442,8 @@ impl LinkGroup {
         res: Result<llc::AddLink, link::AddLinkRefused>,
         now: Instant,
     ) {
-        let retry = Some(now + HEAL_RETRY);
         let Ok(resp) = res else {
-            st.heal_at = retry;
+            Self::heal_later(st, now);
             return;
         };
         if !self.same_rkeys(st, resp.v2.as_ref()) {
@@ -2378,7 +2472,7 @@ impl LinkGroup {
                 if let Some(l) = st.link.as_mut() {
                     l.delete_other_link(resp.link_id, DeleteLinkReason::LOST_PATH);
                 }
-                st.heal_at = retry;
+                Self::heal_later(st, now);
             }
         }
     }
@@ -2449,14 +2543,22 @@ impl LinkGroup {
     fn move_conns(&self) {
         let conns = self.st.lock().core.conns();
         let mut left = false;
+        let epoch = self.route().0;
         for c in conns {
             let mut s = c.core.lock();
-            match c.route(&mut s, self, true) {
-                Ok(_) => {}
+            if s.released || s.epoch == epoch {
+                continue;
+            }
+            // `route` wants a slot held for the caller's own message; there is none here.
+            let moved = self.take_slot(true).and_then(|slot| {
+                c.route(&mut s, self, slot, true)
+                    .map(|_| self.put_back(slot))
+            });
+            match moved {
+                Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => left = true,
-                Err(e) => {
-                    s.failed.get_or_insert_with(|| e.to_string());
-                    s.publish();
+                Err(_) => {
+                    // `route` recorded why.
                     drop(s);
                     c.wake();
                 }
@@ -2516,6 +2618,18 @@ impl LinkGroup {
     /// Announces a connection's RMB on this existing group with CONFIRM RKEY and waits for the
     /// peer's answer, as Linux does before its Accept/Confirm (`smcr_lgr_reg_rmbs`).
     pub(crate) fn confirm_rkey(&self, rmb: &MemoryRegion) -> io::Result<()> {
+        loop {
+            let epoch = self.route().0;
+            match self.confirm_rkey_once(rmb) {
+                // The link it went on failed meanwhile (the group survived on the other):
+                // ask again there.
+                Err(_) if self.route().0 != epoch && !self.is_down() => {}
+                r => return r,
+            }
+        }
+    }
+
+    fn confirm_rkey_once(&self, rmb: &MemoryRegion) -> io::Result<()> {
         let mut guard = self.st.lock();
         if guard.confirmed.contains(&rmb.rkey()) {
             // A pooled RMB the peer still knows (`rkey_reuse`).
@@ -2544,6 +2658,7 @@ impl LinkGroup {
             ),
             None => l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now()),
         };
+        let id = rkey_key(l.params().link_id, id);
         // The link answers every request (the peer's answer, its LLC_WAIT timer once sent,
         // or the link going down), one request at a time: ours may wait behind the others
         // (many connections set up at once over a slow path). The deadline only bounds a
@@ -2918,9 +3033,9 @@ impl ConnShared {
         if s.staged == 0 {
             return Ok(());
         }
-        let path = self.route(s, lg, poller)?;
         // The slot first: once the cursor has advanced, the CDC must go out.
         let slot = lg.take_slot(poller)?;
+        let path = self.route(s, lg, slot, poller)?;
         let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
         let pieces: Vec<(u32, u32)> = plan
             .pieces
@@ -2949,52 +3064,78 @@ impl ConnShared {
         Ok(())
     }
 
-    /// The path this connection posts on now. After a failover (a new epoch), it first moves
-    /// there (under its lock, before anything else of it is posted there): Linux's
-    /// validation CDC, every byte the peer has not consumed written again, then a CDC with
-    /// the current cursors (see [`ConnCore::failover`]). A CDC of ours that announced bytes
-    /// lost with the failed link can then never arrive before those bytes.
+    /// The path this connection posts on now, holding `slot` (a SEND slot the caller took
+    /// first, so the answer is still true when it posts). After a failover (a new epoch), the
+    /// connection first moves there (under its lock, before anything else of it is posted
+    /// there): Linux's validation CDC, every byte the peer has not consumed written again,
+    /// then a CDC with the current cursors (see [`ConnCore::failover`]). A CDC of ours that
+    /// announced bytes lost with the failed link can then never arrive before those bytes. A
+    /// failed connection moves too (its abort or close CDC announces the same cursors); a
+    /// released one posts nothing (its buffers may serve another connection). On an error
+    /// `slot` is given back and the connection has failed.
     pub(crate) fn route(
         &self,
         s: &mut ConnState,
         lg: &LinkGroup,
+        slot: usize,
         poller: bool,
     ) -> io::Result<usize> {
         let (epoch, path) = lg.route();
         if s.epoch == epoch {
             return Ok(path);
         }
-        if s.failed.is_some() {
-            s.epoch = epoch;
-            return Ok(path);
+        if s.released {
+            lg.put_back(slot);
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the connection is gone",
+            ));
         }
-        let first = lg.take_slot(poller)?;
-        let second = match lg.take_slot(poller) {
-            Ok(x) => x,
-            Err(e) => {
-                lg.put_back(first);
+        let moved = (|| -> io::Result<()> {
+            let second = lg.take_slot(poller)?;
+            let third = match lg.take_slot(poller) {
+                Ok(x) => x,
+                Err(e) => {
+                    lg.put_back(second);
+                    return Err(e);
+                }
+            };
+            let f = s.core.failover();
+            if let Err(e) = lg.post_cdc(path, second, &f.validation, 0) {
+                lg.put_back(third);
                 return Err(e);
             }
-        };
-        let f = s.core.failover();
-        s.epoch = epoch;
-        s.stats.failovers += 1;
-        if let Err(e) = lg.post_cdc(path, first, &f.validation, 0) {
-            lg.put_back(second);
-            return Err(e);
+            let pieces: Vec<(u32, u32)> = f.pieces.into_iter().filter(|p| p.1 > 0).collect();
+            let writes = DataWrites {
+                sndbuf: &self.sndbuf,
+                pieces: &pieces,
+                peer: (self.peer_vaddr, self.peer_rkey),
+                slack: 0,
+            };
+            if !lg.post_data(path, &writes, third, &f.cdc, self.token)? {
+                s.inflight += 1;
+            }
+            Ok(())
+        })();
+        match moved {
+            Ok(()) => {
+                // Moved: only now may its other messages go to this path.
+                s.epoch = epoch;
+                s.stats.failovers += 1;
+                Ok(path)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                lg.put_back(slot);
+                Err(e)
+            }
+            Err(e) => {
+                lg.put_back(slot);
+                s.failed
+                    .get_or_insert_with(|| format!("moving to another link: {e}"));
+                s.publish();
+                Err(e)
+            }
         }
-        let pieces: Vec<(u32, u32)> = f.pieces.into_iter().filter(|p| p.1 > 0).collect();
-        let writes = DataWrites {
-            sndbuf: &self.sndbuf,
-            pieces: &pieces,
-            peer: (self.peer_vaddr, self.peer_rkey),
-            slack: 0,
-        };
-        s.inflight += 1;
-        if lg.post_data(path, &writes, second, &f.cdc, self.token)? {
-            s.inflight -= 1;
-        }
-        Ok(path)
     }
 
     /// Sends a CDC of this connection (`m`, made under the same lock) on its path.
@@ -3005,8 +3146,9 @@ impl ConnShared {
         m: &CdcMessage,
         poller: bool,
     ) -> io::Result<()> {
-        let path = self.route(s, lg, poller)?;
-        lg.send_cdc(path, m, poller)
+        let slot = lg.take_slot(poller)?;
+        let path = self.route(s, lg, slot, poller)?;
+        lg.post_cdc(path, slot, m, 0).map(drop)
     }
 
     /// Same-host links: writes `buf` straight into the peer's RMB where the next staged bytes
