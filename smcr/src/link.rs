@@ -98,9 +98,12 @@ pub enum DownReason {
     /// A TEST LINK request went unanswered.
     #[error("TEST LINK unanswered for {0:?}")]
     TestLinkTimeout(Duration),
-    /// The peer deleted the link or the link group.
+    /// The peer deleted this link (DELETE LINK naming it).
     #[error("peer sent DELETE LINK ({0})")]
     PeerDeleted(DeleteLinkReason),
+    /// The peer deleted the whole link group (DELETE LINK ALL): no other link of it survives.
+    #[error("peer sent DELETE LINK ALL ({0})")]
+    PeerDeletedGroup(DeleteLinkReason),
     /// We deleted it.
     #[error("deleted locally ({0})")]
     Local(DeleteLinkReason),
@@ -642,14 +645,16 @@ impl LinkCore {
                 }));
             }
             Llc::DeleteLink(d) if !d.response => {
-                if !d.all {
+                if d.all {
+                    self.down(DownReason::PeerDeletedGroup(d.reason));
+                } else {
                     // A single link: confirm its deletion (for the whole group Linux does not).
                     self.send(Llc::DeleteLink(DeleteLink {
                         response: true,
                         ..d
                     }));
+                    self.down(DownReason::PeerDeleted(d.reason));
                 }
-                self.down(DownReason::PeerDeleted(d.reason));
             }
             Llc::ConfirmLink(_) => {
                 self.violation("CONFIRM LINK on a confirmed link".into());
@@ -679,7 +684,11 @@ impl LinkCore {
                 }
                 self.up(c);
             }
-            (_, Llc::DeleteLink(d)) if !d.response => self.down(DownReason::PeerDeleted(d.reason)),
+            (_, Llc::DeleteLink(d)) if !d.response => self.down(if d.all {
+                DownReason::PeerDeletedGroup(d.reason)
+            } else {
+                DownReason::PeerDeleted(d.reason)
+            }),
             (_, other) => self.violation(format!(
                 "{} before the link was confirmed",
                 LlcMessage {

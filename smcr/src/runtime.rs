@@ -2227,7 +2227,10 @@ impl LinkGroup {
                 }
             }
             LinkEvent::Down(r) => {
-                let told = matches!(r, link::DownReason::PeerDeleted(_));
+                let told = matches!(
+                    r,
+                    link::DownReason::PeerDeleted(_) | link::DownReason::PeerDeletedGroup(_)
+                );
                 self.drop_spare(st, !told, now);
             }
             LinkEvent::RkeyDone { id, ok } => {

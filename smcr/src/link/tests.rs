@@ -203,7 +203,7 @@ fn malformed_llc_is_a_violation_unknown_type_is_dropped() {
     assert_eq!(pump(&mut c, &mut s, now), 1);
     assert_eq!(
         s.poll_event(),
-        Some(LinkEvent::Down(DownReason::PeerDeleted(
+        Some(LinkEvent::Down(DownReason::PeerDeletedGroup(
             DeleteLinkReason::PROT_VIOL
         )))
     );
@@ -266,7 +266,7 @@ fn deletes_local_and_remote() {
     assert_eq!(pump(&mut c, &mut s, now), 1);
     assert_eq!(
         s.poll_event(),
-        Some(LinkEvent::Down(DownReason::PeerDeleted(
+        Some(LinkEvent::Down(DownReason::PeerDeletedGroup(
             DeleteLinkReason::PROG_INIT_TERM
         )))
     );
