@@ -524,8 +524,12 @@ impl Inner {
         v
     }
 
-    /// The alternate local address for groups whose first link runs from `ip`.
+    /// The alternate local address for groups whose first link runs from `ip` (none for a
+    /// loopback address: its peers are on this host).
     pub(crate) fn alt_addr(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
+        if ip.is_loopback() {
+            return None;
+        }
         self.cfg.alt_addrs.iter().copied().find(|&a| a != ip)
     }
 
