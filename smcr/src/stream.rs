@@ -549,7 +549,14 @@ fn make_conn(
     tcp: &Arc<TcpStream>,
 ) -> io::Result<Arc<ConnShared>> {
     let peer_rmb = peer.rmb_size.bytes();
-    let sndbuf = lg.take_sndbuf(peer_rmb)?;
+    let sndbuf = match lg.take_sndbuf(peer_rmb) {
+        Ok(b) => b,
+        Err(e) => {
+            // The RMB's budget goes back (or the RMB to the pool).
+            lg.give_back(rmb);
+            return Err(e);
+        }
+    };
     let rmb_len = rmb.len() as u32;
     let c = Arc::new(ConnShared {
         token,
@@ -1629,13 +1636,15 @@ impl SmcStream {
             Some(ip) => rt.inner.rmb_size_for(ip),
             None => rt.inner.rmb_size(),
         };
-        let mut stale = false;
+        // Groups found dead (their client did not answer CONFIRM RKEY) on the way: each is
+        // ended, so the next look finds another one (or none); after a few, a new group (the
+        // client's Accept wait has room for about two lost CONFIRM RKEY waits).
+        let mut stale = 0;
         let (lg, first_contact, rmb) = loop {
             if one_at_a_time.is_none() {
                 one_at_a_time = Some(pending.lock());
             }
-            // After a group that did not answer, only a new one.
-            let existing = if stale {
+            let existing = if stale >= 2 {
                 None
             } else {
                 rt.inner
@@ -1676,7 +1685,7 @@ impl SmcStream {
                     lg.unreserve(token);
                     lg.give_back(rmb);
                     lg.terminate();
-                    stale = true;
+                    stale += 1;
                     continue;
                 }
             }
@@ -1718,10 +1727,21 @@ impl SmcStream {
             } else {
                 lg.mtu
             };
-            lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)?;
+            if let Err(e) = lg.start(&peer, mtu, &negotiated, &rt.inner.cfg) {
+                // Nothing of it reached the peer's link yet: give back what was reserved.
+                lg.unreserve(token);
+                lg.give_back(rmb);
+                return Err(e);
+            }
             rt.inner.add_group(lg.clone());
         }
-        let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
+        let conn = match make_conn(&lg, token, rmb, &peer, &self.tcp) {
+            Ok(c) => c,
+            Err(e) => {
+                lg.unreserve(token);
+                return Err(e);
+            }
+        };
         if first_contact {
             if lg
                 .wait_up(CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
