@@ -112,6 +112,8 @@ pub struct ConnCore {
     seq_done: Option<u16>,
     seq_rx: Option<u16>,
     peer_blocked: bool,
+    /// Our last data CDC said our writer is blocked (a failover CDC says it again).
+    blocked: bool,
     peer_wants_update: bool,
     local_flags: ConnStateFlags,
     peer_flags: ConnStateFlags,
@@ -134,6 +136,7 @@ impl ConnCore {
             seq_done: None,
             seq_rx: None,
             peer_blocked: false,
+            blocked: false,
             peer_wants_update: false,
             local_flags: ConnStateFlags::empty(),
             peer_flags: ConnStateFlags::empty(),
@@ -220,7 +223,8 @@ impl ConnCore {
         };
         let slack = (space - len).min(self.peer_rmb - end);
         self.tx_prod = self.tx_prod.advance(len, self.peer_rmb);
-        let flags = if pending >= space {
+        self.blocked = pending >= space;
+        let flags = if self.blocked {
             ProducerFlags::WRITE_BLOCKED
         } else {
             ProducerFlags::empty()
@@ -291,7 +295,13 @@ impl ConnCore {
         let off = self.peer_cons.count;
         let first = unconsumed.min(self.peer_rmb - off);
         let pieces = [(off, first), (0, unconsumed - first)];
-        let cdc = self.next_cdc(ProducerFlags::empty());
+        // The peer takes each CDC's producer flags as our state now: a lost CDC's "writing
+        // blocked" is said again.
+        let cdc = self.next_cdc(if self.blocked {
+            ProducerFlags::WRITE_BLOCKED
+        } else {
+            ProducerFlags::empty()
+        });
         Failover {
             validation,
             pieces,

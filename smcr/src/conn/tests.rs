@@ -476,3 +476,29 @@ fn failover_validation_carries_the_sequence_before_the_last_completed_cdc_and_is
     let up = b.core.on_cdc(&f.cdc).unwrap();
     assert_eq!((up.new_data, up.stale), (0, false));
 }
+
+#[test]
+fn a_failover_cdc_says_again_that_the_writer_is_blocked() {
+    let (mut a, mut b) = pair(16384, 16384);
+    // Not blocked: the failover CDC says so.
+    write(&mut a, &mut b, &[1u8; 100]);
+    assert!(
+        !a.core
+            .failover()
+            .cdc
+            .prod_flags
+            .contains(ProducerFlags::WRITE_BLOCKED)
+    );
+    // Blocked (more pending than space): the CDC that said so may be lost with the link, and
+    // the peer takes each CDC's flags as the writer's state now.
+    write(&mut a, &mut b, &[1u8; 40000]);
+    assert_eq!(a.core.space(), 0);
+    let f = a.core.failover();
+    assert!(f.cdc.prod_flags.contains(ProducerFlags::WRITE_BLOCKED));
+    b.core.on_cdc(&f.cdc).unwrap();
+    let mut got = vec![];
+    assert!(
+        read(&mut b, &mut a, 3000, &mut got).is_some(),
+        "the reader answers the blocked writer"
+    );
+}
