@@ -35,11 +35,10 @@ pub struct DeviceConfig {
     pub gso: bool,
     /// Let the kernel coalesce received datagrams (UDP GRO).
     pub gro: bool,
-    /// Further local addresses this device serves besides `addr` (multi-homed: the socket binds
-    /// to the wildcard address on `addr`'s port and learns each datagram's destination with
-    /// `IP_PKTINFO`; a queue pair sends from one of them with [`crate::QpAttr::src`], so that
-    /// two links of an SMC-R link group can run over two paths on one device, sharing its
-    /// memory regions). Empty: bound to `addr` alone.
+    /// Further local addresses this device serves besides `addr` (multi-homed: a socket on each,
+    /// on `addr`'s port; a queue pair sends from one of them with [`crate::QpAttr::src`], so
+    /// that two links of an SMC-R link group can run over two paths on one device, sharing its
+    /// memory regions). Empty: `addr` alone.
     pub extra_addrs: Vec<std::net::Ipv4Addr>,
     /// Socket receive buffer in bytes (forced beyond `rmem_max` when the process may).
     pub rcvbuf: usize,
@@ -331,9 +330,12 @@ pub(crate) struct Shared {
     pub(crate) cfg: DeviceConfig,
     pub(crate) sock: UdpSocket,
     pub(crate) local: SocketAddrV4,
-    /// Served through a wildcard-bound socket: datagrams carry their destination, sends their
-    /// source (see [`DeviceConfig::extra_addrs`]).
-    pub(crate) multi: bool,
+    /// A socket on each further address (see [`DeviceConfig::extra_addrs`]), on the same
+    /// port: a queue pair whose path starts there sends through it, and what it receives is
+    /// addressed to it. Only the engine thread receives on them (with `alt_rx`); the main
+    /// socket's receiving may be handed to application threads.
+    alt: Vec<(Ipv4Addr, UdpSocket)>,
+    alt_rx: Mutex<RxState>,
     pub(crate) mrs: MrTable,
     pub(crate) qps: RwLock<HashMap<u32, Arc<QpShared>>>,
     pub(crate) next_qpn: AtomicU32,
@@ -373,6 +375,8 @@ const EV_RENDEZVOUS: u64 = 2;
 const EV_OFFER: u64 = 3 << 32;
 /// `EV_PEER | qpn`: the connection a QP's peer offer came on.
 const EV_PEER: u64 = 4 << 32;
+/// Readable: further address `low 32 bits` of a multi-homed device.
+const EV_ALT: u64 = 5 << 32;
 
 impl Shared {
     pub(crate) fn open(mut cfg: DeviceConfig) -> io::Result<Arc<Self>> {
@@ -414,23 +418,23 @@ impl Shared {
                 released: Vec::new(),
             })
         });
-        let multi = !cfg.extra_addrs.is_empty();
-        let bind = if multi {
-            SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, cfg.addr.port())
-        } else {
-            cfg.addr
+        let opts = UdpOptions {
+            rcvbuf: cfg.rcvbuf,
+            sndbuf: cfg.sndbuf,
+            gro: cfg.gro,
+            ttl: cfg.ttl,
+            pktinfo: false,
         };
-        let sock = UdpSocket::bind(
-            bind,
-            UdpOptions {
-                rcvbuf: cfg.rcvbuf,
-                sndbuf: cfg.sndbuf,
-                gro: cfg.gro,
-                ttl: cfg.ttl,
-                pktinfo: multi,
-            },
-        )?;
+        let sock = UdpSocket::bind(cfg.addr, opts)?;
         let local = SocketAddrV4::new(*cfg.addr.ip(), sock.local_addr().port());
+        // One socket per address (not one on the wildcard address): other processes keep the
+        // port on this host's other addresses.
+        let alt = cfg
+            .extra_addrs
+            .iter()
+            .filter(|&&a| a != *local.ip())
+            .map(|&a| Ok((a, UdpSocket::bind(SocketAddrV4::new(a, local.port()), opts)?)))
+            .collect::<io::Result<Vec<_>>>()?;
         let seed = (std::process::id() ^ (local.port() as u32) << 16) | 1;
         let kick = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
@@ -446,6 +450,14 @@ impl Shared {
             epoll::EventData::new_u64(EV_KICK),
             epoll::EventFlags::IN,
         )?;
+        for (i, (_, s)) in alt.iter().enumerate() {
+            epoll::add(
+                &ep,
+                s.fd().as_fd(),
+                epoll::EventData::new_u64(EV_ALT | i as u64),
+                epoll::EventFlags::IN,
+            )?;
+        }
         // Not fatal: without it, peers on this host use UDP to reach us.
         let rendezvous = crate::samehost::listen(local).ok();
         if let Some(r) = &rendezvous {
@@ -461,7 +473,12 @@ impl Shared {
             cfg,
             sock,
             local,
-            multi,
+            alt,
+            alt_rx: Mutex::new(RxState {
+                batch: RecvBatch::new(RX_BATCH),
+                dirty: Vec::new(),
+                ids: IdCache::default(),
+            }),
             mrs: MrTable::new(seed.wrapping_mul(0x9E37_79B9)),
             qps: RwLock::new(HashMap::new()),
             // A process that restarts on the same address must not reuse its predecessor's
@@ -639,8 +656,8 @@ impl Shared {
         src: Ipv4Addr,
         now: Instant,
     ) {
-        // A wildcard-bound socket is told the source; otherwise it is the bound address.
-        let pktinfo = self.multi.then_some(src);
+        // Each address has its socket (see `alt`).
+        let pktinfo = (src != *self.local.ip()).then_some(src);
         let count = tx.pkts.len();
         let faults = self.mw.as_ref().is_some_and(|m| m.lock().faults.is_some());
         let gso = self.cfg.gso && count > 1 && !faults;
@@ -720,8 +737,8 @@ impl Shared {
         bump(&self.stats.tx_syscalls, 1);
         // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
         if unsafe {
-            self.sock
-                .send_iov(dst, pktinfo, &tx.iov, gso.then_some(seg as u16))
+            self.sock_for(pktinfo)
+                .send_iov(dst, None, &tx.iov, gso.then_some(seg as u16))
         }
         .is_err()
         {
@@ -730,9 +747,15 @@ impl Shared {
         tx.reset();
     }
 
+    /// The socket of local address `src` (`None`: the device's own).
+    fn sock_for(&self, src: Option<Ipv4Addr>) -> &UdpSocket {
+        src.and_then(|a| self.alt.iter().find(|(x, _)| *x == a))
+            .map_or(&self.sock, |(_, s)| s)
+    }
+
     fn send_raw(&self, dst: SocketAddrV4, src: Option<Ipv4Addr>, bytes: &[u8], gso: Option<u16>) {
         bump(&self.stats.tx_syscalls, 1);
-        if self.sock.send(dst, src, bytes, gso).is_err() {
+        if self.sock_for(src).send(dst, None, bytes, gso).is_err() {
             bump(&self.stats.tx_errors, 1);
         }
     }
@@ -924,10 +947,21 @@ impl Shared {
     /// Reads and handles what waits on the socket, up to `rounds` recvmmsg calls; returns how
     /// many datagrams were handled.
     fn rx_drain(&self, rx: &mut RxState, rounds: usize) -> usize {
-        let gro = self.sock.gro();
+        self.rx_drain_from(&self.sock, *self.local.ip(), rx, rounds)
+    }
+
+    /// [`Self::rx_drain`] for socket `sock`, whose datagrams are addressed to `to`.
+    fn rx_drain_from(
+        &self,
+        sock: &UdpSocket,
+        to: Ipv4Addr,
+        rx: &mut RxState,
+        rounds: usize,
+    ) -> usize {
+        let gro = sock.gro();
         let mut total = 0;
         for _ in 0..rounds {
-            let n = match rx.batch.recv(&self.sock) {
+            let n = match rx.batch.recv(sock) {
                 Ok(n) if n > 0 => n,
                 _ => break,
             };
@@ -944,7 +978,7 @@ impl Shared {
                         self,
                         now,
                         d.from,
-                        d.to.unwrap_or(*self.local.ip()),
+                        d.to.unwrap_or(to),
                         chunk,
                         k as u16,
                         &mut current,
@@ -1452,10 +1486,12 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
         };
         let ts = timeout.map(timespec);
         let (mut kicked, mut readable) = (false, false);
+        let mut alt_ready = 0u64;
         if let Ok((evs, _)) = epoll::wait(&shared.epoll, &mut evbuf, ts.as_ref()) {
             for ev in evs.iter() {
                 match ev.data.u64() {
                     EV_SOCK => readable = true,
+                    t if t & !0xFFFF_FFFF == EV_ALT => alt_ready |= 1 << (t as u32).min(63),
                     EV_KICK => kicked = true,
                     EV_RENDEZVOUS => shared.accept_offers(),
                     t if t & !0xFFFF_FFFF == EV_OFFER => shared.take_offer(t as u32 as i32),
@@ -1474,6 +1510,15 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             // is about to), so a failed attempt does not repeat.
             if let Some(mut rx) = shared.rx_try() {
                 shared.rx_drain(&mut rx, 64);
+            }
+        }
+        if alt_ready != 0 {
+            // Only this thread receives on the further addresses: never contended.
+            let mut rx = shared.alt_rx.lock();
+            for (i, (addr, sock)) in shared.alt.iter().enumerate() {
+                if alt_ready >> i.min(63) & 1 == 1 {
+                    shared.rx_drain_from(sock, *addr, &mut rx, 64);
+                }
             }
         }
     }
