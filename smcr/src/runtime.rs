@@ -2312,6 +2312,9 @@ impl LinkGroup {
         st.unmoved = true;
         if let Some(rt) = self.runtime.upgrade() {
             rt.failovers.fetch_add(1, Ordering::Relaxed);
+            if let Some(a) = &rt.stats {
+                a.count(crate::stats::total::LINK_FAILOVERS);
+            }
         }
         crate::metrics::link_failover();
         if self.role == link::Role::Server {

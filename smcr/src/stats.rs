@@ -58,8 +58,10 @@ pub mod total {
     pub const BYTES_SENT: usize = 5;
     /// Bytes received by connections that have closed.
     pub const BYTES_RECEIVED: usize = 6;
+    /// Links that failed while their group had another (its connections moved there).
+    pub const LINK_FAILOVERS: usize = 7;
     /// How many there are.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
     /// Their names, as `smc-stat` prints them.
     pub const NAMES: [&str; COUNT] = [
         "smcr_connections",
@@ -69,6 +71,7 @@ pub mod total {
         "link_groups_created",
         "closed_bytes_sent",
         "closed_bytes_received",
+        "link_failovers",
     ];
 }
 

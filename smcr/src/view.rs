@@ -628,13 +628,18 @@ pub fn render_fallbacks(s: &Snapshot, every: bool) -> String {
     } else {
         0.0
     };
-    let _ = writeln!(
+    let _ = write!(
         o,
         "connections: {smcr} SMC-R, {tcp} TCP ({pct:.1}% fell back); handshake failures {}; first contacts {}; link groups created {}",
         t[total::FAILED],
         t[total::FIRST_CONTACT],
         t[total::LINK_GROUPS]
     );
+    // Only processes with a second path fail over (docs/failover.md).
+    if t[total::LINK_FAILOVERS] > 0 {
+        let _ = write!(o, "; link failovers {}", t[total::LINK_FAILOVERS]);
+    }
+    o.push('\n');
     o += &unavailable_notes(s);
     let _ = writeln!(o, "{:<10}  {:<12} {:>8}  MEANING", "CODE", "NAME", "COUNT");
     let mut counts = fallback_totals(s);
@@ -852,6 +857,11 @@ pub fn render_prometheus(s: &Snapshot) -> String {
             total::LINK_GROUPS,
             "smcr_link_groups_created_total",
             "Link groups created.",
+        ),
+        (
+            total::LINK_FAILOVERS,
+            "smcr_link_failovers_total",
+            "Links that failed while their group had another (connections moved there).",
         ),
     ] {
         family(name, "counter", help, per(&|p| vec![(who(p), p.totals[i])]));
