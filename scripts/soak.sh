@@ -10,8 +10,12 @@
 # come up under the faults and went on as TCP, TIMEOUT_CL, are counted and allowed: their data
 # is checked like the rest).
 #
+# With --flap the namespaces get a second veth pair, every process an alternate address on
+# it (SMCR_ALT_ADDRS), and the first path goes down for 10 s every 30 s: connections move to
+# the second link and the groups heal (docs/failover.md).
+#
 # usage: sudo bash scripts/soak.sh [--minutes N (5)] [--loss PCT (1)] [--dup PCT (0)]
-#                                  [--faults roce|all] [--seed N] [--keys N]
+#                                  [--faults roce|all] [--seed N] [--keys N] [--flap]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "soak: needs root (network namespaces, nftables, the TCP option program)" >&2; exit 1; }

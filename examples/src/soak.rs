@@ -21,6 +21,12 @@
 //!    that exits non-zero, hangs, or prints an error (redis-cli reconnects after a failed
 //!    connection and says so on stderr) is an error too.
 //!
+//! With `--flap`, the namespaces are also joined by a second veth pair, every shimmed process
+//! has an alternate address on it (`SMCR_ALT_ADDRS`: link groups get a second link), and the
+//! first path is cut (every packet dropped) for 10 s every 30 s while redis-benchmark runs: the connections
+//! move to the second link as the path flaps, and the groups heal (docs/failover.md); the
+//! server's link failovers are counted (at least one).
+//!
 //! Prints a summary; fails on any error, mismatch or connection that was not SMC-R.
 //! `--self-test-corrupt` overwrites one key (through the shim) before the final check, which
 //! must then report it.
@@ -38,6 +44,14 @@ const SETUP: Setup = Setup::SmcrNetns;
 /// processes on one address cannot both run an engine (UDP 4791; docs/limitations.md).
 const VERIFY_CLIENT: &str = "10.78.1.1";
 const VERIFY_SERVER: &str = "10.78.1.2";
+/// `--flap`: the second path's addresses (each process that runs SMC-R on an address needs
+/// its own alternate one): the clients', the verifier's, and the server's two.
+const ALT_CLIENT: &str = "10.79.0.1";
+const ALT_VERIFY_CLIENT: &str = "10.79.0.11";
+const ALT_SERVER: &str = "10.79.0.2,10.79.0.12";
+/// `--flap`: how long the first path stays up, then down, in each round.
+const FLAP_UP: Duration = Duration::from_secs(20);
+const FLAP_DOWN: Duration = Duration::from_secs(10);
 const TESTS: [&str; 5] = ["SET", "GET", "INCR", "LPUSH", "LPOP"];
 /// Longest value of the data set.
 const MAX_VALUE: u64 = 4096;
@@ -81,10 +95,12 @@ pub struct Options {
     pub keys: u32,
     /// Overwrite one key before the final check (which must then fail).
     pub corrupt: bool,
+    /// Two paths; the first one flaps (see the module's description).
+    pub flap: bool,
 }
 
 /// Usage of `bench soak`.
-pub const USAGE: &str = "bench soak [--minutes N (5)] [--loss PCT (1)] [--dup PCT (0)] [--faults roce|all] [--seed N] [--keys N (100000)]";
+pub const USAGE: &str = "bench soak [--minutes N (5)] [--loss PCT (1)] [--dup PCT (0)] [--faults roce|all] [--seed N] [--keys N (100000)] [--flap]";
 
 /// Parses the arguments after `soak`.
 pub fn parse(args: &[String]) -> Result<Options> {
@@ -98,6 +114,7 @@ pub fn parse(args: &[String]) -> Result<Options> {
             .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_000),
         keys: 100_000,
         corrupt: false,
+        flap: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -119,6 +136,7 @@ pub fn parse(args: &[String]) -> Result<Options> {
                 }
             }
             "--self-test-corrupt" => o.corrupt = true,
+            "--flap" => o.flap = true,
             _ => bail!("unknown argument {a}; usage: {USAGE}"),
         }
     }
@@ -226,9 +244,16 @@ impl Soak<'_> {
             Some(p) => Stdio::from(File::open(p)?),
             None => Stdio::null(),
         };
-        let child = self
-            .env
-            .cmd(SETUP, false, prog)
+        let mut cmd = self.env.cmd(SETUP, false, prog);
+        if self.opt.flap {
+            let alt = if host == VERIFY_SERVER {
+                ALT_VERIFY_CLIENT
+            } else {
+                ALT_CLIENT
+            };
+            cmd.env("SMCR_ALT_ADDRS", alt);
+        }
+        let child = cmd
             .env("SMCR_LOG", &self.log)
             .args(["-h", host, "-p", &self.port])
             .args(args)
@@ -564,9 +589,15 @@ pub fn run(opt: &Options) -> Result<()> {
     let work = env.work.to_string_lossy().into_owned();
     // Every shimmed process logs its handshakes here: how the failures are told apart.
     let log = env.work.join("smcr.log");
+    if opt.flap {
+        second_path(&env)?;
+    }
     let (addr, port) = (env.server_addr(SETUP), env.port());
-    let server = Bg(env
-        .cmd(SETUP, true, "redis-server")
+    let mut server_cmd = env.cmd(SETUP, true, "redis-server");
+    if opt.flap {
+        server_cmd.env("SMCR_ALT_ADDRS", ALT_SERVER);
+    }
+    let server = Bg(server_cmd
         .env("SMCR_LOG", &log)
         .args(["--bind", addr, VERIFY_SERVER, "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -675,6 +706,7 @@ pub fn run(opt: &Options) -> Result<()> {
         .collect();
     let soak_start = Instant::now();
     let deadline = soak_start + Duration::from_secs_f64(opt.minutes * 60.0);
+    let flapper = opt.flap.then(|| Flapper::start(sides.clone()));
     let mut next_verify = soak_start;
     let mut runs: Vec<BenchRun> = Vec::new();
     let mut failed_runs = 0u32;
@@ -791,6 +823,11 @@ pub fn run(opt: &Options) -> Result<()> {
         });
     }
     let soak_secs = soak_start.elapsed().as_secs_f64();
+    // The first path up again for good.
+    let flaps = match flapper {
+        Some(f) => f.stop()?,
+        None => 0,
+    };
 
     // 4. Faults off, then the final checks.
     let mut dropped = [0u64; 2];
@@ -863,18 +900,25 @@ pub fn run(opt: &Options) -> Result<()> {
         p.totals[total::TCP],
         p.totals[total::FAILED],
     );
+    let failovers = p.totals[total::LINK_FAILOVERS];
+    // A flap while no data flows (between runs) may pass unnoticed by the server's links.
+    if flaps > 0 && failovers == 0 {
+        s.error(format!(
+            "the first path was cut {flaps} times, the server never failed over"
+        ));
+    }
     let fallbacks: Vec<String> = p
         .fallbacks
         .iter()
         .map(|&(c, n)| format!("{} {n}", smcr::stats::reason(c).0))
         .collect();
-    // Setups whose first link did not come up under the faults go on as TCP (TIMEOUT_CL):
-    // allowed, counted and shown, their data checked like any other. Any other fallback is an
-    // error.
+    // Setups whose first link did not come up under the faults (or while the first path was
+    // down) go on as TCP (TIMEOUT_CL): allowed, counted and shown, their data checked like
+    // any other. Any other fallback is an error.
     let timed_out: u64 = p
         .fallbacks
         .iter()
-        .filter(|(c, _)| opt.loss > 0.0 && *c == smcr::DeclineReason::TIMEOUT_CL.0)
+        .filter(|(c, _)| (opt.loss > 0.0 || opt.flap) && *c == smcr::DeclineReason::TIMEOUT_CL.0)
         .map(|&(_, n)| n)
         .sum();
     drop(server);
@@ -982,6 +1026,16 @@ pub fn run(opt: &Options) -> Result<()> {
         ),
     );
     row(&mut o, "packets duplicated", duplicated.to_string());
+    if opt.flap {
+        row(
+            &mut o,
+            "first path cut",
+            format!(
+                "{flaps} times for {} s; server link failovers {failovers}",
+                FLAP_DOWN.as_secs()
+            ),
+        );
+    }
     row(
         &mut o,
         "redis-benchmark runs",
@@ -1037,4 +1091,99 @@ pub fn run(opt: &Options) -> Result<()> {
         bail!("soak failed: {} errors", s.errors.len());
     }
     Ok(())
+}
+
+/// `--flap`: joins the namespaces by a second veth pair (10.79.0.0/24) with the alternate
+/// addresses on it.
+fn second_path(env: &Env) -> Result<()> {
+    let (ns_a, _) = env.veth(false).context("no namespaces")?;
+    let (ns_b, _) = env.veth(true).context("no namespaces")?;
+    let pid = std::process::id();
+    let (va, vb) = (format!("sb{pid}c"), format!("sb{pid}d"));
+    let ip = |args: &[&str]| -> Result<()> {
+        let st = Command::new("ip").args(args).status()?;
+        ensure!(st.success(), "ip {args:?} failed");
+        Ok(())
+    };
+    ip(&[
+        "link", "add", &va, "netns", ns_a, "type", "veth", "peer", "name", &vb, "netns", ns_b,
+    ])?;
+    let a_addrs = [ALT_CLIENT, ALT_VERIFY_CLIENT];
+    let b_addrs: Vec<&str> = ALT_SERVER.split(',').collect();
+    for (ns, dev, addrs) in [(ns_a, &va, &a_addrs[..]), (ns_b, &vb, &b_addrs[..])] {
+        for a in addrs {
+            ip(&["-n", ns, "addr", "add", &format!("{a}/24"), "dev", dev])?;
+        }
+        ip(&["-n", ns, "link", "set", dev, "up"])?;
+    }
+    Ok(())
+}
+
+/// `--flap`: cuts the first path for [`FLAP_DOWN`] after every [`FLAP_UP`], on a thread of its
+/// own, until stopped. Cut means every packet dropped at both ends (nftables, ingress), as a
+/// dead switch or cable would: taking the interface down would also remove its routes, and
+/// new TCP connections would fail at once (ENETUNREACH) instead of waiting.
+struct Flapper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<u64>>,
+}
+
+impl Flapper {
+    fn start(sides: Vec<(String, String)>) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || -> Result<u64> {
+                let set = |up: bool| -> Result<()> {
+                    for (ns, dev) in &sides {
+                        if up {
+                            nft(ns, &["delete", "table", "netdev", "smcr_flap"], None)?;
+                        } else {
+                            let script = format!(
+                                "table netdev smcr_flap {{\n  chain cut {{ type filter hook ingress device \"{dev}\" priority -10; counter drop; }}\n}}\n"
+                            );
+                            nft(ns, &["-f", "-"], Some(&script))?;
+                        }
+                    }
+                    Ok(())
+                };
+                // Sleeps `d` unless stopped first; true when stopped.
+                let pause = |d: Duration| {
+                    let until = Instant::now() + d;
+                    while Instant::now() < until {
+                        if stop.load(Ordering::Relaxed) {
+                            return true;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    stop.load(Ordering::Relaxed)
+                };
+                let mut flaps = 0;
+                while !pause(FLAP_UP) {
+                    set(false)?;
+                    flaps += 1;
+                    eprintln!(
+                        "  flap {flaps}: first path cut for {} s",
+                        FLAP_DOWN.as_secs()
+                    );
+                    let stopped = pause(FLAP_DOWN);
+                    set(true)?;
+                    if stopped {
+                        break;
+                    }
+                }
+                Ok(flaps)
+            })
+        };
+        Self { stop, thread }
+    }
+
+    /// Stops flapping with the path up; returns how many times it went down.
+    fn stop(self) -> Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the flapper panicked"))?
+    }
 }

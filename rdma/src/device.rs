@@ -433,7 +433,12 @@ impl Shared {
             .extra_addrs
             .iter()
             .filter(|&&a| a != *local.ip())
-            .map(|&a| Ok((a, UdpSocket::bind(SocketAddrV4::new(a, local.port()), opts)?)))
+            .map(|&a| {
+                Ok((
+                    a,
+                    UdpSocket::bind(SocketAddrV4::new(a, local.port()), opts)?,
+                ))
+            })
             .collect::<io::Result<Vec<_>>>()?;
         let seed = (std::process::id() ^ (local.port() as u32) << 16) | 1;
         let kick = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;

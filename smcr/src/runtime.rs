@@ -107,8 +107,9 @@ pub struct RuntimeConfig {
     /// Other local addresses of this host, each on another path to the peers than the
     /// address a connection's TCP runs over (`SMCR_ALT_ADDRS`, comma-separated). With one, a
     /// link group gets a second link over it (ADD LINK), connections move to it when their
-    /// link fails, and the group heals when the path comes back (docs/failover.md). Empty:
-    /// one link per group (max_links 1 in the CLC handshake).
+    /// link fails, and the group heals when the path comes back (docs/failover.md). Each
+    /// local address the process runs SMC-R on takes the next one not taken (a server on two
+    /// addresses lists two). Empty: one link per group (max_links 1 in the CLC handshake).
     pub alt_addrs: Vec<Ipv4Addr>,
 }
 
@@ -284,6 +285,9 @@ type PendingLock = Arc<Mutex<()>>;
 
 pub(crate) struct Dev {
     pub(crate) ip: Ipv4Addr,
+    /// Its alternate address (a second path for its link groups; see
+    /// [`RuntimeConfig::alt_addrs`]).
+    pub(crate) alt: Option<Ipv4Addr>,
     pub(crate) device: Device,
     pub(crate) mac: Mac,
 }
@@ -524,15 +528,6 @@ impl Inner {
         v
     }
 
-    /// The alternate local address for groups whose first link runs from `ip` (none for a
-    /// loopback address: its peers are on this host).
-    pub(crate) fn alt_addr(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
-        if ip.is_loopback() {
-            return None;
-        }
-        self.cfg.alt_addrs.iter().copied().find(|&a| a != ip)
-    }
-
     pub(crate) fn device(&self, ip: Ipv4Addr) -> io::Result<Arc<Dev>> {
         let mut devs = self.devices.lock();
         if let Some(d) = devs.get(&ip) {
@@ -541,12 +536,24 @@ impl Inner {
         let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
         dcfg.faults = self.cfg.faults;
         // Multi-homed: the second link of a group is a second queue pair of this device,
-        // sending from an alternate address (same memory regions, same CQ).
-        dcfg.extra_addrs = self.alt_addr(ip).into_iter().collect();
+        // sending from an alternate address (same memory regions, same CQ). Each device gets
+        // its own (the first configured one no other device has or is; none for a loopback
+        // address, whose peers are on this host).
+        let alt = (!ip.is_loopback())
+            .then(|| {
+                self.cfg
+                    .alt_addrs
+                    .iter()
+                    .copied()
+                    .find(|&a| a != ip && !devs.values().any(|d| d.ip == a || d.alt == Some(a)))
+            })
+            .flatten();
+        dcfg.extra_addrs = alt.into_iter().collect();
         let device = Device::open(dcfg)?;
         let o = ip.octets();
         let d = Arc::new(Dev {
             ip,
+            alt,
             device,
             // Locally administered, derived from the address: our "port" has no real MAC.
             mac: Mac([0x02, 0x00, o[0], o[1], o[2], o[3]]),
@@ -1012,8 +1019,8 @@ impl LinkGroup {
             dev.device.alloc_pd()
         };
         // A second path only over UDP between our addresses (a same-host group has one).
-        let alt = rt
-            .alt_addr(dev.ip)
+        let alt = dev
+            .alt
             .filter(|_| !(rt.cfg.same_host && rt.is_local(peer_gid.to_ipv4().unwrap_or(dev.ip))));
         let srcs: Vec<Ipv4Addr> = std::iter::once(dev.ip).chain(alt).collect();
         let recv_mr = pd.reg_mr(SLOT * RECV_SLOTS * srcs.len(), Access::LOCAL_WRITE)?;
