@@ -549,7 +549,16 @@ impl Inner {
             })
             .flatten();
         dcfg.extra_addrs = alt.into_iter().collect();
-        let device = Device::open(dcfg)?;
+        let (device, alt) = match Device::open(dcfg.clone()) {
+            Ok(d) => (d, alt),
+            // The alternate address cannot be had (not on this host, or another process has
+            // its port): this address still runs SMC-R, on one link per group.
+            Err(_) if alt.is_some() => {
+                dcfg.extra_addrs.clear();
+                (Device::open(dcfg)?, None)
+            }
+            Err(e) => return Err(e),
+        };
         let o = ip.octets();
         let d = Arc::new(Dev {
             ip,
@@ -2237,11 +2246,15 @@ impl LinkGroup {
                     rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            LinkEvent::Down(link::DownReason::PeerDeletedGroup(r)) => {
+                // The whole group, whichever link it came on.
+                st.down_reason = Some(format!(
+                    "link down: {}",
+                    link::DownReason::PeerDeletedGroup(r)
+                ));
+            }
             LinkEvent::Down(r) => {
-                let told = matches!(
-                    r,
-                    link::DownReason::PeerDeleted(_) | link::DownReason::PeerDeletedGroup(_)
-                );
+                let told = matches!(r, link::DownReason::PeerDeleted(_));
                 self.drop_spare(st, !told, now);
             }
             LinkEvent::RkeyDone { id, ok } => {
@@ -2326,7 +2339,7 @@ impl LinkGroup {
         crate::metrics::link_failover();
         if self.role == link::Role::Server {
             st.heal_delay = HEAL_RETRY;
-            st.heal_at = Some(now + HEAL_RETRY);
+            Self::heal_later(st, now);
         }
         st.last_failover = Some(why);
         self.publish(crate::stats::lg::LINK_ACTIVE);
@@ -2562,7 +2575,12 @@ impl LinkGroup {
         let mut left = false;
         let epoch = self.route().0;
         for c in conns {
-            let mut s = c.core.lock();
+            // A thread holding the connection may be waiting for a SEND slot, which only the
+            // driver (us) frees: never wait for it here; it moves itself before it posts.
+            let Some(mut s) = c.core.try_lock() else {
+                left = true;
+                continue;
+            };
             if s.released || s.epoch == epoch {
                 continue;
             }
@@ -2752,7 +2770,7 @@ impl LinkGroup {
     }
 
     /// Marks the group down and fails every connection on it.
-    fn fail(&self, reason: &str) {
+    pub(crate) fn fail(&self, reason: &str) {
         self.down.store(true, Ordering::Release);
         self.publish(crate::stats::lg::LINK_INACTIVE);
         let conns: Vec<Arc<ConnShared>> = {
@@ -3107,6 +3125,15 @@ impl ConnShared {
                 io::ErrorKind::ConnectionReset,
                 "the connection is gone",
             ));
+        }
+        if s.core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            // The peer aborted: its RMB may already serve another of its connections, so
+            // nothing is written again (Linux re-points such connections without a rewrite).
+            s.epoch = epoch;
+            return Ok(path);
         }
         let moved = (|| -> io::Result<()> {
             let second = lg.take_slot(poller)?;

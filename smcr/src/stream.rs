@@ -1692,8 +1692,11 @@ impl SmcStream {
             break (lg, first_contact, rmb);
         };
         let local_ep = endpoint(&lg, &rmb, size, token);
-        hs.accept(&local_ep, first_contact, Instant::now())
-            .map_err(io::Error::other)?;
+        if let Err(e) = hs.accept(&local_ep, first_contact, Instant::now()) {
+            lg.unreserve(token);
+            lg.give_back(rmb);
+            return Err(io::Error::other(e));
+        }
         let (negotiated, client) = match drive(&self.tcp, &mut hs, &mut self.timeline) {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
@@ -1728,9 +1731,10 @@ impl SmcStream {
                 lg.mtu
             };
             if let Err(e) = lg.start(&peer, mtu, &negotiated, &rt.inner.cfg) {
-                // Nothing of it reached the peer's link yet: give back what was reserved.
+                // Give back what was reserved; the group ends (its RMB budget with it).
                 lg.unreserve(token);
                 lg.give_back(rmb);
+                lg.fail(&format!("starting the link: {e}"));
                 return Err(e);
             }
             rt.inner.add_group(lg.clone());

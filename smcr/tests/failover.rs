@@ -349,3 +349,63 @@ fn a_group_with_two_links_fails_over_heals_and_fails_only_with_its_last_link() {
     );
     stop.store(true, Ordering::Relaxed);
 }
+
+#[test]
+fn an_alternate_address_that_cannot_be_had_leaves_one_link_and_smcr() {
+    if !privileged("netns unusable alternate address") {
+        return;
+    }
+    let install = TestInstall::new("noalt");
+    let net = NetPair::new().unwrap();
+    let addr: SocketAddr = (net.addr_b, 7910).into();
+    // Not an address of either namespace: its socket cannot be bound.
+    let missing: std::net::Ipv4Addr = "10.99.0.1".parse().unwrap();
+    let (server_rt, client_rt) = (runtime(&install, missing), runtime(&install, missing));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = {
+        let rt = server_rt.clone();
+        in_netns(&net.b, move || {
+            let l = SmcListener::bind(&rt, addr).unwrap();
+            tx.send(()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            let mode = s.mode().clone();
+            let mut buf = [0u8; 5];
+            let mut got = 0;
+            while got < 5 {
+                got += s.recv(&mut buf[got..], false, WAIT).unwrap();
+            }
+            s.send(&buf, WAIT).unwrap();
+            mode
+        })
+    };
+    rx.recv().unwrap();
+    let client = {
+        let rt = client_rt.clone();
+        in_netns(&net.a, move || {
+            let c = SmcStream::connect(&rt, addr).unwrap();
+            c.send(b"hello", WAIT).unwrap();
+            let mut buf = [0u8; 5];
+            let mut got = 0;
+            while got < 5 {
+                got += c.recv(&mut buf[got..], false, WAIT).unwrap();
+            }
+            assert_eq!(&buf, b"hello");
+            let links = rt.group_links();
+            (c.mode().clone(), links)
+        })
+    };
+    let (mode, links) = client.join().unwrap();
+    assert_eq!(
+        mode,
+        Mode::SmcR {
+            first_contact: true
+        }
+    );
+    assert_eq!(
+        server.join().unwrap(),
+        Mode::SmcR {
+            first_contact: true
+        }
+    );
+    assert_eq!(links, vec![1], "one link: no second path");
+}
