@@ -674,6 +674,11 @@ impl Inner {
     }
 }
 
+/// The smaller of two path MTUs (what both ends of a link can take).
+pub(crate) fn smaller_mtu(a: QpMtu, b: QpMtu) -> QpMtu {
+    if a.bytes() < b.bytes() { a } else { b }
+}
+
 /// Path MTU for RoCE on a path whose IP MTU is `ip_mtu`: the largest IB MTU whose packets
 /// (payload + IPv4/UDP/BTH/RETH/ICRC, 64 bytes) fit.
 pub(crate) fn roce_mtu(ip_mtu: u32) -> QpMtu {
@@ -911,8 +916,6 @@ struct LgState {
     heal_delay: Duration,
     /// Server: the link id the next added link gets.
     next_link_id: u8,
-    /// The negotiated limits, for added links' CONFIRM LINK.
-    limits: (u8, u8),
     /// A failover happened: connections still to move (each also moves itself before it
     /// posts, see `ConnShared::route`).
     unmoved: bool,
@@ -946,6 +949,13 @@ struct LgState {
 }
 
 impl Path {
+    /// Sets the path up anew (a link added on it): a new initial PSN, the queue pair reset to
+    /// INIT with every receive slot posted.
+    fn reset(&self, recv_mr: &MemoryRegion) -> io::Result<()> {
+        self.psn.store(random_u32() & 0xff_ffff, Ordering::Relaxed);
+        self.init(recv_mr)
+    }
+
     /// Resets the queue pair to INIT with every receive slot posted.
     fn init(&self, recv_mr: &MemoryRegion) -> io::Result<()> {
         self.qp
@@ -1088,7 +1098,6 @@ impl LinkGroup {
                 heal_at: None,
                 heal_delay: HEAL_RETRY,
                 next_link_id: 2,
-                limits: (1, 1),
                 unmoved: false,
                 last_failover: None,
                 up: false,
@@ -1294,7 +1303,6 @@ impl LinkGroup {
                 st.llc_out.push_back((0, m));
             }
             st.link = Some(l);
-            st.limits = (max_links, max_conns);
             st.core.set_max_conns(usize::from(max_conns));
             self.flush_llc(&mut st);
         }
@@ -2290,7 +2298,9 @@ impl LinkGroup {
 
     /// Whether this group may run a second link: a second path, two links negotiated, on UDP.
     fn can_add_link(&self, st: &LgState) -> bool {
-        self.paths.len() > 1 && st.limits.0 > 1 && !self.same_host()
+        self.paths.len() > 1
+            && st.link.as_ref().is_some_and(|l| l.params().max_links > 1)
+            && !self.same_host()
     }
 
     /// The active link failed (`why`) and the spare is up: it becomes the active one, and
@@ -2431,35 +2441,17 @@ impl LinkGroup {
             return;
         };
         let spare = 1 - self.active();
-        let p = &self.paths[spare];
-        if p.init(&self.recv_mr).is_err() {
+        if self.paths[spare].reset(&self.recv_mr).is_err() {
             Self::heal_later(st, now);
             return;
         }
-        p.psn.store(random_u32() & 0xff_ffff, Ordering::Relaxed);
         let active_id = st.link.as_ref().map_or(0, |l| l.params().link_id);
         let mut id = st.next_link_id;
         if id == active_id || id == 0 {
             id = id.wrapping_add(1).max(1);
         }
         st.next_link_id = id.wrapping_add(1).max(1);
-        let gid = Gid::from_ipv4(p.src);
-        let req = llc::AddLink {
-            response: false,
-            reject: false,
-            reject_reason: 0,
-            mac: self.dev.mac,
-            gid,
-            qpn: p.qp.qp_num(),
-            link_id: id,
-            mtu: self.mtu,
-            initial_psn: p.psn.load(Ordering::Relaxed),
-            v2: Some(llc::AddLinkV2Ext {
-                v2_direct: true,
-                target_gid: gid,
-                rkeys,
-            }),
-        };
+        let req = self.add_link_msg(spare, id, self.mtu, rkeys);
         if !st.link.as_mut().is_some_and(|l| l.add_link(req, now)) {
             Self::heal_later(st, now);
         }
@@ -2484,11 +2476,7 @@ impl LinkGroup {
             return;
         }
         let spare = 1 - self.active();
-        let mtu = if resp.mtu.bytes() < self.mtu.bytes() {
-            resp.mtu
-        } else {
-            self.mtu
-        };
+        let mtu = smaller_mtu(resp.mtu, self.mtu);
         let connected = resp.gid.to_ipv4().is_some_and(|ip| {
             self.paths[spare]
                 .connect(ip, resp.qpn, resp.initial_psn, mtu, self.peer_port(), true)
@@ -2510,11 +2498,7 @@ impl LinkGroup {
     /// Client: the server asks for a link over another path.
     fn answer_add_link(&self, st: &mut LgState, req: llc::AddLink, now: Instant) {
         let spare = 1 - self.active();
-        let mtu = if req.mtu.bytes() < self.mtu.bytes() {
-            req.mtu
-        } else {
-            self.mtu
-        };
+        let mtu = smaller_mtu(req.mtu, self.mtu);
         let usable = self.can_add_link(st)
             && st.spare.is_none()
             && st.up
@@ -2523,8 +2507,7 @@ impl LinkGroup {
         let set_up = rkeys.is_some()
             && req.gid.to_ipv4().is_some_and(|ip| {
                 let p = &self.paths[spare];
-                p.psn.store(random_u32() & 0xff_ffff, Ordering::Relaxed);
-                p.init(&self.recv_mr).is_ok()
+                p.reset(&self.recv_mr).is_ok()
                     && p.connect(ip, req.qpn, req.initial_psn, mtu, self.peer_port(), true)
                         .is_ok()
             });
@@ -2535,24 +2518,8 @@ impl LinkGroup {
             }
             return;
         };
-        let p = &self.paths[spare];
-        let gid = Gid::from_ipv4(p.src);
-        let resp = llc::AddLink {
-            response: true,
-            reject: false,
-            reject_reason: 0,
-            mac: self.dev.mac,
-            gid,
-            qpn: p.qp.qp_num(),
-            link_id: req.link_id,
-            mtu,
-            initial_psn: p.psn.load(Ordering::Relaxed),
-            v2: Some(llc::AddLinkV2Ext {
-                v2_direct: true,
-                target_gid: gid,
-                rkeys,
-            }),
-        };
+        // (The link core marks it a response.)
+        let resp = self.add_link_msg(spare, req.link_id, mtu, rkeys);
         if let Some(l) = st.link.as_mut() {
             l.answer_add_link(Some(resp));
         }
@@ -2560,6 +2527,35 @@ impl LinkGroup {
         // Once it is the active link (after a failover), it takes the next ADD LINK.
         l.set_accept_add_link(true);
         st.spare = Some(l);
+    }
+
+    /// ADD LINK for our side of a link on `path` (its address, QP and PSN), with `rkeys` (the
+    /// request; `LinkCore` marks an answer as the response).
+    fn add_link_msg(
+        &self,
+        path: usize,
+        link_id: u8,
+        mtu: QpMtu,
+        rkeys: Vec<llc::RkeyPair>,
+    ) -> llc::AddLink {
+        let p = &self.paths[path];
+        let gid = Gid::from_ipv4(p.src);
+        llc::AddLink {
+            response: false,
+            reject: false,
+            reject_reason: 0,
+            mac: self.dev.mac,
+            gid,
+            qpn: p.qp.qp_num(),
+            link_id,
+            mtu,
+            initial_psn: p.psn.load(Ordering::Relaxed),
+            v2: Some(llc::AddLinkV2Ext {
+                v2_direct: true,
+                target_gid: gid,
+                rkeys,
+            }),
+        }
     }
 
     /// The peer's RoCE port.

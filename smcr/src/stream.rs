@@ -810,11 +810,7 @@ impl SmcStream {
                     .inner
                     .device(*local.ip())
                     .map_err(|_| DeclineReason::NOSMCRDEV)?;
-                let mtu = if peer.mtu.bytes() < mtu.bytes() {
-                    peer.mtu
-                } else {
-                    mtu
-                };
+                let mtu = crate::runtime::smaller_mtu(peer.mtu, mtu);
                 let lg = LinkGroup::create(
                     &rt.inner,
                     dev,
@@ -1725,11 +1721,7 @@ impl SmcStream {
         };
         let peer = client.endpoint;
         if first_contact {
-            let mtu = if peer.mtu.bytes() < lg.mtu.bytes() {
-                peer.mtu
-            } else {
-                lg.mtu
-            };
+            let mtu = crate::runtime::smaller_mtu(peer.mtu, lg.mtu);
             if let Err(e) = lg.start(&peer, mtu, &negotiated, &rt.inner.cfg) {
                 // Give back what was reserved; the group ends (its RMB budget with it).
                 lg.unreserve(token);

@@ -100,6 +100,13 @@ fn duplex(
     })
 }
 
+fn recv_exact(s: &SmcStream, buf: &mut [u8]) {
+    let mut got = 0;
+    while got < buf.len() {
+        got += s.recv(&mut buf[got..], false, WAIT).unwrap();
+    }
+}
+
 fn both_links(rt: &Runtime) -> bool {
     rt.group_links() == vec![2]
 }
@@ -187,17 +194,22 @@ fn a_group_with_two_links_fails_over_heals_and_fails_only_with_its_last_link() {
         assert!(grew(), "{what}: data stopped ({waited:?})\n{}", summary());
     };
 
+    // Waits up to `limit` for both sides' group to have two links.
+    let two_links = |limit: Duration, what: &str| {
+        let both = || both_links(&client_rt) && both_links(&server_rt);
+        let waited = wait_until(limit, both);
+        assert!(
+            both(),
+            "{what} ({waited:?}): client {:?}, server {:?}\n{}",
+            client_rt.group_links(),
+            server_rt.group_links(),
+            summary()
+        );
+        waited
+    };
+
     // 1. The server adds a link over the second path right after the first came up.
-    let waited = wait_until(Duration::from_secs(10), || {
-        both_links(&client_rt) && both_links(&server_rt)
-    });
-    assert!(
-        both_links(&client_rt) && both_links(&server_rt),
-        "two links per group ({waited:?}): client {:?}, server {:?}\n{}",
-        client_rt.group_links(),
-        server_rt.group_links(),
-        summary()
-    );
+    let waited = two_links(Duration::from_secs(10), "two links per group");
     eprintln!("second link up {waited:?} after the connections");
     flowing("two links");
 
@@ -225,16 +237,7 @@ fn a_group_with_two_links_fails_over_heals_and_fails_only_with_its_last_link() {
     // 3. The path comes back: the group heals (two links again), the data keeps flowing.
     net.set_link(&net.a, &net.veth_a, true).unwrap();
     let back = Instant::now();
-    let waited = wait_until(Duration::from_secs(40), || {
-        both_links(&client_rt) && both_links(&server_rt)
-    });
-    assert!(
-        both_links(&client_rt) && both_links(&server_rt),
-        "healed ({waited:?}): client {:?}, server {:?}\n{}",
-        client_rt.group_links(),
-        server_rt.group_links(),
-        summary()
-    );
+    two_links(Duration::from_secs(40), "healed");
     eprintln!("healed {:?} after the path came back", back.elapsed());
     flowing("healed");
 
@@ -370,10 +373,7 @@ fn an_alternate_address_that_cannot_be_had_leaves_one_link_and_smcr() {
             let (s, _) = l.accept().unwrap();
             let mode = s.mode().clone();
             let mut buf = [0u8; 5];
-            let mut got = 0;
-            while got < 5 {
-                got += s.recv(&mut buf[got..], false, WAIT).unwrap();
-            }
+            recv_exact(&s, &mut buf);
             s.send(&buf, WAIT).unwrap();
             mode
         })
@@ -385,10 +385,7 @@ fn an_alternate_address_that_cannot_be_had_leaves_one_link_and_smcr() {
             let c = SmcStream::connect(&rt, addr).unwrap();
             c.send(b"hello", WAIT).unwrap();
             let mut buf = [0u8; 5];
-            let mut got = 0;
-            while got < 5 {
-                got += c.recv(&mut buf[got..], false, WAIT).unwrap();
-            }
+            recv_exact(&c, &mut buf);
             assert_eq!(&buf, b"hello");
             let links = rt.group_links();
             (c.mode().clone(), links)
