@@ -190,9 +190,9 @@ impl CqShared {
         let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
         Ok(Self {
             queue: Mutex::new(VecDeque::new()),
-            event: rustix::event::eventfd(0, flags)?,
+            event: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
             armed: AtomicBool::new(false),
-            event_driver: rustix::event::eventfd(0, flags)?,
+            event_driver: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
             armed_driver: AtomicBool::new(false),
             drivers: AtomicU32::new(0),
             drive_ended: AtomicU64::new(0),
@@ -441,8 +441,11 @@ impl Shared {
             })
             .collect::<io::Result<Vec<_>>>()?;
         let seed = (std::process::id() ^ (local.port() as u32) << 16) | 1;
-        let kick = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let kick = crate::fdzone::place(rustix::event::eventfd(
+            0,
+            EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+        )?)?;
+        let ep = crate::fdzone::place(epoll::create(epoll::CreateFlags::CLOEXEC)?)?;
         epoll::add(
             &ep,
             sock.fd().as_fd(),
@@ -506,7 +509,10 @@ impl Shared {
             epoll: ep,
             rx_away: Mutex::new(0),
             delegated: AtomicU32::new(0),
-            rx_yield: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            rx_yield: crate::fdzone::place(rustix::event::eventfd(
+                0,
+                EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+            )?)?,
             stats: AtomicStats::default(),
             rendezvous,
             offers: Mutex::new(HashMap::new()),
@@ -791,6 +797,9 @@ impl Shared {
             if !crate::samehost::trusted(c.as_fd()) || self.offers.lock().len() >= 256 {
                 continue; // another user, or too many silent connections: dropped (UDP)
             }
+            let Ok(c) = crate::fdzone::place(c) else {
+                continue; // no room for it: the peer's QP stays on UDP
+            };
             use std::os::fd::AsRawFd;
             let raw = c.as_raw_fd();
             if epoll::add(

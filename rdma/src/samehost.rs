@@ -295,12 +295,12 @@ fn rendezvous_name(addr: SocketAddrV4) -> rustix::net::SocketAddrUnix {
 /// Binds the rendezvous socket of the device at `addr` (non-blocking listener).
 pub(crate) fn listen(addr: SocketAddrV4) -> io::Result<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
-    let fd = rustix::net::socket_with(
+    let fd = crate::fdzone::place(rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
-    )?;
+    )?)?;
     rustix::net::bind(&fd, &rendezvous_name(addr))?;
     rustix::net::listen(&fd, 64)?;
     Ok(fd)
@@ -333,7 +333,8 @@ pub(crate) fn send_offer(
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )
-    .ok()?;
+    .ok()
+    .and_then(|fd| crate::fdzone::place(fd).ok())?;
     rustix::net::connect(&fd, &rendezvous_name(peer)).ok()?;
     if !trusted(fd.as_fd()) {
         return None;

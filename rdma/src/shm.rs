@@ -43,10 +43,10 @@ impl Segment {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty segment"));
         }
-        let fd = rustix::fs::memfd_create(
+        let fd = crate::fdzone::place(rustix::fs::memfd_create(
             name,
             rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
-        )?;
+        )?)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         // Its size is final: a peer that shrank it would make our next access a SIGBUS.
         rustix::fs::fcntl_add_seals(
@@ -258,11 +258,20 @@ pub fn recv_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<
         RecvFlags::CMSG_CLOEXEC,
     )?;
     let mut got: Vec<OwnedFd> = Vec::new();
+    let mut placed = Ok(());
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            got.extend(fds);
+            for fd in fds {
+                // Out of the application's numbers too; one that cannot be placed fails the
+                // message (the others close).
+                match crate::fdzone::place(fd) {
+                    Ok(fd) => got.push(fd),
+                    Err(e) => placed = Err(e),
+                }
+            }
         }
     }
+    placed?;
     if r.flags.contains(ReturnFlags::CTRUNC) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

@@ -99,7 +99,7 @@ fn start(pid: u32) -> Option<Watcher> {
         return None;
     }
     // SAFETY: just created, nothing else owns it.
-    let ep = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    let ep = Arc::new(rdma::fdzone::place(unsafe { OwnedFd::from_raw_fd(raw) }).ok()?);
     let mine = ep.clone();
     rdma::thread::spawn("smcr-tcpwatch".into(), move || run(&mine)).ok()?;
     Some(Watcher {

@@ -54,12 +54,12 @@ impl UdpSocket {
     /// A blocking, close-on-exec UDP socket bound to `addr`, with DF set on every datagram
     /// (`IP_PMTUDISC_DO`) so that Linux sends identification 0, as the ICRC assumes.
     pub(crate) fn bind(addr: SocketAddrV4, o: UdpOptions) -> io::Result<Self> {
-        let fd = rustix::net::socket_with(
+        let fd = crate::fdzone::place(rustix::net::socket_with(
             AddressFamily::INET,
             SocketType::DGRAM,
             SocketFlags::CLOEXEC,
             None,
-        )?;
+        )?)?;
         let raw = fd.as_raw_fd();
         sys::setsockopt_int(
             raw,

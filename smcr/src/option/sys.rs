@@ -69,7 +69,7 @@ fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
 fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
     let fd = bpf(cmd, attr)?;
     // SAFETY: these commands return a new file descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    rdma::fdzone::place(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// Loads BTF; on failure the kernel's log is returned in the error.
