@@ -2,7 +2,8 @@
 # Installs what the tests need on a fresh Debian 12 machine (idempotent). Needs root for apt;
 # without root it only reports what is missing.
 set -euo pipefail
-packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl)
+# nginx, wrk, postgresql, util-linux (setpriv, prlimit, nsenter, runuser): preload/tests/distro.rs.
+packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
