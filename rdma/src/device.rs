@@ -8,6 +8,7 @@ use crate::mr::MrTable;
 use crate::rc::{CqSide, RcQp, WorkCompletion};
 use crate::transport::fault::{FaultConfig, FaultInjector, FaultStats, Release};
 use crate::transport::pcap::PcapWriter;
+use crate::transport::steer::{self, PortMode};
 use crate::transport::udp::{MAX_DATAGRAM, MAX_GSO_SEGMENTS, RecvBatch, UdpOptions, UdpSocket};
 use crate::wire::{IcrcHeaders, Packet, PacketRepr, verify_icrc};
 
@@ -30,7 +31,15 @@ use std::time::{Duration, Instant};
 pub struct DeviceConfig {
     /// The IPv4 address (the device's GID) and UDP port the engine uses. The address must be a
     /// specific local address. Port 0 picks a free port; Linux rxe peers always send to 4791.
+    /// With port 4791 (and [`Self::steer`]) the device shares the port with other processes
+    /// (see [`crate::transport::steer`]); with any other port it binds that port, as peers
+    /// that are told the port expect.
     pub addr: SocketAddrV4,
+    /// With `addr` on the RoCE port (4791): claim a QPN range and its own port and receive
+    /// through the steering program when it is attached, else own 4791 as before, else open
+    /// local-only ([`crate::transport::steer::PortMode`]). Default on; off binds 4791 itself
+    /// (and fails when it is taken).
+    pub steer: bool,
     /// Send packets of one work request in one `sendmsg` with UDP GSO.
     pub gso: bool,
     /// Let the kernel coalesce received datagrams (UDP GRO).
@@ -66,6 +75,7 @@ impl DeviceConfig {
     pub fn new(addr: SocketAddrV4) -> Self {
         Self {
             addr,
+            steer: true,
             extra_addrs: Vec::new(),
             gso: true,
             gro: true,
@@ -329,16 +339,30 @@ const TX_BUF: usize = MAX_DATAGRAM + 8192;
 pub(crate) struct Shared {
     pub(crate) cfg: DeviceConfig,
     pub(crate) sock: UdpSocket,
+    /// The address peers send to: our IPv4 address and the RoCE port (or the configured or
+    /// private port, see [`PortMode`]).
     pub(crate) local: SocketAddrV4,
+    /// How packets reach us.
+    pub(crate) mode: PortMode,
+    /// Our QPN range: every QPN of the device is `range << 12 | index`.
+    pub(crate) range: u32,
+    /// The destination port peers' packets carry (the ICRC covers it): the RoCE port unless
+    /// the configuration named another. A packet that fails the ICRC with it is checked with
+    /// the receiving socket's own port (a peer that addressed that port directly).
+    addressed: u16,
     /// A socket on each further address (see [`DeviceConfig::extra_addrs`]), on the same
     /// port: a queue pair whose path starts there sends through it, and what it receives is
     /// addressed to it. Only the engine thread receives on them (with `alt_rx`); the main
     /// socket's receiving may be handed to application threads.
     alt: Vec<(Ipv4Addr, UdpSocket)>,
+    /// [`PortMode::Owner`]: our range's port on every address, receive only (packets steered
+    /// to us once the steering program is attached). Engine thread only, as `alt`.
+    spare: Vec<(Ipv4Addr, UdpSocket)>,
     alt_rx: Mutex<RxState>,
     pub(crate) mrs: MrTable,
     pub(crate) qps: RwLock<HashMap<u32, Arc<QpShared>>>,
-    pub(crate) next_qpn: AtomicU32,
+    /// The next QP index to try (round robin through the range, from a random start).
+    next_qpn: AtomicU32,
     pub(crate) next_pd: AtomicU32,
     timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
     /// When the engine will wake by itself (ns since `base`); 0 while it is awake.
@@ -377,6 +401,11 @@ const EV_OFFER: u64 = 3 << 32;
 const EV_PEER: u64 = 4 << 32;
 /// Readable: further address `low 32 bits` of a multi-homed device.
 const EV_ALT: u64 = 5 << 32;
+/// Readable: spare socket `low 32 bits` (our range's port while we own the RoCE port).
+const EV_SPARE: u64 = 6 << 32;
+/// `EV_OFFERED | qpn`: the connection our QP's offer went on hung up before the peer's offer
+/// came (the peer refused it or is gone): its held requests go over UDP.
+const EV_OFFERED: u64 = 7 << 32;
 
 impl Shared {
     pub(crate) fn open(mut cfg: DeviceConfig) -> io::Result<Arc<Self>> {
@@ -425,22 +454,22 @@ impl Shared {
             ttl: cfg.ttl,
             pktinfo: false,
         };
-        let sock = UdpSocket::bind(cfg.addr, opts)?;
-        let local = SocketAddrV4::new(*cfg.addr.ip(), sock.local_addr().port());
         // One socket per address (not one on the wildcard address): other processes keep the
         // port on this host's other addresses.
-        let alt = cfg
-            .extra_addrs
-            .iter()
-            .filter(|&&a| a != *local.ip())
-            .map(|&a| {
-                Ok((
-                    a,
-                    UdpSocket::bind(SocketAddrV4::new(a, local.port()), opts)?,
-                ))
-            })
-            .collect::<io::Result<Vec<_>>>()?;
-        let seed = (std::process::id() ^ (local.port() as u32) << 16) | 1;
+        let steer = cfg.steer && cfg.addr.port() == steer::ROCE_PORT;
+        let claim = steer::claim(cfg.addr, &cfg.extra_addrs, opts, steer)?;
+        let steer::Claim {
+            mode,
+            range,
+            main: sock,
+            alt,
+            spare,
+            rendezvous,
+            advertised,
+            addressed,
+        } = claim;
+        let local = SocketAddrV4::new(*cfg.addr.ip(), advertised);
+        let seed = (std::process::id() ^ range << 16 ^ steer::random_u32()) | 1;
         let kick = crate::fdzone::place(rustix::event::eventfd(
             0,
             EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
@@ -466,8 +495,15 @@ impl Shared {
                 epoll::EventFlags::IN,
             )?;
         }
+        for (i, (_, s)) in spare.iter().enumerate() {
+            epoll::add(
+                &ep,
+                s.fd().as_fd(),
+                epoll::EventData::new_u64(EV_SPARE | i as u64),
+                epoll::EventFlags::IN,
+            )?;
+        }
         // Not fatal: without it, peers on this host use UDP to reach us.
-        let rendezvous = crate::samehost::listen(local).ok();
         if let Some(r) = &rendezvous {
             epoll::add(
                 &ep,
@@ -481,7 +517,11 @@ impl Shared {
             cfg,
             sock,
             local,
+            mode,
+            range,
+            addressed,
             alt,
+            spare,
             alt_rx: Mutex::new(RxState {
                 batch: RecvBatch::new(RX_BATCH),
                 dirty: Vec::new(),
@@ -489,9 +529,10 @@ impl Shared {
             }),
             mrs: MrTable::new(seed.wrapping_mul(0x9E37_79B9)),
             qps: RwLock::new(HashMap::new()),
-            // A process that restarts on the same address must not reuse its predecessor's
-            // QPNs: a peer's stale QP would still send to them.
-            next_qpn: AtomicU32::new(first_qpn(seed)),
+            // A process that restarts on the same address should not reuse its predecessor's
+            // QPNs (a peer's stale QP would still send to them): a random range, and a random
+            // start in it.
+            next_qpn: AtomicU32::new(steer::random_u32() % steer::PROBE_INDEX),
             next_pd: AtomicU32::new(1),
             timers: Mutex::new(BinaryHeap::new()),
             sleep_until: AtomicU64::new(0),
@@ -568,7 +609,12 @@ impl Shared {
     /// Called with the QP locked, from any thread.
     pub(crate) fn drive(&self, core: &mut QpCore, now: Instant) {
         let mut retry = false;
+        let mut hold_until = None;
         if let Some(shm) = &mut core.shm {
+            // Requests held for the peer's offer go first: through shared memory if it came,
+            // over UDP if the wait is over.
+            shm.settle(&mut core.rc, core.av, now, &self.mrs);
+            hold_until = shm.hold_deadline();
             if shm.active {
                 shm.flush(&mut core.rc);
                 shm.ring_bell();
@@ -591,6 +637,9 @@ impl Shared {
             }
         }
         let mut next = core.rc.poll_timeout();
+        if let Some(h) = hold_until {
+            next = Some(next.map_or(h, |t| t.min(h)));
+        }
         if retry {
             // The peer's ring is full: look again soon (its consumer frees slots as it goes).
             let r = now + Duration::from_micros(200);
@@ -652,7 +701,8 @@ impl Shared {
             dst: *dst.ip(),
             ip_id,
             df: true,
-            sport: self.local.port(),
+            // The port we send from (the ICRC covers the real one), not the one we advertise.
+            sport: self.sock.local_addr().port(),
             dport: dst.port(),
         }
     }
@@ -861,6 +911,46 @@ impl Shared {
         self.drive(&mut core, Instant::now());
     }
 
+    /// The connection QP `qpn`'s offer went on hung up. Before the peer's offer came, the peer
+    /// refused ours (another user, no shared memory, not that QP) or is gone: stop waiting
+    /// for its offer, send the held requests over UDP.
+    fn offer_refused(&self, qpn: u32) {
+        let Some(qp) = self.lookup(qpn) else { return };
+        let mut core = qp.core.lock();
+        let Some(shm) = &mut core.shm else { return };
+        if let Some(c) = &shm.offered {
+            let _ = epoll::delete(&self.epoll, c.as_fd());
+        }
+        if shm.tx.is_some() || shm.active {
+            return; // the peer's offer came: its own connection tells when it goes
+        }
+        shm.offered = None;
+        self.drive(&mut core, Instant::now());
+    }
+
+    /// Watches the connection our QP `qpn`'s offer went on (see [`Self::offer_refused`]).
+    pub(crate) fn watch_offer(&self, qpn: u32, conn: &OwnedFd) {
+        let _ = epoll::add(
+            &self.epoll,
+            conn.as_fd(),
+            epoll::EventData::new_u64(EV_OFFERED | u64::from(qpn)),
+            epoll::EventFlags::RDHUP,
+        );
+    }
+
+    /// A free QPN of our range, or `None` when all 4095 are in use.
+    pub(crate) fn alloc_qpn(&self) -> Option<u32> {
+        let qps = self.qps.read();
+        for _ in 0..steer::PROBE_INDEX {
+            let i = self.next_qpn.fetch_add(1, Ordering::Relaxed) % steer::PROBE_INDEX;
+            let qpn = steer::qpn_of(self.range, i);
+            if !qps.contains_key(&qpn) {
+                return Some(qpn);
+            }
+        }
+        None
+    }
+
     /// The peer of QP `qpn` went away (its offer's connection closed): deliver what it left
     /// in our ring, then fail the QP so its user learns at once.
     fn peer_gone(&self, qpn: u32) {
@@ -973,6 +1063,7 @@ impl Shared {
         rounds: usize,
     ) -> usize {
         let gro = sock.gro();
+        let own = sock.local_addr().port();
         let mut total = 0;
         for _ in 0..rounds {
             let n = match rx.batch.recv(sock) {
@@ -992,7 +1083,7 @@ impl Shared {
                         self,
                         now,
                         d.from,
-                        d.to.unwrap_or(to),
+                        (d.to.unwrap_or(to), own),
                         chunk,
                         k as u16,
                         &mut current,
@@ -1500,12 +1591,14 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
         };
         let ts = timeout.map(timespec);
         let (mut kicked, mut readable) = (false, false);
-        let mut alt_ready = 0u64;
+        let (mut alt_ready, mut spare_ready) = (0u64, 0u64);
         if let Ok((evs, _)) = epoll::wait(&shared.epoll, &mut evbuf, ts.as_ref()) {
             for ev in evs.iter() {
                 match ev.data.u64() {
                     EV_SOCK => readable = true,
                     t if t & !0xFFFF_FFFF == EV_ALT => alt_ready |= 1 << (t as u32).min(63),
+                    t if t & !0xFFFF_FFFF == EV_SPARE => spare_ready |= 1 << (t as u32).min(63),
+                    t if t & !0xFFFF_FFFF == EV_OFFERED => shared.offer_refused(t as u32),
                     EV_KICK => kicked = true,
                     EV_RENDEZVOUS => shared.accept_offers(),
                     t if t & !0xFFFF_FFFF == EV_OFFER => shared.take_offer(t as u32 as i32),
@@ -1526,12 +1619,15 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
                 shared.rx_drain(&mut rx, 64);
             }
         }
-        if alt_ready != 0 {
-            // Only this thread receives on the further addresses: never contended.
+        if alt_ready != 0 || spare_ready != 0 {
+            // Only this thread receives on the further addresses and the spare sockets: never
+            // contended.
             let mut rx = shared.alt_rx.lock();
-            for (i, (addr, sock)) in shared.alt.iter().enumerate() {
-                if alt_ready >> i.min(63) & 1 == 1 {
-                    shared.rx_drain_from(sock, *addr, &mut rx, 64);
+            for (ready, socks) in [(alt_ready, &shared.alt), (spare_ready, &shared.spare)] {
+                for (i, (addr, sock)) in socks.iter().enumerate() {
+                    if ready >> i.min(63) & 1 == 1 {
+                        shared.rx_drain_from(sock, *addr, &mut rx, 64);
+                    }
                 }
             }
         }
@@ -1564,12 +1660,41 @@ fn run_timers(shared: &Shared, now: Instant) {
     }
 }
 
+/// Whether the ICRC of `bytes` (received with headers `h`, whose `dport` is ignored) is
+/// right for one of the destination ports it may have been sent to: `addressed[0]` (the RoCE
+/// port: a sender that addressed 4791 and was steered to us) or else `addressed[1]` (the port
+/// of the socket it came on: a sender that addressed it directly). For each port, the
+/// identifications our senders use are tried too (see [`IdCache`]).
+pub(crate) fn icrc_matches(
+    mut h: IcrcHeaders,
+    addressed: [u16; 2],
+    bytes: &[u8],
+    ids: &mut IdCache,
+) -> bool {
+    for (k, &port) in addressed.iter().enumerate() {
+        if k == 1 && port == addressed[0] {
+            break;
+        }
+        h.dport = port;
+        match verify_icrc(&h, bytes) {
+            Ok(()) => return true,
+            Err(crate::wire::Error::BadIcrc { found, computed })
+                if ids.find(bytes.len(), h.ip_id, found, computed).is_some() =>
+            {
+                return true;
+            }
+            Err(_) => {}
+        }
+    }
+    false
+}
+
 #[allow(clippy::too_many_arguments)] // one packet and the receive loop's scratch state
 fn receive(
     shared: &Shared,
     now: Instant,
     from: SocketAddrV4,
-    to: Ipv4Addr,
+    (to, own_port): (Ipv4Addr, u16),
     bytes: &[u8],
     ip_id: u16,
     current: &mut Option<Arc<QpShared>>,
@@ -1577,35 +1702,29 @@ fn receive(
     ids: &mut IdCache,
 ) {
     let st = &shared.stats;
-    bump(&st.rx_packets, 1);
-    if let Some(mw) = &shared.mw
-        && let Some(p) = &mut mw.lock().pcap
-    {
-        let h = IcrcHeaders {
-            src: *from.ip(),
-            dst: to,
-            ip_id,
-            df: true,
-            sport: from.port(),
-            dport: shared.local.port(),
-        };
-        let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
+    if steer::is_probe(bytes) {
+        return; // a device's steering probe (ours, late, or another's while we own 4791)
     }
-    let Ok(pkt) = Packet::new_checked(bytes) else {
-        bump(&st.rx_malformed, 1);
-        return;
-    };
+    bump(&st.rx_packets, 1);
     let h = IcrcHeaders {
         src: *from.ip(),
         dst: to,
         ip_id,
         df: true,
         sport: from.port(),
-        dport: shared.local.port(),
+        // As addressed by the sender (before steering), not our socket's port.
+        dport: shared.addressed,
     };
-    if let Err(crate::wire::Error::BadIcrc { found, computed }) = verify_icrc(&h, bytes)
-        && ids.find(bytes.len(), ip_id, found, computed).is_none()
+    if let Some(mw) = &shared.mw
+        && let Some(p) = &mut mw.lock().pcap
     {
+        let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
+    }
+    let Ok(pkt) = Packet::new_checked(bytes) else {
+        bump(&st.rx_malformed, 1);
+        return;
+    };
+    if !icrc_matches(h, [shared.addressed, own_port], bytes, ids) {
         bump(&st.rx_icrc_errors, 1);
         return;
     }
@@ -1676,15 +1795,84 @@ pub(crate) fn wait_readable(fd: &OwnedFd, timeout: Option<Duration>) -> io::Resu
     }
 }
 
-/// Where a device's QPNs start: 0x100 and up, different per process and start time.
-fn first_qpn(seed: u32) -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
-    let mut x = seed ^ nanos.rotate_left(16);
-    // xorshift mixing.
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    0x100 + x % 0x7f_0000
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::compute_icrc;
+
+    /// A SEND-only packet whose ICRC was computed for `h` (segment `ip_id` of a batch).
+    fn packet(h: &IcrcHeaders) -> Vec<u8> {
+        let mut p = vec![0u8; 12 + 16 + 4];
+        p[0] = 0x04;
+        p[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+        p[5..8].copy_from_slice(&[0x2a, 0xb0, 0x07]);
+        for (i, b) in p[12..28].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let icrc = compute_icrc(h, &p);
+        let n = p.len();
+        p[n - 4..].copy_from_slice(&icrc.to_le_bytes());
+        p
+    }
+
+    /// The receive path's ICRC rule: a packet is checked with the destination port the sender
+    /// addressed — the RoCE port (steered to our own port on the way), else our socket's own
+    /// port (a sender that addressed it directly) — never with any other.
+    #[test]
+    fn icrc_is_checked_with_the_roce_port_then_the_socket_port() {
+        let own = steer::port_of_range(0x2ab);
+        let base = IcrcHeaders {
+            src: Ipv4Addr::new(10, 0, 0, 1),
+            dst: Ipv4Addr::new(10, 0, 0, 2),
+            ip_id: 0,
+            df: true,
+            sport: 50123,
+            dport: 0,
+        };
+        let mut ids = IdCache::default();
+        let addressed = [steer::ROCE_PORT, own];
+        for (sent_to, ok) in [
+            (steer::ROCE_PORT, true), // a peer that sends to 4791: steered to us
+            (own, true),              // a peer that addressed our port
+            (own + 1, false),         // a third port: not ours
+            (4790, false),
+        ] {
+            let p = packet(&IcrcHeaders {
+                dport: sent_to,
+                ..base
+            });
+            // What the receiver sees: the headers without the destination port.
+            assert_eq!(
+                icrc_matches(base, addressed, &p, &mut ids),
+                ok,
+                "sent to {sent_to}"
+            );
+        }
+        // Without the RoCE port in the rule (the old one: the socket's port only), a steered
+        // packet fails: the receiver's port is not what the sender's ICRC covered.
+        let steered = packet(&IcrcHeaders {
+            dport: steer::ROCE_PORT,
+            ..base
+        });
+        assert!(!icrc_matches(base, [own, own], &steered, &mut ids));
+        // GSO segment identifications are still found, for either port.
+        for sent_to in [steer::ROCE_PORT, own] {
+            let p = packet(&IcrcHeaders {
+                dport: sent_to,
+                ip_id: 5,
+                ..base
+            });
+            assert!(icrc_matches(base, addressed, &p, &mut ids), "{sent_to}");
+        }
+        // A corrupted byte fails with both.
+        let mut bad = steered.clone();
+        bad[20] ^= 0x10;
+        assert!(!icrc_matches(base, addressed, &bad, &mut ids));
+        // A fixed-port device has one port: checked once.
+        let fixed = packet(&IcrcHeaders {
+            dport: 40000,
+            ..base
+        });
+        assert!(icrc_matches(base, [40000, 40000], &fixed, &mut ids));
+    }
 }

@@ -24,14 +24,14 @@
 
 use crate::mr::{Access, AccessError, MrTable};
 use crate::rc::{
-    CqSide, PostError, RcQp, RecvWqe, SendFlags, SendWr, SgList, WcOpcode, WcStatus,
+    CqSide, PostError, RcQp, RecvWqe, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
 use crate::shm::{Ring, RingError, Segment};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -286,14 +286,20 @@ impl Offer {
     }
 }
 
-/// The abstract Unix socket name of the device at `addr` (per network namespace).
-fn rendezvous_name(addr: SocketAddrV4) -> rustix::net::SocketAddrUnix {
-    let name = format!("smcr-rdma/{addr}");
-    rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("short name")
+/// The abstract Unix socket name of the device at `ip` whose QPNs are in `range` (per network
+/// namespace): a peer finds it from our address and the QPN it sends to.
+fn rendezvous_name(ip: Ipv4Addr, range: u32) -> String {
+    format!("smcr-rdma/{ip}/{range:03x}")
 }
 
-/// Binds the rendezvous socket of the device at `addr` (non-blocking listener).
-pub(crate) fn listen(addr: SocketAddrV4) -> io::Result<OwnedFd> {
+fn rendezvous_addr(ip: Ipv4Addr, range: u32) -> rustix::net::SocketAddrUnix {
+    rustix::net::SocketAddrUnix::new_abstract_name(rendezvous_name(ip, range).as_bytes())
+        .expect("short name")
+}
+
+/// Binds the rendezvous socket of the device at `ip` with QPN range `range` (non-blocking
+/// listener). EADDRINUSE: another device of this namespace has the range.
+pub(crate) fn listen(ip: Ipv4Addr, range: u32) -> io::Result<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let fd = crate::fdzone::place(rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -301,7 +307,7 @@ pub(crate) fn listen(addr: SocketAddrV4) -> io::Result<OwnedFd> {
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )?)?;
-    rustix::net::bind(&fd, &rendezvous_name(addr))?;
+    rustix::net::bind(&fd, &rendezvous_addr(ip, range))?;
     rustix::net::listen(&fd, 64)?;
     Ok(fd)
 }
@@ -318,11 +324,12 @@ pub(crate) fn trusted(conn: BorrowedFd<'_>) -> bool {
     }
 }
 
-/// Connects to the rendezvous of the device at `peer` and sends `offer` with our arena, our
-/// inbound ring's segment and our doorbell. Returns the connection (kept open: closing it tells
-/// the peer we are gone), or `None` when the peer is not reachable this way.
+/// Connects to the rendezvous of the device at `peer` that owns QPN `offer.to_qpn` and sends
+/// `offer` with our arena, our inbound ring's segment and our doorbell. Returns the connection
+/// (kept open: closing it tells the peer we are gone), or `None` when the peer is not
+/// reachable this way.
 pub(crate) fn send_offer(
-    peer: SocketAddrV4,
+    peer: Ipv4Addr,
     offer: &Offer,
     fds: [BorrowedFd<'_>; 4],
 ) -> Option<OwnedFd> {
@@ -335,7 +342,8 @@ pub(crate) fn send_offer(
     )
     .ok()
     .and_then(|fd| crate::fdzone::place(fd).ok())?;
-    rustix::net::connect(&fd, &rendezvous_name(peer)).ok()?;
+    let range = crate::transport::steer::range_of(offer.to_qpn);
+    rustix::net::connect(&fd, &rendezvous_addr(peer, range)).ok()?;
     if !trusted(fd.as_fd()) {
         return None;
     }
@@ -434,6 +442,18 @@ struct Backlog {
     written: bool,
 }
 
+/// A send request held while the QP waits for its peer's offer (see [`ShmQp::hold`]): what
+/// `post_send` was given, resolved again when it is released.
+struct Held {
+    wr_id: u64,
+    op: WrOpcode,
+    sges: Vec<Sge>,
+    flags: SendFlags,
+}
+
+/// How long requests wait for a same-host peer's offer before they go over UDP.
+pub(crate) const OFFER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A message being received into a receive request.
 struct RxCur {
     wqe: RecvWqe,
@@ -464,6 +484,11 @@ pub(crate) struct ShmQp {
     rang_full: bool,
     /// Why the shared memory path failed, for diagnostics.
     pub(crate) fault: Option<&'static str>,
+    /// Send requests posted while waiting for the peer's offer, in order.
+    held: VecDeque<Held>,
+    /// Our offer reached a device on this host (so its offer should follow): requests wait
+    /// for it until then instead of going out over UDP.
+    pub(crate) wait_until: Option<std::time::Instant>,
 }
 
 /// The QP's shared memory broke (peer wrote garbage, or an access was refused).
@@ -490,6 +515,8 @@ impl ShmQp {
             ring_bell: 0,
             rang_full: false,
             fault: None,
+            held: VecDeque::new(),
+            wait_until: None,
         })
     }
 
@@ -506,9 +533,15 @@ impl ShmQp {
         self.offered = None;
         self.tx = None;
         self.active = false;
+        self.wait_until = None;
         let backlog = std::mem::take(&mut self.backlog);
+        let held = std::mem::take(&mut self.held);
         let cur = self.rx.take();
         if let Some(rc) = rc {
+            for h in held {
+                let w = wc(rc, h.wr_id, WcStatus::WrFlushErr, &h.op, 0);
+                rc.push_completion(CqSide::Send, w);
+            }
             for b in backlog {
                 let w = wc(rc, b.wr_id, WcStatus::WrFlushErr, &b.op, 0);
                 rc.push_completion(CqSide::Send, w);
@@ -521,8 +554,10 @@ impl ShmQp {
         }
     }
 
-    /// Switches to shared memory if the peer's offer matches this QP's peer and nothing is in
-    /// flight on UDP; returns whether requests go through shared memory.
+    /// Switches to shared memory if the peer's offer matches this QP's peer (its QPN and
+    /// address; the port is not compared: devices that share the RoCE port are told apart by
+    /// their QPN ranges) and nothing is in flight on UDP; returns whether requests go through
+    /// shared memory.
     pub(crate) fn ready(&mut self, rc: &RcQp, av: Option<SocketAddrV4>) -> bool {
         if self.active {
             return true;
@@ -531,12 +566,113 @@ impl ShmQp {
         if rc.state() != crate::rc::QpState::Rts
             || rc.send_queue_len() != 0
             || tx.from_qpn != rc.dest_qp_num()
-            || av != Some(tx.from)
+            || av.map(|a| *a.ip()) != Some(*tx.from.ip())
         {
             return false;
         }
         self.active = true;
         true
+    }
+
+    /// Whether send requests should wait for the peer's offer instead of going out over UDP:
+    /// our own offer reached a device on this host (its QP will offer back at its INIT → RTR),
+    /// and the wait ([`OFFER_WAIT`]) is not over.
+    pub(crate) fn awaiting(&self, now: std::time::Instant) -> bool {
+        !self.active
+            && self.tx.is_none()
+            && self.offered.is_some()
+            && self.wait_until.is_some_and(|t| now < t)
+    }
+
+    /// When held requests must go over UDP if no offer came (for the QP's timer).
+    pub(crate) fn hold_deadline(&self) -> Option<std::time::Instant> {
+        if self.held.is_empty() {
+            None
+        } else {
+            self.wait_until
+        }
+    }
+
+    /// Requests held for the peer's offer.
+    pub(crate) fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Holds a send request until the peer's offer comes (or the wait ends): checked now as
+    /// `post_send` checks it (state, queue room, local memory), run later.
+    pub(crate) fn hold(
+        &mut self,
+        rc: &RcQp,
+        wr: &SendWr<'_>,
+        mrs: &MrTable,
+    ) -> Result<(), PostError> {
+        if rc.state() != crate::rc::QpState::Rts {
+            return Err(PostError::InvalidState(rc.state()));
+        }
+        if self.held.len() + rc.send_queue_len() >= rc.caps().max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let need = if matches!(wr.opcode, WrOpcode::RdmaRead { .. }) {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
+        SgList::resolve(
+            mrs,
+            rc.pd(),
+            wr.sg_list,
+            rc.caps().max_send_sge as usize,
+            need,
+        )?;
+        self.held.push_back(Held {
+            wr_id: wr.wr_id,
+            op: wr.opcode,
+            sges: wr.sg_list.to_vec(),
+            flags: wr.flags,
+        });
+        Ok(())
+    }
+
+    /// Releases held requests, in order and before anything posted later: through shared
+    /// memory once the peer's offer is here, over UDP (posted to `rc`) once the wait is over
+    /// or the peer refused our offer. They were deferred when posted, so each produces a
+    /// completion if it asked for one when deferred.
+    pub(crate) fn settle(
+        &mut self,
+        rc: &mut RcQp,
+        av: Option<SocketAddrV4>,
+        now: std::time::Instant,
+        mrs: &MrTable,
+    ) {
+        if self.held.is_empty() {
+            return;
+        }
+        let shm = self.ready(rc, av);
+        if !shm && self.awaiting(now) && rc.state() == crate::rc::QpState::Rts {
+            return;
+        }
+        for h in std::mem::take(&mut self.held) {
+            let mut flags = h.flags;
+            if flags.contains(SendFlags::SIGNAL_IF_DEFERRED) {
+                flags |= SendFlags::SIGNALED;
+            }
+            let wr = SendWr {
+                wr_id: h.wr_id,
+                opcode: h.op,
+                sg_list: &h.sges,
+                flags,
+            };
+            let r = if shm {
+                self.post(rc, &wr, mrs).map(drop)
+            } else {
+                rc.post_send(&wr, mrs)
+            };
+            if r.is_err() {
+                // The memory went away meanwhile (or the state changed): the request fails.
+                let w = wc(rc, h.wr_id, WcStatus::LocProtErr, &h.op, 0);
+                rc.push_completion(CqSide::Send, w);
+            }
+        }
     }
 
     /// Executes (or queues, if the peer's ring is full) one send request; returns whether it

@@ -24,6 +24,7 @@ use crate::rc::{
     ModifyError, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWr, SendWr, Sge, WorkCompletion,
 };
 use crate::transport::fault::FaultStats;
+use crate::transport::steer::PortMode;
 use parking_lot::Mutex;
 use rustix::fd::{AsFd, BorrowedFd};
 use std::io;
@@ -56,9 +57,34 @@ impl Device {
         &self.guard.shared
     }
 
-    /// The IPv4 address and UDP port peers send to.
+    /// The IPv4 address and UDP port peers send to: the RoCE port (4791) for a device that
+    /// shares it ([`PortMode::Steered`]) or owns it, the configured port, or, local-only, the
+    /// private port.
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.shared().local
+    }
+
+    /// The address of the device's own UDP socket (its QPN range's port when it shares the
+    /// RoCE port). Packets sent there directly are accepted too.
+    pub fn bound_addr(&self) -> SocketAddrV4 {
+        self.shared().sock.local_addr()
+    }
+
+    /// How packets reach the device (see [`crate::transport::steer`]).
+    pub fn mode(&self) -> PortMode {
+        self.shared().mode
+    }
+
+    /// Whether peers on other hosts (which send to the RoCE port) reach the device: false
+    /// when it is local-only (another process owns 4791 on its address and no steering program
+    /// is attached). Same-host peers reach it through shared memory either way.
+    pub fn reaches_remote(&self) -> bool {
+        self.shared().mode.reaches_remote()
+    }
+
+    /// The device's QPN range: each of its QPNs is `range << 12 | index`.
+    pub fn qpn_range(&self) -> u32 {
+        self.shared().range
     }
 
     /// The device's GID (`::ffff:` + its IPv4 address), as SMC-R puts it in CLC messages.
@@ -114,6 +140,8 @@ impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
             .field("addr", &self.local_addr())
+            .field("mode", &self.mode())
+            .field("range", &self.qpn_range())
             .finish()
     }
 }
@@ -171,12 +199,12 @@ impl ProtectionDomain {
         sq_sig_all: bool,
     ) -> io::Result<QueuePair> {
         let shared = &self.guard.shared;
-        let qpn = loop {
-            let n = shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
-            if n >= 2 && !shared.qps.read().contains_key(&n) {
-                break n;
-            }
-        };
+        let qpn = shared.alloc_qpn().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "all 4095 QP numbers of the device's range are in use",
+            )
+        })?;
         let rc = RcQp::new(qpn, self.id, caps, sq_sig_all);
         let shm = match &self.arena {
             Some(a) => Some(crate::samehost::ShmQp::new(a.clone())?),
@@ -487,8 +515,10 @@ impl QueuePair {
                 QpState::Reset => shm.disconnect(None),
                 QpState::Error => shm.disconnect(Some(&mut core_ref.rc)),
                 QpState::Rtr if from == QpState::Init => {
-                    // Offer our shared memory to the peer; if it is on this host it will send
-                    // to us through it (and we to it once its offer arrives).
+                    // Offer our shared memory to the peer (at the rendezvous of its address
+                    // and QPN range); if it is on this host it will send to us through it, and
+                    // we to it once its offer arrives — until then (at most OFFER_WAIT) our
+                    // requests wait for it rather than going out over UDP.
                     let offer = crate::samehost::Offer {
                         to_qpn: core_ref.rc.dest_qp_num(),
                         from_qpn: self.qp.qpn,
@@ -498,8 +528,16 @@ impl QueuePair {
                     let bell = core_ref.recv_cq.event.as_fd();
                     let bell_driver = core_ref.recv_cq.event_driver.as_fd();
                     shm.offered = core_ref.av.and_then(|av| {
-                        crate::samehost::send_offer(av, &offer, [arena, ring, bell, bell_driver])
+                        crate::samehost::send_offer(
+                            *av.ip(),
+                            &offer,
+                            [arena, ring, bell, bell_driver],
+                        )
                     });
+                    if let Some(c) = &shm.offered {
+                        shm.wait_until = Some(Instant::now() + crate::samehost::OFFER_WAIT);
+                        shared.watch_offer(self.qp.qpn, c);
+                    }
                 }
                 _ => {}
             }
@@ -522,10 +560,25 @@ impl QueuePair {
         let shared = &self.guard.shared;
         let mut core = self.qp.core.lock();
         let mut res = Ok(());
+        let now = Instant::now();
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
+        if let Some(shm) = shm.as_mut() {
+            // Held requests go before these.
+            shm.settle(rc, *av, now, &shared.mrs);
+        }
         let same_host = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
         let mut ran = 0;
         match shm {
+            Some(shm) if !same_host && shm.awaiting(now) && rc.state() == QpState::Rts => {
+                // The peer is on this host and its offer is due: wait for it rather than
+                // start on UDP (which would delay the switch until all of it is acknowledged).
+                for wr in wrs {
+                    if let Err(e) = shm.hold(rc, wr, &shared.mrs) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+            }
             Some(shm) if same_host => {
                 for wr in wrs {
                     match shm.post(rc, wr, &shared.mrs) {
@@ -556,8 +609,17 @@ impl QueuePair {
     /// may be reused at once; a signaled one still produces its completion).
     pub fn is_same_host(&self) -> bool {
         let mut core = self.qp.core.lock();
+        self.settle_held(&mut core);
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
         shm.as_mut().is_some_and(|s| s.ready(rc, *av))
+    }
+
+    /// Requests held for the peer's offer run before anything else (a drive settles them,
+    /// and sends or rings what they produced).
+    fn settle_held(&self, core: &mut crate::device::QpCore) {
+        if core.shm.as_ref().is_some_and(|s| s.held_len() > 0) {
+            self.guard.shared.drive(core, Instant::now());
+        }
     }
 
     /// Same-host transport only: places `data` at `remote_addr` of the peer (`rkey` checked),
@@ -567,10 +629,12 @@ impl QueuePair {
     /// memory (or the check failed): post a WRITE instead.
     pub fn write_direct(&self, data: &[u8], remote_addr: u64, rkey: u32) -> bool {
         let mut core = self.qp.core.lock();
+        self.settle_held(&mut core);
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
         let Some(shm) = shm else { return false };
         rc.state() == QpState::Rts
             && shm.ready(rc, *av)
+            && shm.held_len() == 0
             && shm.write_direct(data, remote_addr, rkey)
     }
 
@@ -579,7 +643,11 @@ impl QueuePair {
     /// are in the peer's memory already). Zero once everything posted has reached the peer.
     pub fn unfinished_sends(&self) -> usize {
         let core = self.qp.core.lock();
-        core.rc.send_queue_len() + core.shm.as_ref().map_or(0, |s| s.backlog_len())
+        core.rc.send_queue_len()
+            + core
+                .shm
+                .as_ref()
+                .map_or(0, |s| s.backlog_len() + s.held_len())
     }
 
     /// Posts receive requests (`ibv_post_recv`).

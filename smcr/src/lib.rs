@@ -22,6 +22,7 @@ pub mod option;
 pub mod policy;
 pub mod runtime;
 pub mod stats;
+pub mod steer;
 mod stream;
 mod tcpwatch;
 #[cfg(feature = "tokio")]

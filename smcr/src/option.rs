@@ -15,9 +15,9 @@
 //! the cgroup v2 root, and sock_ops programs run for every TCP socket in the cgroup whatever its
 //! namespace.
 
-mod asm;
+pub(crate) mod asm;
 mod prog;
-mod sys;
+pub(crate) mod sys;
 
 use std::fs;
 use std::io;
@@ -297,7 +297,7 @@ fn cgroup2_root() -> Result<Option<PathBuf>, OptionError> {
     Ok(mounts.into_iter().next())
 }
 
-fn ensure_bpffs(dir: &Path) -> Result<(), OptionError> {
+pub(crate) fn ensure_bpffs(dir: &Path) -> Result<(), OptionError> {
     let mounts =
         mounts_of("bpf").map_err(|e| OptionError::from_io("read /proc/self/mountinfo", e))?;
     let parent = dir.parent().unwrap_or(dir);

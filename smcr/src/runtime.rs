@@ -57,8 +57,16 @@ pub struct RuntimeConfig {
     /// Size of each connection's receive buffer (RMB); rounded up to Linux's sizes and kept
     /// within 16 KiB..=512 KiB (Linux's SMC-R range).
     pub rmb_size: u32,
-    /// UDP port of the RoCE engine (4791, where Linux sends RoCE v2).
+    /// UDP port of the RoCE engine (4791, where Linux sends RoCE v2). On 4791 a device shares
+    /// the port with the other processes of its address through the steering program
+    /// ([`crate::steer`]); another port is bound as given (tests, closed deployments).
     pub roce_port: u16,
+    /// Whether the runtime attaches the steering program in its network namespace before it
+    /// opens a device on 4791, when it has CAP_NET_ADMIN and CAP_BPF (`SMCR_STEER_ATTACH`:
+    /// `off`, `pinned` — the default: when `smcr bpf install` pinned it under the option
+    /// program's directory, or [`crate::option::DEFAULT_DIR`] — or `load`: load it there
+    /// first if absent).
+    pub steer_attach: crate::steer::SteerAttach,
     /// How capability is learned.
     pub negotiation: Negotiation,
     /// LLC keepalive idle time (None: off).
@@ -140,6 +148,7 @@ impl RuntimeConfig {
             ),
             rmb_size: 64 * 1024,
             roce_port: 4791,
+            steer_attach: crate::steer::SteerAttach::Pinned,
             negotiation: Negotiation::TcpOption {
                 dir: PathBuf::from(crate::option::DEFAULT_DIR),
             },
@@ -179,6 +188,10 @@ impl RuntimeConfig {
         }
         if let Some(p) = var("SMCR_ROCE_PORT").and_then(|v| v.parse::<u16>().ok()) {
             cfg.roce_port = p;
+        }
+        if let Some(a) = var("SMCR_STEER_ATTACH").and_then(|v| crate::steer::SteerAttach::parse(&v))
+        {
+            cfg.steer_attach = a;
         }
         if let Some(list) = var("SMCR_UEID") {
             let ueids: Vec<Eid> = list
@@ -532,6 +545,16 @@ impl Inner {
         let mut devs = self.devices.lock();
         if let Some(d) = devs.get(&ip) {
             return Ok(d.clone());
+        }
+        if self.cfg.roce_port == crate::steer::ROCE_PORT {
+            // Root in its own network namespace: steer there, so that this process and the
+            // others on the address all reach their peers (else the device finds out itself:
+            // steered, owner of 4791, or local-only).
+            let dir = match &self.cfg.negotiation {
+                Negotiation::TcpOption { dir } => dir.as_path(),
+                Negotiation::Assume => std::path::Path::new(crate::option::DEFAULT_DIR),
+            };
+            crate::steer::runtime_attach(self.cfg.steer_attach, dir, ip);
         }
         let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
         dcfg.faults = self.cfg.faults;

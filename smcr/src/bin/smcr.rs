@@ -1,14 +1,15 @@
 //! `smcr`: the command-line front end: the launcher (`smcr run -- CMD`, like smc-tools'
-//! `smc_run`) and the TCP-option eBPF program (`smcr bpf install|uninstall|status`).
+//! `smc_run`) and the eBPF programs — the TCP option and the RoCE steering program
+//! (`smcr bpf install|uninstall|status`).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use smcr::option;
+use smcr::{option, steer};
 
 const USAGE: &str = "usage: smcr run [OPTIONS] -- CMD [ARGS...]
-       smcr bpf {install|uninstall|status} [--dir DIR]
+       smcr bpf {install|uninstall|status} [--dir DIR] [--netns NAME] [--only option|steer]
 
 run: start CMD with its TCP sockets accelerated by SMC-R (LD_PRELOAD of the smcr library).
   --dir DIR          the option program's pin directory (default /sys/fs/bpf/smcr); as root
@@ -25,9 +26,16 @@ run: start CMD with its TCP sockets accelerated by SMC-R (LD_PRELOAD of the smcr
 
 bpf:
   install    load the SMC-R TCP option program, attach it to the cgroup v2 root and pin it
-             under DIR (default /sys/fs/bpf/smcr); needs root; does nothing if present
-  uninstall  remove the pins (the program detaches); marked sockets carry on as plain TCP
-  status     say whether the program is installed and usable by this user";
+             under DIR (default /sys/fs/bpf/smcr); load the RoCE steering program, pin it
+             there and attach it (tc ingress, tcx) to lo and every Ethernet interface of the
+             network namespace, so that any number of processes per address run SMC-R;
+             needs root; what is present already is kept
+  uninstall  remove the pins (the programs detach, in every namespace); marked sockets
+             carry on as plain TCP, processes that relied on steering lose remote peers
+  status     say whether the programs are installed, attached here and usable by this user
+  --netns NAME   act in network namespace NAME (/var/run/netns/NAME, or a path) — instead
+                 of `ip netns exec`, whose private /sys has no bpffs to keep the pins
+  --only WHICH   just the option program, or just the steering program";
 
 /// The library `smcr run` preloads.
 fn find_lib(given: Option<PathBuf>) -> Result<PathBuf, String> {
@@ -152,12 +160,21 @@ fn main() -> ExitCode {
     }
     let mut dir = PathBuf::from(option::DEFAULT_DIR);
     let mut words = Vec::new();
+    let (mut netns, mut only) = (None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dir" => match it.next() {
                 Some(d) => dir = PathBuf::from(d),
                 None => return usage(),
+            },
+            "--netns" => match it.next() {
+                Some(n) => netns = Some(n.clone()),
+                None => return usage(),
+            },
+            "--only" => match it.next().map(String::as_str) {
+                Some(w @ ("option" | "steer")) => only = Some(w.to_owned()),
+                _ => return usage(),
             },
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -166,42 +183,183 @@ fn main() -> ExitCode {
             w => words.push(w),
         }
     }
-    match words.as_slice() {
-        ["bpf", "install"] => match option::install(&dir) {
-            Ok(option::Installed::Fresh { cgroup }) => {
-                println!(
-                    "installed: attached to {} and pinned under {}",
-                    cgroup.display(),
-                    dir.display()
-                );
-                ExitCode::SUCCESS
-            }
-            Ok(option::Installed::Present) => {
-                println!("already installed under {}", dir.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(&e),
-        },
-        ["bpf", "uninstall"] => match option::uninstall(&dir) {
-            Ok(()) => {
-                println!("removed the pins under {}", dir.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(&e),
-        },
-        ["bpf", "status"] => match option::OptionMap::open(&dir) {
-            Ok(_) if option::is_installed(&dir) => {
-                println!("installed under {} and usable by this user", dir.display());
-                ExitCode::SUCCESS
-            }
-            Ok(_) => {
-                println!("map pinned under {} but the link is missing", dir.display());
-                ExitCode::FAILURE
-            }
-            Err(e) => fail(&e),
-        },
-        _ => usage(),
+    if !matches!(
+        words.as_slice(),
+        ["bpf", "install" | "uninstall" | "status"]
+    ) {
+        return usage();
     }
+    if let Some(ns) = &netns
+        && let Err(e) = enter_netns(ns)
+    {
+        eprintln!("smcr: network namespace {ns}: {e}");
+        return ExitCode::FAILURE;
+    }
+    let (opt, st) = (
+        only.as_deref() != Some("steer"),
+        only.as_deref() != Some("option"),
+    );
+    let mut ok = true;
+    match words[1] {
+        "install" => {
+            if opt {
+                ok &= install_option(&dir);
+            }
+            if st {
+                ok &= install_steer(&dir);
+            }
+        }
+        "uninstall" => {
+            // Steering first: the option program's uninstall removes the directory when empty.
+            if st {
+                match steer::uninstall(&dir) {
+                    Ok(n) => println!(
+                        "steering: removed the program pin and {n} link pin(s) under {}",
+                        dir.display()
+                    ),
+                    Err(e) => ok &= fail(&e),
+                }
+            }
+            if opt {
+                match option::uninstall(&dir) {
+                    Ok(()) => println!("option: removed the pins under {}", dir.display()),
+                    Err(e) => ok &= fail(&e),
+                }
+            }
+        }
+        _ => {
+            if opt {
+                ok &= option_status(&dir);
+            }
+            if st {
+                ok &= steer_status(&dir);
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Moves this (single-threaded) process into network namespace `ns`: a name under
+/// /var/run/netns, or a path (/proc/PID/ns/net). Mounts are not touched, so the pins land on
+/// the host's bpffs.
+fn enter_netns(ns: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let path = if ns.contains('/') {
+        PathBuf::from(ns)
+    } else {
+        Path::new("/var/run/netns").join(ns)
+    };
+    let f = std::fs::File::open(&path)?;
+    // SAFETY: a valid namespace descriptor; CLONE_NEWNET only switches the network namespace.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn install_option(dir: &Path) -> bool {
+    match option::install(dir) {
+        Ok(option::Installed::Fresh { cgroup }) => {
+            println!(
+                "option: installed: attached to {} and pinned under {}",
+                cgroup.display(),
+                dir.display()
+            );
+            true
+        }
+        Ok(option::Installed::Present) => {
+            println!("option: already installed under {}", dir.display());
+            true
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn install_steer(dir: &Path) -> bool {
+    match steer::install(dir) {
+        Ok(att) => {
+            println!(
+                "steering: program pinned under {}; network namespace {}:",
+                dir.display(),
+                steer::netns_inode().unwrap_or(0)
+            );
+            for a in att {
+                let what = match &a.outcome {
+                    steer::Outcome::Attached => "attached".to_owned(),
+                    steer::Outcome::AlreadyAttached => "already attached".to_owned(),
+                    steer::Outcome::Skipped(why) => format!("skipped: {why}"),
+                };
+                println!("  {} (index {}): {what}", a.ifname, a.ifindex);
+            }
+            true
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn option_status(dir: &Path) -> bool {
+    match option::OptionMap::open(dir) {
+        Ok(_) if option::is_installed(dir) => {
+            println!(
+                "option: installed under {} and usable by this user",
+                dir.display()
+            );
+            true
+        }
+        Ok(_) => {
+            println!(
+                "option: map pinned under {} but the link is missing",
+                dir.display()
+            );
+            false
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn steer_status(dir: &Path) -> bool {
+    let s = steer::status(dir);
+    if !s.program {
+        println!(
+            "steering: not installed (no {} under {}); one process per address can own \
+             RoCE port 4791; run `smcr bpf install` as root",
+            steer::PROG_PIN,
+            dir.display()
+        );
+        return false;
+    }
+    println!(
+        "steering: program pinned under {}; network namespace {}:",
+        dir.display(),
+        s.netns
+    );
+    let mut here = false;
+    for i in &s.interfaces {
+        let att = match i.attached {
+            Some(true) => {
+                here = true;
+                "attached"
+            }
+            Some(false) => "not attached",
+            None => "unknown (no permission)",
+        };
+        let others = i
+            .tcx_programs
+            .map(|n| format!(", {n} tcx ingress program(s)"))
+            .unwrap_or_default();
+        println!("  {} (index {}): {att}{others}", i.name, i.ifindex);
+    }
+    let elsewhere = s.links.iter().filter(|l| l.netns != s.netns).count();
+    let dead = s.links.iter().filter(|l| l.live == Some(false)).count();
+    println!(
+        "  link pins: {} ({elsewhere} in other namespaces, {dead} dead)",
+        s.links.len()
+    );
+    here
 }
 
 fn usage() -> ExitCode {
@@ -209,7 +367,7 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
-fn fail(e: &option::OptionError) -> ExitCode {
+fn fail(e: &dyn std::fmt::Display) -> bool {
     eprintln!("smcr: {e}");
-    ExitCode::FAILURE
+    false
 }

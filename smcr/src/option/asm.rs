@@ -1,4 +1,5 @@
-//! A small eBPF assembler: just the instructions the option program uses, with labels.
+//! A small eBPF assembler: just the instructions the option and steering programs use, with
+//! labels.
 //!
 //! Writing the program here instead of in C keeps clang, libbpf headers and an ELF loader off
 //! the build (docs/decisions.md); the encoding is the kernel's `struct bpf_insn`
@@ -31,6 +32,8 @@ const ALU64: u8 = 0x07;
 const JMP: u8 = 0x05;
 // Sizes and modes.
 const W: u8 = 0x00;
+const H: u8 = 0x08;
+const B: u8 = 0x10;
 const DW: u8 = 0x18;
 const IMM: u8 = 0x00;
 const MEM: u8 = 0x60;
@@ -41,10 +44,14 @@ const X: u8 = 0x08;
 const ADD: u8 = 0x00;
 const OR: u8 = 0x40;
 const AND: u8 = 0x50;
+const LSH: u8 = 0x60;
+const RSH: u8 = 0x70;
 const MOV: u8 = 0xb0;
 // Jump operations.
 const JA: u8 = 0x00;
 const JEQ: u8 = 0x10;
+const JNE: u8 = 0x50;
+const JLT: u8 = 0xa0;
 const JSLT: u8 = 0xc0;
 const CALL: u8 = 0x80;
 const EXIT: u8 = 0x90;
@@ -144,6 +151,18 @@ impl Asm {
     pub(crate) fn or_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
         self.push(ALU64 | OR | K, dst, R0, 0, imm)
     }
+    /// `dst |= src`.
+    pub(crate) fn or(&mut self, dst: Reg, src: Reg) -> &mut Self {
+        self.push(ALU64 | OR | X, dst, src, 0, 0)
+    }
+    /// `dst <<= imm`.
+    pub(crate) fn lsh_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
+        self.push(ALU64 | LSH | K, dst, R0, 0, imm)
+    }
+    /// `dst >>= imm` (logical).
+    pub(crate) fn rsh_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
+        self.push(ALU64 | RSH | K, dst, R0, 0, imm)
+    }
     /// `dst &= imm`.
     pub(crate) fn and_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
         self.push(ALU64 | AND | K, dst, R0, 0, imm)
@@ -166,6 +185,18 @@ impl Asm {
     pub(crate) fn ldx_dw(&mut self, dst: Reg, src: Reg, off: i16) -> &mut Self {
         self.push(LDX | MEM | DW, dst, src, off, 0)
     }
+    /// `dst = *(u16 *)(src + off)`.
+    pub(crate) fn ldx_h(&mut self, dst: Reg, src: Reg, off: i16) -> &mut Self {
+        self.push(LDX | MEM | H, dst, src, off, 0)
+    }
+    /// `dst = *(u8 *)(src + off)`.
+    pub(crate) fn ldx_b(&mut self, dst: Reg, src: Reg, off: i16) -> &mut Self {
+        self.push(LDX | MEM | B, dst, src, off, 0)
+    }
+    /// `*(u16 *)(dst + off) = src`.
+    pub(crate) fn stx_h(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
+        self.push(STX | MEM | H, dst, src, off, 0)
+    }
     /// `*(u32 *)(dst + off) = src`.
     pub(crate) fn stx_w(&mut self, dst: Reg, off: i16, src: Reg) -> &mut Self {
         self.push(STX | MEM | W, dst, src, off, 0)
@@ -181,6 +212,14 @@ impl Asm {
     /// `if dst == imm goto label`.
     pub(crate) fn jeq_imm(&mut self, dst: Reg, imm: i32, label: &str) -> &mut Self {
         self.jump(JMP | JEQ | K, dst, R0, imm, label)
+    }
+    /// `if dst != imm goto label`.
+    pub(crate) fn jne_imm(&mut self, dst: Reg, imm: i32, label: &str) -> &mut Self {
+        self.jump(JMP | JNE | K, dst, R0, imm, label)
+    }
+    /// `if dst < imm goto label` (unsigned).
+    pub(crate) fn jlt_imm(&mut self, dst: Reg, imm: i32, label: &str) -> &mut Self {
+        self.jump(JMP | JLT | K, dst, R0, imm, label)
     }
     /// `if (s64)dst < imm goto label`.
     pub(crate) fn jslt_imm(&mut self, dst: Reg, imm: i32, label: &str) -> &mut Self {
@@ -242,6 +281,30 @@ mod tests {
         assert_eq!(bytes[4], [0x85, 0, 0, 0, 107, 0, 0, 0]);
         assert_eq!(bytes[5], [0xb7, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(bytes[6], [0x95, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn narrow_loads_stores_shifts_and_jumps() {
+        let mut a = Asm::default();
+        a.ldx_b(R1, R10, -48) // 71 a1 d0 ff
+            .ldx_h(R2, R10, -14) // 69 a2 f2 ff
+            .stx_h(R10, -24, R8) // 6b 8a e8 ff
+            .lsh_imm(R2, 4) // 67 02 .. 04
+            .rsh_imm(R3, 4) // 77 03 .. 04
+            .or(R2, R3) // 4f 32
+            .jne_imm(R1, 17, "x") // 55 01 off 11
+            .jlt_imm(R2, 0x101, "x") // a5 02 off 0x101
+            .label("x")
+            .exit();
+        let p: Vec<[u8; 8]> = a.finish().unwrap().iter().map(Insn::encode).collect();
+        assert_eq!(p[0], [0x71, 0xa1, 0xd0, 0xff, 0, 0, 0, 0]);
+        assert_eq!(p[1], [0x69, 0xa2, 0xf2, 0xff, 0, 0, 0, 0]);
+        assert_eq!(p[2], [0x6b, 0x8a, 0xe8, 0xff, 0, 0, 0, 0]);
+        assert_eq!(p[3], [0x67, 0x02, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(p[4], [0x77, 0x03, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(p[5], [0x4f, 0x32, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(p[6], [0x55, 0x01, 1, 0, 17, 0, 0, 0]);
+        assert_eq!(p[7], [0xa5, 0x02, 0, 0, 0x01, 0x01, 0, 0]);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The handful of bpf(2) commands the option program needs, over `libc::syscall`.
+//! The handful of bpf(2) commands the option and steering programs need, over `libc::syscall`.
 //!
 //! `union bpf_attr` is passed as a zeroed 144-byte buffer with the fields of one command written
 //! at their UAPI offsets (checked with offsetof against /usr/include/linux/bpf.h); the kernel
@@ -19,11 +19,22 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+#[cfg(test)]
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
 const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
 const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
+/// `BPF_PROG_TYPE_SCHED_CLS`: a tc classifier (the steering program).
+pub(crate) const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+/// `BPF_TCX_INGRESS` (`enum bpf_attach_type`, Linux 6.6+; newer than Debian 12's headers:
+/// checked against the kernel's UAPI header).
+pub(crate) const BPF_TCX_INGRESS: u32 = 46;
+/// `BPF_LINK_TYPE_TCX`.
+pub(crate) const BPF_LINK_TYPE_TCX: u32 = 11;
 const BPF_CGROUP_SOCK_OPS: u32 = 3;
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_F_CLONE: u32 = 1 << 9;
@@ -108,11 +119,22 @@ pub(crate) fn sk_storage_create(
 
 /// Loads a sock_ops program; on failure the verifier's log is returned in the error.
 pub(crate) fn prog_load_sock_ops(name: &str, insns: &[Insn], license: &str) -> io::Result<OwnedFd> {
+    prog_load(BPF_PROG_TYPE_SOCK_OPS, name, insns, license)
+}
+
+/// Loads a program of type `prog_type`; on failure the verifier's log is returned in the
+/// error.
+pub(crate) fn prog_load(
+    prog_type: u32,
+    name: &str,
+    insns: &[Insn],
+    license: &str,
+) -> io::Result<OwnedFd> {
     let code: Vec<u8> = insns.iter().flat_map(|i| i.encode()).collect();
     let license = CString::new(license).expect("license has no NUL");
     let mut log = vec![0u8; 256 * 1024];
     let mut a = Attr::new();
-    a.u32(0, BPF_PROG_TYPE_SOCK_OPS)
+    a.u32(0, prog_type)
         .u32(4, insns.len() as u32)
         .u64(8, code.as_ptr() as u64)
         .u64(16, license.as_ptr() as u64)
@@ -139,6 +161,64 @@ pub(crate) fn link_create_cgroup_sock_ops(prog: RawFd, cgroup: RawFd) -> io::Res
         .u32(4, cgroup as u32)
         .u32(8, BPF_CGROUP_SOCK_OPS);
     bpf_fd(BPF_LINK_CREATE, &mut a)
+}
+
+/// Attaches a tc program to the ingress of interface `ifindex` (of the caller's network
+/// namespace) through a tcx link, after the programs already there (Linux 6.6+).
+pub(crate) fn link_create_tcx_ingress(prog: RawFd, ifindex: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, prog as u32)
+        .u32(4, ifindex)
+        .u32(8, BPF_TCX_INGRESS);
+    bpf_fd(BPF_LINK_CREATE, &mut a)
+}
+
+/// `bpf_obj_get_info_by_fd`: the first `N` bytes of the object's info struct
+/// (`bpf_prog_info`, `bpf_link_info`, …).
+pub(crate) fn obj_info<const N: usize>(fd: RawFd) -> io::Result<[u8; N]> {
+    let mut info = [0u8; N];
+    let mut a = Attr::new();
+    a.u32(0, fd as u32)
+        .u32(4, N as u32)
+        .u64(8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    Ok(info)
+}
+
+/// The ids of the programs attached at the tcx ingress of `ifindex` (up to 64).
+pub(crate) fn tcx_ingress_prog_ids(ifindex: u32) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
+    let mut a = Attr::new();
+    a.u32(0, ifindex)
+        .u32(4, BPF_TCX_INGRESS)
+        .u64(16, ids.as_mut_ptr() as u64)
+        .u32(24, ids.len() as u32);
+    bpf(BPF_PROG_QUERY, &mut a)?;
+    let n = u32::from_ne_bytes(a.0[24..28].try_into().expect("4 bytes")) as usize;
+    Ok(ids[..n.min(ids.len())].to_vec())
+}
+
+#[cfg(test)]
+/// Runs `prog` `repeat` times on the frame `data` (`BPF_PROG_TEST_RUN`): its return value,
+/// the frame as it left the program, and the mean time of a run in nanoseconds.
+pub(crate) fn prog_test_run(
+    prog: RawFd,
+    data: &[u8],
+    repeat: u32,
+) -> io::Result<(u32, Vec<u8>, u32)> {
+    let mut out = vec![0u8; data.len() + 256];
+    let mut a = Attr::new();
+    a.u32(0, prog as u32)
+        .u32(8, data.len() as u32)
+        .u32(12, out.len() as u32)
+        .u64(16, data.as_ptr() as u64)
+        .u64(24, out.as_mut_ptr() as u64)
+        .u32(32, repeat.max(1));
+    bpf(BPF_PROG_TEST_RUN, &mut a)?;
+    let word = |at: usize| u32::from_ne_bytes(a.0[at..at + 4].try_into().expect("4 bytes"));
+    let (retval, n, duration) = (word(4), word(12) as usize, word(36));
+    out.truncate(n);
+    Ok((retval, out, duration))
 }
 
 /// Pins a bpf object at `path` on a bpffs.
