@@ -52,22 +52,43 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
         return unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
     };
     MANAGED.store(true, Ordering::Release);
-    if let crate::shim::Sock::Smc(c) = &*sock {
+    if let Some(pair) = sock.pair() {
         let kernel_has = REGS
             .lock()
             .get(&fd)
             .is_some_and(|r| r.iter().any(|(e, _)| *e == epfd));
-        if let Some(r) = crate::vepoll::ctl(epfd, op, fd, ev, &c.pair, kernel_has) {
-            if r == 0 && op != libc::EPOLL_CTL_DEL && !drive_stream(epfd, &c.stream) {
-                // Without the group's descriptor in the set nothing would wake it: the
-                // kernel keeps this one.
-                let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, &c.pair, false);
-            } else {
+        if let Some(r) = crate::vepoll::ctl(epfd, op, fd, ev, pair, kernel_has) {
+            if r != 0 || op == libc::EPOLL_CTL_DEL {
                 return r;
+            }
+            match &*sock {
+                crate::shim::Sock::Smc(c) => {
+                    if drive_stream(epfd, &c.stream) {
+                        return r;
+                    }
+                    // Without the group's descriptor in the set nothing would wake it: the
+                    // kernel keeps this one.
+                    let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, pair, false);
+                }
+                crate::shim::Sock::Accepted(a) => {
+                    // Waited on: negotiated now, on a worker of this process (its settling
+                    // wakes the set through our kick).
+                    crate::guard::guarded((), || {
+                        a.start(fd);
+                    });
+                    return r;
+                }
+                _ => return r,
             }
         }
     }
+    let smc = matches!(&*sock, crate::shim::Sock::Smc(_));
     drop(sock);
+    if smc && op != libc::EPOLL_CTL_DEL {
+        // The kernel answers for this registration: the number shows the connection's
+        // kernel pair from now on.
+        crate::shim::show_kernel(fd);
+    }
     let mut m = REGS.lock();
     // SAFETY: as above.
     let r = unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
@@ -101,9 +122,9 @@ pub(crate) fn record(fd: i32, epfd: i32, ev: libc::epoll_event) {
     regs.push((epfd, ev));
 }
 
-/// `fd` just became an SMC-R connection showing `pair`: the kernel registrations the
-/// application made for it (on the TCP socket or a pending connect's pair, moved onto this
-/// pair) become ours where they can (see vepoll.rs); the pair is kept in step for the rest.
+/// `fd` just became an SMC-R connection with readiness `pair`: the kernel registrations the
+/// application made for it (on the TCP socket, before it connected) become ours where they
+/// can (see vepoll.rs); for the rest the number gets the connection's kernel pair.
 pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
     let mut m = REGS.lock();
     let Some(regs) = m.remove(&fd) else {
@@ -127,7 +148,10 @@ pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
     if !kept.is_empty() {
         m.insert(fd, kept);
         drop(m);
-        pair.observe_epoll();
+        // (Moves the registrations just recorded onto the pair.)
+        if let Some(p) = crate::shim::show_kernel(fd) {
+            p.observe_epoll();
+        }
     }
 }
 
@@ -142,7 +166,7 @@ pub(crate) fn app_drive() -> bool {
 
 /// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set);
 /// whether the set holds it.
-fn drive_with(epfd: i32, fd: i32) -> bool {
+pub(crate) fn drive_with(epfd: i32, fd: i32) -> bool {
     if !app_drive() {
         return false;
     }

@@ -22,6 +22,166 @@ fn smc(fd: c_int) -> Option<Arc<Sock>> {
     table::get(fd).filter(|s| matches!(**s, Sock::Smc(_) | Sock::Inherited))
 }
 
+/// What a read or write on `fd` goes to.
+enum Target {
+    /// libc (a socket not ours, or plain TCP).
+    Real,
+    /// An SMC-R connection (or one inherited from the parent: EIO).
+    Smc(Arc<Sock>),
+    /// A connection not settled yet: a write is staged there.
+    Stage(Arc<shim::Settling>),
+    /// Fails with this errno (EAGAIN while a non-blocking read's connection is settled).
+    Err(c_int),
+}
+
+/// What a call on `fd` does with a connection not settled yet.
+#[derive(Clone, Copy)]
+enum Op {
+    /// A read (`dontwait`: MSG_DONTWAIT): waits for it to settle, or says EAGAIN.
+    Read { dontwait: bool },
+    /// A write: staged.
+    Write,
+    /// Waits for it to settle (shutdown, sendfile).
+    Wait,
+}
+
+/// Where a call on `fd` goes. A connection not settled yet (an accepted one starts
+/// negotiating in this process now) takes writes into its stage and makes reads wait (or say
+/// EAGAIN), as a TCP connection with nothing received yet would.
+fn target(fd: c_int, op: Op) -> Target {
+    if bypassed() {
+        return Target::Real;
+    }
+    for _ in 0..4 {
+        let Some(s) = table::get(fd) else {
+            return Target::Real;
+        };
+        match &*s {
+            Sock::Smc(_) | Sock::Inherited => return Target::Smc(s),
+            Sock::Accepted(a) | Sock::Pending(a) => {
+                if guarded(true, || a.start(fd)) {
+                    continue;
+                }
+                match op {
+                    Op::Write => return Target::Stage(a.clone()),
+                    Op::Read { dontwait } if dontwait || a.nonblock.load(Ordering::Relaxed) => {
+                        return Target::Err(libc::EAGAIN);
+                    }
+                    Op::Read { .. } => {
+                        // Nothing can arrive before it settles: SO_RCVTIMEO bounds the wait.
+                        let limit = timeo(fd, libc::SO_RCVTIMEO).unwrap_or(SETTLE_WAIT);
+                        if !a.wait(limit) {
+                            return Target::Err(libc::EAGAIN);
+                        }
+                    }
+                    Op::Wait => {
+                        a.wait(SETTLE_WAIT);
+                    }
+                }
+            }
+            Sock::Inet | Sock::Listener(_) => return Target::Real,
+        }
+    }
+    Target::Err(libc::EAGAIN)
+}
+
+/// The socket's SO_RCVTIMEO or SO_SNDTIMEO (`name`), if set.
+fn timeo(fd: c_int, name: c_int) -> Option<std::time::Duration> {
+    // SAFETY: an all-zero timeval is valid; the kernel fills at most `len` bytes.
+    let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: reading a timeval option of the application's socket.
+    let r =
+        unsafe { real::getsockopt()(fd, libc::SOL_SOCKET, name, (&raw mut tv).cast(), &mut len) };
+    (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0)).then(|| {
+        std::time::Duration::from_secs(tv.tv_sec as u64)
+            + std::time::Duration::from_micros(tv.tv_usec as u64)
+    })
+}
+
+/// A write hook's dispatch: `bytes` (gathered only when staged), `smc` on an SMC-R
+/// connection, `real` on anything else. A blocking write to a connection being settled takes
+/// all of its bytes, as TCP's does: what the stage cannot hold goes once it is settled.
+fn write_to(
+    fd: c_int,
+    flags: c_int,
+    bytes: &dyn Fn() -> std::borrow::Cow<'static, [u8]>,
+    smc: &dyn Fn(&Sock) -> ssize_t,
+    real: &dyn Fn() -> ssize_t,
+) -> ssize_t {
+    // Bytes the stage took so far (a blocking write goes on with the rest).
+    let mut staged = 0usize;
+    let mut held: Option<std::borrow::Cow<'static, [u8]>> = None;
+    loop {
+        let t = target(fd, Op::Write);
+        if staged > 0 {
+            // The rest of a blocking write, after the connection settled.
+            let rest = &held.as_deref().unwrap_or_default()[staged..];
+            let more = match t {
+                Target::Smc(s) => as_smc(&s).and_then(|c| c.send(rest, flags)).unwrap_or(0),
+                Target::Real => real_send_all(fd, rest, flags),
+                Target::Stage(a) => {
+                    // The rest waits for the connection to settle (SO_SNDTIMEO bounds it:
+                    // then the call returns what was taken, as TCP's does).
+                    if !a.wait(timeo(fd, libc::SO_SNDTIMEO).unwrap_or(SETTLE_WAIT)) {
+                        return staged as ssize_t;
+                    }
+                    continue;
+                }
+                Target::Err(_) => 0,
+            };
+            return (staged + more) as ssize_t;
+        }
+        match t {
+            Target::Real => return real(),
+            Target::Smc(s) => return smc(&s),
+            Target::Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+            Target::Stage(a) => {
+                let b = held.get_or_insert_with(bytes);
+                if b.is_empty() {
+                    return 0;
+                }
+                let wait = (flags & libc::MSG_DONTWAIT == 0 && !a.nonblock.load(Ordering::Relaxed))
+                    .then(|| timeo(fd, libc::SO_SNDTIMEO).unwrap_or(SETTLE_WAIT));
+                match guarded(shim::Staged::WouldBlock, || a.stage(b, wait)) {
+                    shim::Staged::Took(n) if wait.is_none() || n == b.len() => return n as ssize_t,
+                    shim::Staged::Took(n) => staged = n,
+                    shim::Staged::WouldBlock => {
+                        set_errno(libc::EAGAIN);
+                        return -1;
+                    }
+                    shim::Staged::Settled => {}
+                }
+            }
+        }
+    }
+}
+
+/// Sends all of `buf` on the (blocking) TCP socket `fd`; how much went.
+fn real_send_all(fd: c_int, mut buf: &[u8], flags: c_int) -> usize {
+    let mut sent = 0;
+    while !buf.is_empty() {
+        // SAFETY: sending from the caller's bytes on its socket.
+        let n = unsafe { real::send()(fd, buf.as_ptr().cast(), buf.len(), flags) };
+        if n <= 0 {
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        sent += n as usize;
+        buf = &buf[n as usize..];
+    }
+    sent
+}
+
+/// How long a call that must not return early waits for a connection to be settled (the CLC
+/// handshake's own waits are shorter).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
 /// The connection, or `Err(EIO)` for a socket a forked child inherited.
 fn as_smc(s: &Sock) -> Result<&SmcFd, io::Error> {
     match s {
@@ -46,24 +206,6 @@ fn ret_len(r: io::Result<usize>) -> ssize_t {
     }
 }
 
-/// An IPv4 address from a sockaddr, if it is one.
-///
-/// # Safety
-/// `addr` points to `len` readable bytes (or is null).
-unsafe fn v4(addr: *const sockaddr, len: socklen_t) -> Option<std::net::SocketAddrV4> {
-    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
-        return None;
-    }
-    // SAFETY: long enough for a sockaddr_in, per the caller.
-    let sin = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>()) };
-    (sin.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
-        std::net::SocketAddrV4::new(
-            u32::from_be(sin.sin_addr.s_addr).into(),
-            u16::from_be(sin.sin_port),
-        )
-    })
-}
-
 /// # Safety
 /// libc's contract for socket(2).
 #[unsafe(no_mangle)]
@@ -73,7 +215,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     if fd >= 0
         && !bypassed()
         && shim::enabled()
-        && domain == libc::AF_INET
+        && (domain == libc::AF_INET || domain == libc::AF_INET6)
         && ty & 0xf == libc::SOCK_STREAM
         && (proto == 0 || proto == libc::IPPROTO_TCP)
     {
@@ -91,9 +233,14 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let s = if bypassed() { None } else { table::get(fd) };
     match s.as_deref() {
         Some(Sock::Inet) => {}
-        // Asking again how a non-blocking connect went (hiredis, libcurl do): as TCP answers.
-        Some(Sock::Pending(_)) => {
-            set_errno(libc::EALREADY);
+        // Asking again how a non-blocking connect went (hiredis, libcurl do): as TCP answers,
+        // connected once the TCP handshake is done (SMC-R settles behind the application).
+        Some(Sock::Pending(p)) => {
+            set_errno(if p.tcp_connected() {
+                libc::EISCONN
+            } else {
+                libc::EALREADY
+            });
             return -1;
         }
         Some(Sock::Smc(_)) => {
@@ -104,7 +251,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         _ => return unsafe { real::connect()(fd, addr, len) },
     }
     // SAFETY: the caller passes `len` valid bytes at `addr`.
-    if let Some(a) = unsafe { v4(addr, len) }
+    let dest = unsafe { sockaddr_in_any(addr, len) };
+    let Some(dest) = dest else {
+        // AF_UNSPEC (dissolving an association) or garbage: the kernel answers.
+        // SAFETY: forwarding.
+        return unsafe { real::connect()(fd, addr, len) };
+    };
+    if let Some(a) = smcr::v4_of(dest)
         && !shim::policy_allows(a)
     {
         guarded((), || shim::exclude(fd, "connect", a));
@@ -112,37 +265,44 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { real::connect()(fd, addr, len) };
     }
     guarded(-1, || {
-        let marked = shim::mark(fd);
+        let plan = shim::plan_connect(fd, dest);
         let nonblocking = shim::nonblocking(fd);
         // SAFETY: forwarding.
         let r = unsafe { real::connect()(fd, addr, len) };
         let e = errno();
-        if nonblocking {
-            if r == 0 || e == libc::EINPROGRESS {
-                // Finish (TCP handshake, then SMC-R negotiation) in the background; the
-                // application waits for writability as for any non-blocking connect.
-                return match shim::connect_async(fd, marked) {
-                    Ok(()) => {
-                        set_errno(libc::EINPROGRESS);
-                        -1
-                    }
-                    Err(err) => {
-                        shim::untrack(fd);
-                        set_errno(errno_of(&err));
-                        -1
-                    }
-                };
+        let started = r == 0 || (nonblocking && e == libc::EINPROGRESS);
+        let dup = match plan {
+            shim::ConnectPlan::Tcp(reason) => {
+                if started {
+                    shim::plain_connect(fd, reason);
+                } else {
+                    shim::untrack(fd);
+                }
+                set_errno(e);
+                return r;
             }
+            shim::ConnectPlan::Smc { dup, marked, own } => (dup, marked, own),
+        };
+        let (dup, marked, own) = (dup.0, dup.1, dup.2);
+        if !started {
             shim::untrack(fd);
             set_errno(e);
             return r;
         }
-        if r != 0 {
-            shim::untrack(fd);
-            set_errno(e);
-            return r;
+        if nonblocking {
+            // Finish (TCP handshake, then SMC-R negotiation) on a worker; the application
+            // waits for writability as for any non-blocking connect.
+            shim::connect_async(fd, dup, marked, false);
+            set_errno(libc::EINPROGRESS);
+            return -1;
         }
-        match shim::after_connect(fd, marked) {
+        if own {
+            // To a listener of this program: its half of the handshake runs once the program
+            // accepts and uses the connection, which it may do only after this returns.
+            shim::connect_async(fd, dup, marked, true);
+            return 0;
+        }
+        match shim::after_connect(fd, dup, marked) {
             Ok(()) => 0,
             Err(e) => {
                 set_errno(e);
@@ -152,34 +312,57 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     })
 }
 
+/// An IPv4 or IPv6 socket address from a sockaddr, if it is one.
+///
+/// # Safety
+/// `addr` points to `len` readable bytes (or is null).
+unsafe fn sockaddr_in_any(addr: *const sockaddr, len: socklen_t) -> Option<std::net::SocketAddr> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: an all-zero sockaddr_storage is valid; at most `len` bytes are copied in.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: `addr` has `len` readable bytes (the caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), (&raw mut ss).cast::<u8>(), n) };
+    shim::sockaddr_of(&ss, len)
+}
+
 /// # Safety
 /// libc's contract for listen(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    if !bypassed()
-        && let Some(s) = table::get(fd)
-        && let Sock::Listener(l) = &*s
-    {
-        // Listening again (a new backlog): the hidden socket is the one that listens.
-        // SAFETY: forwarding to our listening socket.
-        return unsafe { real::listen()(l.tcp_fd(), backlog) };
-    }
     if bypassed() || !table::get(fd).is_some_and(|s| matches!(*s, Sock::Inet)) {
+        // Not ours, or listening again (a new backlog): the socket itself.
         // SAFETY: forwarding.
         return unsafe { real::listen()(fd, backlog) };
     }
-    // SAFETY: an all-zero sockaddr_in is valid.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut sl = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
-    // SAFETY: asking the kernel for the bound address into a sockaddr_in.
-    let named = unsafe { real::getsockname()(fd, (&raw mut sa).cast(), &mut sl) } == 0;
-    // SAFETY: as above, `sl` bytes were filled.
-    if let Some(a) = named
-        .then(|| unsafe { v4((&raw const sa).cast(), sl) })
-        .flatten()
-        && !shim::policy_allows(a)
-    {
-        guarded((), || shim::exclude(fd, "listen", a));
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: asking the kernel for the bound address into a sockaddr_storage.
+    let named = unsafe { real::getsockname()(fd, (&raw mut ss).cast(), &mut sl) } == 0;
+    let bound = named.then(|| shim::sockaddr_of(&ss, sl)).flatten();
+    // Which IPv4 address its peers reach it on: its own, or any for 0.0.0.0 and a dual-stack
+    // [::]. A socket that cannot have IPv4 peers (IPv6-only, a native IPv6 address) stays TCP.
+    let v4 = match bound {
+        Some(a) => match smcr::v4_of(a) {
+            Some(v4) => Some(v4),
+            None if a.ip().is_unspecified() && !v6only(fd) => Some(std::net::SocketAddrV4::new(
+                std::net::Ipv4Addr::UNSPECIFIED,
+                a.port(),
+            )),
+            None => None,
+        },
+        None => None,
+    };
+    let Some(v4) = v4 else {
+        shim::untrack(fd);
+        // SAFETY: forwarding.
+        return unsafe { real::listen()(fd, backlog) };
+    };
+    if !shim::policy_allows(v4) {
+        guarded((), || shim::exclude(fd, "listen", v4));
         // SAFETY: forwarding.
         return unsafe { real::listen()(fd, backlog) };
     }
@@ -193,41 +376,35 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
             set_errno(e);
             return r;
         }
-        if let Err(e) = shim::take_over_listener(fd) {
-            // The listener still works as plain TCP (its connections' peers will wait for a
-            // CLC answer only if they were marked; log it).
-            crate::log::line(format_args!("listener fd {fd}: stays TCP: {e}"));
-            shim::untrack(fd);
-        }
+        shim::listening(fd);
         0
     })
 }
 
-fn accept_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    let l = match (!bypassed()).then(|| table::get(fd)).flatten() {
-        Some(s) => match &*s {
-            Sock::Listener(l) => l.clone(),
-            _ => {
-                // SAFETY: forwarding.
-                return unsafe { real::accept4()(fd, addr, len, flags) };
-            }
-        },
-        // SAFETY: forwarding.
-        None => return unsafe { real::accept4()(fd, addr, len, flags) },
+/// Whether an IPv6 socket takes IPv6 peers only (IPV6_V6ONLY).
+fn v6only(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: reading an int option into an int.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            (&mut v as *mut c_int).cast(),
+            &mut len,
+        )
     };
-    guarded(-1, || match l.accept(fd, addr, len, flags) {
-        Ok(a) => {
-            if !a.addr_filled && !addr.is_null() && !len.is_null() {
-                // SAFETY: the caller's address buffer; the peer of the new connection.
-                unsafe { real::getpeername()(socket_fd(a.fd), addr, len) };
-            }
-            a.fd
-        }
-        Err(e) => {
-            set_errno(errno_of(&e));
-            -1
-        }
-    })
+    r != 0 || v != 0
+}
+
+fn accept_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    let ours = !bypassed() && table::get(fd).is_some_and(|s| matches!(*s, Sock::Listener(_)));
+    if !ours {
+        // SAFETY: forwarding.
+        return unsafe { real::accept4()(fd, addr, len, flags) };
+    }
+    guarded(-1, || shim::accept(fd, addr, len, flags))
 }
 
 /// # Safety
@@ -276,10 +453,18 @@ fn send_from(s: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
 /// libc's contract for read(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    match smc(fd) {
-        Some(s) => recv_into(fd, &s, buf, n, 0),
+    match target(fd, Op::Read { dontwait: false }) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) => recv_into(fd, &s, buf, n, 0),
         // SAFETY: forwarding.
-        None => unsafe { real::read()(fd, buf, n) },
+        Target::Real => unsafe { real::read()(fd, buf, n) },
     }
 }
 
@@ -287,10 +472,23 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 /// libc's contract for recv(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    match smc(fd) {
-        Some(s) => recv_into(fd, &s, buf, n, flags),
+    match target(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) => recv_into(fd, &s, buf, n, flags),
         // SAFETY: forwarding.
-        None => unsafe { real::recv()(fd, buf, n, flags) },
+        Target::Real => unsafe { real::recv()(fd, buf, n, flags) },
     }
 }
 
@@ -305,8 +503,21 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match smc(fd) {
-        Some(s) => {
+    match target(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) => {
             if !alen.is_null() {
                 // Connected stream: no source address, as for TCP.
                 // SAFETY: the caller passed a valid length pointer.
@@ -315,7 +526,7 @@ pub unsafe extern "C" fn recvfrom(
             recv_into(fd, &s, buf, n, flags)
         }
         // SAFETY: forwarding.
-        None => unsafe { real::recvfrom()(fd, buf, n, flags, addr, alen) },
+        Target::Real => unsafe { real::recvfrom()(fd, buf, n, flags, addr, alen) },
     }
 }
 
@@ -323,22 +534,30 @@ pub unsafe extern "C" fn recvfrom(
 /// libc's contract for write(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    match smc(fd) {
-        Some(s) => send_from(&s, buf, n, 0),
+    write_to(
+        fd,
+        0,
+        // SAFETY: the caller gives a readable buffer of `n` bytes.
+        &|| std::borrow::Cow::Owned(unsafe { slice(buf, n) }.to_vec()),
+        &|s| send_from(s, buf, n, 0),
         // SAFETY: forwarding.
-        None => unsafe { real::write()(fd, buf, n) },
-    }
+        &|| unsafe { real::write()(fd, buf, n) },
+    )
 }
 
 /// # Safety
 /// libc's contract for send(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    match smc(fd) {
-        Some(s) => send_from(&s, buf, n, flags),
+    write_to(
+        fd,
+        flags,
+        // SAFETY: the caller gives a readable buffer of `n` bytes.
+        &|| std::borrow::Cow::Owned(unsafe { slice(buf, n) }.to_vec()),
+        &|s| send_from(s, buf, n, flags),
         // SAFETY: forwarding.
-        None => unsafe { real::send()(fd, buf, n, flags) },
-    }
+        &|| unsafe { real::send()(fd, buf, n, flags) },
+    )
 }
 
 /// # Safety
@@ -352,15 +571,19 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    match smc(fd) {
+    write_to(
+        fd,
+        flags,
+        // SAFETY: the caller gives a readable buffer of `n` bytes.
+        &|| std::borrow::Cow::Owned(unsafe { slice(buf, n) }.to_vec()),
         // A destination on a connected stream is ignored, as TCP does.
-        Some(s) => send_from(&s, buf, n, flags),
-        None => {
+        &|s| send_from(s, buf, n, flags),
+        &|| {
             fastopen(fd, flags);
             // SAFETY: forwarding.
             unsafe { real::sendto()(fd, buf, n, flags, addr, alen) }
-        }
-    }
+        },
+    )
 }
 
 /// `sendto`/`sendmsg` with MSG_FASTOPEN connects with data in the SYN: as Linux's SMC, such a
@@ -372,6 +595,18 @@ fn fastopen(fd: c_int, flags: c_int) {
     {
         guarded((), || shim::unsupported_option(fd, "MSG_FASTOPEN"));
     }
+}
+
+/// The caller's buffer of `n` bytes (empty for a null or zero-length one).
+///
+/// # Safety
+/// A non-null `buf` points to `n` readable bytes.
+unsafe fn slice<'a>(buf: *const c_void, n: size_t) -> &'a [u8] {
+    if buf.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) }
 }
 
 /// Gathers iovecs into one buffer (SMC-R copies into the send buffer anyway).
@@ -443,10 +678,18 @@ fn writev_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t 
 /// libc's contract for readv(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match smc(fd) {
-        Some(s) => readv_smc(&s, iov, cnt, 0),
+    match target(fd, Op::Read { dontwait: false }) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) => readv_smc(&s, iov, cnt, 0),
         // SAFETY: forwarding.
-        None => unsafe { real::readv()(fd, iov, cnt) },
+        Target::Real => unsafe { real::readv()(fd, iov, cnt) },
     }
 }
 
@@ -454,19 +697,35 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// libc's contract for writev(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match smc(fd) {
-        Some(s) => writev_smc(&s, iov, cnt, 0),
+    write_to(
+        fd,
+        0,
+        &|| std::borrow::Cow::Owned(gather(iov, cnt)),
+        &|s| writev_smc(s, iov, cnt, 0),
         // SAFETY: forwarding.
-        None => unsafe { real::writev()(fd, iov, cnt) },
-    }
+        &|| unsafe { real::writev()(fd, iov, cnt) },
+    )
 }
 
 /// # Safety
 /// libc's contract for recvmsg(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    match smc(fd) {
-        Some(s) => {
+    match target(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) => {
             // SAFETY: the caller gives a valid msghdr.
             let m = unsafe { &mut *msg };
             m.msg_namelen = 0;
@@ -475,7 +734,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             readv_smc(&s, m.msg_iov, m.msg_iovlen as c_int, flags)
         }
         // SAFETY: forwarding.
-        None => unsafe { real::recvmsg()(fd, msg, flags) },
+        Target::Real => unsafe { real::recvmsg()(fd, msg, flags) },
     }
 }
 
@@ -483,18 +742,19 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 /// libc's contract for sendmsg(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    match smc(fd) {
-        Some(s) => {
-            // SAFETY: the caller gives a valid msghdr.
-            let m = unsafe { &*msg };
-            writev_smc(&s, m.msg_iov, m.msg_iovlen as c_int, flags)
-        }
-        None => {
+    // SAFETY: the caller gives a valid msghdr.
+    let m = unsafe { &*msg };
+    write_to(
+        fd,
+        flags,
+        &|| std::borrow::Cow::Owned(gather(m.msg_iov, m.msg_iovlen as c_int)),
+        &|s| writev_smc(s, m.msg_iov, m.msg_iovlen as c_int, flags),
+        &|| {
             fastopen(fd, flags);
             // SAFETY: forwarding.
             unsafe { real::sendmsg()(fd, msg, flags) }
-        }
-    }
+        },
+    )
 }
 
 /// # Safety
@@ -503,46 +763,50 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if !bypassed() {
         crate::epoll::closed_epfd(fd);
-        // Dropping our state sends SMC-R's close and releases the hidden TCP socket.
-        let s = table::remove(fd);
-        guarded((), || {
-            if let Some(s) = &s {
-                // The pair outlives this number (we hold a duplicate), and epoll drops a
-                // registration only when its file goes: take the application's
-                // registrations off by hand when no other number shows this socket, or the
-                // old connection's events would arrive under a reused number.
-                let last = !table::shows(s);
-                crate::epoll::closed(fd, last && shim::shows_pair(s));
-                if last {
-                    match &**s {
-                        Sock::Listener(l) => l.close(),
-                        Sock::Pending(p) => p.cancel(),
-                        _ => {}
-                    }
-                }
-            }
-            drop(s)
-        });
+        guarded((), || forget_number(fd));
     }
     // SAFETY: forwarding.
     unsafe { real::close()(fd) }
+}
+
+/// The application's number `fd` is about to close (or be replaced by dup2/dup3): our entry
+/// goes (dropping the last one sends SMC-R's close and releases our duplicate of the TCP
+/// socket). A connection being settled takes the number out under its own lock, so nothing
+/// is installed at a number closed meanwhile.
+fn forget_number(fd: c_int) {
+    let Some(s) = table::get_any(fd) else {
+        return;
+    };
+    let mut gone = None;
+    let mut last = false;
+    let mut remove = || {
+        gone = table::remove(fd);
+        last = !table::shows(&s);
+    };
+    match &*s {
+        Sock::Pending(p) | Sock::Accepted(p) => p.closing(remove),
+        _ => remove(),
+    }
+    // Epoll drops a registration only when its file goes, and the file outlives this number
+    // (our duplicate): take the application's registrations off by hand when no other number
+    // shows this socket, or the old connection's events would arrive under a reused number.
+    crate::epoll::closed(fd, last && s.pair().is_some());
+    if last
+        && let Some(g) = &gone
+        && let Sock::Listener(l) = &**g
+    {
+        l.close();
+    }
+    drop(gone);
 }
 
 /// # Safety
 /// libc's contract for shutdown(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if !bypassed()
-        && let Some(s) = table::get(fd)
-        && let Sock::Listener(l) = &*s
-    {
-        // A program stopping its accept loop: the listening socket shuts down, threads
-        // waiting in accept wake and get EINVAL, as from TCP.
-        // SAFETY: forwarding to our listening socket.
-        return unsafe { real::shutdown()(l.tcp_fd(), how) };
-    }
-    match smc(fd) {
-        Some(s) => guarded(-1, || {
+    // A connection not settled yet is settled first (its shutdown is SMC-R's or TCP's).
+    match target(fd, Op::Wait) {
+        Target::Smc(s) => guarded(-1, || {
             let how = match how {
                 libc::SHUT_RD => std::net::Shutdown::Read,
                 libc::SHUT_WR => std::net::Shutdown::Write,
@@ -552,7 +816,8 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
                     return -1;
                 }
             };
-            match as_smc(&s).and_then(|c| c.stream.shutdown(how)) {
+            // (What was staged before the connection settled goes before the end of writing.)
+            match as_smc(&s).and_then(|c| c.shutdown(how)) {
                 Ok(()) => 0,
                 Err(e) => {
                     set_errno(errno_of(&e));
@@ -560,8 +825,9 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
                 }
             }
         }),
+        // A listener (threads waiting in accept wake with EINVAL) or plain TCP.
         // SAFETY: forwarding.
-        None => unsafe { real::shutdown()(fd, how) },
+        Target::Real | Target::Err(_) | Target::Stage(_) => unsafe { real::shutdown()(fd, how) },
     }
 }
 
@@ -571,9 +837,9 @@ fn socket_fd(fd: c_int) -> c_int {
         return fd;
     }
     match table::get(fd).as_deref() {
-        Some(Sock::Smc(c)) => shim::tcp_fd(c),
-        Some(Sock::Listener(l)) => l.tcp_fd(),
-        Some(Sock::Pending(p)) => p.tcp_fd(),
+        // The number shows the kernel pair: the socket is our duplicate.
+        Some(Sock::Smc(c)) if c.pair.has_kernel() => shim::tcp_fd(c),
+        // The number is the socket itself.
         _ => fd,
     }
 }
@@ -703,7 +969,7 @@ fn fcntl_common(
     }
     // Decided on the file, even in a forked child (where the connection is the parent's):
     // what it execs must not inherit a pair nothing serves.
-    let pair = !bypassed() && table::get_any(fd).is_some_and(|s| shim::shows_pair(&s));
+    let pair = !bypassed() && table::get_any(fd).is_some_and(|s| shim::cloexec_managed(&s));
     if pair {
         // Our pair stays close-on-exec; the application sees (and sets) its own flag.
         match cmd {
@@ -773,7 +1039,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if (req == libc::FIOCLEX || req == libc::FIONCLEX)
         && !bypassed()
-        && table::get_any(fd).is_some_and(|s| shim::shows_pair(&s))
+        && table::get_any(fd).is_some_and(|s| shim::cloexec_managed(&s))
     {
         // As F_SETFD: the pair stays close-on-exec, the application's flag is its view.
         // SAFETY: checking that the descriptor is open.
@@ -789,6 +1055,15 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     {
         // SAFETY: FIONBIO's argument points to an int.
         shim::set_nonblock(&s, unsafe { *(arg as *const c_int) } != 0);
+    }
+    if req == libc::FIONREAD
+        && !bypassed()
+        && table::get(fd).is_some_and(|s| matches!(*s, Sock::Accepted(_) | Sock::Pending(_)))
+    {
+        // Not settled: what waits on the TCP socket is the CLC handshake's, not data.
+        // SAFETY: FIONREAD's argument points to an int.
+        unsafe { *(arg as *mut c_int) = 0 };
+        return 0;
     }
     if req == libc::FIONREAD
         && let Some(s) = smc(fd)
@@ -942,7 +1217,7 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeou
         return unsafe { real::poll()(fds, nfds, timeout) };
     };
     guarded(-1, || {
-        crate::poll::wait(app, &ours.drivers, timeout, |a, t| {
+        crate::poll::wait(app, &ours, timeout, |a, t| {
             // SAFETY: our array (the application's entries, then ours).
             unsafe { real::poll()(a.as_mut_ptr(), a.len() as libc::nfds_t, t) }
         })
@@ -983,7 +1258,7 @@ pub unsafe extern "C" fn ppoll(
     // SAFETY: a non-null timeout points to a timespec (the caller's contract).
     let ms = timespec_ms(unsafe { timeout.as_ref() });
     guarded(-1, || {
-        crate::poll::wait(app, &ours.drivers, ms, |a, t| {
+        crate::poll::wait(app, &ours, ms, |a, t| {
             let mut ts = libc::timespec {
                 tv_sec: 0,
                 tv_nsec: 0,
@@ -1105,7 +1380,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: forwarding.
     let r = unsafe { real::dup()(fd) };
     if r >= 0 && !bypassed() {
-        if table::get_any(fd).is_some_and(|s| shim::shows_pair(&s)) {
+        if table::get_any(fd).is_some_and(|s| shim::cloexec_managed(&s)) {
             dup_pair(r, false);
         }
         if let Some(s) = table::get(fd) {
@@ -1121,7 +1396,7 @@ fn dup_onto(old: c_int, new: c_int, r: c_int, cloexec: bool) -> c_int {
         // `new` was closed implicitly; it is now what `old` is.
         let gone = shim::untrack(new);
         guarded((), || drop(gone));
-        if table::get_any(old).is_some_and(|s| shim::shows_pair(&s)) {
+        if table::get_any(old).is_some_and(|s| shim::cloexec_managed(&s)) {
             dup_pair(new, cloexec);
         }
         if let Some(s) = table::get(old) {
@@ -1156,13 +1431,34 @@ fn end(fd: c_int, s: &Option<Arc<Sock>>) -> io::Result<crate::sendfile::End<'_>>
     })
 }
 
+/// The two ends of a sendfile, settled (`None`: both plain, libc's call).
+fn sendfile_ends(out_fd: c_int, in_fd: c_int) -> Option<Result<[Option<Arc<Sock>>; 2], c_int>> {
+    let mut ends = [None, None];
+    for (i, (fd, write)) in [(out_fd, true), (in_fd, false)].into_iter().enumerate() {
+        let _ = write;
+        match target(fd, Op::Wait) {
+            Target::Real | Target::Stage(_) => {}
+            Target::Smc(s) => ends[i] = Some(s),
+            Target::Err(e) => return Some(Err(e)),
+        }
+    }
+    (ends[0].is_some() || ends[1].is_some()).then_some(Ok(ends))
+}
+
 fn sendfile_common(
     out_fd: c_int,
     in_fd: c_int,
+    ends: Result<[Option<Arc<Sock>>; 2], c_int>,
     offset: Option<&mut i64>,
     count: size_t,
 ) -> ssize_t {
-    let (out, inn) = (smc(out_fd), smc(in_fd));
+    let [out, inn] = match ends {
+        Ok(e) => e,
+        Err(e) => {
+            set_errno(e);
+            return -1;
+        }
+    };
     guarded(-1, || match (end(out_fd, &out), end(in_fd, &inn)) {
         (Ok(d), Ok(s)) => crate::sendfile::copy(d, s, offset, count),
         (Err(e), _) | (_, Err(e)) => ret_len(Err(e)),
@@ -1178,12 +1474,12 @@ pub unsafe extern "C" fn sendfile(
     offset: *mut libc::off_t,
     count: size_t,
 ) -> ssize_t {
-    if smc(out_fd).is_none() && smc(in_fd).is_none() {
+    let Some(ends) = sendfile_ends(out_fd, in_fd) else {
         // SAFETY: forwarding.
         return unsafe { real::sendfile()(out_fd, in_fd, offset, count) };
-    }
+    };
     // SAFETY: a non-null offset points to the caller's off_t (64-bit here).
-    sendfile_common(out_fd, in_fd, unsafe { offset.as_mut() }, count)
+    sendfile_common(out_fd, in_fd, ends, unsafe { offset.as_mut() }, count)
 }
 
 /// # Safety
@@ -1195,12 +1491,12 @@ pub unsafe extern "C" fn sendfile64(
     offset: *mut libc::off64_t,
     count: size_t,
 ) -> ssize_t {
-    if smc(out_fd).is_none() && smc(in_fd).is_none() {
+    let Some(ends) = sendfile_ends(out_fd, in_fd) else {
         // SAFETY: forwarding.
         return unsafe { real::sendfile64()(out_fd, in_fd, offset, count) };
-    }
+    };
     // SAFETY: as above.
-    sendfile_common(out_fd, in_fd, unsafe { offset.as_mut() }, count)
+    sendfile_common(out_fd, in_fd, ends, unsafe { offset.as_mut() }, count)
 }
 
 // The FORTIFY_SOURCE variants: programs built with -D_FORTIFY_SOURCE call these instead of
@@ -1216,8 +1512,16 @@ pub unsafe extern "C" fn __read_chk(
     n: size_t,
     buflen: size_t,
 ) -> ssize_t {
-    match smc(fd) {
-        Some(s) if n <= buflen => recv_into(fd, &s, buf, n, 0),
+    match target(fd, Op::Read { dontwait: false }) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) if n <= buflen => recv_into(fd, &s, buf, n, 0),
         // SAFETY: forwarding.
         _ => unsafe { real::__read_chk()(fd, buf, n, buflen) },
     }
@@ -1233,8 +1537,21 @@ pub unsafe extern "C" fn __recv_chk(
     buflen: size_t,
     flags: c_int,
 ) -> ssize_t {
-    match smc(fd) {
-        Some(s) if n <= buflen => recv_into(fd, &s, buf, n, flags),
+    match target(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) if n <= buflen => recv_into(fd, &s, buf, n, flags),
         // SAFETY: forwarding.
         _ => unsafe { real::__recv_chk()(fd, buf, n, buflen, flags) },
     }
@@ -1252,12 +1569,45 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match smc(fd) {
-        Some(_) if n <= buflen => {
+    match target(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) {
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(_) if n <= buflen => {
             // SAFETY: the same arguments recvfrom takes.
             unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
         }
         // SAFETY: forwarding.
         _ => unsafe { real::__recvfrom_chk()(fd, buf, n, buflen, flags, addr, alen) },
     }
+}
+
+/// # Safety
+/// libc's contract for fork(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // SAFETY: forwarding.
+    let r = unsafe { real::fork()() };
+    if !bypassed() {
+        match r {
+            0 => shim::forked_child(),
+            p if p > 0 => {
+                let e = errno();
+                guarded((), || shim::forked(p as u32));
+                set_errno(e);
+            }
+            _ => {}
+        }
+    }
+    r
 }

@@ -19,3 +19,14 @@ mod shim;
 mod table;
 mod vepoll;
 mod workers;
+
+/// Runs when the library is loaded, before the program's `main`: sockets the program inherited
+/// through `exec` are recognised (see `shim::adopt`).
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ADOPT: extern "C" fn() = {
+    extern "C" fn adopt() {
+        guard::guarded((), shim::adopt);
+    }
+    adopt
+};

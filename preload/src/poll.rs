@@ -20,26 +20,54 @@ thread_local! {
     static BUF: Cell<Vec<pollfd>> = const { Cell::new(Vec::new()) };
 }
 
-/// The SMC-R connections of this process among a poll's or select's descriptors, and their
-/// link groups (each once), which the call drives. With application driving the call answers
-/// for these sockets itself (`run`); without it (no groups here) their pairs are kept in step
-/// while the value lives, and the kernel answers.
+/// The sockets of ours among a poll's or select's descriptors (SMC-R connections, and
+/// connections being settled), and the link groups of the connections (each once), which the
+/// call drives. With application driving the call answers for these sockets itself (`run`):
+/// their groups' descriptors wake it, and for connections being settled the process's poll
+/// kick; without it the kernel answers (SMC-R connections show their kernel pair, kept in
+/// step while the value lives).
 pub(crate) struct Ours {
     pub(crate) drivers: Vec<smcr::Driver>,
-    socks: Vec<std::sync::Arc<crate::shim::Sock>>,
+    /// Each socket, and whether the call answers for it (`polled`) or the kernel does.
+    socks: Vec<(std::sync::Arc<crate::shim::Pair>, bool)>,
+    /// The call answers for sockets of ours (application driving).
+    pub(crate) virt: bool,
+    /// A connection being settled is among them: the poll kick wakes the call.
+    pub(crate) kick: bool,
 }
 
 impl Drop for Ours {
     fn drop(&mut self) {
-        for s in &self.socks {
-            if let crate::shim::Sock::Smc(c) = &**s {
-                if self.drivers.is_empty() {
-                    c.pair.observe(false);
-                } else {
-                    c.pair.polled.fetch_sub(1, Ordering::AcqRel);
-                }
+        for (p, polled) in &self.socks {
+            if *polled {
+                p.polled.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                p.observe(false);
             }
         }
+    }
+}
+
+/// The process's poll kick: an eventfd that poll and select calls answering for a connection
+/// being settled watch (there is no link group to wake them yet).
+fn kick_fd() -> Option<i32> {
+    static KICK: std::sync::OnceLock<Option<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
+    KICK.get_or_init(|| {
+        let _b = guard::Bypass::new();
+        // SAFETY: a new eventfd of ours.
+        let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        (k >= 0).then(|| crate::shim::hide_owned(k).ok()).flatten()
+    })
+    .as_ref()
+    .map(std::os::fd::AsRawFd::as_raw_fd)
+}
+
+/// Wakes the poll and select calls waiting for a connection being settled.
+pub(crate) fn kick() {
+    if let Some(k) = kick_fd() {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes into our eventfd.
+        unsafe { crate::real::write()(k, one.as_ptr().cast(), one.len()) };
     }
 }
 
@@ -56,35 +84,53 @@ pub(crate) fn polling() -> bool {
 
 /// [`Ours`] for the descriptors `fds`; `None` if none is an SMC-R connection of this process.
 pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
+    let drive = app_drive();
     let mut out = Ours {
         drivers: Vec::new(),
         socks: Vec::new(),
+        virt: drive,
+        kick: false,
     };
-    let drive = app_drive();
     for fd in fds {
         if crate::vepoll::has(fd) {
             // An epoll set with registrations of ours, polled: the kernel must answer for it.
             crate::vepoll::to_kernel(fd);
         }
         let Some(sock) = table::get(fd) else { continue };
-        let crate::shim::Sock::Smc(c) = &*sock else {
+        let Some(pair) = sock.pair().cloned() else {
             continue;
         };
         if !drive {
-            c.pair.observe(true);
-        } else {
-            let Some(d) = c.stream.driver() else {
-                // No group (it cannot be: an SMC-R connection has one): the kernel answers.
-                c.pair.observe(true);
-                out.drivers.clear();
-                continue;
-            };
-            c.pair.polled.fetch_add(1, Ordering::AcqRel);
-            if !out.drivers.iter().any(|o| o.id() == d.id()) {
-                out.drivers.push(d);
+            // The kernel answers: an SMC-R connection shows its kernel pair (the others their
+            // TCP socket, which the kernel answers for).
+            if let Some(p) = crate::shim::show_kernel(fd) {
+                p.observe(true);
+                out.socks.push((p, false));
             }
+            continue;
         }
-        out.socks.push(sock.clone());
+        match &*sock {
+            crate::shim::Sock::Smc(c) => {
+                if let Some(d) = c.stream.driver()
+                    && !out.drivers.iter().any(|o| o.id() == d.id())
+                {
+                    out.drivers.push(d);
+                }
+            }
+            crate::shim::Sock::Accepted(a) => {
+                // Waited on: negotiated now, on a worker of this process.
+                guard::guarded((), || {
+                    a.start(fd);
+                });
+                out.kick = true;
+            }
+            _ => out.kick = true,
+        }
+        pair.polled.fetch_add(1, Ordering::AcqRel);
+        out.socks.push((pair, true));
+    }
+    if out.kick && kick_fd().is_none() {
+        out.kick = false;
     }
     if out.socks.is_empty() {
         return None;
@@ -116,12 +162,12 @@ fn say_driven(out: &[smcr::Driver]) {
     }
 }
 
-/// The application's poll on `fds` (`call(array, timeout)` runs the real one) with the link
-/// groups `ds` of its descriptors: their descriptors are watched too and what they bring is
+/// The application's poll on `fds` (`call(array, timeout)` runs the real one) with our sockets
+/// among them (`ours`): the link groups' descriptors are watched too and what they bring is
 /// handled here; the application sees only its own entries and the count of those ready.
 pub(crate) fn wait(
     fds: &mut [pollfd],
-    ds: &[smcr::Driver],
+    ours: &Ours,
     timeout_ms: i32,
     mut call: impl FnMut(&mut [pollfd], i32) -> i32,
 ) -> i32 {
@@ -131,30 +177,41 @@ pub(crate) fn wait(
     // Taken out while in use: a signal handler polling inside this poll finds it empty and
     // grows its own.
     let mut buf = BUF.try_with(Cell::take).unwrap_or_default();
-    let n = run(fds, ds, &mut t, deadline, &mut buf, &mut call);
+    let n = run(fds, ours, &mut t, deadline, &mut buf, &mut call);
     let _ = BUF.try_with(|b| b.set(buf));
     n
 }
 
 fn run(
     fds: &mut [pollfd],
-    ds: &[smcr::Driver],
+    ours_: &Ours,
     t: &mut i32,
     deadline: Option<Instant>,
     buf: &mut Vec<pollfd>,
     call: &mut impl FnMut(&mut [pollfd], i32) -> i32,
 ) -> i32 {
+    let mut ds_own = ours_.drivers.clone();
     let n_app = fds.len();
-    // Our sockets among the entries: with groups to drive, their events come from the
+    // Our sockets among the entries: with application driving, their events come from the
     // connections' state, and the kernel does not look at them (their entries go to it as
     // -1, which it skips).
-    let pairs: Vec<Option<std::sync::Arc<crate::shim::Pair>>> = if ds.is_empty() {
+    let pairs: Vec<Option<std::sync::Arc<crate::shim::Pair>>> = if !ours_.virt {
         Vec::new()
     } else {
         fds.iter().map(|p| pair_of(p.fd)).collect()
     };
+    let kick = ours_.kick.then(kick_fd).flatten();
     let _polling = Polling::new();
     loop {
+        // A connection settled meanwhile (SMC-R now) is woken through its group from now on.
+        for p in pairs.iter().flatten() {
+            if let Some(d) = p.driver()
+                && !ds_own.iter().any(|o| o.id() == d.id())
+            {
+                ds_own.push(d.clone());
+            }
+        }
+        let ds = &ds_own[..];
         buf.clear();
         buf.extend(fds.iter().enumerate().map(|(i, p)| {
             if pairs.get(i).is_some_and(Option::is_some) {
@@ -210,6 +267,15 @@ fn run(
             events: libc::POLLIN,
             revents: 0,
         }));
+        // The poll kick last: a connection being settled here wakes the call through it.
+        if let Some(k) = kick {
+            buf.push(pollfd {
+                fd: k,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let rx_end = buf.len() - usize::from(kick.is_some());
         // Ours ready already (looked at once the groups are driven: what changes from now on
         // wakes the call): no sleep.
         let pending = fds
@@ -238,11 +304,15 @@ fn run(
                         drain(p.fd);
                     }
                 }
-                let fired: Vec<i32> = buf[groups..]
+                let fired: Vec<i32> = buf[groups..rx_end]
                     .iter()
                     .filter(|p| p.revents != 0)
                     .map(|p| p.fd)
                     .collect();
+                if kick.is_some() && buf[rx_end].revents != 0 {
+                    ours = true;
+                    drain(buf[rx_end].fd);
+                }
                 if ours || !fired.is_empty() {
                     ours = true;
                     handle(ds, &fired);
@@ -275,13 +345,10 @@ fn run(
     }
 }
 
-/// The pair of `fd` if it is an SMC-R connection of this process.
+/// The readiness of `fd` if it is a socket of ours this process answers for (an SMC-R
+/// connection, or one being settled).
 fn pair_of(fd: i32) -> Option<std::sync::Arc<crate::shim::Pair>> {
-    let sock = table::get(fd)?;
-    match &*sock {
-        crate::shim::Sock::Smc(c) => Some(c.pair.clone()),
-        _ => None,
-    }
+    table::get(fd)?.pair().cloned()
 }
 
 /// The poll events of a socket in `state`'s pair, for a request of `events` (POLLERR and
@@ -364,7 +431,7 @@ pub(crate) fn select(
             })
         })
         .collect();
-    let n = wait(&mut fds, &ours.drivers, timeout_ms, call);
+    let n = wait(&mut fds, &ours, timeout_ms, call);
     drop(ours);
     if n < 0 {
         return Some(n);

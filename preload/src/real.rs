@@ -79,4 +79,5 @@ real! {
     select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;
     pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int;
     sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
+    fork: fn() -> libc::pid_t;
 }

@@ -1,53 +1,85 @@
 //! What happens to a socket of ours, call by call. The hooks (`hooks.rs`) only decide whether a
 //! descriptor is ours and translate arguments; the SMC-R work is `smcr`'s.
 //!
+//! The application's number always holds the real TCP socket (a connected one, or the
+//! listening one): `fstat`, socket options, addresses, `fork` and `exec` see what they would
+//! without us. What makes a connection SMC-R is our table entry for the number; our own
+//! duplicate of the TCP socket lives out of the application's numbers (`smcr::fdzone`), one
+//! descriptor per connection. Readiness is answered by our poll, select and epoll hooks from
+//! the connection's state; only when the kernel itself must answer for the socket (an epoll
+//! set that is polled or nested, `SMCR_VIRTUAL_EPOLL=off`) does the number get a socketpair
+//! end whose readiness we set ([`Pair`]).
+//!
 //! Life of a socket:
-//! * `socket(AF_INET, SOCK_STREAM)` → [`Sock::Inet`].
-//! * `connect`: marked for the TCP option, then connected. Blocking: negotiated in the call
-//!   (`SmcStream::from_connected`). Non-blocking: the application's number gets a socket that
-//!   is neither readable nor writable ([`Sock::Pending`]) while a thread waits for the TCP
-//!   handshake and negotiates; the number becomes writable only when SMC-R is up or the real
-//!   TCP socket is back in place (fallback, or a failed connect whose error SO_ERROR reports).
-//! * SMC-R: the TCP socket moves to a hidden high descriptor and the application's number is
-//!   one end of a socketpair whose readiness follows the connection ([`Sock::Smc`]). TCP: the
-//!   descriptor is forgotten (plain socket, zero cost from then on).
-//! * `listen`: marked first; the listening socket moves to a hidden descriptor served by an
-//!   acceptor thread that negotiates each connection on a thread of its own; the application's
-//!   number is readable while negotiated connections wait ([`Sock::Listener`]), and `accept`
-//!   hands them out (SMC-R or TCP), blocking or not as the application asked.
-//! * Whenever the file behind an application's number changes, its epoll registrations are
-//!   moved to the new file (`epoll.rs`).
+//! * `socket(AF_INET or AF_INET6, SOCK_STREAM)` → [`Sock::Inet`].
+//! * `connect`: our duplicate is taken first (no room: the socket stays unmarked, plain TCP
+//!   with NOFD), then the socket is marked for the TCP option and connected. Blocking: SMC-R
+//!   is negotiated in the call. Non-blocking: [`Sock::Pending`] while a worker finishes; the
+//!   socket shows not writable (in our hooks) until SMC-R is up or the fallback is decided.
+//!   A connection to a listener of this very process stays TCP (SELF): its handshake would
+//!   wait for an `accept` that only the same program can make.
+//! * `listen`: marked first; the socket stays at the application's number and listens as
+//!   usual ([`Sock::Listener`]), in this process and in every process that inherits it
+//!   (prefork servers: each worker accepts on it itself).
+//! * `accept` (in whichever process calls it): the kernel's connection is returned at once.
+//!   A peer that sent no SMC-R option is plain TCP from then on. One that did becomes
+//!   [`Sock::Accepted`]: the server side of the CLC handshake runs in the process that first
+//!   uses the socket (reads, writes, waits on it) — the accepting process, or the child it
+//!   forked for the connection (PostgreSQL, inetd-style servers) — so that the process using
+//!   the connection owns its SMC-R state. A connection several processes hold at that moment
+//!   stays TCP (SHARED), settled before any byte of the application's.
+//! * Whichever process settles a connection records it in the socket's option record
+//!   (`smcr::option::Claim`), so every other holder learns it from the socket itself.
 
 use std::io;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use smcr::{Blocking, Mode, Runtime, RuntimeConfig, SmcStream};
+use parking_lot::{Condvar, Mutex};
+use smcr::{Blocking, FallbackReason, Mode, Runtime, RuntimeConfig, SmcStream};
 
 use crate::guard::{Bypass, errno_of};
 use crate::{log, real, table};
 
-/// Hidden descriptors (our duplicates of TCP sockets) live at or above this number, out of the
-/// way of `select` (FD_SETSIZE 1024) and of the application's low numbers.
-const HIDDEN_MIN: i32 = 1100;
-
 /// A socket the shim manages.
 pub(crate) enum Sock {
-    /// An IPv4 TCP socket, not connected or listening yet.
+    /// A TCP socket (IPv4, or IPv6 that may reach IPv4 peers), not connected or listening yet.
     Inet,
-    /// A marked listening socket served by our acceptor.
+    /// A marked listening socket (at the application's number, shared by every process that
+    /// holds it).
     Listener(Arc<Listener>),
-    /// A non-blocking connect being completed and negotiated in the background.
-    Pending(Arc<Pending>),
+    /// A non-blocking connect (or one to a listener of this process) being completed and
+    /// negotiated in the background.
+    Pending(Arc<Settling>),
+    /// An accepted connection whose peer offered SMC-R: negotiated at its first use.
+    Accepted(Arc<Settling>),
     /// An SMC-R connection.
     Smc(SmcFd),
-    /// One of the above, inherited from the parent process through fork: its connection is
-    /// the parent's; the child may close it (nothing is sent) but not use it (EIO).
+    /// An SMC-R connection (or a connect in progress) of another process, inherited through
+    /// fork: the child may close it (nothing is sent) but not use it (EIO).
     Inherited,
+}
+
+impl Sock {
+    /// Whether the entry belongs to the process that made it only (a forked child's copy is
+    /// [`Sock::Inherited`]); listeners, accepted connections not negotiated yet and plain
+    /// sockets are any holder's.
+    pub(crate) fn per_process(&self) -> bool {
+        matches!(self, Self::Smc(_) | Self::Pending(_))
+    }
+
+    /// The readiness this socket shows through our hooks, if it is ours to answer for.
+    pub(crate) fn pair(&self) -> Option<&Arc<Pair>> {
+        match self {
+            Self::Smc(c) => Some(&c.pair),
+            Self::Pending(p) => Some(&p.pair),
+            Self::Accepted(a) => Some(&a.pair),
+            _ => None,
+        }
+    }
 }
 
 /// An SMC-R connection at an application descriptor.
@@ -58,11 +90,67 @@ pub(crate) struct SmcFd {
     /// SO_RCVTIMEO / SO_SNDTIMEO in microseconds (0: none).
     pub(crate) rcvtimeo_us: AtomicU64,
     pub(crate) sndtimeo_us: AtomicU64,
-    /// The pair at the application's number (to clear a reset it shows once collected).
+    /// The connection's readiness as our hooks report it (and the kernel pair, if any).
     pub(crate) pair: Arc<Pair>,
+    /// What the application wrote before the connection was settled, not sent yet: it goes
+    /// before anything written later (the settling worker sends it right after installing
+    /// the connection; a write that comes first sends it itself).
+    preamble: Mutex<Vec<u8>>,
+    /// The preamble is sent (the usual case: no lock on the way to a send).
+    preamble_sent: AtomicBool,
+    /// A shutdown of writing asked for while the preamble was still going: done right after
+    /// it (once: whoever swaps it out does it).
+    shut_after: AtomicBool,
 }
 
 impl SmcFd {
+    /// Sends the preamble, if any is left: all of it, waiting as `how` says (as a send
+    /// waits for room: without end, or until SO_SNDTIMEO), or what fits now (else
+    /// WouldBlock while some is left).
+    pub(crate) fn flush_preamble(&self, how: Blocking) -> io::Result<()> {
+        if self.preamble_sent.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let until = Until::new(how);
+        let busy = || io::Error::from(io::ErrorKind::WouldBlock);
+        let mut p = match how {
+            Blocking::No => self.preamble.try_lock().ok_or_else(busy)?,
+            Blocking::Yes(None) => self.preamble.lock(),
+            Blocking::Yes(Some(t)) => self.preamble.try_lock_for(t).ok_or_else(busy)?,
+        };
+        while !p.is_empty() {
+            let how = until.left().ok_or_else(busy)?;
+            let n = self.stream.send(&p, how)?;
+            p.drain(..n);
+        }
+        self.preamble_sent.store(true, Ordering::Release);
+        drop(p);
+        if self.shut_after.swap(false, Ordering::AcqRel) {
+            let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        }
+        Ok(())
+    }
+
+    /// The application's shutdown: at once, but the end of writing waits (without blocking
+    /// the caller) for a preamble still going, as TCP queues its FIN after the data.
+    pub(crate) fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+        use std::net::Shutdown;
+        if self.preamble_sent.load(Ordering::Acquire) || how == Shutdown::Read {
+            return self.stream.shutdown(how);
+        }
+        if how == Shutdown::Both {
+            self.stream.shutdown(Shutdown::Read)?;
+        }
+        self.shut_after.store(true, Ordering::Release);
+        // Sent meanwhile: then it is ours to do (exactly once).
+        if self.preamble_sent.load(Ordering::Acquire)
+            && self.shut_after.swap(false, Ordering::AcqRel)
+        {
+            return self.stream.shutdown(Shutdown::Write);
+        }
+        Ok(())
+    }
+
     fn blocking(&self, dontwait: bool, timeo: &AtomicU64) -> Blocking {
         if dontwait || self.nonblock.load(Ordering::Relaxed) {
             Blocking::No
@@ -127,7 +215,7 @@ impl SmcFd {
         Ok(done)
     }
 
-    /// A reset reported to the application is collected: the pair stops showing EPOLLERR.
+    /// A reset reported to the application is collected: the socket stops showing EPOLLERR.
     fn collect<T>(&self, r: io::Result<T>) -> io::Result<T> {
         if let Err(e) = &r
             && e.kind() == io::ErrorKind::ConnectionReset
@@ -139,7 +227,10 @@ impl SmcFd {
 
     pub(crate) fn send(&self, buf: &[u8], flags: i32) -> io::Result<usize> {
         let how = self.blocking(flags & libc::MSG_DONTWAIT != 0, &self.sndtimeo_us);
-        let r = self.collect(self.send_all(buf, how));
+        let r = self
+            .flush_preamble(how)
+            .and_then(|()| self.send_all(buf, how));
+        let r = self.collect(r);
         if let Err(e) = &r
             && e.kind() == io::ErrorKind::BrokenPipe
             && flags & libc::MSG_NOSIGNAL == 0
@@ -154,13 +245,13 @@ impl SmcFd {
 }
 
 /// One deadline for a whole blocking call made of several waits.
-struct Until(Option<Option<std::time::Instant>>);
+struct Until(Option<Option<Instant>>);
 
 impl Until {
     fn new(how: Blocking) -> Self {
         Self(match how {
             Blocking::No => None,
-            Blocking::Yes(t) => Some(t.map(|t| std::time::Instant::now() + t)),
+            Blocking::Yes(t) => Some(t.map(|t| Instant::now() + t)),
         })
     }
 
@@ -170,7 +261,7 @@ impl Until {
             None => Some(Blocking::No),
             Some(None) => Some(Blocking::Yes(None)),
             Some(Some(d)) => {
-                let left = d.saturating_duration_since(std::time::Instant::now());
+                let left = d.saturating_duration_since(Instant::now());
                 (!left.is_zero()).then_some(Blocking::Yes(Some(left)))
             }
         }
@@ -188,6 +279,7 @@ pub(crate) fn runtime() -> Runtime {
         Some((p, rt)) if *p == pid => rt.clone(),
         _ => {
             let _b = Bypass::new();
+            smcr::fdzone::enable();
             let rt = Runtime::new(RuntimeConfig::from_env());
             if let Some(why) = rt.negotiation_problem() {
                 log::line(format_args!(
@@ -207,7 +299,14 @@ pub(crate) fn runtime() -> Runtime {
 /// Whether the shim is on (`SMCR_DISABLE=1` turns it off).
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SMCR_DISABLE").map_or(true, |v| v != "1"))
+    *ON.get_or_init(|| {
+        let on = std::env::var("SMCR_DISABLE").map_or(true, |v| v != "1");
+        if on {
+            // Our descriptors stay out of the application's numbers from the first one.
+            smcr::fdzone::enable();
+        }
+        on
+    })
 }
 
 /// Whether `SMCR_INCLUDE`/`SMCR_EXCLUDE` let a connection to (or a listener on) `a` use
@@ -244,7 +343,7 @@ pub(crate) fn exclude(fd: i32, what: &str, a: std::net::SocketAddrV4) {
     untrack(fd);
     log::line(format_args!(
         "fd {fd} {what} {a}: TCP: excluded by SMCR_INCLUDE/SMCR_EXCLUDE [{:#010x}]",
-        smcr::FallbackReason::CODE_EXCLUDED
+        FallbackReason::CODE_EXCLUDED
     ));
 }
 
@@ -254,18 +353,49 @@ fn is_nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-/// The IPv4 address a socket is bound to.
-fn local_v4(fd: i32) -> Option<std::net::SocketAddr> {
-    // SAFETY: getsockname into a sockaddr_in of the size we pass.
-    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let r = unsafe { real::getsockname()(fd, (&mut a as *mut libc::sockaddr_in).cast(), &mut len) };
-    (r == 0 && i32::from(a.sin_family) == libc::AF_INET).then(|| {
-        std::net::SocketAddr::from((
-            std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-            u16::from_be(a.sin_port),
-        ))
-    })
+/// Whether `fd` is in non-blocking mode.
+pub(crate) fn nonblocking(fd: i32) -> bool {
+    is_nonblocking(fd)
+}
+
+/// A socket's own address (IPv4, or IPv6 for a dual-stack socket).
+fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: an all-zero sockaddr_storage is valid; the kernel fills at most `len` bytes.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let f = if peer {
+        real::getpeername()
+    } else {
+        real::getsockname()
+    };
+    // SAFETY: as above.
+    let r = unsafe { f(fd, (&raw mut ss).cast(), &mut len) };
+    (r == 0).then(|| sockaddr_of(&ss, len)).flatten()
+}
+
+/// A socket address from what the kernel filled.
+pub(crate) fn sockaddr_of(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    match i32::from(ss.ss_family) {
+        libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: an AF_INET address of full length.
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::from((
+                std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: an AF_INET6 address of full length.
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                std::net::Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
 }
 
 fn borrowed(fd: i32) -> BorrowedFd<'static> {
@@ -273,71 +403,111 @@ fn borrowed(fd: i32) -> BorrowedFd<'static> {
     unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
-/// Our own duplicate of the application's socket, as a TcpStream, at a hidden number.
-fn hidden_dup(fd: i32) -> io::Result<TcpStream> {
-    // SAFETY: fcntl duplicates `fd`; the new descriptor is ours alone.
-    let h = unsafe { real::fcntl()(fd, libc::F_DUPFD_CLOEXEC, HIDDEN_MIN as libc::c_ulong) };
-    if h < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `h` is a new descriptor nothing else owns.
-    Ok(unsafe { TcpStream::from_raw_fd(h) })
+/// Our own duplicate of a socket, out of the application's numbers (close-on-exec).
+fn hide(fd: i32) -> io::Result<OwnedFd> {
+    smcr::fdzone::place_copy(borrowed(fd))
 }
 
-/// The socket we put at an application's descriptor number: one end (`app`) of a Unix stream
-/// socketpair whose readiness we set, so poll/select/epoll (level- or edge-triggered) report
-/// our state with no translation. Readable: bytes wait in `app`'s receive queue, one more for
-/// each new arrival so edge-triggered epoll fires again (or the other end, `ours`, shut down
-/// writing: EOF, RDHUP). Not writable: `app`'s send side is filled (through our duplicate
-/// `app_dup`) until the kernel refuses more. Hung up: `ours` shut down both ways. Reset: `ours`
-/// closed while it holds unread bytes, which sets ECONNRESET on `app` (EPOLLERR) until the
-/// application collects the error.
+/// [`hide`] for a new descriptor of ours: moved out of the application's range.
+pub(crate) fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    smcr::fdzone::place(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+// ---- readiness --------------------------------------------------------------------------
+
+/// A connection's readiness as our poll, select and epoll hooks report it: the latest state,
+/// packed, and how often each bit rose (edge-triggered registrations report again when one of
+/// theirs moved), read without a lock.
+///
+/// When the kernel must answer for the socket (an epoll set that is polled, selected or
+/// nested, or our epoll off), the application's number gets one end of a Unix socketpair
+/// whose readiness we set ([`Pair::kernel_end`]): readable while bytes wait in its receive
+/// queue (one more per arrival, so edge-triggered epoll fires again) or once our end shut
+/// down writing (EOF, RDHUP); not writable while its send side is filled (through our duplicate
+/// of it) until the kernel refuses more; hung up when our end shut down both ways; reset
+/// (EPOLLERR, ECONNRESET) when our end closes holding unread bytes. Kept in step only while
+/// the kernel may be asked.
 pub(crate) struct Pair {
-    /// A duplicate of the application's end (same open file), for draining and filling.
-    app_dup: OwnedFd,
     st: Mutex<PairState>,
     /// The connection's latest state, packed (bit 0 readable, 1 writable, 2 read side hung
-    /// up, 3 hung up, 4 error): what our epoll (vepoll.rs) reports, read without a lock.
+    /// up, 3 hung up, 4 error).
     latest: AtomicU32,
-    /// How often each of those bits rose (the readable one also at each new arrival): an
-    /// edge-triggered registration of ours reports again when one of its bits moved.
+    /// How often each of those bits rose (the readable one also at each new arrival).
     rises: [AtomicU32; 5],
     /// Epoll sets that hold the socket as a registration of ours (vepoll.rs): a bit that
     /// rises wakes their waiters.
     watched: Mutex<Vec<i32>>,
     /// poll/select calls in progress that answer for the socket themselves (poll.rs): a bit
-    /// that rises elsewhere wakes them through the link group's descriptor.
+    /// that rises elsewhere wakes them (through the link group's descriptor, or the process's
+    /// poll kick before there is a group).
     pub(crate) polled: AtomicU32,
-    /// The connection's link group, to wake those calls (set when the pair starts to follow
-    /// the connection).
-    driver: std::sync::OnceLock<smcr::Driver>,
+    /// The connection's link group, to wake those calls (set when SMC-R is up).
+    driver: OnceLock<smcr::Driver>,
 }
 
 struct PairState {
-    /// What the kernel shows (what was last applied to the pair).
+    /// What the kernel pair shows (what was last applied to it).
     cur: smcr::ReadyState,
     /// The connection's latest state.
     want: smcr::ReadyState,
-    /// Who may look at the pair through the kernel: poll/select calls in progress (our hooks
-    /// count them), plus one for good once an epoll set holds it (sticky), or while a
-    /// non-blocking connect is pending. Without any, `set` only records the state: a program
-    /// that reads and writes without waiting in poll or epoll (or never on this socket) pays
-    /// no system call for readiness.
+    /// poll/select calls looking at the kernel pair (our hooks count them), plus `epoll` for
+    /// good once a kernel epoll set holds it.
     observers: u32,
     epoll: bool,
-    /// Our end (non-blocking); gone once the connection was reset.
-    ours: Option<OwnedFd>,
+    /// The socketpair, once the kernel must answer for the socket.
+    kernel: Option<KernelPair>,
     /// The reset is showing as EPOLLERR and nobody collected it yet.
     error_pending: bool,
 }
 
+struct KernelPair {
+    /// A duplicate of the application's end (same open file), for draining and filling.
+    app_dup: OwnedFd,
+    /// Our end (non-blocking); gone once the connection was reset.
+    ours: Option<OwnedFd>,
+}
+
 impl Pair {
-    /// A new pair, starting not readable, and writable or not; the application's end is
-    /// returned (at a hidden number, for the caller to place).
-    fn new(writable: bool) -> io::Result<(OwnedFd, Arc<Self>)> {
+    /// Readiness starting not readable, and writable or not.
+    pub(crate) fn new(writable: bool) -> Arc<Self> {
+        let s = smcr::ReadyState {
+            writable,
+            ..Default::default()
+        };
+        Arc::new(Self {
+            latest: AtomicU32::new(pack(s)),
+            rises: Default::default(),
+            watched: Mutex::new(Vec::new()),
+            polled: AtomicU32::new(0),
+            driver: OnceLock::new(),
+            st: Mutex::new(PairState {
+                cur: s,
+                want: s,
+                observers: 0,
+                epoll: false,
+                kernel: None,
+                error_pending: false,
+            }),
+        })
+    }
+
+    /// Whether the kernel pair exists (the application's number shows it).
+    pub(crate) fn has_kernel(&self) -> bool {
+        self.st.lock().kernel.is_some()
+    }
+
+    /// Makes the kernel socketpair, showing the current state; returns the application's end
+    /// for the caller to put at the application's number(s). `None` when it exists already.
+    fn kernel_end(&self) -> io::Result<Option<OwnedFd>> {
+        let mut st = self.st.lock();
+        if st.kernel.is_some() {
+            return Ok(None);
+        }
+        let _b = Bypass::new();
         let last = || io::Error::last_os_error();
         // SAFETY: plain descriptor calls on descriptors we create.
-        unsafe {
+        let (app, ours) = unsafe {
             let mut sv = [0; 2];
             if libc::socketpair(
                 libc::AF_UNIX,
@@ -348,9 +518,12 @@ impl Pair {
             {
                 return Err(last());
             }
-            let (app, ours) = (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]));
-            // Small buffers: filling the application's end takes a few kilobytes.
-            let one: libc::c_int = 1;
+            (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]))
+        };
+        // Small buffers: filling the application's end takes a few kilobytes.
+        let one: libc::c_int = 1;
+        // SAFETY: setting options and flags on our new descriptors.
+        unsafe {
             real::setsockopt()(
                 app.as_raw_fd(),
                 libc::SOL_SOCKET,
@@ -363,51 +536,26 @@ impl Pair {
                 libc::F_SETFL,
                 libc::O_NONBLOCK as libc::c_ulong,
             );
-            // Both ends move out of the application's range at once, so that the number the
-            // application gets (accept: the lowest free one) is the one a socket would get.
-            let app = {
-                let h = hide(app.as_raw_fd())?;
-                drop(app);
-                h
-            };
-            let app_dup = hide(app.as_raw_fd())?;
-            let ours = {
-                let h = hide(ours.as_raw_fd())?;
-                drop(ours);
-                h
-            };
-            let fresh = smcr::ReadyState {
-                writable: true,
-                ..Default::default()
-            };
-            let p = Arc::new(Self {
-                app_dup,
-                latest: AtomicU32::new(pack(fresh)),
-                rises: Default::default(),
-                watched: Mutex::new(Vec::new()),
-                polled: AtomicU32::new(0),
-                driver: std::sync::OnceLock::new(),
-                st: Mutex::new(PairState {
-                    cur: fresh,
-                    want: fresh,
-                    // A pending connect's pair is looked at (the application waits for its
-                    // writability): kept in step from the start.
-                    observers: u32::from(!writable),
-                    epoll: false,
-                    ours: Some(ours),
-                    error_pending: false,
-                }),
-            });
-            if !writable {
-                // A fresh socketpair end is writable: make it not.
-                p.set(smcr::ReadyState::default());
-            }
-            Ok((app, p))
         }
+        let ours = smcr::fdzone::place(ours)?;
+        let app_dup = hide(app.as_raw_fd())?;
+        st.kernel = Some(KernelPair {
+            app_dup,
+            ours: Some(ours),
+        });
+        // A fresh pair shows writable, not readable: bring it to the latest state.
+        st.cur = smcr::ReadyState {
+            writable: true,
+            ..Default::default()
+        };
+        st.observers += 1;
+        self.apply(&mut st);
+        st.observers -= 1;
+        Ok(Some(app))
     }
 
-    /// The connection's state changed: shown at once while someone may look (see
-    /// [`PairState::observers`]), else when someone starts to.
+    /// The connection's state changed: shown through our hooks at once, and through the
+    /// kernel pair while someone may look there.
     pub(crate) fn set(&self, now: smcr::ReadyState) {
         let mut st = self.st.lock();
         let before = st.want;
@@ -423,20 +571,25 @@ impl Pair {
                 r.fetch_add(1, Ordering::AcqRel);
             }
         }
-        if st.observers > 0 || st.epoll || !lazy() {
+        if st.kernel.is_some() && (st.observers > 0 || st.epoll || !lazy()) {
             self.apply(&mut st);
         }
         drop(st);
         if rose != 0 {
-            let sets = self.watched.lock().clone();
-            if !sets.is_empty() {
-                crate::vepoll::kick(&sets);
-            }
-            if self.polled.load(Ordering::Acquire) > 0
-                && !crate::poll::polling()
-                && let Some(d) = self.driver.get()
-            {
-                d.kick();
+            self.wake();
+        }
+    }
+
+    /// Wakes whoever waits on the socket through our hooks.
+    fn wake(&self) {
+        let sets = self.watched.lock().clone();
+        if !sets.is_empty() {
+            crate::vepoll::kick(&sets);
+        }
+        if self.polled.load(Ordering::Acquire) > 0 && !crate::poll::polling() {
+            match self.driver.get() {
+                Some(d) => d.kick(),
+                None => crate::poll::kick(),
             }
         }
     }
@@ -451,6 +604,11 @@ impl Pair {
         std::array::from_fn(|b| self.rises[b].load(Ordering::Acquire))
     }
 
+    /// The connection's link group, once it is SMC-R (its descriptor wakes poll calls).
+    pub(crate) fn driver(&self) -> Option<&smcr::Driver> {
+        self.driver.get()
+    }
+
     /// The epoll set `epfd` holds (`on`) or no longer holds a registration of ours for the
     /// socket.
     pub(crate) fn watched_by(&self, epfd: i32, on: bool) {
@@ -462,8 +620,12 @@ impl Pair {
         }
     }
 
-    /// A poll or select is about to look at the pair through the kernel (`true`), or is done
-    /// (`false`).
+    /// The epoll sets holding registrations of ours for the socket.
+    pub(crate) fn watchers(&self) -> Vec<i32> {
+        self.watched.lock().clone()
+    }
+
+    /// A poll or select is about to look at the kernel pair (`true`), or is done (`false`).
     pub(crate) fn observe(&self, on: bool) {
         let mut st = self.st.lock();
         if on {
@@ -474,7 +636,7 @@ impl Pair {
         }
     }
 
-    /// An epoll set holds the pair: kept in step from now on.
+    /// A kernel epoll set holds the pair: kept in step from now on.
     pub(crate) fn observe_epoll(&self) {
         let mut st = self.st.lock();
         if !st.epoll {
@@ -483,18 +645,21 @@ impl Pair {
         }
     }
 
-    /// Makes the kernel show `want`.
+    /// Makes the kernel pair (if any) show `want`.
     fn apply(&self, st: &mut PairState) {
         let _b = Bypass::new();
         let (cur, now) = (st.cur, st.want);
         if cur == now {
             return;
         }
-        st.cur = now;
-        let Some(o) = st.ours.as_ref().map(AsRawFd::as_raw_fd) else {
+        let Some(k) = st.kernel.as_mut() else {
             return;
         };
-        let a = self.app_dup.as_raw_fd();
+        st.cur = now;
+        let Some(o) = k.ours.as_ref().map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        let a = k.app_dup.as_raw_fd();
         let mut buf = [0u8; 1024];
         // SAFETY (all calls below): descriptors we own; MSG_DONTWAIT so the application's
         // O_NONBLOCK (shared with `app_dup`) never makes us block.
@@ -519,7 +684,7 @@ impl Pair {
                 // ECONNRESET (EPOLLERR) and hung up, with EPOLLIN and EPOLLOUT, as a reset
                 // TCP socket shows.
                 real::send()(a, b"e".as_ptr().cast(), 1, libc::MSG_DONTWAIT);
-                st.ours = None;
+                k.ours = None;
                 st.error_pending = true;
                 return;
             }
@@ -544,7 +709,9 @@ impl Pair {
         if !std::mem::replace(&mut st.error_pending, false) {
             return false;
         }
-        clear_so_error(self.app_dup.as_raw_fd());
+        if let Some(k) = &st.kernel {
+            clear_so_error(k.app_dup.as_raw_fd());
+        }
         true
     }
 }
@@ -574,18 +741,17 @@ fn clear_so_error(fd: i32) {
     };
 }
 
-/// Whether pairs are kept in step only while someone may look at them (`SMCR_LAZY_PAIR=off`
-/// keeps every pair in step at every change, as before).
+/// Whether kernel pairs are kept in step only while someone may look at them
+/// (`SMCR_LAZY_PAIR=off` keeps them in step at every change).
 fn lazy() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         !std::env::var("SMCR_LAZY_PAIR").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
     })
 }
 
 /// Empties the receive queue of `fd` (ours, non-blocking calls). Every sender holds the
-/// pair's lock, as the caller does, so a short read means the queue is empty: no second call
-/// to find that out.
+/// pair's lock, as the caller does, so a short read means the queue is empty.
 fn drain(fd: i32, buf: &mut [u8]) {
     loop {
         // SAFETY: receiving into our buffer from our descriptor, never blocking.
@@ -605,22 +771,41 @@ impl smcr::Readiness for PairSink {
     }
 }
 
-/// Moves a descriptor of ours out of the application's range (close-on-exec).
-fn hide(fd: i32) -> io::Result<OwnedFd> {
-    // SAFETY: duplicating a descriptor we own; the result is ours alone.
-    let h = unsafe { real::fcntl()(fd, libc::F_DUPFD_CLOEXEC, HIDDEN_MIN as libc::c_ulong) };
-    if h < 0 {
-        return Err(io::Error::last_os_error());
+/// The kernel must answer for the socket at `fd` (an epoll set of the kernel's, a poll of the
+/// kernel's): for an SMC-R connection, the number gets its kernel pair (made now if needed),
+/// kept in step from then on. Other sockets of ours show their TCP socket, whose readiness the
+/// kernel reports itself. Returns the socket's pair if the number shows one.
+pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
+    let sock = table::get(fd)?;
+    let Sock::Smc(c) = &*sock else {
+        return None;
+    };
+    let pair = c.pair.clone();
+    let _b = Bypass::new();
+    match pair.kernel_end() {
+        Ok(Some(app)) => {
+            // Every number showing this connection gets the pair (dup'd numbers share it).
+            for n in table::numbers_of(&sock) {
+                if let Err(e) = replace(n, app.as_raw_fd(), true, || {}) {
+                    log::line(format_args!("fd {n}: could not show readiness: {e}"));
+                }
+            }
+            Some(pair)
+        }
+        Ok(None) => Some(pair),
+        Err(e) => {
+            log::line(format_args!(
+                "fd {fd}: no socketpair for the kernel's view of the connection: {e}"
+            ));
+            None
+        }
     }
-    // SAFETY: a new descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(h) })
 }
 
 /// Puts `file` at the application's number `fd`, moving the epoll registrations the
 /// application made for `fd` to the new file; `then` (the table update) runs before the
 /// application's next `epoll_ctl` on `fd` (`epoll::swap`). A pair (`ours`) is always
-/// close-on-exec, the flag the application set being kept as its view; a socket handed back
-/// gets the application's flag for real.
+/// close-on-exec, the flag the application set being kept as its view.
 fn replace(fd: i32, file: i32, ours: bool, then: impl FnOnce()) -> io::Result<()> {
     let cloexec = app_cloexec(fd);
     table::set_cloexec_view(fd, cloexec);
@@ -628,14 +813,29 @@ fn replace(fd: i32, file: i32, ours: bool, then: impl FnOnce()) -> io::Result<()
     crate::epoll::swap(fd, file, flags, then)
 }
 
-/// Whether a file of ours is at the application's number `fd` (a pair, not the TCP socket).
-pub(crate) fn shows_pair(s: &Sock) -> bool {
-    matches!(s, Sock::Smc(_) | Sock::Listener(_) | Sock::Pending(_))
+/// Whether the number's close-on-exec flag is the application's view only: an SMC-R
+/// connection is close-on-exec for real (an exec'd image could not serve it: it arrives
+/// closed rather than silent), whatever the program sets.
+pub(crate) fn cloexec_managed(s: &Sock) -> bool {
+    matches!(s, Sock::Smc(_))
+}
+
+/// The application's close-on-exec flag of `n` becomes its view; the number is close-on-exec
+/// for real from now on.
+fn manage_cloexec(n: i32) {
+    // SAFETY: reading and setting descriptor flags of the application's number.
+    let fl = unsafe { real::fcntl()(n, libc::F_GETFD, 0) };
+    if fl < 0 {
+        return;
+    }
+    table::set_cloexec_view(n, fl & libc::FD_CLOEXEC != 0);
+    // SAFETY: as above.
+    unsafe { real::fcntl()(n, libc::F_SETFD, (fl | libc::FD_CLOEXEC) as libc::c_ulong) };
 }
 
 /// The close-on-exec flag as the application sees it.
 pub(crate) fn app_cloexec(fd: i32) -> bool {
-    if table::get_any(fd).is_some_and(|s| shows_pair(&s)) {
+    if table::get_any(fd).is_some_and(|s| cloexec_managed(&s)) {
         return table::cloexec_view(fd);
     }
     // SAFETY: reading descriptor flags.
@@ -651,13 +851,38 @@ pub(crate) fn untrack(fd: i32) -> Option<Arc<Sock>> {
 }
 
 /// An SMC-R connection to show through `pair`.
-fn smc_fd(stream: SmcStream, nonblock: bool, pair: Arc<Pair>) -> Arc<Sock> {
+fn smc_fd(stream: SmcStream, nonblock: bool, pair: Arc<Pair>, preamble: Vec<u8>) -> Arc<Sock> {
+    // Timeouts the application set before the connection was ours (kept by the socket).
+    let timeo = |name| {
+        // SAFETY: an all-zero timeval is valid; the kernel fills at most `len` bytes.
+        let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: reading a timeval option of our socket.
+        let r = unsafe {
+            real::getsockopt()(
+                stream.tcp().as_raw_fd(),
+                libc::SOL_SOCKET,
+                name,
+                (&raw mut tv).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64
+        } else {
+            0
+        }
+    };
+    let (rcv, snd) = (timeo(libc::SO_RCVTIMEO), timeo(libc::SO_SNDTIMEO));
     Arc::new(Sock::Smc(SmcFd {
         stream,
         nonblock: AtomicBool::new(nonblock),
-        rcvtimeo_us: AtomicU64::new(0),
-        sndtimeo_us: AtomicU64::new(0),
+        rcvtimeo_us: AtomicU64::new(rcv),
+        sndtimeo_us: AtomicU64::new(snd),
         pair,
+        preamble_sent: AtomicBool::new(preamble.is_empty()),
+        preamble: Mutex::new(preamble),
+        shut_after: AtomicBool::new(false),
     }))
 }
 
@@ -672,36 +897,6 @@ fn follow(sock: &Sock) {
     }
 }
 
-/// Makes `fd` (currently the application's TCP socket) an SMC-R connection: a pair at its
-/// number, the TCP socket hidden in `stream`.
-fn take_over(fd: i32, stream: SmcStream) -> io::Result<()> {
-    let nonblock = is_nonblocking(fd);
-    // A new connection is writable: so is its pair from the start. The number is ours in the
-    // table before the pair shows there, so a write that the writability invites reaches
-    // SMC-R, never the pair.
-    let (app, pair) = Pair::new(true)?;
-    let sock = smc_fd(stream, nonblock, pair);
-    // The socket's close-on-exec flag becomes the application's view first (`replace`
-    // reads the view once the number is ours).
-    table::set_cloexec_view(fd, app_cloexec(fd));
-    table::insert(fd, sock.clone());
-    if let Err(e) = replace(fd, app.as_raw_fd(), true, || {}) {
-        table::insert(fd, Arc::new(Sock::Inet));
-        return Err(e);
-    }
-    drop(app);
-    if nonblock {
-        // SAFETY: setting a status flag on the application's (new) descriptor.
-        unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
-    }
-    if let Sock::Smc(c) = &*sock {
-        // Registrations made on the TCP socket moved to the pair: ours where they can be.
-        crate::epoll::virtualize(fd, &c.pair);
-    }
-    follow(&sock);
-    Ok(())
-}
-
 /// How a connection was negotiated, for the log (formatted only when a line is written).
 fn describe(m: &Mode) -> impl std::fmt::Display + '_ {
     struct D<'a>(&'a Mode);
@@ -712,24 +907,135 @@ fn describe(m: &Mode) -> impl std::fmt::Display + '_ {
                     first_contact: true,
                 } => f.write_str("SMC-R (new link group)"),
                 Mode::SmcR { .. } => f.write_str("SMC-R (link group reused)"),
-                Mode::Tcp(r) => write!(f, "TCP: {r} [{:#010x}]", r.code()),
+                Mode::Tcp(r) => {
+                    write!(f, "TCP: {r} [{:#010x}]", r.code())?;
+                    // A decline of ours for a local condition: say which.
+                    if let FallbackReason::Declined {
+                        reason,
+                        by_peer: false,
+                    } = r
+                        && *reason == smcr::DeclineReason::NOSMCRDEV
+                        && let Some(why) = runtime().problem()
+                    {
+                        write!(f, " ({why})")?;
+                    }
+                    Ok(())
+                }
             }
         }
     }
     D(m)
 }
 
-/// Marks `fd` for the TCP option (before `connect` or `listen`).
+/// Records who settled the connection on the socket itself (see the module docs).
+fn claim(rt: &Runtime, fd: BorrowedFd<'_>, smc: bool) {
+    if let Some(m) = rt.option_map() {
+        let _ = m.claim(fd, smc, table::pid());
+    }
+}
+
+// ---- connecting ---------------------------------------------------------------------------
+
+/// Marks `fd` for the TCP option (before `listen`).
 pub(crate) fn mark(fd: i32) -> bool {
     let _b = Bypass::new();
     runtime().mark(borrowed(fd))
 }
 
-/// After the application's own successful, blocking `connect`: negotiate.
-pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
+/// What `connect` does with a socket of ours, decided before the kernel's connect.
+pub(crate) enum ConnectPlan {
+    /// Marked for the TCP option, with our duplicate of the socket ready; `own`: the
+    /// destination is a listener of this process (negotiated on a worker even for a blocking
+    /// connect: the handshake's other half runs only once this very program accepts).
+    Smc {
+        dup: OwnedFd,
+        marked: bool,
+        own: bool,
+    },
+    /// Plain TCP from the SYN on, for a reason recorded once connected.
+    Tcp(FallbackReason),
+}
+
+/// Before the application's `connect` to `dest`: takes our duplicate (none: NOFD) and marks
+/// the socket, or decides plain TCP (a native IPv6 peer, a listener of this process).
+pub(crate) fn plan_connect(fd: i32, dest: SocketAddr) -> ConnectPlan {
+    let _b = Bypass::new();
+    let Some(v4) = smcr::v4_of(dest) else {
+        return ConnectPlan::Tcp(FallbackReason::NotIpv4);
+    };
+    let own = own_listener(v4);
+    let rt = runtime();
+    let Ok(dup) = hide(fd) else {
+        return ConnectPlan::Tcp(FallbackReason::NoDescriptors);
+    };
+    let marked = rt.mark(borrowed(fd));
+    ConnectPlan::Smc { dup, marked, own }
+}
+
+/// Whether a listener of this process (or one it inherited) accepts connections to `dest`.
+fn own_listener(dest: std::net::SocketAddrV4) -> bool {
+    let listeners = table::listeners();
+    if listeners.is_empty() {
+        return false;
+    }
+    listeners
+        .iter()
+        .any(|l| match l.bound.and_then(smcr::v4_of) {
+            Some(a) if a.port() == dest.port() => {
+                a.ip() == dest.ip() || (a.ip().is_unspecified() && is_local(*dest.ip()))
+            }
+            None => l.bound.is_some_and(|b| {
+                // [::] (dual-stack): any local IPv4 address.
+                b.port() == dest.port() && b.ip().is_unspecified() && is_local(*dest.ip())
+            }),
+            _ => false,
+        })
+}
+
+/// Whether `ip` is an address of this host (in our network namespace): it can be bound.
+fn is_local(ip: std::net::Ipv4Addr) -> bool {
+    if ip.is_loopback() {
+        return true;
+    }
+    // SAFETY: a socket of ours, bound to a port of the system's choosing and closed.
+    unsafe {
+        let s = real::socket()(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return false;
+        }
+        let mut a: libc::sockaddr_in = std::mem::zeroed();
+        a.sin_family = libc::AF_INET as libc::sa_family_t;
+        a.sin_addr.s_addr = u32::from(ip).to_be();
+        let r = libc::bind(
+            s,
+            (&raw const a).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        real::close()(s);
+        r == 0
+    }
+}
+
+/// A connection that stays TCP for `reason` decided before the TCP handshake (never marked):
+/// recorded for smc-stat and the log.
+pub(crate) fn plain_connect(fd: i32, reason: FallbackReason) {
+    let _b = Bypass::new();
+    untrack(fd);
+    let rt = runtime();
+    log::line(format_args!(
+        "fd {fd} connect {:?}: {}",
+        sock_addr(fd, true),
+        describe(&Mode::Tcp(reason.clone()))
+    ));
+    SmcStream::record_local(&rt, borrowed(fd), false, reason);
+}
+
+/// After the application's own successful, blocking `connect` (marked with our duplicate
+/// `dup`): negotiate. `Err` is the errno the connect reports.
+pub(crate) fn after_connect(fd: i32, dup: OwnedFd, marked: bool) -> Result<(), i32> {
     let _b = Bypass::new();
     let rt = runtime();
-    let tcp = hidden_dup(fd).map_err(|e| errno_of(&e))?;
+    let tcp = TcpStream::from(dup);
     let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
     match SmcStream::from_connected(&rt, tcp, marked) {
         Ok(s) => {
@@ -737,14 +1043,16 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
                 "fd {fd} connect {peer:?}: {}",
                 describe(s.mode())
             ));
-            if matches!(s.mode(), Mode::SmcR { .. }) {
-                take_over(fd, s).map_err(|e| errno_of(&e))
+            let smc = matches!(s.mode(), Mode::SmcR { .. });
+            claim(&rt, borrowed(fd), smc);
+            if smc {
+                install(fd, s, is_nonblocking(fd), Pair::new(true));
             } else {
                 // Plain TCP from now on; our duplicate closes, the stats row stays.
                 untrack(fd);
                 s.hand_over(&rt, fd);
-                Ok(())
             }
+            Ok(())
         }
         Err(e) => {
             log::line(format_args!(
@@ -756,458 +1064,624 @@ pub(crate) fn after_connect(fd: i32, marked: bool) -> Result<(), i32> {
     }
 }
 
-/// A non-blocking connect in progress.
-pub(crate) struct Pending {
-    /// The application closed its descriptor: install nothing.
-    cancelled: AtomicBool,
-    /// Serialises the outcome against `close`.
-    lock: Mutex<()>,
-    /// The TCP socket (the application's number shows the pair meanwhile).
-    tcp: OwnedFd,
+/// Puts an SMC-R connection in the table at `fd` (the number holds its TCP socket, which the
+/// stream also holds), following the connection with `pair`.
+fn install(fd: i32, s: SmcStream, nonblock: bool, pair: Arc<Pair>) -> Arc<Sock> {
+    let sock = smc_fd(s, nonblock, pair.clone(), Vec::new());
+    manage_cloexec(fd);
+    table::insert(fd, sock.clone());
+    follow(&sock);
+    // Registrations the application made on the socket before it connected become ours.
+    crate::epoll::virtualize(fd, &pair);
+    sock
 }
 
-impl Pending {
-    /// The TCP socket, for SO_ERROR and addresses while pending.
-    pub(crate) fn tcp_fd(&self) -> i32 {
-        self.tcp.as_raw_fd()
-    }
+/// The most a connection being settled takes from writes before it is settled (as a new TCP
+/// connection's send buffer takes them before the peer acknowledges anything).
+const STAGE_MAX: usize = 64 * 1024;
 
-    /// The application closed the descriptor.
-    pub(crate) fn cancel(&self) {
-        let _g = self.lock.lock();
-        self.cancelled.store(true, Ordering::Release);
-    }
+/// A connection whose SMC-R negotiation is not settled yet: a non-blocking connect finishing
+/// on a worker ([`Sock::Pending`]), or an accepted connection negotiated at its first use
+/// ([`Sock::Accepted`]). To the application it is a connected TCP socket (once the TCP
+/// handshake is done): writes are staged here (up to [`STAGE_MAX`]) and go out, in order,
+/// over whatever the connection settles on; reads wait for it (or say EAGAIN).
+pub(crate) struct Settling {
+    /// Readiness while settling: writable once TCP is connected and while the stage has room,
+    /// never readable; carried over to the SMC-R connection.
+    pub(crate) pair: Arc<Pair>,
+    st: Mutex<Phase>,
+    done: Condvar,
+    /// The application's O_NONBLOCK (kept by the fcntl and ioctl hooks).
+    pub(crate) nonblock: AtomicBool,
+    role: Role,
 }
 
-/// The application's non-blocking `connect` returned EINPROGRESS (or succeeded at once):
-/// hide the socket, show a pair that is not ready, and finish in the background.
-pub(crate) fn connect_async(fd: i32, marked: bool) -> io::Result<()> {
-    let _b = Bypass::new();
-    let tcp = hide(fd)?;
-    let (app, pair) = Pair::new(false)?;
-    replace(fd, app.as_raw_fd(), true, || {})?;
-    drop(app);
-    // SAFETY: the application's socket was non-blocking; its new descriptor is too.
-    unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
-    let pending = Arc::new(Pending {
-        cancelled: AtomicBool::new(false),
-        lock: Mutex::new(()),
-        tcp,
-    });
-    table::insert(fd, Arc::new(Sock::Pending(pending.clone())));
-    smcr::thread::spawn("smcr-connect".into(), move || {
+struct Phase {
+    state: State,
+    /// The TCP handshake is done.
+    connected: bool,
+    /// What the application wrote before the connection was settled.
+    staged: Vec<u8>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Accepted, not used yet: nothing started.
+    Idle,
+    Running,
+    Done,
+}
+
+enum Role {
+    Client {
+        /// Our address: a listener of this process that accepts the connection negotiates
+        /// its side at once (the program may wait on this end before using that one).
+        local: Option<SocketAddr>,
+    },
+    Server {
+        /// The process that accepted it, and how many forks it had made by then: a holder
+        /// whose pid differs, or that forked since, may share the socket with another
+        /// process.
+        pid: u32,
+        forks: u64,
+        /// A native IPv6 peer (dual-stack listener): declined, NOTIPV4.
+        native_v6: bool,
+    },
+}
+
+/// What a write to a connection being settled did.
+pub(crate) enum Staged {
+    /// Took this many bytes.
+    Took(usize),
+    /// Settled meanwhile: write where the connection is now.
+    Settled,
+    /// Full, and the call must not wait.
+    WouldBlock,
+}
+
+impl Settling {
+    /// The local address of a connect being settled (`None` for an accepted connection).
+    pub(crate) fn client_local(&self) -> Option<SocketAddr> {
+        match self.role {
+            Role::Client { local } => local,
+            Role::Server { .. } => None,
+        }
+    }
+
+    fn new(role: Role, connected: bool, nonblock: bool) -> Arc<Self> {
+        Arc::new(Self {
+            pair: Pair::new(connected),
+            st: Mutex::new(Phase {
+                state: match role {
+                    Role::Client { .. } => State::Running,
+                    Role::Server { .. } => State::Idle,
+                },
+                staged: Vec::new(),
+                connected,
+            }),
+            done: Condvar::new(),
+            nonblock: AtomicBool::new(nonblock),
+            role,
+        })
+    }
+
+    /// The application closes a number of this connection: `remove` runs under the lock that
+    /// settling takes (see [`Settling::finish`]).
+    pub(crate) fn closing(&self, remove: impl FnOnce()) {
+        let _st = self.st.lock();
+        remove();
+    }
+
+    /// Waits until settled, at most `limit`; whether it is.
+    pub(crate) fn wait(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut st = self.st.lock();
+        while st.state != State::Done {
+            if self.done.wait_until(&mut st, deadline).timed_out() {
+                return st.state == State::Done;
+            }
+        }
+        true
+    }
+
+    /// The application uses the connection at `fd`: an accepted one starts negotiating, in
+    /// this process, on a worker (a connect's worker runs already). Whether it is settled.
+    pub(crate) fn start(self: &Arc<Self>, fd: i32) -> bool {
+        let mut st = self.st.lock();
+        match st.state {
+            State::Done => return true,
+            State::Running => return false,
+            State::Idle => st.state = State::Running,
+        }
+        drop(st);
         let _b = Bypass::new();
-        finish_connect(fd, marked, &pending, pair);
-    })?;
-    Ok(())
+        // Our duplicate, taken on the application's thread while `fd` is surely its socket.
+        match hide(fd) {
+            Ok(dup) => {
+                let me = self.clone();
+                crate::workers::run(move || me.settle_accepted(fd, Some(dup)));
+                false
+            }
+            Err(_) => {
+                // No room for it: settled here, on the application's number (NOFD).
+                self.settle_accepted(fd, None);
+                true
+            }
+        }
+    }
+
+    /// Whether the TCP handshake is done (a connect asked again says EISCONN).
+    pub(crate) fn tcp_connected(&self) -> bool {
+        let st = self.st.lock();
+        st.state == State::Done || st.connected
+    }
+
+    /// TCP is connected: writable while the stage has room.
+    fn connected(&self) {
+        let mut st = self.st.lock();
+        st.connected = true;
+        if st.state != State::Done {
+            self.pair.set(smcr::ReadyState {
+                writable: st.staged.len() < STAGE_MAX,
+                ..Default::default()
+            });
+        }
+    }
+
+    /// The application writes `buf`: staged while there is room. `wait`: a blocking call,
+    /// which waits (at most that long: SO_SNDTIMEO) for the connection to settle when the
+    /// stage is full.
+    pub(crate) fn stage(&self, buf: &[u8], wait: Option<Duration>) -> Staged {
+        let deadline = wait.map(|w| Instant::now() + w);
+        let mut st = self.st.lock();
+        loop {
+            if st.state == State::Done {
+                return Staged::Settled;
+            }
+            let room = STAGE_MAX.saturating_sub(st.staged.len());
+            if room > 0 && self.pair.latest() & 2 != 0 {
+                let n = room.min(buf.len());
+                st.staged.extend_from_slice(&buf[..n]);
+                if st.staged.len() >= STAGE_MAX {
+                    // Full: not writable until it settles.
+                    self.pair.set(smcr::ReadyState::default());
+                }
+                return Staged::Took(n);
+            }
+            let Some(d) = deadline else {
+                return Staged::WouldBlock;
+            };
+            if self.done.wait_until(&mut st, d).timed_out() && st.state != State::Done {
+                return Staged::WouldBlock;
+            }
+        }
+    }
+
+    /// Installs how the connection ended up (at every number still showing it) and sends what
+    /// was staged first, so nothing the application writes later overtakes it.
+    fn finish(&self, fd: i32, outcome: Outcome) {
+        let mut st = self.st.lock();
+        let staged = std::mem::take(&mut st.staged);
+        let installed = outcome.apply(fd, &self.pair, staged);
+        st.state = State::Done;
+        drop(st);
+        self.done.notify_all();
+        // What was staged goes now (after the lock: the application's reads must not wait
+        // for a peer that waits for them), before anything the application writes later.
+        if let Some(sock) = installed
+            && let Sock::Smc(c) = &*sock
+            && c.flush_preamble(Blocking::Yes(None)).is_err()
+        {
+            log::line(format_args!("fd {fd}: staged bytes could not be sent"));
+        }
+    }
+
+    // -- the server side ------------------------------------------------------------------
+
+    fn settle_accepted(&self, fd: i32, dup: Option<OwnedFd>) {
+        let _b = Bypass::new();
+        let rt = runtime();
+        let outcome = self.accepted_outcome(&rt, fd, dup);
+        self.finish(fd, outcome);
+    }
+
+    fn accepted_outcome(&self, rt: &Runtime, fd: i32, dup: Option<OwnedFd>) -> Outcome {
+        let Role::Server {
+            pid,
+            forks: at,
+            native_v6,
+        } = self.role
+        else {
+            unreachable!("an accepted connection")
+        };
+        let sock = dup.as_ref().map_or(fd, AsRawFd::as_raw_fd);
+        // Settled by another holder already (it recorded it on the socket).
+        if let Some(c) = rt
+            .option_map()
+            .and_then(|m| m.claimed(borrowed(sock)).ok().flatten())
+        {
+            log::line(format_args!(
+                "fd {fd}: settled by process {} as {}",
+                c.pid,
+                if c.smc { "SMC-R" } else { "TCP" }
+            ));
+            return if c.smc && c.pid != table::pid() {
+                Outcome::Foreign
+            } else {
+                Outcome::Plain(dup)
+            };
+        }
+        let local = if native_v6 {
+            Some(FallbackReason::NotIpv4)
+        } else if shared(pid, at, sock) {
+            Some(FallbackReason::Shared)
+        } else if dup.is_none() {
+            Some(FallbackReason::NoDescriptors)
+        } else {
+            None
+        };
+        if let Some(reason) = local {
+            let r = SmcStream::decline_local(rt, borrowed(sock), true, true, reason);
+            log::line(format_args!("fd {fd} accept: {r:?}"));
+            claim(rt, borrowed(sock), false);
+            return if r.is_ok() {
+                Outcome::Plain(dup)
+            } else {
+                Outcome::Failed
+            };
+        }
+        let tcp = TcpStream::from(dup.expect("checked above"));
+        let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
+        match SmcStream::from_accepted(rt, tcp) {
+            Ok(s) => {
+                log::line(format_args!(
+                    "fd {fd} accept {peer:?}: {}",
+                    describe(s.mode())
+                ));
+                let smc = matches!(s.mode(), Mode::SmcR { .. });
+                claim(rt, borrowed(sock), smc);
+                if smc {
+                    Outcome::Smc(s)
+                } else {
+                    Outcome::Fallback(s)
+                }
+            }
+            Err(e) => {
+                // As Linux: a connection whose handshake failed is unusable; here the
+                // application already holds it, so it sees it end.
+                log::line(format_args!(
+                    "fd {fd} accept {peer:?}: handshake failed: {e}"
+                ));
+                claim(rt, borrowed(sock), false);
+                Outcome::Failed
+            }
+        }
+    }
 }
 
-fn finish_connect(fd: i32, marked: bool, pending: &Pending, pair: Arc<Pair>) {
-    let t = pending.tcp.as_raw_fd();
+/// The application's non-blocking `connect` returned EINPROGRESS (or succeeded at once), or
+/// it connected to a listener of its own (`connected`): the number stays the TCP socket,
+/// shown not writable through our hooks until TCP is connected, and a worker negotiates.
+pub(crate) fn connect_async(fd: i32, dup: OwnedFd, marked: bool, connected: bool) {
+    let _b = Bypass::new();
+    let s = Settling::new(
+        Role::Client {
+            local: sock_addr(fd, false),
+        },
+        connected,
+        is_nonblocking(fd),
+    );
+    table::insert(fd, Arc::new(Sock::Pending(s.clone())));
+    crate::workers::run(move || finish_connect(fd, marked, dup, &s));
+}
+
+fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {
     // Wait for the kernel's TCP handshake.
     let mut p = libc::pollfd {
-        fd: t,
+        fd: dup.as_raw_fd(),
         events: libc::POLLOUT,
         revents: 0,
     };
     // SAFETY: polling our own descriptor.
     unsafe { libc::poll(&mut p, 1, 75_000) };
-    let put_back = |why: &str| {
-        // The real socket returns to the application's number (its SO_ERROR, if any, is
-        // still pending for the application to read).
-        let _g = pending.lock.lock();
-        if !pending.cancelled.load(Ordering::Acquire) {
-            // The socket first, then the number stops being ours: until then reads and writes
-            // reach whatever file is at the number (the pair, not ready, or the socket).
-            let _ = replace(fd, t, false, || {
-                table::remove(fd);
-            });
-        }
-        log::line(format_args!("fd {fd} connect: {why}"));
-    };
     if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 || p.revents & libc::POLLOUT == 0 {
-        // Failed (or timed out): the socket goes back with its error unread, for the
-        // application's SO_ERROR (reading it here would clear it).
-        return put_back(&format!(
-            "TCP connect failed (poll revents {:#x})",
+        // Failed (or timed out): the socket is the application's again, its error unread
+        // (SO_ERROR reports it).
+        log::line(format_args!(
+            "fd {fd} connect: TCP connect failed (poll revents {:#x})",
             p.revents
         ));
+        return s.finish(fd, Outcome::Plain(None));
     }
+    // Connected: writable for the application (its writes are staged meanwhile).
+    s.connected();
     let rt = runtime();
-    let Ok(dup) = hidden_dup(t) else {
-        return put_back("TCP (out of descriptors)");
-    };
-    let peer = log::enabled().then(|| dup.peer_addr().ok()).flatten();
-    match SmcStream::from_connected(&rt, dup, marked) {
-        Ok(s) if matches!(s.mode(), Mode::SmcR { .. }) => {
-            let _g = pending.lock.lock();
+    let tcp = TcpStream::from(dup);
+    let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
+    let outcome = match SmcStream::from_connected(&rt, tcp, marked) {
+        Ok(st) => {
             log::line(format_args!(
                 "fd {fd} connect {peer:?}: {}",
-                describe(s.mode())
+                describe(st.mode())
             ));
-            if pending.cancelled.load(Ordering::Acquire) {
-                return;
-            }
-            // Ours before the pair turns writable: an application woken by the writability
-            // must find its writes going to SMC-R, not into the pair.
-            let sock = smc_fd(s, true, pair.clone());
-            table::insert(fd, sock.clone());
-            crate::epoll::virtualize(fd, &pair);
-            follow(&sock);
-            // No longer a pending connect: kept in step only while someone looks.
-            pair.observe(false);
-        }
-        Ok(s) => {
-            put_back(&format!("{peer:?}: {}", describe(s.mode())));
-            if !pending.cancelled.load(Ordering::Acquire) {
-                s.hand_over(&rt, fd);
+            let smc = matches!(st.mode(), Mode::SmcR { .. });
+            claim(&rt, borrowed(tcp_of(&st)), smc);
+            if smc {
+                Outcome::Smc(st)
+            } else {
+                Outcome::Fallback(st)
             }
         }
         Err(e) => {
-            // The TCP stream carried CLC: it cannot become plain TCP. Show the failure.
-            let _g = pending.lock.lock();
-            log::line(format_args!(
-                "fd {fd} connect {peer:?}: handshake failed: {e}"
-            ));
-            if pending.cancelled.load(Ordering::Acquire) {
-                return;
+            if table::numbers_with_pair(&s.pair).is_empty() {
+                // The application closed it meanwhile (and so, often, did the peer).
+                log::line(format_args!(
+                    "fd {fd} connect {peer:?}: closed before it was settled ({e})"
+                ));
+            } else {
+                log::line(format_args!(
+                    "fd {fd} connect {peer:?}: handshake failed: {e}"
+                ));
             }
-            // SAFETY: resetting our TCP socket (SO_LINGER 0 + shutdown) makes its SO_ERROR and
-            // reads report the failure once it is back at the application's number.
-            unsafe { real::shutdown()(t, libc::SHUT_RDWR) };
-            let _ = replace(fd, t, false, || {
-                table::remove(fd);
-            });
+            Outcome::Failed
         }
+    };
+    s.finish(fd, outcome);
+}
+
+/// The stream's own TCP socket.
+fn tcp_of(s: &SmcStream) -> i32 {
+    s.tcp().as_raw_fd()
+}
+
+/// How a connection being settled ends.
+enum Outcome {
+    /// SMC-R: installed at the number, following the connection with the same readiness.
+    Smc(SmcStream),
+    /// TCP after a fallback the stream recorded (its row stays with the number).
+    Fallback(SmcStream),
+    /// TCP, settled without a stream of ours (with our duplicate, if we have one, to send
+    /// what was staged).
+    Plain(Option<OwnedFd>),
+    /// The CLC handshake failed: the TCP connection cannot carry data; it is shut down (the
+    /// application sees it end).
+    Failed,
+    /// Another process negotiated it as SMC-R: not this process's to use (EIO).
+    Foreign,
+}
+
+impl Outcome {
+    /// Applies the outcome at every number showing the connection settled through `pair`,
+    /// after sending `staged` on it.
+    ///
+    /// Runs under the settling entry's lock, which the close hooks take to remove a number:
+    /// a number closed before is not in the table any more, one closed after loses the entry
+    /// made here. With no number left (all closed), what was staged still goes, and the
+    /// connection then closes.
+    /// Returns the SMC-R connection installed, whose preamble (`staged`) the caller sends
+    /// once the lock is released.
+    fn apply(self, fd: i32, pair: &Arc<Pair>, staged: Vec<u8>) -> Option<Arc<Sock>> {
+        let numbers = table::numbers_with_pair(pair);
+        let rt = runtime();
+        match self {
+            Self::Smc(s) => {
+                if numbers.is_empty() {
+                    log::line(format_args!("fd {fd}: closed before it was settled"));
+                    if !staged.is_empty() && smc_send_all(&s, &staged).is_err() {
+                        log::line(format_args!("fd {fd}: staged bytes could not be sent"));
+                    }
+                    return None;
+                }
+                let nonblock = is_nonblocking(numbers[0]);
+                let sock = smc_fd(s, nonblock, pair.clone(), staged);
+                for &n in &numbers {
+                    manage_cloexec(n);
+                    table::insert(n, sock.clone());
+                }
+                follow(&sock);
+                // poll and select calls waiting since before watch the process's poll kick,
+                // not the group's descriptor yet.
+                if pair.polled.load(Ordering::Acquire) > 0 {
+                    crate::poll::kick();
+                }
+                for &n in &numbers {
+                    // Kernel registrations made before (on the TCP socket) become ours; the
+                    // sets holding ours wake for the connection's link group from now on.
+                    crate::epoll::virtualize(n, pair);
+                    for epfd in pair.watchers() {
+                        crate::epoll::drive_with(epfd, n);
+                    }
+                }
+                return Some(sock);
+            }
+            Self::Foreign => {
+                let inherited = Arc::new(Sock::Inherited);
+                for &n in &numbers {
+                    table::insert(n, inherited.clone());
+                    crate::vepoll::to_kernel_fd(n, pair);
+                }
+                pair.set(smcr::ReadyState {
+                    readable: true,
+                    writable: true,
+                    error: true,
+                    ..Default::default()
+                });
+            }
+            Self::Fallback(_) | Self::Plain(_) | Self::Failed => {
+                let failed = matches!(self, Self::Failed);
+                let via = match &self {
+                    Self::Fallback(s) => Some(tcp_of(s)),
+                    Self::Plain(Some(d)) => Some(d.as_raw_fd()),
+                    _ => numbers.first().copied(),
+                };
+                if !failed
+                    && !staged.is_empty()
+                    && let Some(t) = via
+                    && write_all(t, &staged).is_err()
+                {
+                    log::line(format_args!("fd {fd}: staged bytes could not be sent"));
+                }
+                if failed && let Some(&n) = numbers.first() {
+                    // SAFETY: shutting the socket down (every number shows the same one).
+                    unsafe { real::shutdown()(n, libc::SHUT_RDWR) };
+                }
+                if let Self::Fallback(s) = self {
+                    // Its stats row stays with the application's number.
+                    s.hand_over(&rt, numbers.first().copied().unwrap_or(-1));
+                }
+                for &n in &numbers {
+                    table::remove(n);
+                    // Our registrations of it become the kernel's, on the TCP socket.
+                    crate::vepoll::to_kernel_fd(n, pair);
+                    crate::epoll::forget(n);
+                }
+                // Whoever waits through our hooks looks again (now at the kernel's view).
+                pair.set(smcr::ReadyState {
+                    readable: true,
+                    writable: true,
+                    hup: failed,
+                    ..Default::default()
+                });
+            }
+        }
+        None
     }
 }
 
-/// A marked listening socket. The application's number shows an epoll instance that watches
-/// the real listening socket (hidden) and `ready` (an eventfd, non-zero while connections
-/// wait in `queue`): poll, select and epoll on the number report "acceptable" exactly when
-/// either has something. The application's `accept` takes the next connection itself: a peer
-/// that sent no SMC-R option is returned at once, as TCP's accept returns it (no other
-/// thread, no hand-over: issue 7's fallback goal); one that can negotiate goes to a handshake
-/// worker, whose result joins `queue`.
-///
-/// A *backstop* thread makes sure handshakes do not wait for the application, as Linux's
-/// run in the kernel whatever the program does (a program may connect to its own listener
-/// before it accepts, or be busy for a while): when connections have been waiting for
-/// [`BACKSTOP_GRACE`] and the application took none meanwhile, it accepts them itself (plain
-/// ones join `queue`). While the application accepts, the backstop wakes at most once per
-/// grace period.
+/// Sends all of `buf` on an SMC-R connection (waiting for room in the peer's RMB).
+fn smc_send_all(s: &SmcStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = s.send(buf, Blocking::Yes(Some(Duration::from_secs(30))))?;
+        buf = &buf[n..];
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` to the TCP socket `fd` (blocking or not: waits in poll).
+fn write_all(fd: i32, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: sending from our buffer on a socket we hold.
+        let n = unsafe {
+            real::send()(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            buf = &buf[n as usize..];
+            continue;
+        }
+        match crate::guard::errno() {
+            libc::EINTR => {}
+            libc::EAGAIN => {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: polling a socket we hold.
+                unsafe { libc::poll(&mut p, 1, 30_000) };
+            }
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+    Ok(())
+}
+
+// ---- listening and accepting ------------------------------------------------------------
+
+/// A marked listening socket: at the application's number, shared by every process that
+/// holds it. Accepting needs nothing of ours but the option program's verdict per connection.
 pub(crate) struct Listener {
-    /// The real listening socket (non-blocking; only our calls reach it).
-    tcp: OwnedFd,
-    /// Readable while `queue` is not empty (written once per queued connection, so each
-    /// arrival is a new edge for edge-triggered epoll; read back to zero when it empties).
-    ready: OwnedFd,
-    queue: Mutex<std::collections::VecDeque<Ready>>,
-    closed: AtomicBool,
-    /// The application's O_NONBLOCK on its number (kept by the fcntl and ioctl hooks): a
-    /// blocking accept then waits first and accepts once, as TCP's does in one call.
-    pub(crate) nonblock: AtomicBool,
-    /// Its row in the stats area (`smc-stat -l`), until the application closes it.
+    /// Its row in the stats area of the process that listened (`smc-stat -l`), until that
+    /// process closes it.
     stat: Mutex<Option<smcr::ListenerRecord>>,
-    /// The address it is bound to, unless that is 0.0.0.0 (then each connection's own
-    /// address is asked for).
-    local: Option<std::net::SocketAddr>,
-    /// Connections the application's accepts took from the socket (the backstop watches it
-    /// move).
-    taken: std::sync::atomic::AtomicU64,
-}
-
-/// How long connections may wait in the listening socket's queue, the application accepting
-/// none, before the backstop takes them.
-const BACKSTOP_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// A negotiated connection waiting for `accept`.
-enum Ready {
-    /// SMC-R (its TCP socket hidden in the stream).
-    Smc(SmcStream),
-    /// Plain TCP after a decline (a hidden descriptor, and the stream that holds its stats row).
-    Tcp(OwnedFd, SmcStream),
-}
-
-/// What [`Listener::accept`] gives the application.
-pub(crate) struct Accepted {
-    pub(crate) fd: i32,
-    /// The kernel filled the caller's address buffer (a socket accepted by this call).
-    pub(crate) addr_filled: bool,
+    /// The address it is bound to (`0.0.0.0`/`::` for every address).
+    pub(crate) bound: Option<SocketAddr>,
 }
 
 impl Listener {
-    /// The real listening socket, for addresses and options.
-    pub(crate) fn tcp_fd(&self) -> i32 {
-        self.tcp.as_raw_fd()
-    }
-
-    /// The application closed the listener: stop accepting; queued connections close.
+    /// The application closed the listener in the process that made the entry.
     pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
         self.stat.lock().take();
-        // SAFETY: shutting down our listening socket: threads of the application waiting in
-        // its accept wake (the epoll instance reports the hang-up) and see it closed.
-        unsafe { real::shutdown()(self.tcp.as_raw_fd(), libc::SHUT_RDWR) };
-        self.queue.lock().clear();
     }
+}
 
-    /// The application's accept on its number `app_fd`: the next connection, at the lowest
-    /// free descriptor, with `flags` (SOCK_NONBLOCK, SOCK_CLOEXEC) applied. `addr`/`len` are
-    /// the caller's, filled by the kernel when the connection is accepted by this call.
-    pub(crate) fn accept(
-        self: &Arc<Self>,
-        app_fd: i32,
-        addr: *mut libc::sockaddr,
-        len: *mut libc::socklen_t,
-        flags: i32,
-    ) -> io::Result<Accepted> {
-        let _b = Bypass::new();
-        let rt = runtime();
-        let mut waited = false;
-        loop {
-            if let Some(r) = self.pop() {
-                return Ok(Accepted {
-                    fd: place(r, flags)?,
-                    addr_filled: false,
-                });
-            }
-            if self.closed.load(Ordering::Acquire) {
-                return Err(io::Error::from_raw_os_error(libc::EINVAL));
-            }
-            let nonblock = self.nonblock.load(Ordering::Relaxed);
-            if !nonblock && !waited {
-                // Blocking: wait until something is there (at once if it already is), then
-                // look again, our queue first.
-                self.wait()?;
-                waited = true;
-                continue;
-            }
-            // SAFETY: an all-zero sockaddr_in is valid.
-            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-            let mut sl = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            // SAFETY: accepting on our (non-blocking) listening socket into our address
-            // buffer, with the caller's flags.
-            let c = unsafe {
-                real::accept4()(self.tcp.as_raw_fd(), (&raw mut sa).cast(), &mut sl, flags)
-            };
-            if c >= 0 {
-                self.taken.fetch_add(1, Ordering::Relaxed);
-                // SAFETY: the kernel filled `sl` bytes of `sa`; the caller's buffer as accept
-                // fills it (truncated to its length, the full length reported).
-                unsafe { copy_addr(&sa, sl, addr, len) };
-                // The peer's address from accept, ours from the listener's when it is bound
-                // to one: no system call for the stats row.
-                let peer = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
-                    u32::from_be(sa.sin_addr.s_addr).into(),
-                    u16::from_be(sa.sin_port),
-                ));
-                let addrs = self.local.map(|l| (l, peer));
-                match SmcStream::accept_verdict(&rt, borrowed(c), addrs) {
-                    Err(why) => {
-                        log::line(format_args!(
-                            "fd {app_fd} accept: {}",
-                            describe(&Mode::Tcp(why))
-                        ));
-                        crate::epoll::forget(c);
-                        return Ok(Accepted {
-                            fd: c,
-                            addr_filled: true,
-                        });
-                    }
-                    Ok(()) => {
-                        let conn = hide(c);
-                        // SAFETY: the number accept gave us; the socket lives on hidden.
-                        unsafe { real::close()(c) };
-                        if let Ok(conn) = conn
-                            && let Ok(tcp) = conn.try_clone()
-                        {
-                            self.negotiate(app_fd, conn, TcpStream::from(tcp));
-                        }
-                    }
-                }
-                continue;
-            }
-            match crate::guard::errno() {
-                libc::EAGAIN => {}
-                // A connection that went away before we took it, as TCP's accept skips it
-                // (Linux returns it to the caller only for some protocols).
-                libc::ECONNABORTED | libc::EINTR => continue,
-                e => return Err(io::Error::from_raw_os_error(e)),
-            }
-            if nonblock {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            // Another thread took it: wait again.
-            waited = false;
+/// After the application's `listen` on a marked socket: the number stays the listening
+/// socket; the table says its connections may negotiate.
+pub(crate) fn listening(fd: i32) {
+    let _b = Bypass::new();
+    let bound = sock_addr(fd, false);
+    let stat = bound.and_then(|a| runtime().listener_record(a));
+    table::insert(
+        fd,
+        Arc::new(Sock::Listener(Arc::new(Listener {
+            stat: Mutex::new(stat),
+            bound,
+        }))),
+    );
+    table::note_listener();
+}
+
+/// The application's `accept4(fd, addr, len, flags)` on a marked listener: the kernel's
+/// connection at once; one whose peer offered SMC-R negotiates at its first use.
+pub(crate) fn accept(
+    fd: i32,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+    flags: i32,
+) -> i32 {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: accepting on the application's listener into our address buffer, with its flags.
+    let c = unsafe { real::accept4()(fd, (&raw mut ss).cast(), &mut sl, flags) };
+    if c < 0 {
+        return c;
+    }
+    // SAFETY: the kernel filled `sl` bytes of `ss`; the caller's buffer as accept fills it.
+    unsafe { copy_addr(&ss, sl, addr, len) };
+    let e = crate::guard::errno();
+    let _b = Bypass::new();
+    crate::epoll::forget(c);
+    let peer = sockaddr_of(&ss, sl);
+    let local = table::get_any(fd)
+        .and_then(|s| match &*s {
+            Sock::Listener(l) => l.bound,
+            _ => None,
+        })
+        .filter(|a| !a.ip().is_unspecified());
+    let rt = runtime();
+    let addrs = local.zip(peer);
+    match SmcStream::accept_verdict(&rt, borrowed(c), addrs) {
+        Err(why) => {
+            log::line(format_args!(
+                "fd {fd} accept {peer:?}: {}",
+                describe(&Mode::Tcp(why))
+            ));
         }
-    }
-
-    /// Sleeps until a connection waits in the kernel's queue or ours, or the listener shut
-    /// down; a signal interrupts it (EINTR), as it interrupts TCP's accept.
-    fn wait(&self) -> io::Result<()> {
-        // The socket and the eventfd themselves, not the epoll instance that watches them:
-        // the socket's wake-up then reaches this thread directly (as a synchronous wake-up,
-        // like the one TCP's accept gets), not through the instance's second wake-up.
-        let mut p = [self.tcp.as_raw_fd(), self.ready.as_raw_fd()].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        // SAFETY: polling our own descriptors.
-        if unsafe { real::poll()(p.as_mut_ptr(), 2, -1) } < 0 {
-            let e = crate::guard::errno();
-            if e == libc::EINTR {
-                return Err(io::Error::from_raw_os_error(e));
-            }
-        }
-        Ok(())
-    }
-
-    /// The backstop thread (see [`Listener`]).
-    fn backstop(self: &Arc<Self>, app_fd: i32) {
-        let rt = runtime();
-        let readable = |timeout: i32| {
-            let mut p = libc::pollfd {
-                fd: self.tcp.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: polling our own descriptor.
-            unsafe { real::poll()(&mut p, 1, timeout) };
-            p.revents
-        };
-        loop {
-            if readable(-1) & libc::POLLHUP != 0 {
-                // The application shut the socket down (it may listen again): nothing to
-                // accept, and poll would not wait.
-                if self.closed.load(Ordering::Acquire) {
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                continue;
-            }
-            loop {
-                if self.closed.load(Ordering::Acquire) {
-                    return;
-                }
-                let seen = self.taken.load(Ordering::Relaxed);
-                std::thread::sleep(BACKSTOP_GRACE);
-                if readable(0) != libc::POLLIN {
-                    break;
-                }
-                if self.taken.load(Ordering::Relaxed) != seen {
-                    // The application is accepting: its turn.
-                    continue;
-                }
-                self.take_all(&rt, app_fd);
+        Ok(()) => {
+            let acc = Settling::new(
+                Role::Server {
+                    pid: table::pid(),
+                    forks: forks(),
+                    native_v6: peer.is_some_and(|p| smcr::v4_of(p).is_none()),
+                },
+                true,
+                flags & libc::SOCK_NONBLOCK != 0,
+            );
+            table::insert(c, Arc::new(Sock::Accepted(acc.clone())));
+            // From a connect of this very process: negotiated now (the program may wait on its
+            // end of the connection before it uses this one).
+            if peer.is_some_and(table::connecting_from) {
+                acc.start(c);
             }
         }
     }
-
-    /// The backstop takes every connection waiting in the socket's queue.
-    fn take_all(self: &Arc<Self>, rt: &smcr::Runtime, app_fd: i32) {
-        loop {
-            // SAFETY: accepting on our non-blocking listening socket.
-            let c = unsafe {
-                real::accept4()(
-                    self.tcp.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if c < 0 {
-                if crate::guard::errno() == libc::ECONNABORTED {
-                    continue;
-                }
-                return;
-            }
-            let Ok(conn) = hide(c) else {
-                // SAFETY: our descriptor.
-                unsafe { real::close()(c) };
-                continue;
-            };
-            // SAFETY: the number accept gave us; the socket lives on at its hidden one.
-            unsafe { real::close()(c) };
-            let Ok(dup) = conn.try_clone() else { continue };
-            match SmcStream::accept_fallback(rt, TcpStream::from(dup)) {
-                Ok(s) => {
-                    log::line(format_args!(
-                        "fd {app_fd} accept (backstop) {:?}: {}",
-                        s.peer_addr().ok(),
-                        describe(s.mode())
-                    ));
-                    self.enqueue(Ready::Tcp(conn, s));
-                }
-                Err(tcp) => self.negotiate(app_fd, conn, tcp),
-            }
-        }
-    }
-
-    /// An accepted socket whose peer can negotiate (`conn`, hidden, and `tcp`, a duplicate):
-    /// the server handshake runs on a worker; the result is queued for `accept`.
-    fn negotiate(self: &Arc<Self>, app_fd: i32, conn: OwnedFd, tcp: TcpStream) {
-        // The handshake waits in poll; an accept's SOCK_NONBLOCK belongs to the application.
-        // SAFETY: setting status flags on our own descriptor.
-        unsafe { real::fcntl()(conn.as_raw_fd(), libc::F_SETFL, 0) };
-        let l = self.clone();
-        crate::workers::run(move || {
-            let rt = runtime();
-            let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
-            let ready = match SmcStream::from_accepted(&rt, tcp) {
-                Ok(s) => {
-                    log::line(format_args!(
-                        "fd {app_fd} accept {peer:?}: {}",
-                        describe(s.mode())
-                    ));
-                    if matches!(s.mode(), Mode::SmcR { .. }) {
-                        Ready::Smc(s)
-                    } else {
-                        Ready::Tcp(conn, s)
-                    }
-                }
-                Err(e) => {
-                    // As Linux: the application never sees a connection that failed.
-                    log::line(format_args!(
-                        "fd {app_fd} accept {peer:?}: handshake failed: {e}"
-                    ));
-                    return;
-                }
-            };
-            l.enqueue(ready);
-        });
-    }
-
-    /// Queues a negotiated connection for the application's `accept`; the number turns (or
-    /// stays, with a new edge) readable.
-    fn enqueue(&self, ready: Ready) {
-        let mut q = self.queue.lock();
-        if self.closed.load(Ordering::Acquire) {
-            return;
-        }
-        q.push_back(ready);
-        // SAFETY: 8 bytes into our eventfd.
-        unsafe {
-            real::write()(
-                self.ready.as_raw_fd(),
-                1u64.to_ne_bytes().as_ptr().cast(),
-                8,
-            )
-        };
-    }
-
-    /// The next negotiated connection; the eventfd goes back to zero with the last one.
-    fn pop(&self) -> Option<Ready> {
-        let mut q = self.queue.lock();
-        let r = q.pop_front()?;
-        if q.is_empty() {
-            let mut b = [0u8; 8];
-            // SAFETY: reading our non-blocking eventfd into 8 bytes.
-            unsafe { real::read()(self.ready.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
-        }
-        Some(r)
-    }
+    crate::guard::set_errno(e);
+    c
 }
 
 /// Copies an accepted peer's address into the caller's buffer as accept(2) does: at most
@@ -1216,7 +1690,7 @@ impl Listener {
 /// # Safety
 /// `addr`/`len` are null or the caller's valid buffer and length, as accept's contract says.
 unsafe fn copy_addr(
-    sa: &libc::sockaddr_in,
+    sa: &libc::sockaddr_storage,
     sl: libc::socklen_t,
     addr: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
@@ -1228,7 +1702,7 @@ unsafe fn copy_addr(
     unsafe {
         let n = (*len).min(sl) as usize;
         std::ptr::copy_nonoverlapping(
-            (sa as *const libc::sockaddr_in).cast::<u8>(),
+            (sa as *const libc::sockaddr_storage).cast::<u8>(),
             addr.cast(),
             n,
         );
@@ -1236,136 +1710,232 @@ unsafe fn copy_addr(
     }
 }
 
-/// Puts a negotiated connection at the lowest free descriptor, with accept's `flags`.
-fn place(r: Ready, flags: i32) -> io::Result<i32> {
-    let cloexec = flags & libc::SOCK_CLOEXEC != 0;
-    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-    let dup_low = |file: i32, ours: bool| -> io::Result<i32> {
-        let cmd = if cloexec || ours {
-            libc::F_DUPFD_CLOEXEC
-        } else {
-            libc::F_DUPFD
-        };
-        // SAFETY: duplicating our descriptor to the lowest free number, as accept would.
-        let n = unsafe { real::fcntl()(file, cmd, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: as accept4 with SOCK_NONBLOCK would (O_NONBLOCK of the new file only).
-        let fl = unsafe { real::fcntl()(n, libc::F_GETFL, 0) };
-        let fl = if nonblock {
-            fl | libc::O_NONBLOCK
-        } else {
-            fl & !libc::O_NONBLOCK
-        };
-        // SAFETY: as above.
-        unsafe { real::fcntl()(n, libc::F_SETFL, fl as libc::c_ulong) };
-        Ok(n)
+/// How long a connection held by several processes at its first use waits for the others to
+/// let go (a forking server's parent closes its copy right after the fork) before it is
+/// settled as TCP.
+const SHARED_GRACE: Duration = Duration::from_millis(250);
+
+/// Whether another process still holds the socket `fd` (after waiting [`SHARED_GRACE`] for
+/// it to let go): the accepting process `pid`, for a child that inherited it; the children
+/// forked since the `at`th fork, for the accepting process.
+fn shared(pid: u32, at: u64, fd: i32) -> bool {
+    let me = table::pid();
+    let others: Vec<u32> = if pid != me {
+        // SAFETY: getppid has no preconditions.
+        let mut v = vec![pid, unsafe { libc::getppid() } as u32];
+        v.dedup();
+        v
+    } else if forks() != at {
+        children_since(at)
+    } else {
+        return false;
     };
-    match r {
-        Ready::Tcp(fd, s) => {
-            let n = dup_low(fd.as_raw_fd(), false)?;
-            crate::epoll::forget(n);
-            s.hand_over(&runtime(), n);
-            Ok(n)
+    let Some(ino) = inode(fd) else { return false };
+    let deadline = Instant::now() + SHARED_GRACE;
+    loop {
+        if !others.iter().any(|&p| p != me && holds(p, ino)) {
+            return false;
         }
-        Ready::Smc(s) => {
-            let (app, pair) = Pair::new(true)?;
-            let n = dup_low(app.as_raw_fd(), true)?;
-            table::set_cloexec_view(n, cloexec);
-            drop(app);
-            let sock = smc_fd(s, nonblock, pair);
-            crate::epoll::forget(n);
-            table::insert(n, sock.clone());
-            follow(&sock);
-            Ok(n)
+        if Instant::now() >= deadline {
+            log::line(format_args!(
+                "socket {ino} is held by processes {others:?} too: it stays TCP"
+            ));
+            return true;
         }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
-/// After the application's `listen` on a marked socket: hide the listening socket and show an
-/// epoll instance watching it (see [`Listener`]) at the application's number.
-pub(crate) fn take_over_listener(fd: i32) -> io::Result<()> {
-    let _b = Bypass::new();
-    let nonblock = is_nonblocking(fd);
-    let tcp = hide(fd)?;
-    let last = || io::Error::last_os_error();
-    // SAFETY (block): creating and configuring descriptors of our own.
-    let (ready, ep) = unsafe {
-        // Only our calls reach the socket from now on, and they never wait in accept.
-        real::fcntl()(
-            tcp.as_raw_fd(),
-            libc::F_SETFL,
-            libc::O_NONBLOCK as libc::c_ulong,
-        );
-        let ready = libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC);
-        if ready < 0 {
-            return Err(last());
-        }
-        let ready = hide_owned(ready)?;
-        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-        if ep < 0 {
-            return Err(last());
-        }
-        let ep = hide_owned(ep)?;
-        for watched in [tcp.as_raw_fd(), ready.as_raw_fd()] {
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: watched as u64,
-            };
-            if real::epoll_ctl()(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, watched, &mut ev) != 0 {
-                return Err(last());
-            }
-        }
-        (ready, ep)
-    };
-    replace(fd, ep.as_raw_fd(), true, || {})?;
-    drop(ep);
-    if nonblock {
-        // SAFETY: the application's listener was non-blocking; its new descriptor is too.
-        unsafe { real::fcntl()(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
-    }
-    let local = local_v4(tcp.as_raw_fd());
-    let l = Arc::new(Listener {
-        tcp,
-        ready,
-        queue: Mutex::new(std::collections::VecDeque::new()),
-        closed: AtomicBool::new(false),
-        nonblock: AtomicBool::new(nonblock),
-        stat: Mutex::new(local.and_then(|a| runtime().listener_record(a))),
-        local: local.filter(|a| !a.ip().is_unspecified()),
-        taken: std::sync::atomic::AtomicU64::new(0),
-    });
-    table::insert(fd, Arc::new(Sock::Listener(l.clone())));
-    smcr::thread::spawn("smcr-accept".into(), move || {
-        let _b = Bypass::new();
-        l.backstop(fd);
-    })?;
-    Ok(())
+/// The inode of the socket at `fd`.
+fn inode(fd: i32) -> Option<u64> {
+    // SAFETY: fstat into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)
 }
 
-/// [`hide`] for a new descriptor of ours: moved out of the application's range.
-pub(crate) fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
-    // SAFETY: `fd` is a new descriptor nothing else owns.
-    let low = unsafe { OwnedFd::from_raw_fd(fd) };
-    hide(low.as_raw_fd())
+/// Whether process `pid` (alive) has the socket with inode `ino` open. A process whose
+/// descriptors we may not read counts as holding it.
+fn holds(pid: u32, ino: u64) -> bool {
+    // SAFETY: kill with signal 0 only checks existence and permission.
+    if unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    {
+        return false;
+    }
+    let want = format!("socket:[{ino}]");
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        // Gone meanwhile, or not ours to look at.
+        return std::path::Path::new(&format!("/proc/{pid}")).exists();
+    };
+    dir.flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
 }
+
+// ---- fork tracking ------------------------------------------------------------------------
+
+static FORKS: AtomicU64 = AtomicU64::new(0);
+/// Children this process forked through `fork` (pid, fork count after it), most recent last.
+static CHILDREN: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
+
+/// Forks made by this process so far.
+fn forks() -> u64 {
+    FORKS.load(Ordering::Acquire)
+}
+
+/// The application forked: `child` in the parent.
+pub(crate) fn forked(child: u32) {
+    let n = FORKS.fetch_add(1, Ordering::AcqRel) + 1;
+    let mut c = CHILDREN.lock();
+    // Only recent children matter (those forked while a connection waits for its first use).
+    if c.len() >= 256 {
+        c.drain(..128);
+    }
+    c.push((child, n));
+}
+
+/// In a forked child: its own fork history starts empty.
+pub(crate) fn forked_child() {
+    FORKS.store(0, Ordering::Release);
+    // The parent's list is not ours; a lock held at fork time may never be released here.
+    if let Some(mut c) = CHILDREN.try_lock() {
+        c.clear();
+    }
+}
+
+/// Children forked after the `since`th fork.
+fn children_since(since: u64) -> Vec<u32> {
+    CHILDREN
+        .lock()
+        .iter()
+        .filter(|&&(_, n)| n > since)
+        .map(|&(p, _)| p)
+        .collect()
+}
+
+// ---- socket options and state through our entries ---------------------------------------
 
 /// The application set (or cleared) O_NONBLOCK on a number of ours.
 pub(crate) fn set_nonblock(s: &Sock, on: bool) {
     match s {
         Sock::Smc(c) => c.nonblock.store(on, Ordering::Relaxed),
-        Sock::Listener(l) => l.nonblock.store(on, Ordering::Relaxed),
+        Sock::Accepted(a) | Sock::Pending(a) => a.nonblock.store(on, Ordering::Relaxed),
         _ => {}
     }
-}
-
-/// Whether `fd` is in non-blocking mode.
-pub(crate) fn nonblocking(fd: i32) -> bool {
-    is_nonblocking(fd)
 }
 
 /// The hidden TCP socket's descriptor of an SMC-R fd (for addresses and socket options).
 pub(crate) fn tcp_fd(s: &SmcFd) -> i32 {
     s.stream.tcp().as_raw_fd()
+}
+
+// ---- sockets inherited through exec ----------------------------------------------------------
+
+/// At start-up (a new program image): TCP sockets inherited from the program that exec'd us —
+/// an inetd-style server's accepted connection at fd 0, a listener handed to a new binary —
+/// are recognised by their option record: a marked listener is ours to accept on; an accepted
+/// connection whose peer offered SMC-R and that nobody settled yet negotiates at its first
+/// use here; one another process runs over SMC-R is not ours to use.
+pub(crate) fn adopt() {
+    if !enabled() {
+        return;
+    }
+    let _b = Bypass::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut map = None;
+    for fd in fds {
+        if !is_tcp(fd) {
+            continue;
+        }
+        let m = match &map {
+            Some(m) => m,
+            None => {
+                let cfg = RuntimeConfig::from_env();
+                let smcr::Negotiation::TcpOption { dir } = &cfg.negotiation else {
+                    return;
+                };
+                let Ok(m) = smcr::option::OptionMap::open(dir) else {
+                    return;
+                };
+                map.insert(m)
+            }
+        };
+        let Ok(st) = m.state(borrowed(fd)) else {
+            continue;
+        };
+        if !st.marked() {
+            continue;
+        }
+        let claim = m.claimed(borrowed(fd)).ok().flatten();
+        if listening_socket(fd) {
+            let bound = sock_addr(fd, false);
+            table::insert(
+                fd,
+                Arc::new(Sock::Listener(Arc::new(Listener {
+                    stat: Mutex::new(None),
+                    bound,
+                }))),
+            );
+            table::note_listener();
+        } else if let Some(c) = claim {
+            if c.smc {
+                table::insert(fd, Arc::new(Sock::Inherited));
+            }
+        } else if st.capability() == smcr::option::Capability::PeerCapable {
+            let peer = sock_addr(fd, true);
+            let acc = Settling::new(
+                Role::Server {
+                    // SAFETY: getppid has no preconditions.
+                    pid: unsafe { libc::getppid() } as u32,
+                    forks: 0,
+                    native_v6: peer.is_some_and(|p| smcr::v4_of(p).is_none()),
+                },
+                true,
+                is_nonblocking(fd),
+            );
+            table::insert(fd, Arc::new(Sock::Accepted(acc)));
+            log::line(format_args!(
+                "fd {fd}: an accepted connection from {peer:?} inherited through exec: \
+                 negotiated at its first use"
+            ));
+        }
+    }
+}
+
+/// Whether `fd` is a TCP socket (IPv4 or IPv6).
+fn is_tcp(fd: i32) -> bool {
+    let int = |level, name| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: reading an int option into an int.
+        let r = unsafe { real::getsockopt()(fd, level, name, (&raw mut v).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    matches!(
+        int(libc::SOL_SOCKET, libc::SO_DOMAIN),
+        Some(libc::AF_INET | libc::AF_INET6)
+    ) && int(libc::SOL_SOCKET, libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && int(libc::SOL_SOCKET, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// Whether `fd` listens.
+fn listening_socket(fd: i32) -> bool {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: reading an int option into an int.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut v).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && v != 0
 }

@@ -59,7 +59,7 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
     }
     let m = MAP.read();
     let (owner, s) = m.get(&fd)?;
-    if *owner == pid() {
+    if *owner == pid() || !s.per_process() {
         Some(s.clone())
     } else {
         Some(INHERITED.get_or_init(|| Arc::new(Sock::Inherited)).clone())
@@ -85,8 +85,8 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) {
 }
 
 /// Forgets `fd`; returns what it was, unless it was inherited from the parent process: the
-/// parent's connection must not be touched (no close message from the child), so that entry
-/// is leaked in the child instead of dropped.
+/// parent's state must not be touched (no close message from the child, no stats row
+/// dropped), so that entry is leaked in the child instead of dropped.
 pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     let (w, b) = slot(fd)?;
     if BITS[w].load(Ordering::Acquire) & b == 0 {
@@ -122,4 +122,56 @@ pub(crate) fn cloexec_view(fd: i32) -> bool {
 /// numbers share the socket).
 pub(crate) fn shows(s: &Arc<Sock>) -> bool {
     MAP.read().values().any(|(_, t)| Arc::ptr_eq(s, t))
+}
+
+/// The numbers of this process's table that show `s` (dup'd numbers share one entry).
+pub(crate) fn numbers_of(s: &Arc<Sock>) -> Vec<i32> {
+    MAP.read()
+        .iter()
+        .filter(|(_, (_, t))| Arc::ptr_eq(s, t))
+        .map(|(&fd, _)| fd)
+        .collect()
+}
+
+/// The numbers whose entry reports readiness through `pair` (a connection being settled:
+/// pending or accepted, whichever process made the entry).
+pub(crate) fn numbers_with_pair(pair: &Arc<crate::shim::Pair>) -> Vec<i32> {
+    MAP.read()
+        .iter()
+        .filter(|(_, (_, t))| t.pair().is_some_and(|p| Arc::ptr_eq(p, pair)))
+        .map(|(&fd, _)| fd)
+        .collect()
+}
+
+/// The marked listeners this process holds (made here or inherited).
+pub(crate) fn listeners() -> Vec<Arc<crate::shim::Listener>> {
+    if !ANY_LISTENER.load(Ordering::Acquire) {
+        return Vec::new();
+    }
+    MAP.read()
+        .values()
+        .filter_map(|(_, s)| match &**s {
+            Sock::Listener(l) => Some(l.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Set once a listener entry was made: connects look for listeners of their own only then.
+static ANY_LISTENER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that a listener entry exists.
+pub(crate) fn note_listener() {
+    ANY_LISTENER.store(true, Ordering::Release);
+}
+
+/// Whether a connect of this process being settled comes from `peer` (its local address).
+pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
+    let me = pid();
+    MAP.read().values().any(|(owner, s)| {
+        *owner == me
+            && matches!(&**s, Sock::Pending(p) if p.client_local().is_some_and(|l| {
+                l == peer || smcr::v4_of(l).is_some_and(|l| smcr::v4_of(peer) == Some(l))
+            }))
+    })
 }

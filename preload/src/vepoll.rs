@@ -339,7 +339,11 @@ pub(crate) fn to_kernel(epfd: i32) {
         return;
     };
     for r in set.regs {
-        r.pair.observe_epoll();
+        // An SMC-R connection gets its kernel pair at the number (our other sockets show
+        // their TCP socket, which the kernel answers for itself).
+        if let Some(p) = crate::shim::show_kernel(r.fd) {
+            p.observe_epoll();
+        }
         let mut ev = libc::epoll_event {
             events: r.events,
             u64: r.data,
@@ -359,6 +363,38 @@ pub(crate) fn to_kernel(epfd: i32) {
         ));
     }
     // The kick eventfd closes (dropped with the set) and leaves it.
+}
+
+/// `fd` (showing `pair` until now) is plain TCP from now on: its registrations of ours, in every
+/// set, become the kernel's on the socket (with the application's events and data; a one-shot
+/// registration that already fired stays disarmed). Adding a ready socket wakes the set's
+/// waiters, as the kernel does.
+pub(crate) fn to_kernel_fd(fd: i32, pair: &Arc<Pair>) {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
+    let _own = crate::guard::Bypass::new();
+    let mut sets = SETS.lock();
+    for (epfd, set) in sets.iter_mut() {
+        if !set
+            .at
+            .get(&fd)
+            .is_some_and(|&i| Arc::ptr_eq(&set.regs[i].pair, pair))
+        {
+            continue;
+        }
+        let r = set.remove(fd).expect("present");
+        pair.watched_by(*epfd, false);
+        let mut ev = libc::epoll_event {
+            events: r.events,
+            u64: r.data,
+        };
+        if !r.armed {
+            ev.events &= !(libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
+        }
+        // SAFETY: the application's registration, now made in the kernel.
+        unsafe { real::epoll_ctl()(*epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
 }
 
 /// A registered socket became ready (a bit rose) on this thread: wakes the threads in

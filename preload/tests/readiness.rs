@@ -97,7 +97,8 @@ fn run(group: &str, shim: Option<&Path>) -> Run {
 }
 
 /// The group passes plainly (the expectations are Linux TCP's), then under the shim with
-/// `conns` connections, each SMC-R at both ends.
+/// `conns` connections SMC-R at both ends (others, never used, closed before they were
+/// settled).
 fn check(group: &str, conns: usize) {
     if !python3() {
         return;
@@ -124,7 +125,7 @@ fn check(group: &str, conns: usize) {
         "under the shim: {failed}\n--- script output:\n{}\n--- shim log:\n{logged}",
         shim.out
     );
-    common::assert_all_smcr(&logged, conns);
+    common::assert_smcr_settled(&logged, conns);
 }
 
 /// Check 1: Level-triggered: EPOLLIN while data is unread, repeatedly, gone once all is
@@ -194,6 +195,8 @@ fn poll_and_select_agree_with_epoll() {
 /// Check 9: A listener: readable only while a connection waits for accept, an edge per connection.
 #[test]
 fn listener_readiness() {
+    // (The second and third connections are never used: a process negotiates its side of a
+    // connection to its own listener when it accepts it.)
     check("listener", 3);
 }
 

@@ -56,11 +56,12 @@ fn tshark_decodes_our_capture_and_every_icrc_checks_out() {
     let dir = std::env::temp_dir().join(format!("smcr-pcap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("a.pcap");
-    let (a_qpn, b_qpn);
+    let (a_qpn, b_qpn, a_port);
     {
         let mut ca = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
         ca.pcap = Some(pcap.clone());
         let a = Device::open(ca).unwrap();
+        a_port = a.local_addr().port();
         // B on the RoCE v2 port, where Wireshark's dissector looks for it.
         let b = Device::open(DeviceConfig::new("127.0.0.1:4791".parse().unwrap()))
             .expect("UDP port 4791 must be free for this test");
@@ -146,6 +147,10 @@ fn tshark_decodes_our_capture_and_every_icrc_checks_out() {
             "fields",
             "-E",
             "separator=,",
+            // B answers A on A's own port (and, when a steering program shares 4791 on this
+            // host, from a port of its own, not 4791): decoded as RoCE too.
+            "-d",
+            &format!("udp.port=={a_port},infiniband"),
         ])
         .args([
             "-e",

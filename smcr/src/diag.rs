@@ -31,8 +31,18 @@ pub struct TcpBytes {
     pub received: u64,
 }
 
-/// All IPv4 TCP sockets of the calling thread's network namespace, by inode.
+/// All TCP sockets (IPv4 and IPv6) of the calling thread's network namespace, by inode.
 pub fn tcp_bytes() -> io::Result<HashMap<u64, TcpBytes>> {
+    let mut out = tcp_bytes_family(libc::AF_INET)?;
+    // Dual-stack programs' sockets are IPv6 ones (a kernel without IPv6 has none).
+    if let Ok(v6) = tcp_bytes_family(libc::AF_INET6) {
+        out.extend(v6);
+    }
+    Ok(out)
+}
+
+/// The TCP sockets of one address family, by inode.
+fn tcp_bytes_family(family: libc::c_int) -> io::Result<HashMap<u64, TcpBytes>> {
     // SAFETY: creating a netlink socket; checked below.
     let fd = unsafe {
         libc::socket(
@@ -54,7 +64,7 @@ pub fn tcp_bytes() -> io::Result<HashMap<u64, TcpBytes>> {
     req[6..8].copy_from_slice(&flags.to_ne_bytes());
     req[8..12].copy_from_slice(&1u32.to_ne_bytes());
     let body = &mut req[NLMSG_HDR..];
-    body[0] = libc::AF_INET as u8;
+    body[0] = family as u8;
     body[1] = libc::IPPROTO_TCP as u8;
     body[2] = 1 << (INET_DIAG_INFO - 1);
     body[4..8].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state

@@ -722,6 +722,18 @@ impl Client {
         Ok(())
     }
 
+    /// A client that cannot take part although both sides sent the option (no resources):
+    /// a Decline with `reason` instead of a Proposal, as Linux's `smc_connect_decline_fallback`
+    /// sends one; ends in [`Event::Fallback`] (ours) once it is out.
+    pub fn declining(cfg: Config, reason: DeclineReason, now: Instant) -> Self {
+        let mut c = Common::new(cfg, now);
+        c.decline(2, reason);
+        Self {
+            c,
+            state: ClientState::AwaitAccept,
+        }
+    }
+
     /// Declines after an Accept (no resources, link group not found → `SYNCERR`, …).
     pub fn decline(&mut self, reason: DeclineReason) -> Result<(), StateError> {
         if self.c.done || !matches!(self.state, ClientState::AwaitLocal { .. }) {

@@ -30,10 +30,14 @@ pub mod tokio;
 pub mod view;
 
 pub use clc::DeclineReason;
+/// Where the runtime's descriptors go in a process shared with an application (see
+/// [`rdma::fdzone`]).
+pub use rdma::fdzone;
 /// Threads that leave the application's signals to the application (see [`rdma::thread`]).
 pub use rdma::thread;
 pub use rdma::{DeviceStats, FaultConfig};
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,
+    v4_of,
 };

@@ -16,6 +16,7 @@
 //! namespace.
 
 pub(crate) mod asm;
+mod claim;
 mod prog;
 pub(crate) mod sys;
 
@@ -25,10 +26,58 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+pub use claim::{CLAIMED_SMC, CLAIMED_TCP, Claim};
 pub use prog::{ESTABLISHED, MARKED, OPTION, PEER};
 
 /// Where [`install`] pins by default.
 pub const DEFAULT_DIR: &str = "/sys/fs/bpf/smcr";
+
+/// The same pins seen through a bind mount of `/sys/fs/bpf` at `/run/smcr/bpf`, which
+/// [`install`] makes: `ip netns exec` remounts `/sys` for the namespace (without the bpf
+/// filesystem), while `/run` stays.
+pub const MIRROR_DIR: &str = "/run/smcr/bpf/smcr";
+
+/// The pin directory a process uses when none is configured: [`DEFAULT_DIR`], or its mirror
+/// [`MIRROR_DIR`] when `/sys/fs/bpf` is not mounted where this process looks (a program
+/// under `ip netns exec`).
+pub fn default_dir() -> PathBuf {
+    let default = Path::new(DEFAULT_DIR);
+    if !default.join(MAP_PIN).exists() && Path::new(MIRROR_DIR).join(MAP_PIN).exists() {
+        return PathBuf::from(MIRROR_DIR);
+    }
+    default.to_path_buf()
+}
+
+/// Makes `/sys/fs/bpf` visible at `/run/smcr/bpf` too (a bind mount; root), so programs
+/// whose `/sys` is another one (`ip netns exec`) find the pins. Nothing when it is already.
+pub fn ensure_mirror() -> io::Result<()> {
+    let target = Path::new(MIRROR_DIR)
+        .parent()
+        .expect("the mirror has a parent")
+        .to_path_buf();
+    let mounts = mounts_of("bpf")?;
+    if mounts.iter().any(|m| m == &target) {
+        return Ok(());
+    }
+    fs::create_dir_all(&target)?;
+    let src = c"/sys/fs/bpf";
+    let dst = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: valid NUL-terminated strings; a bind mount of one directory onto another.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Pin names (bpffs refuses names with a dot); the suffix changes whenever the program or the value layout does, so an old pin
 /// is never used with a new layout.
@@ -185,10 +234,18 @@ impl OptionMap {
 /// root (CAP_BPF + CAP_NET_ADMIN and write access to bpffs). Mounts bpffs on `/sys/fs/bpf` when
 /// `dir` is below it and nothing is mounted there.
 pub fn install(dir: &Path) -> Result<Installed, OptionError> {
+    let mirror = || {
+        if dir.starts_with("/sys/fs/bpf") {
+            // Best effort: without it, programs under `ip netns exec` fall back (NOBPF).
+            let _ = ensure_mirror();
+        }
+    };
     if is_installed(dir) {
+        mirror();
         return Ok(Installed::Present);
     }
     ensure_bpffs(dir)?;
+    mirror();
     let cgroup = cgroup2_root()?.ok_or(OptionError::NoCgroup2)?;
 
     let btf = sys::btf_load(&prog::btf()).map_err(|e| OptionError::from_io("load BTF", e))?;

@@ -150,7 +150,7 @@ impl RuntimeConfig {
             roce_port: 4791,
             steer_attach: crate::steer::SteerAttach::Pinned,
             negotiation: Negotiation::TcpOption {
-                dir: PathBuf::from(crate::option::DEFAULT_DIR),
+                dir: crate::option::default_dir(),
             },
             test_link_time: Some(link::TEST_LINK_TIME),
             linger: LINGER,
@@ -284,6 +284,9 @@ pub(crate) struct Inner {
     fallback_rows: Mutex<FallbackRows>,
     /// Whether an address is one of this host's (in our network namespace), by address.
     local_addrs: Mutex<HashMap<Ipv4Addr, bool>>,
+    /// Why the last connection that could not have SMC-R here could not (a local condition
+    /// a decline code alone does not explain), for the program's log.
+    problem: Mutex<Option<String>>,
 }
 
 #[derive(Default)]
@@ -350,6 +353,7 @@ impl Runtime {
                 stats: cfg_stats,
                 fallback_rows: Mutex::new(FallbackRows::default()),
                 local_addrs: Mutex::new(HashMap::new()),
+                problem: Mutex::new(None),
             }),
         }
     }
@@ -381,6 +385,12 @@ impl Runtime {
             (Negotiation::TcpOption { .. }, Err(e)) => Some(e),
             _ => None,
         }
+    }
+
+    /// Why SMC-R could not be had for the last connection declined for a local condition
+    /// (e.g. a device that cannot receive RoCE from other hosts), if any.
+    pub fn problem(&self) -> Option<String> {
+        self.inner.problem.lock().clone()
     }
 
     /// Link groups currently alive.
@@ -489,6 +499,11 @@ impl Drop for Inner {
 }
 
 impl Inner {
+    /// Records why a connection could not have SMC-R here (see [`Runtime::problem`]).
+    pub(crate) fn note(&self, why: String) {
+        *self.problem.lock() = Some(why);
+    }
+
     /// The RMB size connections use.
     pub(crate) fn rmb_size(&self) -> clc::RmbSize {
         clc::RmbSize::round_up(self.cfg.rmb_size.clamp(16 * 1024, 512 * 1024))

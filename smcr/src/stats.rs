@@ -124,6 +124,14 @@ pub mod conn {
     pub const T_CONFIRM: usize = 13;
     /// See [`T_OPTION`].
     pub const T_LINK: usize = 14;
+    /// Bit 0: the local address is a native IPv6 one (in [`LOCAL6`]; [`LOCAL`] keeps the
+    /// port); bit 1: the peer's (in [`PEER6`]). A dual-stack socket's IPv4 peer (v4-mapped)
+    /// is recorded as IPv4.
+    pub const FAMILY: usize = 15;
+    /// The local IPv6 address (2 words, big-endian halves) when [`FAMILY`] bit 0 is set.
+    pub const LOCAL6: usize = 16;
+    /// The peer's IPv6 address (2 words) when [`FAMILY`] bit 1 is set.
+    pub const PEER6: usize = 18;
     /// Mode: SMC-R.
     pub const MODE_SMCR: u64 = 1;
     /// Mode: TCP (fallback).
@@ -277,13 +285,17 @@ impl Area {
         std::fs::create_dir_all(dir)?;
         // Readers of other users may look; nothing in the area is secret beyond addresses.
         let _ = std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
-        // A directory another user made (before us) is theirs to play tricks in: not used.
+        // A directory another user made (before us) is theirs to play tricks in: not used,
+        // unless it is shared the way /tmp is (sticky and writable by all, as we make it):
+        // then nobody can replace or remove our file there, and every user of the host
+        // (postgres, nobody, root) keeps a stats area whoever came first.
         {
             use std::os::unix::fs::MetadataExt;
             let m = std::fs::symlink_metadata(dir)?;
             // SAFETY: geteuid has no preconditions.
             let me = unsafe { libc::geteuid() };
-            if !m.is_dir() || (m.uid() != me && m.uid() != 0) {
+            let shared = m.mode() & 0o1777 == 0o1777;
+            if !m.is_dir() || (m.uid() != me && m.uid() != 0 && !shared) {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!("{} is not a directory of root or ours", dir.display()),
@@ -798,8 +810,20 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
             "OPTNOTSEEN",
             "the TCP option program did not see the handshake (socket outside its cgroup?)",
         ),
-        F::CODE_NOT_IPV4 => ("NOTIPV4", "not an IPv4 connection"),
+        F::CODE_NOT_IPV4 => (
+            "NOTIPV4",
+            "a native IPv6 connection (SMC-Rv2 runs over IPv4; a dual-stack socket's IPv4 peers are served)",
+        ),
         F::CODE_EXCLUDED => ("EXCLUDED", "kept on TCP by SMCR_INCLUDE/SMCR_EXCLUDE"),
+        F::CODE_NO_FD => (
+            "NOFD",
+            "no file descriptor left for SMC-R within the process's RLIMIT_NOFILE",
+        ),
+        F::CODE_SHARED => (
+            "SHARED",
+            "the connection was held by several processes (fork) when first used",
+        ),
+        F::CODE_SELF => ("SELF", "a connection of the process to its own listener"),
         0 => ("OTHER", "codes beyond the area's counters"),
         c => {
             let r = clc::DeclineReason(c);
@@ -816,15 +840,24 @@ pub fn remedy(code: u32) -> &'static str {
     use crate::FallbackReason as F;
     match code {
         F::CODE_NO_BPF => {
-            "load the TCP option program: `smcr bpf install` as root (smcr run does it as root); under `ip netns exec` /sys/fs/bpf is not mounted: use `nsenter --net=/run/netns/NAME` instead"
+            "load the TCP option program: `smcr bpf install` as root (smcr run does it as root); it also makes the pins visible under /run/smcr/bpf for programs whose /sys is another one (`ip netns exec`)"
         }
         F::CODE_OPTION_NOT_OBSERVED => {
             "run the program inside the cgroup v2 hierarchy the option program is attached to (`smcr bpf status`)"
         }
-        F::CODE_NOT_IPV4 => "connect over IPv4 (SMC-Rv2 is IPv4 only)",
+        F::CODE_NOT_IPV4 => {
+            "connect to the server's IPv4 address (a server listening on [::] serves it over SMC-R)"
+        }
         F::CODE_EXCLUDED => {
             "adjust SMCR_INCLUDE / SMCR_EXCLUDE if this connection should use SMC-R"
         }
+        F::CODE_NO_FD => {
+            "raise the descriptor limit (`ulimit -n`, LimitNOFILE=): with a hard limit above the soft one smcr's descriptors take none of the program's, else it uses at most the top eighth of the limit"
+        }
+        F::CODE_SHARED => {
+            "none needed (the connection works over TCP); have one process use each connection"
+        }
+        F::CODE_SELF => "none needed: a process's connections to itself stay TCP",
         0x0101_0000 => {
             "the RMB budget is used up: lower the RMB size (smcr run --rmb-kib, SMCR_RMB_KIB)"
         }
@@ -837,7 +870,7 @@ pub fn remedy(code: u32) -> &'static str {
         0x0301_0000 => "start the peer under smcr (`smcr run`), or exclude it with SMCR_EXCLUDE",
         0x0302_0000 => "SMC cannot run under IPsec: exclude the connection",
         0x0303_0000 | 0x0303_0002 => {
-            "check that the local address can bind UDP 4791 (another engine may own it)"
+            "another process owns UDP 4791 on the local address and no steering program shares it: run `smcr bpf install` as root (it steers RoCE to every process by queue pair)"
         }
         0x0303_0001 | 0x0303_0003 | 0x0303_0005 | 0x0303_0007 | 0x0309_0000 | 0x030d_0000 => {
             "SMC-D only: no action for SMC-R"

@@ -33,8 +33,18 @@ pub enum FallbackReason {
     NoBpf(String),
     /// Local: we marked the socket but the option program never saw its handshake.
     OptionNotObserved,
-    /// Local: not IPv4 (SMC-Rv2 is IPv4 only).
+    /// Local: not IPv4 (SMC-Rv2 is IPv4 only); a dual-stack socket's IPv4 peer (v4-mapped) is
+    /// IPv4.
     NotIpv4,
+    /// Local: the process had no descriptor left for SMC-R within its `RLIMIT_NOFILE`
+    /// (`rdma::fdzone`). The peer is declined (`MEM`) when it had offered SMC-R.
+    NoDescriptors,
+    /// Local: the connection was held by more than one process (inherited through `fork`)
+    /// when it was first used; one SMC-R connection cannot be served to several processes.
+    Shared,
+    /// Local: the process connected to a listener of its own (its accept would have to answer
+    /// the handshake its connect waits in).
+    SelfConnect,
 }
 
 /// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
@@ -48,6 +58,12 @@ impl FallbackReason {
     /// Local code: kept off SMC-R by the user's policy (`SMCR_INCLUDE`/`SMCR_EXCLUDE`, see
     /// [`crate::policy`]); the preload applies it before the TCP handshake.
     pub const CODE_EXCLUDED: u32 = 0x7f00_0004;
+    /// Local code: no descriptor left for SMC-R in the process's limit.
+    pub const CODE_NO_FD: u32 = 0x7f00_0005;
+    /// Local code: the connection was shared by several processes at its first use.
+    pub const CODE_SHARED: u32 = 0x7f00_0006;
+    /// Local code: a connection of the process to its own listener.
+    pub const CODE_SELF: u32 = 0x7f00_0007;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
     pub fn code(&self) -> u32 {
@@ -57,6 +73,9 @@ impl FallbackReason {
             Self::NoBpf(_) => Self::CODE_NO_BPF,
             Self::OptionNotObserved => Self::CODE_OPTION_NOT_OBSERVED,
             Self::NotIpv4 => Self::CODE_NOT_IPV4,
+            Self::NoDescriptors => Self::CODE_NO_FD,
+            Self::Shared => Self::CODE_SHARED,
+            Self::SelfConnect => Self::CODE_SELF,
         }
     }
 }
@@ -81,6 +100,21 @@ impl std::fmt::Display for FallbackReason {
                 write!(f, "TCP option program did not see the handshake")
             }
             Self::NotIpv4 => write!(f, "not IPv4"),
+            Self::NoDescriptors => write!(
+                f,
+                "no descriptor left for SMC-R within RLIMIT_NOFILE (NOFD {:#010x})",
+                self.code()
+            ),
+            Self::Shared => write!(
+                f,
+                "used by several processes (SHARED {:#010x})",
+                self.code()
+            ),
+            Self::SelfConnect => write!(
+                f,
+                "connection to a listener of this process (SELF {:#010x})",
+                self.code()
+            ),
         }
     }
 }
@@ -239,6 +273,15 @@ pub struct ListenerRecord {
 }
 
 impl Runtime {
+    /// The TCP option program's per-socket map, when negotiation uses it and it could be
+    /// opened (for claims of connections several processes hold: [`crate::option::Claim`]).
+    pub fn option_map(&self) -> Option<&crate::option::OptionMap> {
+        match (&self.inner.cfg.negotiation, &self.inner.option) {
+            (Negotiation::TcpOption { .. }, Ok(m)) => Some(m),
+            _ => None,
+        }
+    }
+
     /// Records a listening socket on `local` in the stats area (`None` without an area or a
     /// free slot). Keep it while the socket listens.
     pub fn listener_record(&self, local: SocketAddr) -> Option<ListenerRecord> {
@@ -246,9 +289,7 @@ impl Runtime {
         let area = self.inner.stats.as_ref()?;
         let mut rec = crate::stats::ConnRecord::default();
         rec.words[conn::IN_USE] = 1;
-        if let SocketAddr::V4(a) = local {
-            rec.words[conn::LOCAL] = u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port());
-        }
+        put_addr(&mut rec, Some(local), false);
         rec.words[conn::STATE] = conn::STATE_LISTEN | 1 << 8;
         rec.words[conn::SINCE] = Timeline::new().unix_ns;
         let slot = area.claim_conn()?;
@@ -520,9 +561,18 @@ fn path_mtu(tcp: &TcpStream) -> u32 {
 }
 
 fn local_v4(tcp: &TcpStream) -> Option<SocketAddrV4> {
-    match tcp.local_addr().ok()? {
+    v4_of(tcp.local_addr().ok()?)
+}
+
+/// The IPv4 address of `a`: itself, or the IPv4 address a dual-stack (AF_INET6) socket's
+/// v4-mapped address (`::ffff:a.b.c.d`) stands for. Native IPv6 addresses have none.
+pub fn v4_of(a: SocketAddr) -> Option<SocketAddrV4> {
+    match a {
         SocketAddr::V4(a) => Some(a),
-        SocketAddr::V6(_) => None,
+        SocketAddr::V6(a) => a
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddrV4::new(ip, a.port())),
     }
 }
 
@@ -612,7 +662,7 @@ impl SmcStream {
 
     fn connect_one(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-        let marked = addr.is_ipv4() && mark(rt, &sock);
+        let marked = v4_of(addr).is_some() && mark(rt, &sock);
         sock.connect(&addr.into())?;
         Self::from_connected(rt, sock.into(), marked)
     }
@@ -621,7 +671,7 @@ impl SmcStream {
     /// with [`Runtime::mark`] before `connect`). Used by the preload shim, whose application
     /// creates and connects the socket itself.
     pub fn from_connected(rt: &Runtime, tcp: TcpStream, marked: bool) -> io::Result<Self> {
-        let ipv4 = matches!(tcp.peer_addr()?, SocketAddr::V4(_));
+        let ipv4 = v4_of(tcp.peer_addr()?).is_some();
         let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
         let verdict = verdict(rt, &s.tcp, marked, ipv4);
         s.timeline.mark(T_OPTION);
@@ -657,9 +707,15 @@ impl SmcStream {
         };
         let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
             && rt.inner.option.is_ok();
-        match verdict(rt, &tcp, marked, peer.is_ipv4()) {
+        // A native IPv6 peer that offered SMC-R goes to the handshake too (to be declined).
+        match option_verdict(rt, &tcp, marked) {
             Ok(()) => Err(tcp),
             Err(r) => {
+                let r = if v4_of(peer).is_some() {
+                    r
+                } else {
+                    FallbackReason::NotIpv4
+                };
                 let mut s = Self::plain(tcp, Mode::Tcp(r));
                 s.timeline.mark(T_OPTION);
                 s.record(rt, true);
@@ -685,9 +741,18 @@ impl SmcStream {
         let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
         let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
             && rt.inner.option.is_ok();
-        let reason = match verdict(rt, &tcp, marked, true) {
+        // The option decides: a native IPv6 peer that offered SMC-R still needs our Decline
+        // (the caller's handshake, with `NotIpv4`); one that did not is plain TCP at once.
+        let reason = match option_verdict(rt, &tcp, marked) {
             Ok(()) => return Ok(()),
-            Err(r) => r,
+            Err(r) => {
+                let peer = addrs.map_or_else(|| tcp.peer_addr(), |(_, p)| Ok(p));
+                if peer.is_ok_and(|p| v4_of(p).is_none()) {
+                    FallbackReason::NotIpv4
+                } else {
+                    r
+                }
+            }
         };
         let mut timeline = Timeline::new();
         timeline.mark(T_OPTION);
@@ -702,6 +767,75 @@ impl SmcStream {
             keep_row(rt, st, fd.as_raw_fd());
         }
         Err(reason)
+    }
+
+    /// For a caller that cannot give a connection SMC-R resources (the preload when the
+    /// process has no descriptor left: [`FallbackReason::NoDescriptors`]): settles it as a
+    /// fallback on the TCP connection `fd` itself (the application's socket, borrowed for the
+    /// call) — without a CLC byte when the peer did not offer SMC-R (that verdict is recorded
+    /// instead), else with a Decline (`MEM` on the wire, Linux's code for a shortage of
+    /// resources; a server reads the client's Proposal first). The row is recorded with the
+    /// local reason and stays with `fd` as [`SmcStream::hand_over`] leaves it. Returns the
+    /// reason recorded; an error when the handshake failed (the connection is unusable).
+    pub fn decline_local(
+        rt: &Runtime,
+        fd: std::os::fd::BorrowedFd<'_>,
+        marked: bool,
+        server: bool,
+        reason: FallbackReason,
+    ) -> io::Result<FallbackReason> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let mut timeline = Timeline::new();
+        let recorded = decline_exchange(
+            rt,
+            &tcp,
+            marked,
+            server,
+            reason,
+            DeclineReason::MEM,
+            &mut timeline,
+        )?;
+        let mode = Mode::Tcp(recorded.clone());
+        if let Some(st) = record_row(
+            rt,
+            || (tcp.local_addr(), tcp.peer_addr()),
+            &mode,
+            &timeline,
+            None,
+            server,
+        ) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
+        Ok(recorded)
+    }
+
+    /// Records a connection that stays TCP for a local `reason` decided before any CLC byte
+    /// (the peer never offered SMC-R, or was never marked): its row stays with `fd` as
+    /// [`SmcStream::hand_over`] leaves it. For the preload's own decisions (`SelfConnect`,
+    /// `Shared` when settled by another process, native IPv6 peers).
+    pub fn record_local(
+        rt: &Runtime,
+        fd: std::os::fd::BorrowedFd<'_>,
+        server: bool,
+        reason: FallbackReason,
+    ) {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let mut timeline = Timeline::new();
+        timeline.mark(T_OPTION);
+        if let Some(st) = record_row(
+            rt,
+            || (tcp.local_addr(), tcp.peer_addr()),
+            &Mode::Tcp(reason),
+            &timeline,
+            None,
+            server,
+        ) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
     }
 
     /// The TCP connection underneath (for addresses and socket options; after SMC-R is
@@ -810,6 +944,14 @@ impl SmcStream {
                     .inner
                     .device(*local.ip())
                     .map_err(|_| DeclineReason::NOSMCRDEV)?;
+                // A device that cannot receive RoCE from elsewhere (another process owns the
+                // port and no steering program shares it) serves only peers on this host.
+                if let Some(ip) = peer.gid.to_ipv4()
+                    && let Err(why) = dev.reaches(ip, rt.inner.cfg.same_host)
+                {
+                    rt.inner.note(why);
+                    return Err(DeclineReason::NOSMCRDEV);
+                }
                 let mtu = crate::runtime::smaller_mtu(peer.mtu, mtu);
                 let lg = LinkGroup::create(
                     &rt.inner,
@@ -1261,6 +1403,70 @@ fn verdict(rt: &Runtime, tcp: &TcpStream, marked: bool, ipv4: bool) -> Result<()
     if !ipv4 {
         return Err(FallbackReason::NotIpv4);
     }
+    option_verdict(rt, tcp, marked)
+}
+
+/// Settles a connection whose CLC handshake we will not run as a fallback for `reason`: no CLC
+/// byte when the peer did not offer SMC-R (that verdict is returned instead, or `NotIpv4` for
+/// a native IPv6 peer), else a Decline with `wire` (a server reads the client's Proposal
+/// first; a client sends it instead of its Proposal). The peer's own Decline, if it comes
+/// first, is the reason returned.
+fn decline_exchange(
+    rt: &Runtime,
+    tcp: &TcpStream,
+    marked: bool,
+    server: bool,
+    reason: FallbackReason,
+    wire: DeclineReason,
+    timeline: &mut Timeline,
+) -> io::Result<FallbackReason> {
+    let ipv4 = tcp.peer_addr().is_ok_and(|a| v4_of(a).is_some());
+    let marked = marked
+        || (server
+            && matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok());
+    let offered = option_verdict(rt, tcp, marked);
+    timeline.mark(T_OPTION);
+    if let Err(r) = offered {
+        return Ok(if ipv4 { r } else { FallbackReason::NotIpv4 });
+    }
+    let cfg = rt.inner.cfg.handshake.clone();
+    let ev = if server {
+        let mut hs = handshake::Server::new(cfg, Instant::now());
+        match drive(tcp, &mut hs, timeline)? {
+            Event::Proposed { .. } => {
+                hs.decline(wire).map_err(io::Error::other)?;
+                drive(tcp, &mut hs, timeline)?
+            }
+            other => other,
+        }
+    } else {
+        let mut hs = handshake::Client::declining(cfg, wire, Instant::now());
+        drive(tcp, &mut hs, timeline)?
+    };
+    match ev {
+        Event::Fallback {
+            reason: r,
+            by_peer: true,
+            ..
+        } => Ok(FallbackReason::Declined {
+            reason: r,
+            by_peer: true,
+        }),
+        Event::Fallback { .. } => Ok(reason),
+        Event::Failed(e) => {
+            rt.inner.handshake_failed();
+            Err(failed(e))
+        }
+        other => {
+            rt.inner.handshake_failed();
+            Err(io::Error::other(format!("unexpected {other:?}")))
+        }
+    }
+}
+
+/// Whether the peer offered SMC-R (the option program's record), IPv4 or not.
+fn option_verdict(rt: &Runtime, tcp: &TcpStream, marked: bool) -> Result<(), FallbackReason> {
     match (&rt.inner.cfg.negotiation, &rt.inner.option) {
         (Negotiation::Assume, _) => Ok(()),
         (Negotiation::TcpOption { .. }, Err(e)) => Err(FallbackReason::NoBpf(e.clone())),
@@ -1317,15 +1523,11 @@ fn record_row(
         Mode::Tcp(r) => crate::metrics::connection(Some(r), false, handshake),
     }
     let area = rt.inner.stats.as_ref()?;
-    let addr = |a: io::Result<SocketAddr>| match a {
-        Ok(SocketAddr::V4(a)) => u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
-        _ => 0,
-    };
     let mut rec = crate::stats::ConnRecord::default();
     rec.words[conn::IN_USE] = 1;
     let (local, peer) = addrs();
-    rec.words[conn::LOCAL] = addr(local);
-    rec.words[conn::PEER] = addr(peer);
+    put_addr(&mut rec, local.ok(), false);
+    put_addr(&mut rec, peer.ok(), true);
     let mode = match mode {
         Mode::SmcR { first_contact } => {
             area.count(total::SMCR);
@@ -1370,6 +1572,31 @@ fn record_row(
         area: area.clone(),
         slot,
     })
+}
+
+/// Writes an address into a record: IPv4 (or v4-mapped) in `LOCAL`/`PEER`, a native IPv6 one
+/// in `LOCAL6`/`PEER6` with its `FAMILY` bit (the port stays in `LOCAL`/`PEER`).
+fn put_addr(rec: &mut crate::stats::ConnRecord, a: Option<SocketAddr>, peer: bool) {
+    use crate::stats::conn;
+    let Some(a) = a else { return };
+    let (word, word6, bit) = if peer {
+        (conn::PEER, conn::PEER6, 2)
+    } else {
+        (conn::LOCAL, conn::LOCAL6, 1)
+    };
+    match (v4_of(a), a) {
+        (Some(v4), _) => {
+            rec.words[word] = u64::from(u32::from(*v4.ip())) << 16 | u64::from(v4.port());
+        }
+        (None, SocketAddr::V6(v6)) => {
+            let o = v6.ip().octets();
+            rec.words[word] = u64::from(v6.port());
+            rec.words[word6] = u64::from_be_bytes(o[..8].try_into().expect("8 bytes"));
+            rec.words[word6 + 1] = u64::from_be_bytes(o[8..].try_into().expect("8 bytes"));
+            rec.words[conn::FAMILY] |= bit;
+        }
+        (None, SocketAddr::V4(_)) => {}
+    }
 }
 
 impl Read for SmcStream {
@@ -1481,7 +1708,9 @@ impl SmcListener {
     pub fn bind(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
         sock.set_reuse_address(true)?;
-        if addr.is_ipv4() {
+        // A dual-stack [::] listener serves IPv4 peers through v4-mapped addresses: marked too
+        // (a native IPv6 peer's connection falls back, NOTIPV4).
+        if addr.is_ipv4() || matches!(addr, SocketAddr::V6(a) if !a.ip().is_loopback()) {
             mark(rt, &sock);
         }
         sock.bind(&addr.into())?;
@@ -1568,7 +1797,23 @@ impl SmcStream {
         let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
             && rt.inner.option.is_ok();
         let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
-        let verdict = verdict(rt, &s.tcp, marked, peer.is_ipv4());
+        if v4_of(peer).is_none() {
+            // A native IPv6 peer of a dual-stack listener: declined if it offered SMC-R (its
+            // Proposal must not reach the application as data).
+            let r = decline_exchange(
+                rt,
+                &s.tcp,
+                marked,
+                true,
+                FallbackReason::NotIpv4,
+                DeclineReason::NOSMCRDEV,
+                &mut s.timeline,
+            )?;
+            s.mode = Mode::Tcp(r);
+            s.record(rt, true);
+            return Ok(s);
+        }
+        let verdict = verdict(rt, &s.tcp, marked, true);
         s.timeline.mark(T_OPTION);
         match verdict {
             Err(r) => s.mode = Mode::Tcp(r),
@@ -1585,10 +1830,9 @@ impl SmcStream {
 
     fn server_handshake(&mut self, rt: &Runtime) -> io::Result<()> {
         let local = local_v4(&self.tcp).expect("checked IPv4");
-        let peer_ip = match self.tcp.peer_addr()? {
-            SocketAddr::V4(a) => *a.ip(),
-            SocketAddr::V6(_) => unreachable!("checked IPv4"),
-        };
+        let peer_ip = *v4_of(self.tcp.peer_addr()?)
+            .ok_or_else(|| io::Error::other("not IPv4 (checked before)"))?
+            .ip();
         let mtu = roce_mtu(path_mtu(&self.tcp));
         let mut hs = handshake::Server::new(rt.inner.cfg.handshake.clone(), Instant::now());
         let decline = |s: &mut Self, hs: &mut handshake::Server, reason| -> io::Result<()> {
@@ -1653,6 +1897,11 @@ impl SmcStream {
                     let Ok(dev) = rt.inner.device(*local.ip()) else {
                         return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
                     };
+                    // See the client's first contact: a local-only device serves this host.
+                    if let Err(why) = dev.reaches(peer_ip, rt.inner.cfg.same_host) {
+                        rt.inner.note(why);
+                        return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
+                    }
                     match LinkGroup::create(
                         &rt.inner,
                         dev,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 
 use crate::stats::{self, Area, conn, lg, total};
@@ -63,9 +63,9 @@ pub struct Conn {
     /// We accepted it.
     pub server: bool,
     /// Our address.
-    pub local: SocketAddrV4,
+    pub local: SocketAddr,
     /// The peer's (unspecified for a listener).
-    pub peer: SocketAddrV4,
+    pub peer: SocketAddr,
     /// Fallback code (TCP rows).
     pub code: u32,
     /// The peer's decline diagnosis, when the peer declined.
@@ -100,7 +100,7 @@ pub struct Conn {
 
 impl Default for Conn {
     fn default() -> Self {
-        let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+        let any = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
         Self {
             kind: Kind::default(),
             state: 0,
@@ -170,6 +170,17 @@ fn v4(w: u64) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from((w >> 16) as u32), w as u16)
 }
 
+/// A record's address: IPv4 in `word`, or IPv6 in the two words at `word6` when the
+/// record's family says so (the port stays in `word`).
+fn addr_of(w: &[u64], word: usize, word6: usize, bit: u64) -> SocketAddr {
+    if w[conn::FAMILY] & bit != 0 {
+        let ip = (u128::from(w[word6]) << 64) | u128::from(w[word6 + 1]);
+        SocketAddr::new(Ipv6Addr::from(ip).into(), w[word] as u16)
+    } else {
+        SocketAddr::V4(v4(w[word]))
+    }
+}
+
 fn gid(hi: u64, lo: u64) -> [u8; 16] {
     let mut g = [0u8; 16];
     g[..8].copy_from_slice(&hi.to_be_bytes());
@@ -203,8 +214,8 @@ impl Conn {
                 state_word & 0xff
             },
             server: state_word >> 8 & 1 == 1,
-            local: v4(w[conn::LOCAL]),
-            peer: v4(w[conn::PEER]),
+            local: addr_of(w, conn::LOCAL, conn::LOCAL6, 1),
+            peer: addr_of(w, conn::PEER, conn::PEER6, 2),
             code: w[conn::REASON] as u32,
             peer_code: (w[conn::REASON] >> 32) as u32,
             rmb: w[conn::SIZES] & 0xffff_ffff,
@@ -344,7 +355,7 @@ impl Snapshot {
                 (
                     c.kind == Kind::Listen,
                     c.local.port(),
-                    *c.peer.ip(),
+                    c.peer.ip(),
                     c.peer.port(),
                 )
             });
@@ -612,6 +623,9 @@ pub fn all_codes() -> Vec<u32> {
         F::CODE_OPTION_NOT_OBSERVED,
         F::CODE_NOT_IPV4,
         F::CODE_EXCLUDED,
+        F::CODE_NO_FD,
+        F::CODE_SHARED,
+        F::CODE_SELF,
     ]);
     v
 }

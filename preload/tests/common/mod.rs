@@ -253,6 +253,26 @@ pub fn assert_all_smcr(log: &str, n: usize) {
     }
 }
 
+/// Asserts that the shim's log shows exactly `n` connects and `n` accepts that were SMC-R, and
+/// that any other connect was closed by the application before it was settled (a connection
+/// never used is never negotiated on its server's side: docs/architecture.md).
+pub fn assert_smcr_settled(log: &str, n: usize) {
+    for what in ["connect", "accept"] {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!(" {what} Some(")))
+            .collect();
+        let smcr = lines.iter().filter(|l| l.contains("): SMC-R")).count();
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.contains("): SMC-R") || l.contains("closed before it was settled")),
+            "a {what} was neither SMC-R nor closed unused:\n{log}"
+        );
+        assert_eq!(smcr, n, "expected {n} SMC-R {what}s:\n{log}");
+    }
+}
+
 /// Text of a finished command, asserting success.
 pub fn run_ok(c: &mut Command, what: &str) -> String {
     let out = c.output().unwrap();

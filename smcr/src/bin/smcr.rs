@@ -77,14 +77,18 @@ fn run(args: &[String]) -> ExitCode {
     if cmd.is_empty() {
         return usage();
     }
-    let mut dir = PathBuf::from(option::DEFAULT_DIR);
+    let mut dir = option::default_dir();
+    let mut dir_given = false;
     let (mut assume, mut lib, mut log) = (false, None, None);
     let (mut rmb, mut include, mut exclude) = (None, None, None);
     let mut it = opts.iter();
     while let Some(o) = it.next() {
         let mut val = || it.next().cloned();
         match o.as_str() {
-            "--dir" => dir = PathBuf::from(val().unwrap_or_default()),
+            "--dir" => {
+                dir = PathBuf::from(val().unwrap_or_default());
+                dir_given = true;
+            }
             "--assume" => assume = true,
             "--lib" => lib = val().map(PathBuf::from),
             "--log" => log = val(),
@@ -116,21 +120,34 @@ fn run(args: &[String]) -> ExitCode {
     if assume {
         c.env("SMCR_NEGOTIATION", "assume");
     } else {
+        // The program always starts: without the option program its connections stay TCP
+        // (NOBPF, with the remedy in its log and in smc-stat).
         if !option::is_installed(&dir) {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
                 eprintln!(
-                    "smcr run: the SMC-R option program is not installed under {}; run `sudo smcr bpf install` once (or use --assume when every peer runs smcr)",
+                    "smcr run: warning: the SMC-R option program is not installed under {}; connections stay TCP (run `sudo smcr bpf install` once, or use --assume when every peer runs smcr)",
                     dir.display()
                 );
-                return ExitCode::FAILURE;
-            }
-            if let Err(e) = option::install(&dir) {
-                eprintln!("smcr run: installing the option program: {e}");
-                return ExitCode::FAILURE;
+            } else {
+                match option::install(&dir) {
+                    Ok(_) => {
+                        // Root installs the steering program along (every process of an
+                        // address then shares RoCE port 4791); not fatal either.
+                        if let Err(e) = steer::install(&dir) {
+                            eprintln!("smcr run: warning: steering program: {e}");
+                        }
+                    }
+                    Err(e) => eprintln!(
+                        "smcr run: warning: installing the option program: {e}; connections stay TCP"
+                    ),
+                }
             }
         }
-        c.env("SMCR_BPF_DIR", &dir).env_remove("SMCR_NEGOTIATION");
+        if dir_given {
+            c.env("SMCR_BPF_DIR", &dir);
+        }
+        c.env_remove("SMCR_NEGOTIATION");
     }
     // Ours first; keep whatever the user preloads already.
     let preload = match std::env::var("LD_PRELOAD") {

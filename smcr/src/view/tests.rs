@@ -5,7 +5,7 @@
 use super::*;
 
 fn example() -> Snapshot {
-    let a = |s: &str| s.parse::<SocketAddrV4>().unwrap();
+    let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
     let mapped = |ip: [u8; 4]| {
         let mut g = [0u8; 16];
         g[10] = 0xff;
@@ -65,6 +65,18 @@ fn example() -> Snapshot {
                 peer_code: 0x0101_0000,
                 local_flags: 0,
                 peer_flags: 0x80,
+                ..Conn::default()
+            },
+            Conn {
+                kind: Kind::Tcp,
+                state: 1,
+                server: true,
+                local: a("[2001:db8::1]:6379"),
+                peer: a("[2001:db8::5]:40004"),
+                code: 0x7f00_0003,
+                sent: 5,
+                received: 7,
+                fd: Some(11),
                 ..Conn::default()
             },
             Conn {
@@ -176,8 +188,8 @@ fn fallbacks() {
             "{c:#x} missing"
         );
     }
-    assert_eq!(all_codes().len(), 40);
-    assert_eq!(every.matches("  remedy: ").count(), 40);
+    assert_eq!(all_codes().len(), 43);
+    assert_eq!(every.matches("  remedy: ").count(), 43);
 }
 
 #[test]
@@ -243,4 +255,24 @@ fn records_decode_into_rows() {
     assert_eq!(c.stages_ns, [0, 5, 0, 0, 0, 9]);
     assert_eq!(c.fallback(), "MEM 0x01010000 by peer");
     assert_eq!(c.peer_flags, 0x80);
+}
+
+#[test]
+fn native_ipv6_rows_round_trip_and_v4_mapped_ones_are_ipv4() {
+    use crate::stats::{ConnRecord, conn};
+    let mut r = ConnRecord::default();
+    r.words[conn::IN_USE] = 1;
+    r.words[conn::STATE] = conn::STATE_ACTIVE | conn::MODE_TCP << 16;
+    // Local: 10.0.0.1:80 (a dual-stack socket's v4-mapped address is recorded as IPv4).
+    r.words[conn::LOCAL] = u64::from(u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1))) << 16 | 80;
+    // Peer: [2001:db8::5]:4000.
+    let ip: std::net::Ipv6Addr = "2001:db8::5".parse().unwrap();
+    let o = ip.octets();
+    r.words[conn::PEER] = 4000;
+    r.words[conn::PEER6] = u64::from_be_bytes(o[..8].try_into().unwrap());
+    r.words[conn::PEER6 + 1] = u64::from_be_bytes(o[8..].try_into().unwrap());
+    r.words[conn::FAMILY] = 2;
+    let c = Conn::from_record(&r);
+    assert_eq!(c.local.to_string(), "10.0.0.1:80");
+    assert_eq!(c.peer.to_string(), "[2001:db8::5]:4000");
 }
