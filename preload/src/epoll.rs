@@ -160,7 +160,7 @@ pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
 pub(crate) fn app_drive() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        !std::env::var("SMCR_APP_DRIVE").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+        !smcr::env::var("SMCR_APP_DRIVE").is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
     })
 }
 

@@ -20,13 +20,17 @@ mod table;
 mod vepoll;
 mod workers;
 
-/// Runs when the library is loaded, before the program's `main`: sockets the program inherited
-/// through `exec` are recognised (see `shim::adopt`).
+/// Runs when the library is loaded, before the program's `main`: the `SMCR_*` settings are
+/// kept as they are now (a program may clear its environment later: nginx's workers), and
+/// sockets the program inherited through `exec` are recognised (see `shim::adopt`).
 #[used]
 #[unsafe(link_section = ".init_array")]
-static ADOPT: extern "C" fn() = {
-    extern "C" fn adopt() {
-        guard::guarded((), shim::adopt);
+static ON_LOAD: extern "C" fn() = {
+    extern "C" fn on_load() {
+        guard::guarded((), || {
+            smcr::env::snapshot();
+            shim::adopt();
+        });
     }
-    adopt
+    on_load
 };

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 fn path() -> Option<&'static str> {
     static PATH: OnceLock<Option<String>> = OnceLock::new();
-    PATH.get_or_init(|| std::env::var("SMCR_LOG").ok().filter(|p| !p.is_empty()))
+    PATH.get_or_init(|| smcr::env::var("SMCR_LOG").filter(|p| !p.is_empty()))
         .as_deref()
 }
 

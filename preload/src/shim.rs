@@ -300,7 +300,7 @@ pub(crate) fn runtime() -> Runtime {
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let on = std::env::var("SMCR_DISABLE").map_or(true, |v| v != "1");
+        let on = smcr::env::var("SMCR_DISABLE").is_none_or(|v| v != "1");
         if on {
             // Our descriptors stay out of the application's numbers from the first one.
             smcr::fdzone::enable();
@@ -746,7 +746,7 @@ fn clear_so_error(fd: i32) {
 fn lazy() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        !std::env::var("SMCR_LAZY_PAIR").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+        !smcr::env::var("SMCR_LAZY_PAIR").is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
     })
 }
 
@@ -1848,8 +1848,14 @@ pub(crate) fn adopt() {
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .collect();
     let mut map = None;
+    // Numbers of one socket (dup2'd onto 0 and 1 by an inetd-style parent) share one entry.
+    let mut seen: std::collections::HashMap<u64, Arc<Sock>> = std::collections::HashMap::new();
     for fd in fds {
         if !is_tcp(fd) {
+            continue;
+        }
+        if let Some(s) = inode(fd).and_then(|i| seen.get(&i)) {
+            table::insert(fd, s.clone());
             continue;
         }
         let m = match &map {
@@ -1872,20 +1878,18 @@ pub(crate) fn adopt() {
             continue;
         }
         let claim = m.claimed(borrowed(fd)).ok().flatten();
-        if listening_socket(fd) {
+        let entry = if listening_socket(fd) {
             let bound = sock_addr(fd, false);
-            table::insert(
-                fd,
-                Arc::new(Sock::Listener(Arc::new(Listener {
-                    stat: Mutex::new(None),
-                    bound,
-                }))),
-            );
             table::note_listener();
+            Arc::new(Sock::Listener(Arc::new(Listener {
+                stat: Mutex::new(None),
+                bound,
+            })))
         } else if let Some(c) = claim {
-            if c.smc {
-                table::insert(fd, Arc::new(Sock::Inherited));
+            if !c.smc {
+                continue;
             }
+            Arc::new(Sock::Inherited)
         } else if st.capability() == smcr::option::Capability::PeerCapable {
             let peer = sock_addr(fd, true);
             let acc = Settling::new(
@@ -1898,11 +1902,17 @@ pub(crate) fn adopt() {
                 true,
                 is_nonblocking(fd),
             );
-            table::insert(fd, Arc::new(Sock::Accepted(acc)));
             log::line(format_args!(
                 "fd {fd}: an accepted connection from {peer:?} inherited through exec: \
                  negotiated at its first use"
             ));
+            Arc::new(Sock::Accepted(acc))
+        } else {
+            continue;
+        };
+        table::insert(fd, entry.clone());
+        if let Some(i) = inode(fd) {
+            seen.insert(i, entry);
         }
     }
 }

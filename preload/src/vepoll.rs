@@ -75,8 +75,8 @@ pub(crate) fn on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         crate::epoll::app_drive()
-            && !std::env::var("SMCR_VIRTUAL_EPOLL")
-                .is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+            && !smcr::env::var("SMCR_VIRTUAL_EPOLL")
+                .is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
     })
 }
 

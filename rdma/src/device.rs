@@ -84,8 +84,7 @@ impl DeviceConfig {
             ttl: 64,
             faults: None,
             pcap: None,
-            spin: std::env::var("SMCR_SPIN_US")
-                .ok()
+            spin: crate::env::var("SMCR_SPIN_US")
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_SPIN, |us| Duration::from_micros(us.min(10_000))),
         }
@@ -426,7 +425,7 @@ impl Shared {
             })?);
         }
         if cfg.pcap.is_none() {
-            cfg.pcap = std::env::var_os("SMCR_RDMA_PCAP")
+            cfg.pcap = crate::env::var("SMCR_RDMA_PCAP")
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from);
         }

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod device;
+pub mod env;
 pub mod fdzone;
 pub mod mr;
 pub mod rc;

@@ -181,6 +181,53 @@ pub fn tcp_bytes_of(pid: u32) -> io::Result<HashMap<u64, TcpBytes>> {
     .map_err(|_| io::Error::other("sock_diag thread panicked"))?
 }
 
+/// The user owning the socket at the other end of a TCP connection on this host (in our
+/// network namespace) from `local` to `peer`: the socket whose local address is `peer` and
+/// remote address `local`, from /proc/net/tcp (or tcp6). `None` when it is not here.
+pub fn peer_uid(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> Option<u32> {
+    let (file, lw, pw) = match (local, peer) {
+        (std::net::SocketAddr::V4(l), std::net::SocketAddr::V4(p)) => {
+            ("/proc/net/tcp", hex_v4(l), hex_v4(p))
+        }
+        (l, p) => ("/proc/net/tcp6", hex_v6(l), hex_v6(p)),
+    };
+    let text = std::fs::read_to_string(file).ok()?;
+    peer_uid_in(&text, &pw, &lw)
+}
+
+/// `/proc/net/tcp`'s spelling of an IPv4 address and port: the address as a host-order word.
+fn hex_v4(a: std::net::SocketAddrV4) -> String {
+    format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(a.ip().octets()),
+        a.port()
+    )
+}
+
+/// `/proc/net/tcp6`'s: four host-order words (an IPv4 peer of an IPv6 socket is v4-mapped).
+fn hex_v6(a: std::net::SocketAddr) -> String {
+    let ip = match a {
+        std::net::SocketAddr::V4(v4) => v4.ip().to_ipv6_mapped(),
+        std::net::SocketAddr::V6(v6) => *v6.ip(),
+    };
+    let o = ip.octets();
+    let mut s = String::new();
+    for w in o.chunks(4) {
+        s += &format!("{:08X}", u32::from_ne_bytes(w.try_into().expect("4 bytes")));
+    }
+    format!("{s}:{:04X}", a.port())
+}
+
+/// The uid of the line whose local address is `local` and remote address `remote`.
+fn peer_uid_in(text: &str, local: &str, remote: &str) -> Option<u32> {
+    text.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 7 && f[1] == local && f[2] == remote)
+            .then(|| f[7].parse().ok())
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +267,35 @@ mod tests {
             )
         );
         assert_eq!(tcp_bytes_of(std::process::id()).unwrap()[&inode(&c)], got.0);
+    }
+
+    #[test]
+    fn the_other_end_of_a_local_connection_has_our_uid() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let (cl, sl) = (c.local_addr().unwrap(), s.local_addr().unwrap());
+        assert_eq!(
+            peer_uid(cl, sl),
+            Some(me),
+            "the server's socket, seen from the client"
+        );
+        assert_eq!(
+            peer_uid(sl, cl),
+            Some(me),
+            "the client's socket, seen from the server"
+        );
+        let gone: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(peer_uid(cl, gone), None);
+        // Parsing: a line of /proc/net/tcp with uid 101.
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1F90 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000   101        0 12345 1";
+        assert_eq!(
+            peer_uid_in(text, "0100007F:1F90", "0100007F:A1B2"),
+            Some(101)
+        );
+        assert_eq!(peer_uid_in("garbage", "a", "b"), None);
     }
 
     #[test]

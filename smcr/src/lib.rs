@@ -30,12 +30,12 @@ pub mod tokio;
 pub mod view;
 
 pub use clc::DeclineReason;
-/// Where the runtime's descriptors go in a process shared with an application (see
-/// [`rdma::fdzone`]).
-pub use rdma::fdzone;
 /// Threads that leave the application's signals to the application (see [`rdma::thread`]).
 pub use rdma::thread;
 pub use rdma::{DeviceStats, FaultConfig};
+/// Where the runtime's descriptors go in a process shared with an application (see
+/// [`rdma::fdzone`]).
+pub use rdma::{env, fdzone};
 pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,

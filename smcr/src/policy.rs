@@ -68,7 +68,7 @@ pub struct Policy {
 impl Policy {
     /// From `SMCR_INCLUDE` and `SMCR_EXCLUDE` (unset or empty: no rule).
     pub fn from_env() -> Result<Self, PolicyError> {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let get = |k: &str| crate::env::var(k).filter(|v| !v.trim().is_empty());
         Self::parse(
             get("SMCR_INCLUDE").as_deref(),
             get("SMCR_EXCLUDE").as_deref(),

@@ -174,7 +174,7 @@ impl RuntimeConfig {
     /// `SMCR_UEID` (comma-separated user EIDs), `SMCR_STATS_DIR` (`off`: no stats area).
     pub fn from_env() -> Self {
         let mut cfg = Self::new();
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let var = |k: &str| crate::env::var(k).filter(|v| !v.is_empty());
         if let Some(dir) = var("SMCR_BPF_DIR") {
             cfg.negotiation = Negotiation::TcpOption { dir: dir.into() };
         }

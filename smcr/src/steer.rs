@@ -556,7 +556,7 @@ pub(crate) fn on_this_host(ip: Ipv4Addr) -> bool {
 /// Why a local-only device on `ip` cannot serve a peer on another host.
 pub fn local_only_diagnosis(ip: Ipv4Addr) -> String {
     format!(
-        "RoCE port {ROCE_PORT} on {ip} is owned by another process and no steering program is attached; run `smcr bpf install` as root"
+        "RoCE port {ROCE_PORT} on {ip} is owned by another process and no steering program is attached here; run `smcr bpf install` as root (for a network namespace: `smcr bpf install --netns NAME`)"
     )
 }
 

@@ -947,7 +947,7 @@ impl SmcStream {
                 // A device that cannot receive RoCE from elsewhere (another process owns the
                 // port and no steering program shares it) serves only peers on this host.
                 if let Some(ip) = peer.gid.to_ipv4()
-                    && let Err(why) = dev.reaches(ip, rt.inner.cfg.same_host)
+                    && let Err(why) = link_possible(rt, &dev, &self.tcp, ip)
                 {
                     rt.inner.note(why);
                     return Err(DeclineReason::NOSMCRDEV);
@@ -1388,6 +1388,36 @@ fn wait(
         None => conn.cond.wait(s),
     }
     Ok(())
+}
+
+/// Whether `dev` can run a link with the peer of `tcp` (at `peer_ip`): a device that cannot
+/// receive RoCE from elsewhere serves peers on this host only, through shared memory, which
+/// is only between processes of one user (or root): the peer's socket's owner says.
+fn link_possible(
+    rt: &Runtime,
+    dev: &crate::runtime::Dev,
+    tcp: &TcpStream,
+    peer_ip: std::net::Ipv4Addr,
+) -> Result<(), String> {
+    dev.reaches(peer_ip, rt.inner.cfg.same_host)?;
+    if dev.reaches_remote() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if me == 0 {
+        return Ok(());
+    }
+    match (tcp.local_addr(), tcp.peer_addr()) {
+        (Ok(l), Ok(p)) => match crate::diag::peer_uid(l, p) {
+            Some(u) if u != me && u != 0 => Err(format!(
+                "{}; the peer runs as another user (uid {u}) and shared memory only serves processes of one user",
+                crate::steer::local_only_diagnosis(dev.ip)
+            )),
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
 }
 
 /// Marks a socket for the TCP option; false when the option program is unusable.
@@ -1898,7 +1928,7 @@ impl SmcStream {
                         return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
                     };
                     // See the client's first contact: a local-only device serves this host.
-                    if let Err(why) = dev.reaches(peer_ip, rt.inner.cfg.same_host) {
+                    if let Err(why) = link_possible(rt, &dev, &self.tcp, peer_ip) {
                         rt.inner.note(why);
                         return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
                     }

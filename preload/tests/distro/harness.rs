@@ -362,6 +362,23 @@ pub fn install_option_program() {
     });
 }
 
+/// Attaches the steering program in network namespace `ns` as an administrator does for a
+/// namespace it made (`smcr bpf install --netns NS`): then every process there, whatever its
+/// user, shares RoCE port 4791 (non-root processes cannot attach it themselves).
+pub fn attach_steering(ns: &str) {
+    install_option_program();
+    let out = Command::new(common::smcr_bin())
+        .args(["bpf", "install", "--netns", ns])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "smcr bpf install --netns {ns}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// One test's world: `/tmp/smcr-distro-<pid>-<tag>-<smcr|tcp>/` (0755) with `bin/` (the
 /// library, `smcr` and `smc-stat`, readable by every user), `stats/` (1777), `logs/` (one
 /// shim log per program, pre-created 0666) and `out/` (programs' stdout and stderr).
@@ -828,6 +845,16 @@ impl World {
                     unavailable.insert(u.to_owned());
                 }
             }
+            // Processes of the group that exited meanwhile (a child per connection), as sampled.
+            for (&pid, &((pgrp, ppid), smcr, tcp)) in &seen.totals {
+                let ours = pgrp == s.pid() || ppid == s.pid();
+                if ours && !t.by_pid.contains_key(&pid) {
+                    t.in_stat = true;
+                    t.smcr += smcr;
+                    t.tcp += tcp;
+                    t.by_pid.insert(pid, smcr);
+                }
+            }
             servers_in_stat += usize::from(t.in_stat);
             per_server.push(t);
         }
@@ -964,6 +991,11 @@ pub struct Seen {
     pub rows: BTreeMap<(u64, String, String), Value>,
     pub stat_samples: usize,
     pub ss_samples: usize,
+    /// Each process's totals as last sampled, with its process group and parent then: a
+    /// server that forks a process per connection (PostgreSQL, whose children start sessions
+    /// of their own) counts its connections in children that have exited (and whose areas
+    /// are gone) by the end.
+    pub totals: BTreeMap<u32, ((u32, u32), u64, u64)>,
 }
 
 impl Seen {
@@ -978,6 +1010,14 @@ impl Seen {
 
     fn add_doc(&mut self, doc: &Value, ports: &[u16]) {
         self.stat_samples += 1;
+        for p in doc["processes"].as_array().into_iter().flatten() {
+            let pid = p["pid"].as_u64().unwrap_or(0) as u32;
+            let n = |k: &str| p["totals"][k].as_u64().unwrap_or(0);
+            if let Some(ids) = pgrp_of(pid) {
+                self.totals
+                    .insert(pid, (ids, n("smcr_connections"), n("tcp_connections")));
+            }
+        }
         for c in doc["connections"].as_array().into_iter().flatten() {
             let local = norm_addr(c["local"].as_str().unwrap_or(""));
             if c["role"] != "server" || !port_of(&local).is_some_and(|p| ports.contains(&p)) {
@@ -1011,6 +1051,14 @@ impl Seen {
         }
         m
     }
+}
+
+/// The process group and the parent of `pid`, while it runs.
+fn pgrp_of(pid: u32) -> Option<(u32, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp …; comm may hold spaces and parentheses.
+    let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some((f.get(2)?.parse().ok()?, f.get(1)?.parse().ok()?))
 }
 
 /// A named fallback reason: one `smc-stat` can explain.

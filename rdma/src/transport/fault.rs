@@ -64,7 +64,7 @@ impl FaultConfig {
 
     /// Reads `SMCR_RDMA_FAULTS`, if set.
     pub fn from_env() -> Option<Result<Self, String>> {
-        std::env::var("SMCR_RDMA_FAULTS").ok().map(|s| s.parse())
+        crate::env::var("SMCR_RDMA_FAULTS").map(|s| s.parse())
     }
 }
 
