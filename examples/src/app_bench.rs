@@ -111,12 +111,22 @@ pub struct Options {
 /// The workloads, as `--workloads` names them.
 pub const WORKLOADS: [&str; 5] = ["redis", "sockperf", "iperf3", "connections", "memory"];
 
-const SERVER_ADDR_LOCAL: &str = "127.0.0.2";
+/// Both ends on one address, as users run them (the RoCE port is shared: same-host links use
+/// shared memory; across namespaces a steering program shares 4791).
+const SERVER_ADDR_LOCAL: &str = "127.0.0.1";
+/// Every program of every setup runs as this user with `ulimit -n 1024` (soft = hard), as
+/// distributions run services (root only prepares: namespaces, BPF programs).
+const RUN_AS: &str = "nobody";
+const NOFILE: u64 = 1024;
 const NS_A: &str = "10.78.0.1";
 const NS_B: &str = "10.78.0.2";
 
 pub(crate) struct Env {
     lib: PathBuf,
+    /// The bench binary, readable by [`RUN_AS`] (the echo server and the connect loop).
+    pub(crate) exe: PathBuf,
+    /// Who runs the programs (uid, gid); `None`: as we are.
+    user: Option<(u32, u32)>,
     bpf: PathBuf,
     pub(crate) stats: PathBuf,
     pub(crate) work: PathBuf,
@@ -159,22 +169,39 @@ impl Env {
     pub(crate) fn new(need_ns: bool) -> Result<Self> {
         Self::clean_leftovers();
         let exe = std::env::current_exe()?;
-        let lib = exe.parent().context("exe dir")?.join("libsmcr_preload.so");
+        let built = exe.parent().context("exe dir")?.join("libsmcr_preload.so");
         ensure!(
-            lib.exists(),
+            built.exists(),
             "{} missing: build with `cargo build --release -p preload -p examples`",
-            lib.display()
+            built.display()
         );
         let pid = std::process::id();
         let work = std::env::temp_dir().join(format!("smcr-bench-{pid}"));
         std::fs::create_dir_all(&work)?;
+        // The programs run as RUN_AS: the library, the bench binary and the stats directory
+        // must be theirs to read (a checkout may live in a 0700 home).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o755))?;
+        let lib = work.join("libsmcr_preload.so");
+        std::fs::copy(&built, &lib)?;
+        let bench = work.join("bench");
+        std::fs::copy(&exe, &bench)?;
+        for f in [&lib, &bench] {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755))?;
+        }
+        let stats = work.join("stats");
+        std::fs::create_dir_all(&stats)?;
+        std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o1777))?;
+        let user = user_ids(RUN_AS);
         let bpf = PathBuf::from(format!("/sys/fs/bpf/smcr-bench-{pid}"));
         smcr::option::install(&bpf)
             .map_err(|e| anyhow::anyhow!("installing the TCP option program (root?): {e}"))?;
         let mut env = Self {
             lib,
+            exe: bench,
+            user,
             bpf,
-            stats: work.join("stats"),
+            stats,
             work,
             ns: None,
             next_port: std::cell::Cell::new(30000 + (pid % 2000) as u16 * 10),
@@ -197,6 +224,9 @@ impl Env {
                 ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
                 ip(&["-n", ns, "link", "set", "lo", "up"])?;
+                // What an administrator does for a namespace it makes (`smcr bpf install
+                // --netns`): every process there shares RoCE port 4791 whatever its user.
+                attach_steering(ns, &env.bpf)?;
             }
         }
         Ok(env)
@@ -231,8 +261,12 @@ impl Env {
                 // mount namespace with a fresh /sys, where the option program's pins
                 // (/sys/fs/bpf) are not visible.
                 let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{}", if server { b } else { a }))
-                    .arg(prog);
+                c.arg(format!("--net=/run/netns/{}", if server { b } else { a }));
+                // nsenter needs root to enter; it becomes the user once inside.
+                if let Some((uid, gid)) = self.user {
+                    c.args(["-S", &uid.to_string(), "-G", &gid.to_string()]);
+                }
+                c.arg(prog);
                 c
             }
             _ => Command::new(prog),
@@ -251,6 +285,31 @@ impl Env {
             c.env("LD_PRELOAD", &self.lib)
                 .env("SMCR_BPF_DIR", &self.bpf)
                 .env("SMCR_STATS_DIR", &self.stats);
+        }
+        // As a distribution runs a service: its own user, `ulimit -n 1024` (every setup, so
+        // the ratios compare like with like). In a namespace nsenter changes the user itself,
+        // once it has entered (as root).
+        let user = self.user.filter(|_| !(s.netns() && self.ns.is_some()));
+        // SAFETY: only async-signal-safe system calls between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: NOFILE,
+                    rlim_max: NOFILE,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some((uid, gid)) = user
+                    && (libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
         c
     }
@@ -342,9 +401,39 @@ impl Drop for Env {
                 let _ = Command::new("ip").args(["netns", "del", ns]).status();
             }
         }
+        let _ = smcr::steer::uninstall(&self.bpf);
         let _ = smcr::option::uninstall(&self.bpf);
         let _ = std::fs::remove_dir_all(&self.work);
     }
+}
+
+/// The uid and gid of `name`, if that user exists.
+fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: getpwnam with a valid name; the result is read at once (no other thread of
+    // ours looks users up).
+    let pw = unsafe { libc::getpwnam(c.as_ptr()) };
+    // SAFETY: a non-null result points to a valid passwd.
+    (!pw.is_null()).then(|| unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+}
+
+/// Attaches the steering program (pinned under `bpf`) in network namespace `ns`.
+fn attach_steering(ns: &str, bpf: &Path) -> Result<()> {
+    let (path, bpf) = (format!("/run/netns/{ns}"), bpf.to_path_buf());
+    std::thread::spawn(move || -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(&path)?;
+        // SAFETY: entering a network namespace on this short-lived thread only.
+        ensure!(
+            unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } == 0,
+            "setns {path}: {}",
+            std::io::Error::last_os_error()
+        );
+        smcr::steer::install(&bpf).map_err(|e| anyhow::anyhow!("steering in {path}: {e}"))?;
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the steering thread panicked"))?
 }
 
 /// A background process, killed on drop.
@@ -487,8 +576,7 @@ fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<f64> {
 
 /// Connections per second: connect, echo 32 bytes, close, in a loop for `secs`.
 fn conn_rate(env: &Env, s: Setup, secs: u32) -> Result<f64> {
-    let exe = std::env::current_exe()?;
-    let exe = exe.to_str().context("exe path")?;
+    let exe = env.exe.to_str().context("exe path")?;
     let (server, addr, port) = env.serve(s, exe, |addr, port| {
         vec![
             "--role".into(),
@@ -612,8 +700,7 @@ fn memory_and_idle(
     idle: Duration,
 ) -> Result<Vec<(String, bool, f64)>> {
     use std::io::{BufRead, BufReader, Write};
-    let exe = std::env::current_exe()?;
-    let exe = exe.to_str().context("exe path")?;
+    let exe = env.exe.to_str().context("exe path")?;
     let (server, addr, port) = env.serve(s, exe, |addr, port| {
         vec![
             "--role".into(),

@@ -823,7 +823,6 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
             "SHARED",
             "the connection was held by several processes (fork) when first used",
         ),
-        F::CODE_SELF => ("SELF", "a connection of the process to its own listener"),
         0 => ("OTHER", "codes beyond the area's counters"),
         c => {
             let r = clc::DeclineReason(c);
@@ -857,7 +856,6 @@ pub fn remedy(code: u32) -> &'static str {
         F::CODE_SHARED => {
             "none needed (the connection works over TCP); have one process use each connection"
         }
-        F::CODE_SELF => "none needed: a process's connections to itself stay TCP",
         0x0101_0000 => {
             "the RMB budget is used up: lower the RMB size (smcr run --rmb-kib, SMCR_RMB_KIB)"
         }

@@ -42,9 +42,6 @@ pub enum FallbackReason {
     /// Local: the connection was held by more than one process (inherited through `fork`)
     /// when it was first used; one SMC-R connection cannot be served to several processes.
     Shared,
-    /// Local: the process connected to a listener of its own (its accept would have to answer
-    /// the handshake its connect waits in).
-    SelfConnect,
 }
 
 /// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
@@ -62,8 +59,6 @@ impl FallbackReason {
     pub const CODE_NO_FD: u32 = 0x7f00_0005;
     /// Local code: the connection was shared by several processes at its first use.
     pub const CODE_SHARED: u32 = 0x7f00_0006;
-    /// Local code: a connection of the process to its own listener.
-    pub const CODE_SELF: u32 = 0x7f00_0007;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
     pub fn code(&self) -> u32 {
@@ -75,7 +70,6 @@ impl FallbackReason {
             Self::NotIpv4 => Self::CODE_NOT_IPV4,
             Self::NoDescriptors => Self::CODE_NO_FD,
             Self::Shared => Self::CODE_SHARED,
-            Self::SelfConnect => Self::CODE_SELF,
         }
     }
 }
@@ -108,11 +102,6 @@ impl std::fmt::Display for FallbackReason {
             Self::Shared => write!(
                 f,
                 "used by several processes (SHARED {:#010x})",
-                self.code()
-            ),
-            Self::SelfConnect => write!(
-                f,
-                "connection to a listener of this process (SELF {:#010x})",
                 self.code()
             ),
         }
@@ -813,8 +802,8 @@ impl SmcStream {
 
     /// Records a connection that stays TCP for a local `reason` decided before any CLC byte
     /// (the peer never offered SMC-R, or was never marked): its row stays with `fd` as
-    /// [`SmcStream::hand_over`] leaves it. For the preload's own decisions (`SelfConnect`,
-    /// `Shared` when settled by another process, native IPv6 peers).
+    /// [`SmcStream::hand_over`] leaves it. For the preload's own decisions (native IPv6 peers, `NoDescriptors`
+    /// before marking).
     pub fn record_local(
         rt: &Runtime,
         fd: std::os::fd::BorrowedFd<'_>,

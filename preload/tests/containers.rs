@@ -1,0 +1,157 @@
+//! Programs where containers put them (issue 23): in a network namespace of their own made by
+//! `unshare -n` (no name under /run/netns, nobody attached anything there beforehand), and in
+//! a cgroup below the cgroup v2 root (systemd services, containers). redis-server and
+//! redis-benchmark under the shim, both on 127.0.0.1, with the real TCP option program (its
+//! default pins, as `smcr bpf install` leaves them): every request succeeds and every
+//! connection is SMC-R (the shim's log, and the server's TCP sockets carried at most the
+//! handshake).
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::process::Command;
+
+/// Runs `script` (bash) with `LIB` (the library), `PORT`, `LOG` (the shim log prefix) and
+/// `SS` (where to write `ss -tin` of the server's sockets while the benchmark runs) set;
+/// returns its output and the shim log's lines.
+fn run(tag: &str, wrap: &[&str], script: &str) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("smcr-ct-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = common::port(41000);
+    let log = dir.join("smcr.log");
+    let out = Command::new(wrap[0])
+        .args(&wrap[1..])
+        .args(["bash", "-c", script])
+        .env("LIB", common::lib())
+        .env("PORT", port.to_string())
+        .env("LOG", &log)
+        .env("DIR", &dir)
+        .env("SMCR_STATS_DIR", dir.join("stats"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    if std::env::var_os("SMCR_KEEP_LOGS").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(out.status.success(), "{tag}: {text}\n{logged}");
+    (text, logged)
+}
+
+/// The redis pair, run by the wrapper's shell: the benchmark's rates, then the most bytes any
+/// server TCP socket received while it ran (`MAXRX n`).
+const REDIS: &str = r#"
+set -e
+LD_PRELOAD=$LIB SMCR_LOG=$LOG redis-server --bind 127.0.0.1 --port $PORT --save "" \
+  --appendonly no --dir $DIR >/dev/null &
+srv=$!
+for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
+: >$LOG
+LD_PRELOAD=$LIB SMCR_LOG=$LOG redis-benchmark -h 127.0.0.1 -p $PORT -c 20 -n 20000 \
+  -t set,get --csv &
+bench=$!
+max=0
+while kill -0 $bench 2>/dev/null; do
+  m=$(ss -tinH state established "( sport = :$PORT )" | grep -o 'bytes_received:[0-9]*' \
+      | cut -d: -f2 | sort -n | tail -1)
+  [ -n "$m" ] && [ "$m" -gt "$max" ] && max=$m
+  sleep 0.05
+done
+wait $bench
+echo "MAXRX $max"
+kill $srv
+"#;
+
+fn check(tag: &str, text: &str, logged: &str) {
+    let csv: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("\"SET\"") || l.starts_with("\"GET\""))
+        .collect();
+    assert_eq!(
+        csv.len(),
+        2,
+        "{tag}: redis-benchmark did not report SET and GET:\n{text}"
+    );
+    let smcr = |what: &str| {
+        logged
+            .lines()
+            .filter(|l| l.contains(&format!(" {what} ")) && l.contains("): SMC-R"))
+            .count()
+    };
+    let other = logged
+        .lines()
+        .filter(|l| (l.contains(" connect ") || l.contains(" accept ")) && !l.contains("): SMC-R"))
+        .count();
+    assert!(
+        smcr("connect") >= 20 && smcr("accept") >= 20 && other == 0,
+        "{tag}: {} SMC-R connects, {} SMC-R accepts, {other} others:\n{logged}",
+        smcr("connect"),
+        smcr("accept")
+    );
+    let max: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MAXRX ")?.trim().parse().ok())
+        .expect("MAXRX line");
+    // 20 000 requests of ~30 bytes each over TCP would be far more.
+    assert!(
+        max < 1000,
+        "{tag}: a server TCP socket received {max} bytes: payload over TCP"
+    );
+}
+
+fn ready() -> bool {
+    common::root("network namespaces and cgroups")
+        && common::have("redis-server")
+        && common::have("redis-benchmark")
+        && common::have("unshare")
+        && smcr::option::install(std::path::Path::new(smcr::option::DEFAULT_DIR)).is_ok()
+}
+
+#[test]
+fn a_network_namespace_of_its_own() {
+    if !ready() {
+        return;
+    }
+    let script = format!("ip link set lo up\n{REDIS}");
+    let (text, logged) = run("unshare", &["unshare", "-n"], &script);
+    check("unshare -n", &text, &logged);
+}
+
+#[test]
+fn a_cgroup_below_the_root() {
+    if !ready() {
+        return;
+    }
+    let Some(root) = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| {
+            l.split(" - ")
+                .nth(1)
+                .is_some_and(|r| r.starts_with("cgroup2 "))
+        })
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
+    else {
+        assert_ne!(
+            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
+            Ok("1"),
+            "no cgroup v2 hierarchy"
+        );
+        eprintln!("SKIP: no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let cg = std::path::Path::new(&root).join(format!("smcr-test-{}", std::process::id()));
+    let _ = std::fs::create_dir(&cg);
+    let script = format!(
+        "echo $$ > {}/cgroup.procs\ngrep -q '^0::/smcr-test-' /proc/self/cgroup\n{REDIS}",
+        cg.display()
+    );
+    let (text, logged) = run("cgroup", &["env"], &script);
+    let _ = std::fs::remove_dir(&cg);
+    check("child cgroup", &text, &logged);
+}
