@@ -2,8 +2,10 @@
 # Installs what the tests need on a fresh Debian 12 machine (idempotent). Needs root for apt;
 # without root it only reports what is missing.
 set -euo pipefail
-# nginx, wrk, postgresql, util-linux (setpriv, prlimit, nsenter, runuser): preload/tests/distro.rs.
-packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux)
+# nginx, wrk, postgresql, util-linux (setpriv, prlimit, nsenter, runuser), gunicorn, memcached,
+# nodejs and openjdk-17-jdk-headless (javac, java; both are on this project's machines already:
+# listed so that a plain Debian 12 gets them too): preload/tests/distro.rs.
+packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

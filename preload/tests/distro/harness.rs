@@ -658,15 +658,7 @@ impl World {
     pub fn wait_listening(&self, net: &Net, port: u16, server: &mut Proc) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let out = net
-                .root_cmd("ss")
-                .args(["-ltnH", &format!("( sport = :{port} )")])
-                .output()
-                .unwrap();
-            if String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .any(|w| w.ends_with(&format!(":{port}")))
-            {
+            if !listeners(net, port).is_empty() {
                 return;
             }
             let dead = !server.alive();
@@ -678,6 +670,34 @@ impl World {
                 if dead { "exited" } else { "timed out" },
                 tail(&server.stdout(), 10),
                 head(&server.stderr(), 20),
+                self.log_summary()
+            );
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// Waits until `master`'s process group holds `n` processes besides it (a prefork
+    /// server's workers) and returns their pids; `diag` adds to the failure message (the
+    /// server's own log).
+    pub fn wait_workers(&self, master: &mut Proc, n: usize, diag: &dyn Fn() -> String) -> Vec<u32> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let pids: Vec<u32> = master
+                .group()
+                .into_iter()
+                .filter(|&p| p != master.pid())
+                .collect();
+            if pids.len() >= n {
+                return pids;
+            }
+            assert!(
+                master.alive() && Instant::now() < deadline,
+                "[{}] {} has {} of {n} workers:\nstderr: {}\n{}\n{}",
+                self.mode(),
+                master.name,
+                pids.len(),
+                head(&master.stderr(), 20),
+                diag(),
                 self.log_summary()
             );
             std::thread::sleep(Duration::from_millis(30));
@@ -910,6 +930,37 @@ impl LogCounts {
             tcp: text.lines().filter(|l| l.contains("TCP:")).count(),
         }
     }
+}
+
+/// The local addresses of the sockets listening on `port` in `net`, as `ss` prints them:
+/// `*:PORT` is an AF_INET6 socket on `::` that takes IPv4 too (dual stack), `[::]:PORT` one
+/// with IPV6_V6ONLY, `0.0.0.0:PORT` and `127.0.0.1:PORT` IPv4 ones.
+pub fn listeners(net: &Net, port: u16) -> Vec<String> {
+    let Ok(out) = net
+        .root_cmd("ss")
+        .args(["-ltnH", &format!("( sport = :{port} )")])
+        .output()
+    else {
+        return Vec::new();
+    };
+    // State Recv-Q Send-Q Local Peer.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned))
+        .filter(|a| a.ends_with(&format!(":{port}")))
+        .collect()
+}
+
+/// The real and effective user ids of a running process (`/proc/PID/status`).
+pub fn uids(pid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let f: Vec<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    Some((*f.first()?, *f.get(1)?))
 }
 
 /// An address as `ip:port` with IPv4-mapped IPv6 addresses shown as IPv4 (so `ss` and
