@@ -541,9 +541,21 @@ pub(crate) fn forget(fd: i32) {
 
 /// Puts `file` at the application's number `fd` (dup3 with `flags`), moving the registrations
 /// made for `fd` to it, then runs `then` (the table update) before any `epoll_ctl` on `fd` can
-/// run; if `fd` is no longer ours afterwards, its registrations are dropped.
-pub(crate) fn swap(fd: i32, file: i32, flags: i32, then: impl FnOnce()) -> std::io::Result<()> {
+/// run; if `fd` is no longer ours afterwards, its registrations are dropped. Nothing happens
+/// unless `still()` says, under the lock, that the number still shows what the caller means
+/// (a close removes the number's entry first, then takes this lock: a number closed and
+/// reused meanwhile is left alone).
+pub(crate) fn swap(
+    fd: i32,
+    file: i32,
+    flags: i32,
+    still: impl FnOnce() -> bool,
+    then: impl FnOnce(),
+) -> std::io::Result<()> {
     let mut m = REGS.lock();
+    if !still() {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
     let regs = m.get(&fd).cloned().unwrap_or_default();
     for (ep, _) in &regs {
         // SAFETY: removing a registration the application made.

@@ -32,6 +32,8 @@ enum Target {
     Stage(Arc<shim::Settling>),
     /// Fails with this errno (EAGAIN while a non-blocking read's connection is settled).
     Err(c_int),
+    /// A read returns 0 (reading was shut down before the connection settled).
+    Eof,
 }
 
 /// What a call on `fd` does with a connection not settled yet.
@@ -59,24 +61,33 @@ fn target(fd: c_int, op: Op) -> Target {
         match &*s {
             Sock::Smc(_) | Sock::Inherited => return Target::Smc(s),
             Sock::Accepted(a) | Sock::Pending(a) => {
+                if let Some(settled) = a.outcome() {
+                    // A number that copied the settling entry while it was installed (a dup
+                    // racing it): it takes what the others got.
+                    let _ = table::replace_if(fd, &s, settled);
+                    continue;
+                }
                 if guarded(true, || a.start(fd)) {
                     continue;
                 }
                 match op {
                     Op::Write => return Target::Stage(a.clone()),
+                    Op::Read { .. } if a.read_shut() => return Target::Eof,
                     Op::Read { dontwait } if dontwait || a.nonblock.load(Ordering::Relaxed) => {
                         return Target::Err(libc::EAGAIN);
                     }
                     Op::Read { .. } => {
                         // Nothing can arrive before it settles: SO_RCVTIMEO bounds the wait.
-                        let limit = timeo(fd, libc::SO_RCVTIMEO).unwrap_or(SETTLE_WAIT);
-                        if !a.wait(limit) {
-                            return Target::Err(libc::EAGAIN);
+                        match timeo(fd, libc::SO_RCVTIMEO) {
+                            Some(limit) => {
+                                if !a.wait(limit) {
+                                    return Target::Err(libc::EAGAIN);
+                                }
+                            }
+                            None => while !a.wait(SETTLE_WAIT) {},
                         }
                     }
-                    Op::Wait => {
-                        a.wait(SETTLE_WAIT);
-                    }
+                    Op::Wait => while !a.wait(SETTLE_WAIT) {},
                 }
             }
             Sock::Inet | Sock::Listener(_) => return Target::Real,
@@ -123,17 +134,19 @@ fn write_to(
                 Target::Stage(a) => {
                     // The rest waits for the connection to settle (SO_SNDTIMEO bounds it:
                     // then the call returns what was taken, as TCP's does).
-                    if !a.wait(timeo(fd, libc::SO_SNDTIMEO).unwrap_or(SETTLE_WAIT)) {
-                        return staged as ssize_t;
+                    match timeo(fd, libc::SO_SNDTIMEO) {
+                        Some(t) if !a.wait(t) => return staged as ssize_t,
+                        Some(_) => {}
+                        None => while !a.wait(SETTLE_WAIT) {},
                     }
                     continue;
                 }
-                Target::Err(_) => 0,
+                Target::Err(_) | Target::Eof => 0,
             };
             return (staged + more) as ssize_t;
         }
         match t {
-            Target::Real => return real(),
+            Target::Real | Target::Eof => return real(),
             Target::Smc(s) => return smc(&s),
             Target::Err(e) => {
                 set_errno(e);
@@ -144,8 +157,10 @@ fn write_to(
                 if b.is_empty() {
                     return 0;
                 }
+                // A blocking write waits for the connection to settle when the stage is full
+                // (SO_SNDTIMEO bounds it, else as long as it takes).
                 let wait = (flags & libc::MSG_DONTWAIT == 0 && !a.nonblock.load(Ordering::Relaxed))
-                    .then(|| timeo(fd, libc::SO_SNDTIMEO).unwrap_or(SETTLE_WAIT));
+                    .then(|| timeo(fd, libc::SO_SNDTIMEO).unwrap_or(std::time::Duration::MAX));
                 match guarded(shim::Staged::WouldBlock, || a.stage(b, wait)) {
                     shim::Staged::Took(n) if wait.is_none() || n == b.len() => return n as ssize_t,
                     shim::Staged::Took(n) => staged = n,
@@ -154,6 +169,14 @@ fn write_to(
                         return -1;
                     }
                     shim::Staged::Settled => {}
+                    shim::Staged::Shut => {
+                        if flags & libc::MSG_NOSIGNAL == 0 {
+                            // SAFETY: raise has no preconditions (SIGPIPE, as TCP's write).
+                            unsafe { libc::raise(libc::SIGPIPE) };
+                        }
+                        set_errno(libc::EPIPE);
+                        return -1;
+                    }
                 }
             }
         }
@@ -284,6 +307,14 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             shim::ConnectPlan::Smc { dup, marked, own } => (dup, marked, own),
         };
         let (dup, marked, own) = (dup.0, dup.1, dup.2);
+        if !nonblocking && r != 0 && (e == libc::EINTR || e == libc::EINPROGRESS) {
+            // A blocking connect cut short (a signal, SO_SNDTIMEO): the kernel goes on
+            // connecting, with our option in the SYN; settled in the background as a
+            // non-blocking one would be. The application sees the kernel's answer.
+            shim::connect_async(fd, dup, marked, false);
+            set_errno(e);
+            return r;
+        }
         if !started {
             shim::untrack(fd);
             set_errno(e);
@@ -454,6 +485,7 @@ fn send_from(s: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     match target(fd, Op::Read { dontwait: false }) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -478,6 +510,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
     ) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -509,6 +542,7 @@ pub unsafe extern "C" fn recvfrom(
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
     ) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -679,6 +713,7 @@ fn writev_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match target(fd, Op::Read { dontwait: false }) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -717,6 +752,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
     ) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -804,7 +840,27 @@ fn forget_number(fd: c_int) {
 /// libc's contract for shutdown(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    // A connection not settled yet is settled first (its shutdown is SMC-R's or TCP's).
+    let shut = match how {
+        libc::SHUT_RD => Some(std::net::Shutdown::Read),
+        libc::SHUT_WR => Some(std::net::Shutdown::Write),
+        libc::SHUT_RDWR => Some(std::net::Shutdown::Both),
+        _ => None,
+    };
+    // A connection not settled yet records it (done once settled, after what was staged):
+    // TCP's shutdown does not wait either.
+    if !bypassed()
+        && let Some(how) = shut
+        && let Some(s) = table::get(fd)
+        && let Sock::Accepted(a) | Sock::Pending(a) = &*s
+    {
+        let recorded = guarded(false, || {
+            a.start(fd);
+            a.shutdown(how)
+        });
+        if recorded {
+            return 0;
+        }
+    }
     match target(fd, Op::Wait) {
         Target::Smc(s) => guarded(-1, || {
             let how = match how {
@@ -827,7 +883,9 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         }),
         // A listener (threads waiting in accept wake with EINVAL) or plain TCP.
         // SAFETY: forwarding.
-        Target::Real | Target::Err(_) | Target::Stage(_) => unsafe { real::shutdown()(fd, how) },
+        Target::Real | Target::Err(_) | Target::Stage(_) | Target::Eof => unsafe {
+            real::shutdown()(fd, how)
+        },
     }
 }
 
@@ -1391,11 +1449,33 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     r
 }
 
+/// dup2/dup3 (`real`) of `old` onto `new`. `new` is closed implicitly: when it shows a
+/// connection being settled, the replacement and the forgetting happen under that
+/// connection's settling lock, as a close's do, so nothing is installed at `new` afterwards.
+fn dup_to(old: c_int, new: c_int, cloexec: bool, real: impl FnOnce() -> c_int) -> c_int {
+    if bypassed() || old == new {
+        return real();
+    }
+    let prior = table::get_any(new);
+    let mut r = -1;
+    let mut gone = None;
+    let swap = || {
+        r = real();
+        if r >= 0 {
+            gone = shim::untrack(new);
+        }
+    };
+    match prior.as_deref() {
+        Some(Sock::Pending(p) | Sock::Accepted(p)) => p.closing(swap),
+        _ => swap(),
+    }
+    guarded((), || drop(gone));
+    dup_onto(old, new, r, cloexec)
+}
+
 fn dup_onto(old: c_int, new: c_int, r: c_int, cloexec: bool) -> c_int {
     if r >= 0 && !bypassed() && old != new {
-        // `new` was closed implicitly; it is now what `old` is.
-        let gone = shim::untrack(new);
-        guarded((), || drop(gone));
+        // `new` is now what `old` is.
         if table::get_any(old).is_some_and(|s| shim::cloexec_managed(&s)) {
             dup_pair(new, cloexec);
         }
@@ -1411,8 +1491,7 @@ fn dup_onto(old: c_int, new: c_int, r: c_int, cloexec: bool) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     // SAFETY: forwarding.
-    let r = unsafe { real::dup2()(old, new) };
-    dup_onto(old, new, r, false)
+    dup_to(old, new, false, || unsafe { real::dup2()(old, new) })
 }
 
 /// # Safety
@@ -1420,8 +1499,9 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: forwarding.
-    let r = unsafe { real::dup3()(old, new, flags) };
-    dup_onto(old, new, r, flags & libc::O_CLOEXEC != 0)
+    dup_to(old, new, flags & libc::O_CLOEXEC != 0, || unsafe {
+        real::dup3()(old, new, flags)
+    })
 }
 
 fn end(fd: c_int, s: &Option<Arc<Sock>>) -> io::Result<crate::sendfile::End<'_>> {
@@ -1437,7 +1517,7 @@ fn sendfile_ends(out_fd: c_int, in_fd: c_int) -> Option<Result<[Option<Arc<Sock>
     for (i, (fd, write)) in [(out_fd, true), (in_fd, false)].into_iter().enumerate() {
         let _ = write;
         match target(fd, Op::Wait) {
-            Target::Real | Target::Stage(_) => {}
+            Target::Real | Target::Stage(_) | Target::Eof => {}
             Target::Smc(s) => ends[i] = Some(s),
             Target::Err(e) => return Some(Err(e)),
         }
@@ -1513,6 +1593,7 @@ pub unsafe extern "C" fn __read_chk(
     buflen: size_t,
 ) -> ssize_t {
     match target(fd, Op::Read { dontwait: false }) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -1543,6 +1624,7 @@ pub unsafe extern "C" fn __recv_chk(
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
     ) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1
@@ -1575,6 +1657,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
     ) {
+        Target::Eof => 0,
         Target::Stage(_) => {
             set_errno(libc::EAGAIN);
             -1

@@ -23,51 +23,63 @@ thread_local! {
 /// The sockets of ours among a poll's or select's descriptors (SMC-R connections, and
 /// connections being settled), and the link groups of the connections (each once), which the
 /// call drives. With application driving the call answers for these sockets itself (`run`):
-/// their groups' descriptors wake it, and for connections being settled the process's poll
-/// kick; without it the kernel answers (SMC-R connections show their kernel pair, kept in
-/// step while the value lives).
+/// their groups' descriptors wake it for arrivals, and this thread's waker for a change made
+/// on another thread; without it the kernel answers (SMC-R connections show their kernel
+/// pair, kept in step while the value lives).
 pub(crate) struct Ours {
     pub(crate) drivers: Vec<smcr::Driver>,
     /// Each socket, and whether the call answers for it (`polled`) or the kernel does.
     socks: Vec<(std::sync::Arc<crate::shim::Pair>, bool)>,
-    /// The call answers for sockets of ours (application driving).
+    /// The call answers for sockets of ours (application driving), woken by this waker.
     pub(crate) virt: bool,
-    /// A connection being settled is among them: the poll kick wakes the call.
-    pub(crate) kick: bool,
+    pub(crate) waker: Option<i32>,
 }
 
 impl Drop for Ours {
     fn drop(&mut self) {
         for (p, polled) in &self.socks {
-            if *polled {
-                p.polled.fetch_sub(1, Ordering::AcqRel);
-            } else {
-                p.observe(false);
+            match (polled, self.waker) {
+                (true, Some(w)) => p.polled_by(w, false),
+                (true, None) => {}
+                (false, _) => p.observe(false),
             }
         }
     }
 }
 
-/// The process's poll kick: an eventfd that poll and select calls answering for a connection
-/// being settled watch (there is no link group to wake them yet).
-fn kick_fd() -> Option<i32> {
-    static KICK: std::sync::OnceLock<Option<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
-    KICK.get_or_init(|| {
-        let _b = guard::Bypass::new();
-        // SAFETY: a new eventfd of ours.
-        let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        (k >= 0).then(|| crate::shim::hide_owned(k).ok()).flatten()
-    })
-    .as_ref()
-    .map(std::os::fd::AsRawFd::as_raw_fd)
+thread_local! {
+    /// This thread's waker: an eventfd its poll and select calls watch, written when a socket
+    /// they answer for becomes ready on another thread. Made on first use; closed with the
+    /// thread.
+    static WAKER: std::cell::OnceCell<Option<std::os::fd::OwnedFd>> =
+        const { std::cell::OnceCell::new() };
 }
 
-/// Wakes the poll and select calls waiting for a connection being settled.
-pub(crate) fn kick() {
-    if let Some(k) = kick_fd() {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: 8 bytes into our eventfd.
-        unsafe { crate::real::write()(k, one.as_ptr().cast(), one.len()) };
+/// This thread's waker (see [`WAKER`]), if one could be made.
+fn waker() -> Option<i32> {
+    WAKER
+        .try_with(|w| {
+            w.get_or_init(|| {
+                let _b = guard::Bypass::new();
+                // SAFETY: a new eventfd of ours.
+                let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+                (k >= 0).then(|| crate::shim::hide_owned(k).ok()).flatten()
+            })
+            .as_ref()
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+        })
+        .ok()
+        .flatten()
+}
+
+/// A socket became ready: wakes the poll and select calls answering for it (`wakers`), but
+/// this thread's own (it looks again before it sleeps).
+pub(crate) fn wake(wakers: &[i32]) {
+    let mine = if polling() { waker() } else { None };
+    let one = 1u64.to_ne_bytes();
+    for &w in wakers.iter().filter(|&&w| Some(w) != mine) {
+        // SAFETY: 8 bytes into a waker eventfd of ours.
+        unsafe { crate::real::write()(w, one.as_ptr().cast(), one.len()) };
     }
 }
 
@@ -89,7 +101,7 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         drivers: Vec::new(),
         socks: Vec::new(),
         virt: drive,
-        kick: false,
+        waker: None,
     };
     for fd in fds {
         if crate::vepoll::has(fd) {
@@ -122,15 +134,16 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
                 guard::guarded((), || {
                     a.start(fd);
                 });
-                out.kick = true;
             }
-            _ => out.kick = true,
+            _ => {}
         }
-        pair.polled.fetch_add(1, Ordering::AcqRel);
+        if out.waker.is_none() {
+            out.waker = waker();
+        }
+        if let Some(w) = out.waker {
+            pair.polled_by(w, true);
+        }
         out.socks.push((pair, true));
-    }
-    if out.kick && kick_fd().is_none() {
-        out.kick = false;
     }
     if out.socks.is_empty() {
         return None;
@@ -200,7 +213,7 @@ fn run(
     } else {
         fds.iter().map(|p| pair_of(p.fd)).collect()
     };
-    let kick = ours_.kick.then(kick_fd).flatten();
+    let kick = ours_.waker.filter(|_| !pairs.is_empty());
     let _polling = Polling::new();
     loop {
         // A connection settled meanwhile (SMC-R now) is woken through its group from now on.
@@ -267,7 +280,7 @@ fn run(
             events: libc::POLLIN,
             revents: 0,
         }));
-        // The poll kick last: a connection being settled here wakes the call through it.
+        // This thread's waker last: a change made on another thread wakes the call.
         if let Some(k) = kick {
             buf.push(pollfd {
                 fd: k,

@@ -120,7 +120,9 @@ fn send(dst: &End<'_>, b: &[u8]) -> io::Result<usize> {
 fn send_all(dst: &End<'_>, mut b: &[u8]) -> io::Result<()> {
     while !b.is_empty() {
         let r = match dst {
-            End::Smc(c) => c.stream.send(b, smcr::Blocking::Yes(None)),
+            End::Smc(c) => c
+                .flush_preamble(smcr::Blocking::Yes(None))
+                .and_then(|()| c.stream.send(b, smcr::Blocking::Yes(None))),
             End::Fd(fd) => {
                 let mut p = libc::pollfd {
                     fd: *fd,

@@ -123,9 +123,11 @@ impl SmcFd {
             let n = self.stream.send(&p, how)?;
             p.drain(..n);
         }
-        self.preamble_sent.store(true, Ordering::Release);
+        // SeqCst with `shutdown`'s: one of the two sees the other's flag (Dekker), so the
+        // queued end of writing is done exactly once.
+        self.preamble_sent.store(true, Ordering::SeqCst);
         drop(p);
-        if self.shut_after.swap(false, Ordering::AcqRel) {
+        if self.shut_after.swap(false, Ordering::SeqCst) {
             let _ = self.stream.shutdown(std::net::Shutdown::Write);
         }
         Ok(())
@@ -135,16 +137,16 @@ impl SmcFd {
     /// the caller) for a preamble still going, as TCP queues its FIN after the data.
     pub(crate) fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         use std::net::Shutdown;
-        if self.preamble_sent.load(Ordering::Acquire) || how == Shutdown::Read {
+        if self.preamble_sent.load(Ordering::SeqCst) || how == Shutdown::Read {
             return self.stream.shutdown(how);
         }
         if how == Shutdown::Both {
             self.stream.shutdown(Shutdown::Read)?;
         }
-        self.shut_after.store(true, Ordering::Release);
+        self.shut_after.store(true, Ordering::SeqCst);
         // Sent meanwhile: then it is ours to do (exactly once).
-        if self.preamble_sent.load(Ordering::Acquire)
-            && self.shut_after.swap(false, Ordering::AcqRel)
+        if self.preamble_sent.load(Ordering::SeqCst)
+            && self.shut_after.swap(false, Ordering::SeqCst)
         {
             return self.stream.shutdown(Shutdown::Write);
         }
@@ -438,10 +440,11 @@ pub(crate) struct Pair {
     /// Epoll sets that hold the socket as a registration of ours (vepoll.rs): a bit that
     /// rises wakes their waiters.
     watched: Mutex<Vec<i32>>,
-    /// poll/select calls in progress that answer for the socket themselves (poll.rs): a bit
-    /// that rises elsewhere wakes them (through the link group's descriptor, or the process's
-    /// poll kick before there is a group).
-    pub(crate) polled: AtomicU32,
+    /// poll/select calls in progress that answer for the socket themselves (poll.rs), by the
+    /// waker eventfd of their thread: a bit that rises on another thread wakes them there
+    /// (the link group's descriptor cannot: a thread that handled the group's messages may
+    /// drain it before the waiting one looks).
+    pollers: Mutex<Vec<i32>>,
     /// The connection's link group, to wake those calls (set when SMC-R is up).
     driver: OnceLock<smcr::Driver>,
 }
@@ -479,7 +482,7 @@ impl Pair {
             latest: AtomicU32::new(pack(s)),
             rises: Default::default(),
             watched: Mutex::new(Vec::new()),
-            polled: AtomicU32::new(0),
+            pollers: Mutex::new(Vec::new()),
             driver: OnceLock::new(),
             st: Mutex::new(PairState {
                 cur: s,
@@ -586,14 +589,11 @@ impl Pair {
         if !sets.is_empty() {
             crate::vepoll::kick(&sets);
         }
-        if self.polled.load(Ordering::Acquire) > 0 && !crate::poll::polling() {
-            match self.driver.get() {
-                Some(d) => d.kick(),
-                None => crate::poll::kick(),
-            }
+        let pollers = self.pollers.lock();
+        if !pollers.is_empty() {
+            crate::poll::wake(&pollers);
         }
     }
-
     /// The packed latest state (see [`Pair::latest`]).
     pub(crate) fn latest(&self) -> u32 {
         self.latest.load(Ordering::Acquire)
@@ -602,6 +602,17 @@ impl Pair {
     /// The rise counters (see [`Pair::rises`]).
     pub(crate) fn rises(&self) -> [u32; 5] {
         std::array::from_fn(|b| self.rises[b].load(Ordering::Acquire))
+    }
+
+    /// A poll or select call on the thread whose waker is `fd` answers for the socket
+    /// (`on`), or no longer does.
+    pub(crate) fn polled_by(&self, fd: i32, on: bool) {
+        let mut p = self.pollers.lock();
+        if on {
+            p.push(fd);
+        } else if let Some(i) = p.iter().position(|&w| w == fd) {
+            p.swap_remove(i);
+        }
     }
 
     /// The connection's link group, once it is SMC-R (its descriptor wakes poll calls).
@@ -786,7 +797,7 @@ pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
         Ok(Some(app)) => {
             // Every number showing this connection gets the pair (dup'd numbers share it).
             for n in table::numbers_of(&sock) {
-                if let Err(e) = replace(n, app.as_raw_fd(), true, || {}) {
+                if let Err(e) = replace(n, app.as_raw_fd(), &sock, || {}) {
                     log::line(format_args!("fd {n}: could not show readiness: {e}"));
                 }
             }
@@ -806,11 +817,11 @@ pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
 /// application made for `fd` to the new file; `then` (the table update) runs before the
 /// application's next `epoll_ctl` on `fd` (`epoll::swap`). A pair (`ours`) is always
 /// close-on-exec, the flag the application set being kept as its view.
-fn replace(fd: i32, file: i32, ours: bool, then: impl FnOnce()) -> io::Result<()> {
+fn replace(fd: i32, file: i32, sock: &Arc<Sock>, then: impl FnOnce()) -> io::Result<()> {
     let cloexec = app_cloexec(fd);
     table::set_cloexec_view(fd, cloexec);
-    let flags = if ours || cloexec { libc::O_CLOEXEC } else { 0 };
-    crate::epoll::swap(fd, file, flags, then)
+    let still = || table::get_any(fd).is_some_and(|s| Arc::ptr_eq(&s, sock));
+    crate::epoll::swap(fd, file, libc::O_CLOEXEC, still, then)
 }
 
 /// Whether the number's close-on-exec flag is the application's view only: an SMC-R
@@ -1098,6 +1109,14 @@ pub(crate) struct Settling {
 
 struct Phase {
     state: State,
+    /// The application shut reading or writing down before the connection was settled: done
+    /// once it is (writing: after what was staged).
+    shut_rd: bool,
+    shut_wr: bool,
+    /// What the numbers showing the connection became (`None`: plain TCP, no entry): a number
+    /// that copied the settling entry meanwhile (`dup` racing the install) takes it on its next
+    /// call.
+    settled: Option<Arc<Sock>>,
     /// The TCP handshake is done.
     connected: bool,
     /// What the application wrote before the connection was settled.
@@ -1137,6 +1156,8 @@ pub(crate) enum Staged {
     Settled,
     /// Full, and the call must not wait.
     WouldBlock,
+    /// Writing was shut down (EPIPE).
+    Shut,
 }
 
 impl Settling {
@@ -1158,6 +1179,9 @@ impl Settling {
                 },
                 staged: Vec::new(),
                 connected,
+                shut_rd: false,
+                shut_wr: false,
+                settled: None,
             }),
             done: Condvar::new(),
             nonblock: AtomicBool::new(nonblock),
@@ -1170,6 +1194,39 @@ impl Settling {
     pub(crate) fn closing(&self, remove: impl FnOnce()) {
         let _st = self.st.lock();
         remove();
+    }
+
+    /// Whether settled; then the entry a number that still shows this settling entry gets
+    /// (`None`: plain TCP, no entry).
+    pub(crate) fn outcome(&self) -> Option<Option<Arc<Sock>>> {
+        let st = self.st.lock();
+        (st.state == State::Done).then(|| st.settled.clone())
+    }
+
+    /// The application shuts the connection down before it is settled: recorded (done once it
+    /// is settled, writing after what was staged), `true`; `false` when it is settled already.
+    pub(crate) fn shutdown(&self, how: std::net::Shutdown) -> bool {
+        use std::net::Shutdown;
+        let mut st = self.st.lock();
+        if st.state == State::Done {
+            return false;
+        }
+        st.shut_rd |= matches!(how, Shutdown::Read | Shutdown::Both);
+        st.shut_wr |= matches!(how, Shutdown::Write | Shutdown::Both);
+        if st.shut_wr {
+            // No more writes: not writable (EPIPE) from now on, as TCP shows it.
+            drop(st);
+            self.pair.set(smcr::ReadyState {
+                writable: true,
+                ..Default::default()
+            });
+        }
+        true
+    }
+
+    /// Reading was shut down before the connection settled: reads say EOF.
+    pub(crate) fn read_shut(&self) -> bool {
+        self.st.lock().shut_rd
     }
 
     /// Waits until settled, at most `limit`; whether it is.
@@ -1232,11 +1289,15 @@ impl Settling {
     /// which waits (at most that long: SO_SNDTIMEO) for the connection to settle when the
     /// stage is full.
     pub(crate) fn stage(&self, buf: &[u8], wait: Option<Duration>) -> Staged {
-        let deadline = wait.map(|w| Instant::now() + w);
+        // (A wait that does not fit an Instant is one without end.)
+        let deadline = wait.map(|w| Instant::now().checked_add(w));
         let mut st = self.st.lock();
         loop {
             if st.state == State::Done {
                 return Staged::Settled;
+            }
+            if st.shut_wr {
+                return Staged::Shut;
             }
             let room = STAGE_MAX.saturating_sub(st.staged.len());
             if room > 0 && self.pair.latest() & 2 != 0 {
@@ -1248,11 +1309,14 @@ impl Settling {
                 }
                 return Staged::Took(n);
             }
-            let Some(d) = deadline else {
-                return Staged::WouldBlock;
-            };
-            if self.done.wait_until(&mut st, d).timed_out() && st.state != State::Done {
-                return Staged::WouldBlock;
+            match deadline {
+                None => return Staged::WouldBlock,
+                Some(None) => self.done.wait(&mut st),
+                Some(Some(d)) => {
+                    if self.done.wait_until(&mut st, d).timed_out() && st.state != State::Done {
+                        return Staged::WouldBlock;
+                    }
+                }
             }
         }
     }
@@ -1260,9 +1324,17 @@ impl Settling {
     /// Installs how the connection ended up (at every number still showing it) and sends what
     /// was staged first, so nothing the application writes later overtakes it.
     fn finish(&self, fd: i32, outcome: Outcome) {
+        use std::net::Shutdown;
         let mut st = self.st.lock();
         let staged = std::mem::take(&mut st.staged);
-        let installed = outcome.apply(fd, &self.pair, staged);
+        let shut = match (st.shut_rd, st.shut_wr) {
+            (true, true) => Some(Shutdown::Both),
+            (true, false) => Some(Shutdown::Read),
+            (false, true) => Some(Shutdown::Write),
+            (false, false) => None,
+        };
+        let installed = outcome.apply(fd, &self.pair, staged, shut);
+        st.settled = installed.clone();
         st.state = State::Done;
         drop(st);
         self.done.notify_all();
@@ -1382,8 +1454,13 @@ fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {
         events: libc::POLLOUT,
         revents: 0,
     };
-    // SAFETY: polling our own descriptor.
-    unsafe { libc::poll(&mut p, 1, 75_000) };
+    // As long as the kernel tries (its SYN retries end it with an error).
+    loop {
+        // SAFETY: polling our own descriptor.
+        if unsafe { libc::poll(&mut p, 1, -1) } >= 0 || crate::guard::errno() != libc::EINTR {
+            break;
+        }
+    }
     if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 || p.revents & libc::POLLOUT == 0 {
         // Failed (or timed out): the socket is the application's again, its error unread
         // (SO_ERROR reports it).
@@ -1460,7 +1537,13 @@ impl Outcome {
     /// connection then closes.
     /// Returns the SMC-R connection installed, whose preamble (`staged`) the caller sends
     /// once the lock is released.
-    fn apply(self, fd: i32, pair: &Arc<Pair>, staged: Vec<u8>) -> Option<Arc<Sock>> {
+    fn apply(
+        self,
+        fd: i32,
+        pair: &Arc<Pair>,
+        staged: Vec<u8>,
+        shut: Option<std::net::Shutdown>,
+    ) -> Option<Arc<Sock>> {
         let numbers = table::numbers_with_pair(pair);
         let rt = runtime();
         match self {
@@ -1474,16 +1557,15 @@ impl Outcome {
                 }
                 let nonblock = is_nonblocking(numbers[0]);
                 let sock = smc_fd(s, nonblock, pair.clone(), staged);
+                if let (Some(how), Sock::Smc(c)) = (shut, &*sock) {
+                    // Queued behind the preamble for writing.
+                    let _ = c.shutdown(how);
+                }
                 for &n in &numbers {
                     manage_cloexec(n);
                     table::insert(n, sock.clone());
                 }
                 follow(&sock);
-                // poll and select calls waiting since before watch the process's poll kick,
-                // not the group's descriptor yet.
-                if pair.polled.load(Ordering::Acquire) > 0 {
-                    crate::poll::kick();
-                }
                 for &n in &numbers {
                     // Kernel registrations made before (on the TCP socket) become ours; the
                     // sets holding ours wake for the connection's link group from now on.
@@ -1524,6 +1606,14 @@ impl Outcome {
                 if failed && let Some(&n) = numbers.first() {
                     // SAFETY: shutting the socket down (every number shows the same one).
                     unsafe { real::shutdown()(n, libc::SHUT_RDWR) };
+                } else if let (Some(how), Some(t)) = (shut, via) {
+                    let how = match how {
+                        std::net::Shutdown::Read => libc::SHUT_RD,
+                        std::net::Shutdown::Write => libc::SHUT_WR,
+                        std::net::Shutdown::Both => libc::SHUT_RDWR,
+                    };
+                    // SAFETY: the application's shutdown, after what it staged.
+                    unsafe { real::shutdown()(t, how) };
                 }
                 if let Self::Fallback(s) = self {
                     // Its stats row stays with the application's number.

@@ -175,3 +175,22 @@ pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
             }))
     })
 }
+
+/// Puts `new` at `fd` (`None`: forgets it) if `fd` still shows `old`.
+pub(crate) fn replace_if(fd: i32, old: &Arc<Sock>, new: Option<Arc<Sock>>) -> bool {
+    let Some((w, b)) = slot(fd) else { return false };
+    let mut m = MAP.write();
+    if !m.get(&fd).is_some_and(|(_, s)| Arc::ptr_eq(s, old)) {
+        return false;
+    }
+    match new {
+        Some(s) => {
+            m.insert(fd, (pid(), s));
+        }
+        None => {
+            m.remove(&fd);
+            BITS[w].fetch_and(!b, Ordering::Release);
+        }
+    }
+    true
+}

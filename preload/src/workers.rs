@@ -48,13 +48,28 @@ pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
         return;
     }
     drop(st);
+    // The job waits for a thread to take it (a failed spawn takes it back: it runs here).
+    let slot = std::sync::Arc::new(Mutex::new(Some(Box::new(job) as Job)));
+    let theirs = slot.clone();
     let spawned = smcr::thread::spawn("smcr-handshake".into(), move || {
         let _b = crate::guard::Bypass::new();
-        job();
+        let job = theirs.lock().take();
+        if let Some(job) = job {
+            job();
+        }
         worker();
     });
     if let Err(e) = spawned {
-        crate::log::line(format_args!("no thread for a handshake: {e}"));
+        // No thread (a process limit): the handshake runs on the caller's thread rather than
+        // never.
+        crate::log::line(format_args!(
+            "no thread for a handshake ({e}): it runs on the calling thread"
+        ));
+        let job = slot.lock().take();
+        if let Some(job) = job {
+            let _b = crate::guard::Bypass::new();
+            job();
+        }
     }
 }
 

@@ -1410,7 +1410,6 @@ mod over_smcr {
         super::memcached_drops_privileges(true, None);
     }
     #[test]
-    #[ignore = "issue 23: poll() misses the wake-up for a connection's first reply after a non-blocking connect (CPython's connect with a timeout) while other threads poll sockets of the same link group: the reply waits for the poll's timeout (3 s here; with -1 threads still wait after 15 s); epoll and blocking connects are not affected"]
     fn memcached_client_with_socket_timeouts() {
         super::memcached_drops_privileges(true, Some(3));
     }

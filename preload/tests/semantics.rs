@@ -284,3 +284,11 @@ fn blocking_sends_are_complete() {
 fn accept() {
     check("accept", 16);
 }
+
+/// Check 15: the accepted socket's first call (which settles the server's side under the shim)
+/// is shutdown (each way), dup2 or dup with the original closed, or a non-blocking recv: TCP's
+/// results, and every connection SMC-R.
+#[test]
+fn first_use_of_an_accepted_socket() {
+    check("first_use", 17);
+}

@@ -927,12 +927,23 @@ impl SmcStream {
             Some(ip) => rt.inner.rmb_size_for(ip),
             None => rt.inner.rmb_size(),
         };
+        // No descriptor left for the device or the group (EMFILE): declined with MEM on the
+        // wire, recorded as NOFD.
+        let nofd = std::cell::Cell::new(false);
+        let fd_short = |e: &io::Error, other: DeclineReason| {
+            if out_of_descriptors(e) {
+                nofd.set(true);
+                DeclineReason::MEM
+            } else {
+                other
+            }
+        };
         let setup = || -> Result<(Arc<LinkGroup>, Arc<rdma::MemoryRegion>), DeclineReason> {
             let lg = if server.first_contact {
                 let dev = rt
                     .inner
                     .device(*local.ip())
-                    .map_err(|_| DeclineReason::NOSMCRDEV)?;
+                    .map_err(|e| fd_short(&e, DeclineReason::NOSMCRDEV))?;
                 // A device that cannot receive RoCE from elsewhere (another process owns the
                 // port and no steering program shares it) serves only peers on this host.
                 if let Some(ip) = peer.gid.to_ipv4()
@@ -950,9 +961,9 @@ impl SmcStream {
                     server.peer_id,
                     mtu,
                 )
-                .map_err(|_| DeclineReason::ERR_RDYLNK)?;
+                .map_err(|e| fd_short(&e, DeclineReason::ERR_RDYLNK))?;
                 lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)
-                    .map_err(|_| DeclineReason::ERR_RDYLNK)?;
+                    .map_err(|e| fd_short(&e, DeclineReason::ERR_RDYLNK))?;
                 rt.inner.add_group(lg.clone());
                 lg
             } else {
@@ -984,7 +995,11 @@ impl SmcStream {
                     reason, by_peer, ..
                 } = ev
                 {
-                    self.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
+                    self.mode = Mode::Tcp(if nofd.get() && !by_peer {
+                        FallbackReason::NoDescriptors
+                    } else {
+                        FallbackReason::Declined { reason, by_peer }
+                    });
                     return Ok(());
                 }
                 return Err(io::Error::other(format!("unexpected {ev:?}")));
@@ -1377,6 +1392,11 @@ fn wait(
         None => conn.cond.wait(s),
     }
     Ok(())
+}
+
+/// Whether an error is the process (or the system) running out of descriptors.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// Whether `dev` can run a link with the peer of `tcp` (at `peer_ip`): a device that cannot
@@ -1866,6 +1886,17 @@ impl SmcStream {
                 ev => Err(io::Error::other(format!("unexpected {ev:?}"))),
             }
         };
+        // No descriptor left for the device or the group: MEM on the wire, NOFD recorded.
+        let decline_nofd = |s: &mut Self, hs: &mut handshake::Server| -> io::Result<()> {
+            decline(s, hs, DeclineReason::MEM)?;
+            if matches!(
+                s.mode,
+                Mode::Tcp(FallbackReason::Declined { by_peer: false, .. })
+            ) {
+                s.mode = Mode::Tcp(FallbackReason::NoDescriptors);
+            }
+            Ok(())
+        };
         let (client_gid, client_id) = match drive(&self.tcp, &mut hs, &mut self.timeline)? {
             Event::Proposed {
                 client_gid,
@@ -1913,8 +1944,12 @@ impl SmcStream {
             let lg = match existing {
                 Some(lg) => lg,
                 None => {
-                    let Ok(dev) = rt.inner.device(*local.ip()) else {
-                        return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
+                    let dev = match rt.inner.device(*local.ip()) {
+                        Ok(d) => d,
+                        Err(e) if out_of_descriptors(&e) => {
+                            return decline_nofd(self, &mut hs);
+                        }
+                        Err(_) => return decline(self, &mut hs, DeclineReason::NOSMCRDEV),
                     };
                     // See the client's first contact: a local-only device serves this host.
                     if let Err(why) = link_possible(rt, &dev, &self.tcp, peer_ip) {
@@ -1930,6 +1965,9 @@ impl SmcStream {
                         mtu,
                     ) {
                         Ok(lg) => lg,
+                        Err(e) if out_of_descriptors(&e) => {
+                            return decline_nofd(self, &mut hs);
+                        }
                         Err(_) => return decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
                     }
                 }

@@ -956,6 +956,60 @@ def g_accept():
           repr(res))
 
 
+# --- 15. the accepted socket's first call ------------------------------------------------------
+
+
+def g_first_use():
+    # Under the shim the server's side of a connection settles when the program first uses
+    # the accepted socket; whatever that first call is, the result is TCP's.
+    c, s = pair()
+    s.shutdown(socket.SHUT_WR)
+    check(c.recv(100) == b"", "shutdown(SHUT_WR) as the first call: the peer reads EOF")
+    expect_err(lambda: s.send(b"x", socket.MSG_NOSIGNAL), (errno.EPIPE,),
+               "send after that SHUT_WR: EPIPE")
+    c.sendall(b"towards the half-closed end")
+    check(recv_exact(s, 27) == b"towards the half-closed end", "the half-closed end still reads")
+
+    c, s = pair()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 2, 0))
+    s.shutdown(socket.SHUT_RD)
+    d, dt, e = timed(lambda: s.recv(100))
+    check(e is None and d == b"" and dt < 1.0, "shutdown(SHUT_RD) first: recv returns b''",
+          f"{d!r} {e!r} after {dt:.3f}s")
+    s.sendall(b"sent after SHUT_RD")
+    check(recv_exact(c, 18) == b"sent after SHUT_RD", "and it still sends")
+
+    c, s = pair()
+    s.shutdown(socket.SHUT_RDWR)
+    check(c.recv(100) == b"", "shutdown(SHUT_RDWR) first: the peer reads EOF")
+
+    c, s = pair()
+    spare = socket.socket()
+    keep.append(spare)
+    os.dup2(s.fileno(), spare.fileno())
+    s.close()
+    c.sendall(b"through dup2")
+    check(os.read(spare.fileno(), 100) == b"through dup2", "dup2 first, original closed: reads")
+    os.write(spare.fileno(), b"back through dup2")
+    check(recv_exact(c, 17) == b"back through dup2", "and writes")
+
+    c, s = pair()
+    d2 = s.dup()
+    keep.append(d2)
+    s.close()
+    d2.sendall(b"from a dup")
+    check(recv_exact(c, 10) == b"from a dup", "dup first, original closed: writes")
+    c.close()
+    check(d2.recv(100) == b"", "and sees the peer's EOF")
+
+    c, s = pair()
+    s.setblocking(False)
+    expect_err(lambda: s.recv(100), (errno.EAGAIN,), "a non-blocking recv first: EAGAIN")
+    c.sendall(b"later")
+    s.setblocking(True)
+    check(recv_exact(s, 5) == b"later", "then the data")
+
+
 GROUPS = {
     "partial": g_partial,
     "peek": g_peek,
@@ -980,6 +1034,7 @@ GROUPS = {
     "vectors": g_vectors,
     "blocking_send": g_blocking_send,
     "accept": g_accept,
+    "first_use": g_first_use,
 }
 
 
