@@ -304,9 +304,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 set_errno(e);
                 return r;
             }
-            shim::ConnectPlan::Smc { dup, marked, own } => (dup, marked, own),
+            shim::ConnectPlan::Smc { dup, marked } => (dup, marked),
         };
-        let (dup, marked, own) = (dup.0, dup.1, dup.2);
+        let (dup, marked) = dup;
         if !nonblocking && r != 0 && (e == libc::EINTR || e == libc::EINPROGRESS) {
             // A blocking connect cut short (a signal, SO_SNDTIMEO): the kernel goes on
             // connecting, with our option in the SYN; settled in the background as a
@@ -327,19 +327,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             set_errno(libc::EINPROGRESS);
             return -1;
         }
-        if own {
-            // To a listener of this program: its half of the handshake runs once the program
-            // accepts and uses the connection, which it may do only after this returns.
-            shim::connect_async(fd, dup, marked, true);
-            return 0;
-        }
-        match shim::after_connect(fd, dup, marked) {
-            Ok(()) => 0,
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
-        }
+        // Connected, as TCP says: the call returns now and SMC-R is negotiated on a worker
+        // (writes are staged meanwhile, reads wait for it). The server's half of the
+        // handshake runs once its program uses the connection — perhaps only after this
+        // program makes another connection (a queue of connections for an iterative
+        // server), or, for a listener of this very program, after this call returns.
+        shim::connect_async(fd, dup, marked, true);
+        0
     })
 }
 

@@ -13,11 +13,12 @@
 //! Life of a socket:
 //! * `socket(AF_INET or AF_INET6, SOCK_STREAM)` → [`Sock::Inet`].
 //! * `connect`: our duplicate is taken first (no room: the socket stays unmarked, plain TCP
-//!   with NOFD), then the socket is marked for the TCP option and connected. Blocking: SMC-R
-//!   is negotiated in the call. Non-blocking: [`Sock::Pending`] while a worker finishes; the
-//!   socket shows not writable (in our hooks) until SMC-R is up or the fallback is decided.
-//!   A connection to a listener of this very process stays TCP (SELF): its handshake would
-//!   wait for an `accept` that only the same program can make.
+//!   with NOFD), then the socket is marked for the TCP option and connected. The call returns
+//!   as TCP's does (a blocking one once the TCP handshake is done, a non-blocking one with
+//!   EINPROGRESS); [`Sock::Pending`] while a worker negotiates: writes are staged, reads wait
+//!   for the outcome. The server's half may run only once its program uses the connection
+//!   (see `accept`), which may be after this program made other connections or, for a
+//!   listener of this very program, accepted this one.
 //! * `listen`: marked first; the socket stays at the application's number and listens as
 //!   usual ([`Sock::Listener`]), in this process and in every process that inherits it
 //!   (prefork servers: each worker accepts on it itself).
@@ -41,7 +42,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use smcr::{Blocking, FallbackReason, Mode, Runtime, RuntimeConfig, SmcStream};
 
-use crate::guard::{Bypass, errno_of};
+use crate::guard::Bypass;
 use crate::{log, real, table};
 
 /// A socket the shim manages.
@@ -825,10 +826,27 @@ fn replace(fd: i32, file: i32, sock: &Arc<Sock>, then: impl FnOnce()) -> io::Res
 }
 
 /// Whether the number's close-on-exec flag is the application's view only: an SMC-R
-/// connection is close-on-exec for real (an exec'd image could not serve it: it arrives
-/// closed rather than silent), whatever the program sets.
+/// connection, or a connect being negotiated (its worker would not survive the exec), is
+/// close-on-exec for real (an exec'd image could not serve it: it arrives closed rather than
+/// silent), whatever the program sets; one that settles as TCP gets the flag of the view.
 pub(crate) fn cloexec_managed(s: &Sock) -> bool {
-    matches!(s, Sock::Smc(_))
+    matches!(s, Sock::Smc(_) | Sock::Pending(_))
+}
+
+/// Sets the real close-on-exec flag of `n`.
+fn set_cloexec(n: i32, on: bool) {
+    // SAFETY: reading and setting descriptor flags of the application's number.
+    let fl = unsafe { real::fcntl()(n, libc::F_GETFD, 0) };
+    if fl < 0 {
+        return;
+    }
+    let fl = if on {
+        fl | libc::FD_CLOEXEC
+    } else {
+        fl & !libc::FD_CLOEXEC
+    };
+    // SAFETY: as above.
+    unsafe { real::fcntl()(n, libc::F_SETFD, fl as libc::c_ulong) };
 }
 
 /// The application's close-on-exec flag of `n` becomes its view; the number is close-on-exec
@@ -955,76 +973,25 @@ pub(crate) fn mark(fd: i32) -> bool {
 
 /// What `connect` does with a socket of ours, decided before the kernel's connect.
 pub(crate) enum ConnectPlan {
-    /// Marked for the TCP option, with our duplicate of the socket ready; `own`: the
-    /// destination is a listener of this process (negotiated on a worker even for a blocking
-    /// connect: the handshake's other half runs only once this very program accepts).
-    Smc {
-        dup: OwnedFd,
-        marked: bool,
-        own: bool,
-    },
+    /// Marked for the TCP option, with our duplicate of the socket ready.
+    Smc { dup: OwnedFd, marked: bool },
     /// Plain TCP from the SYN on, for a reason recorded once connected.
     Tcp(FallbackReason),
 }
 
 /// Before the application's `connect` to `dest`: takes our duplicate (none: NOFD) and marks
-/// the socket, or decides plain TCP (a native IPv6 peer, a listener of this process).
+/// the socket, or decides plain TCP (a native IPv6 peer).
 pub(crate) fn plan_connect(fd: i32, dest: SocketAddr) -> ConnectPlan {
     let _b = Bypass::new();
-    let Some(v4) = smcr::v4_of(dest) else {
+    if smcr::v4_of(dest).is_none() {
         return ConnectPlan::Tcp(FallbackReason::NotIpv4);
-    };
-    let own = own_listener(v4);
+    }
     let rt = runtime();
     let Ok(dup) = hide(fd) else {
         return ConnectPlan::Tcp(FallbackReason::NoDescriptors);
     };
-    let marked = rt.mark(borrowed(fd));
-    ConnectPlan::Smc { dup, marked, own }
-}
-
-/// Whether a listener of this process (or one it inherited) accepts connections to `dest`.
-fn own_listener(dest: std::net::SocketAddrV4) -> bool {
-    let listeners = table::listeners();
-    if listeners.is_empty() {
-        return false;
-    }
-    listeners
-        .iter()
-        .any(|l| match l.bound.and_then(smcr::v4_of) {
-            Some(a) if a.port() == dest.port() => {
-                a.ip() == dest.ip() || (a.ip().is_unspecified() && is_local(*dest.ip()))
-            }
-            None => l.bound.is_some_and(|b| {
-                // [::] (dual-stack): any local IPv4 address.
-                b.port() == dest.port() && b.ip().is_unspecified() && is_local(*dest.ip())
-            }),
-            _ => false,
-        })
-}
-
-/// Whether `ip` is an address of this host (in our network namespace): it can be bound.
-fn is_local(ip: std::net::Ipv4Addr) -> bool {
-    if ip.is_loopback() {
-        return true;
-    }
-    // SAFETY: a socket of ours, bound to a port of the system's choosing and closed.
-    unsafe {
-        let s = real::socket()(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return false;
-        }
-        let mut a: libc::sockaddr_in = std::mem::zeroed();
-        a.sin_family = libc::AF_INET as libc::sa_family_t;
-        a.sin_addr.s_addr = u32::from(ip).to_be();
-        let r = libc::bind(
-            s,
-            (&raw const a).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        );
-        real::close()(s);
-        r == 0
-    }
+    let marked = rt.mark_connecting(borrowed(fd));
+    ConnectPlan::Smc { dup, marked }
 }
 
 /// A connection that stays TCP for `reason` decided before the TCP handshake (never marked):
@@ -1039,52 +1006,6 @@ pub(crate) fn plain_connect(fd: i32, reason: FallbackReason) {
         describe(&Mode::Tcp(reason.clone()))
     ));
     SmcStream::record_local(&rt, borrowed(fd), false, reason);
-}
-
-/// After the application's own successful, blocking `connect` (marked with our duplicate
-/// `dup`): negotiate. `Err` is the errno the connect reports.
-pub(crate) fn after_connect(fd: i32, dup: OwnedFd, marked: bool) -> Result<(), i32> {
-    let _b = Bypass::new();
-    let rt = runtime();
-    let tcp = TcpStream::from(dup);
-    let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
-    match SmcStream::from_connected(&rt, tcp, marked) {
-        Ok(s) => {
-            log::line(format_args!(
-                "fd {fd} connect {peer:?}: {}",
-                describe(s.mode())
-            ));
-            let smc = matches!(s.mode(), Mode::SmcR { .. });
-            claim(&rt, borrowed(fd), smc);
-            if smc {
-                install(fd, s, is_nonblocking(fd), Pair::new(true));
-            } else {
-                // Plain TCP from now on; our duplicate closes, the stats row stays.
-                untrack(fd);
-                s.hand_over(&rt, fd);
-            }
-            Ok(())
-        }
-        Err(e) => {
-            log::line(format_args!(
-                "fd {fd} connect {peer:?}: handshake failed: {e}"
-            ));
-            untrack(fd);
-            Err(errno_of(&e))
-        }
-    }
-}
-
-/// Puts an SMC-R connection in the table at `fd` (the number holds its TCP socket, which the
-/// stream also holds), following the connection with `pair`.
-fn install(fd: i32, s: SmcStream, nonblock: bool, pair: Arc<Pair>) -> Arc<Sock> {
-    let sock = smc_fd(s, nonblock, pair.clone(), Vec::new());
-    manage_cloexec(fd);
-    table::insert(fd, sock.clone());
-    follow(&sock);
-    // Registrations the application made on the socket before it connected become ours.
-    crate::epoll::virtualize(fd, &pair);
-    sock
 }
 
 /// The most a connection being settled takes from writes before it is settled (as a new TCP
@@ -1105,6 +1026,9 @@ pub(crate) struct Settling {
     /// The application's O_NONBLOCK (kept by the fcntl and ioctl hooks).
     pub(crate) nonblock: AtomicBool,
     role: Role,
+    /// The process whose worker settles it (once [`State::Running`]): a child that forked
+    /// meanwhile holds a copy saying Running with no worker of its own.
+    runner: AtomicU32,
 }
 
 struct Phase {
@@ -1186,6 +1110,7 @@ impl Settling {
             done: Condvar::new(),
             nonblock: AtomicBool::new(nonblock),
             role,
+            runner: AtomicU32::new(table::pid()),
         })
     }
 
@@ -1245,10 +1170,25 @@ impl Settling {
     /// this process, on a worker (a connect's worker runs already). Whether it is settled.
     pub(crate) fn start(self: &Arc<Self>, fd: i32) -> bool {
         let mut st = self.st.lock();
+        let me = table::pid();
         match st.state {
             State::Done => return true,
-            State::Running => return false,
-            State::Idle => st.state = State::Running,
+            State::Running if self.runner.load(Ordering::Acquire) == me => return false,
+            State::Running => {
+                // A copy forked while the parent negotiated: the parent records the outcome
+                // on the socket; this process follows it.
+                let parent = self.runner.swap(me, Ordering::AcqRel);
+                drop(st);
+                let _b = Bypass::new();
+                let dup = hide(fd).ok();
+                let me2 = self.clone();
+                crate::workers::run(move || me2.follow_runner(fd, dup, parent));
+                return false;
+            }
+            State::Idle => {
+                st.state = State::Running;
+                self.runner.store(me, Ordering::Release);
+            }
         }
         drop(st);
         let _b = Bypass::new();
@@ -1357,6 +1297,39 @@ impl Settling {
         self.finish(fd, outcome);
     }
 
+    /// In a child forked while `parent` settled the connection: waits for the outcome the
+    /// parent records on the socket (SMC-R there: not this process's to use; TCP: plain here
+    /// too). A parent gone without recording one leaves a connection in an unknown state:
+    /// not usable here either.
+    fn follow_runner(&self, fd: i32, dup: Option<OwnedFd>, parent: u32) {
+        let _b = Bypass::new();
+        let rt = runtime();
+        let sock = dup.as_ref().map_or(fd, AsRawFd::as_raw_fd);
+        let outcome = loop {
+            let c = rt
+                .option_map()
+                .and_then(|m| m.claimed(borrowed(sock)).ok().flatten());
+            match c {
+                Some(c) if c.smc && c.pid != table::pid() => break Outcome::Foreign,
+                Some(c) => {
+                    if c.pid != table::pid() {
+                        SmcStream::record_follower(&rt, borrowed(fd), true);
+                    }
+                    break Outcome::Plain(dup);
+                }
+                None if !alive(parent) || rt.option_map().is_none() => {
+                    log::line(format_args!(
+                        "fd {fd}: inherited while process {parent} negotiated it, which \
+                         recorded no outcome: not usable here"
+                    ));
+                    break Outcome::Foreign;
+                }
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        self.finish(fd, outcome);
+    }
+
     fn accepted_outcome(&self, rt: &Runtime, fd: i32, dup: Option<OwnedFd>) -> Outcome {
         let Role::Server {
             pid,
@@ -1367,6 +1340,12 @@ impl Settling {
             unreachable!("an accepted connection")
         };
         let sock = dup.as_ref().map_or(fd, AsRawFd::as_raw_fd);
+        // Another process may hold the socket and use it now too: one decides at a time, and
+        // records the decision on the socket before the next looks (only one CLC answer may
+        // reach the peer).
+        let _lock = (pid != table::pid() || forks() != at)
+            .then(|| inode(sock).and_then(ClaimLock::take))
+            .flatten();
         // Settled by another holder already (it recorded it on the socket).
         if let Some(c) = rt
             .option_map()
@@ -1380,6 +1359,9 @@ impl Settling {
             return if c.smc && c.pid != table::pid() {
                 Outcome::Foreign
             } else {
+                if c.pid != table::pid() {
+                    SmcStream::record_follower(rt, borrowed(fd), true);
+                }
                 Outcome::Plain(dup)
             };
         }
@@ -1393,7 +1375,7 @@ impl Settling {
             None
         };
         if let Some(reason) = local {
-            let r = SmcStream::decline_local(rt, borrowed(sock), true, true, reason);
+            let r = SmcStream::decline_local(rt, borrowed(sock), fd, true, true, reason);
             log::line(format_args!("fd {fd} accept: {r:?}"));
             claim(rt, borrowed(sock), false);
             return if r.is_ok() {
@@ -1444,6 +1426,7 @@ pub(crate) fn connect_async(fd: i32, dup: OwnedFd, marked: bool, connected: bool
         is_nonblocking(fd),
     );
     table::insert(fd, Arc::new(Sock::Pending(s.clone())));
+    manage_cloexec(fd);
     crate::workers::run(move || finish_connect(fd, marked, dup, &s));
 }
 
@@ -1562,7 +1545,10 @@ impl Outcome {
                     let _ = c.shutdown(how);
                 }
                 for &n in &numbers {
-                    manage_cloexec(n);
+                    // (A connect's numbers are managed already: their view stays.)
+                    if !table::get_any(n).is_some_and(|s| cloexec_managed(&s)) {
+                        manage_cloexec(n);
+                    }
                     table::insert(n, sock.clone());
                 }
                 follow(&sock);
@@ -1620,7 +1606,12 @@ impl Outcome {
                     s.hand_over(&rt, numbers.first().copied().unwrap_or(-1));
                 }
                 for &n in &numbers {
-                    table::remove(n);
+                    if let Some(was) = table::remove(n)
+                        && cloexec_managed(&was)
+                    {
+                        // A plain TCP connection may cross exec as the application asked.
+                        set_cloexec(n, table::cloexec_view(n));
+                    }
                     // Our registrations of it become the kernel's, on the TCP socket.
                     crate::vepoll::to_kernel_fd(n, pair);
                     crate::epoll::forget(n);
@@ -1712,7 +1703,6 @@ pub(crate) fn listening(fd: i32) {
             bound,
         }))),
     );
-    table::note_listener();
 }
 
 /// The application's `accept4(fd, addr, len, flags)` on a marked listener: the kernel's
@@ -1836,6 +1826,63 @@ fn shared(pid: u32, at: u64, fd: i32) -> bool {
     }
 }
 
+/// An exclusive lock, across processes, on deciding an accepted connection: `flock` on a
+/// file named by the socket's inode in `/dev/shm` (any user may make one there; a lock dies
+/// with its process). The file is removed when the lock is let go, after the decision is on
+/// the socket: a process that opened it before still gets the lock, and then reads the claim.
+struct ClaimLock {
+    _file: OwnedFd,
+    path: std::ffi::CString,
+}
+
+impl ClaimLock {
+    fn take(ino: u64) -> Option<Self> {
+        let path = std::ffi::CString::new(format!("/dev/shm/smcr-claim-{ino}")).ok()?;
+        // SAFETY: opening a file by a valid C string.
+        let fd = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o666,
+            )
+        };
+        if fd < 0 {
+            log::line(format_args!(
+                "socket {ino}: no claim lock ({}): deciding without it",
+                io::Error::last_os_error()
+            ));
+            return None;
+        }
+        let file = hide_owned(fd).ok()?;
+        // SAFETY: our descriptor; other users' processes may hold the socket too (umask).
+        unsafe { libc::fchmod(file.as_raw_fd(), 0o666) };
+        loop {
+            // SAFETY: locking our descriptor.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                break;
+            }
+            if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return None;
+            }
+        }
+        Some(Self { _file: file, path })
+    }
+}
+
+impl Drop for ClaimLock {
+    fn drop(&mut self) {
+        // SAFETY: removing our lock file by name (another user's may stay: harmless).
+        unsafe { libc::unlink(self.path.as_ptr()) };
+    }
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// The inode of the socket at `fd`.
 fn inode(fd: i32) -> Option<u64> {
     // SAFETY: fstat into a zeroed struct.
@@ -1846,10 +1893,7 @@ fn inode(fd: i32) -> Option<u64> {
 /// Whether process `pid` (alive) has the socket with inode `ino` open. A process whose
 /// descriptors we may not read counts as holding it.
 fn holds(pid: u32, ino: u64) -> bool {
-    // SAFETY: kill with signal 0 only checks existence and permission.
-    if unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
-        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-    {
+    if !alive(pid) {
         return false;
     }
     let want = format!("socket:[{ino}]");
@@ -1970,7 +2014,6 @@ pub(crate) fn adopt() {
         let claim = m.claimed(borrowed(fd)).ok().flatten();
         let entry = if listening_socket(fd) {
             let bound = sock_addr(fd, false);
-            table::note_listener();
             Arc::new(Sock::Listener(Arc::new(Listener {
                 stat: Mutex::new(None),
                 bound,
@@ -1979,6 +2022,18 @@ pub(crate) fn adopt() {
             if !c.smc {
                 continue;
             }
+            Arc::new(Sock::Inherited)
+        } else if st.connecting() {
+            if st.capability() != smcr::option::Capability::PeerCapable {
+                continue;
+            }
+            // A connect whose negotiation the image before this one had begun (its worker
+            // did not survive the exec): what it sent is unknown, so neither side's CLC can
+            // go on, nor can the bytes be plain TCP.
+            log::line(format_args!(
+                "fd {fd}: a connect inherited through exec while its SMC-R negotiation ran: \
+                 not usable (EIO)"
+            ));
             Arc::new(Sock::Inherited)
         } else if st.capability() == smcr::option::Capability::PeerCapable {
             let peer = sock_addr(fd, true);

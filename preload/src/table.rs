@@ -143,28 +143,6 @@ pub(crate) fn numbers_with_pair(pair: &Arc<crate::shim::Pair>) -> Vec<i32> {
         .collect()
 }
 
-/// The marked listeners this process holds (made here or inherited).
-pub(crate) fn listeners() -> Vec<Arc<crate::shim::Listener>> {
-    if !ANY_LISTENER.load(Ordering::Acquire) {
-        return Vec::new();
-    }
-    MAP.read()
-        .values()
-        .filter_map(|(_, s)| match &**s {
-            Sock::Listener(l) => Some(l.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Set once a listener entry was made: connects look for listeners of their own only then.
-static ANY_LISTENER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Notes that a listener entry exists.
-pub(crate) fn note_listener() {
-    ANY_LISTENER.store(true, Ordering::Release);
-}
-
 /// Whether a connect of this process being settled comes from `peer` (its local address).
 pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
     let me = pid();

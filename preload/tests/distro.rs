@@ -322,7 +322,7 @@ while True:
 /// inetd-style: the parent accepts and forks; the child serves the connection (echo) or
 /// execs a separate program on it (fds 0 and 1); the parent closes its copy.
 const FORK_SERVER: &str = r#"
-import os, signal, socket, sys
+import os, select, signal, socket, sys
 host, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ECHO = """
 import os
@@ -357,6 +357,9 @@ while True:
             print("ERROR child %d: %r" % (os.getpid(), e), file=sys.stderr, flush=True)
             os._exit(1)
         os._exit(0)
+    if mode == "shared":
+        # The parent waits on the connection too (a use of it) while the child echoes.
+        select.select([c], [], [], 0.3)
     c.close()
 "#;
 
@@ -977,6 +980,26 @@ fn fork_per_connection(shim: bool, mode: &str) {
     }
 }
 
+/// Scenario 8b: the forking server's parent also waits on each connection (select, 0.3 s)
+/// while its child echoes: both processes use it at once, so it stays TCP (SHARED) — decided
+/// by one of them, the other following the claim, with one Decline on the wire (a second one
+/// would reach the client as data: the echo would differ).
+fn fork_shared_per_connection(shim: bool) {
+    let Some(w) = World::new("fork-shared", shim, &["python3"]) else {
+        return;
+    };
+    let v = python_pair(&w, FORK_SERVER, &["shared"], 10, 65536, 1024);
+    if shim {
+        let reasons = v.assert_tcp_named();
+        assert!(
+            reasons.keys().all(|r| r.contains("SHARED")),
+            "expected SHARED only: {reasons:?}"
+        );
+    } else {
+        v.assert_tcp_baseline(10);
+    }
+}
+
 /// Under the shim: every worker of a prefork server accepted SMC-R connections (its own
 /// totals in smc-stat).
 fn assert_each_worker_smcr(v: &harness::Verdict, workers: &[u32]) {
@@ -1330,6 +1353,10 @@ mod baseline {
         super::fork_per_connection(false, "exec");
     }
     #[test]
+    fn fork_shared_per_connection() {
+        super::fork_shared_per_connection(false);
+    }
+    #[test]
     fn gunicorn_two_sync_workers() {
         super::gunicorn_two_sync_workers(false);
     }
@@ -1392,6 +1419,10 @@ mod over_smcr {
     #[test]
     fn fork_exec_per_connection() {
         super::fork_per_connection(true, "exec");
+    }
+    #[test]
+    fn fork_shared_per_connection() {
+        super::fork_shared_per_connection(true);
     }
     #[test]
     fn gunicorn_two_sync_workers() {

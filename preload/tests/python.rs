@@ -384,3 +384,146 @@ fn fortified_reads_reach_the_smcr_connection() {
     let log = run.log();
     assert!(log.contains("connect") && log.contains("): SMC-R"), "{log}");
 }
+
+/// A client opens two connections before using either; the server serves one at a time (the
+/// second waits in its backlog, unaccepted, while the first is served). As over TCP, both
+/// blocking connects return at once — the client's SMC-R negotiation waits for the server's
+/// first use behind the application, not in `connect` — and both connections are SMC-R.
+#[test]
+fn blocking_connects_to_a_busy_iterative_server_return_at_once() {
+    let run = Run::new("queued");
+    let p = port();
+    let mut server = run
+        .cmd(
+            true,
+            &[
+                script("server.py").to_str().unwrap(),
+                "127.0.0.2",
+                &p.to_string(),
+                "2",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("READY"), "{line}");
+    }
+    let mut client = run
+        .cmd(
+            true,
+            &[
+                script("queued_client.py").to_str().unwrap(),
+                "127.0.0.2",
+                &p.to_string(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = client.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = client.kill();
+            let _ = server.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = client.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        status.is_some_and(|s| s.success()) && stdout.contains("OK"),
+        "client (killed after 30 s if no status): {stdout}\n{}\n--- log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        run.log()
+    );
+    assert!(finish(server).contains("SERVED"));
+    let log = run.log();
+    let smc = |what: &str| {
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains("): SMC-R"))
+            .count()
+    };
+    assert_eq!((smc(" connect "), smc(" accept ")), (2, 2), "{log}");
+}
+
+/// A server forks right after its first use of an accepted connection started the
+/// negotiation on a worker (which the child does not have); the child uses the connection.
+/// It must not wait forever for a worker that is not there: it follows what the parent
+/// records on the socket (TCP: it echoes; SMC-R in the parent: EIO, as documented).
+#[test]
+fn a_child_forked_while_its_parent_negotiates_follows_the_parents_outcome() {
+    let run = Run::new("forksettle");
+    let p = port();
+    let mut server = run
+        .cmd(
+            true,
+            &[
+                script("fork_while_settling.py").to_str().unwrap(),
+                "127.0.0.2",
+                &p.to_string(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::{BufRead, Read, Write};
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("READY"), "{line}");
+    let client = std::thread::spawn(move || {
+        let mut c = run.cmd(
+            true,
+            &[
+                "-c",
+                "import socket, sys\n\
+                 c = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n\
+                 c.settimeout(20)\n\
+                 c.sendall(b'ping')\n\
+                 try:\n    print('GOT', c.recv(100))\n\
+                 except OSError as e:\n    print('ENDED', e)\n",
+                "127.0.0.2",
+                &p.to_string(),
+            ],
+        );
+        let o = c.output().unwrap();
+        (String::from_utf8_lossy(&o.stdout).into_owned(), run)
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = server.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let (client_out, run) = client.join().unwrap();
+    let _ = std::io::stderr().flush();
+    assert!(
+        status.is_some_and(|s| s.success()) && rest.contains("SERVED"),
+        "the server (killed after 30 s if no status): {rest}\n--- log:\n{}",
+        run.log()
+    );
+    if rest.contains("CHILD ECHO") {
+        assert!(client_out.contains("GOT b'ping'"), "{client_out}");
+    } else {
+        assert!(rest.contains("CHILD EIO"), "{rest}\n{}", run.log());
+    }
+    eprintln!("child: {rest}client: {client_out}");
+}

@@ -74,6 +74,11 @@ pub struct Config {
     pub hostname: Hostname,
     /// How long to wait for each peer message.
     pub timeout: Duration,
+    /// How long in all a client waits for the server's answer to its Proposal while nothing
+    /// of it has come (`None`: as long as the TCP connection is up). Our own servers answer
+    /// when the application first uses the accepted connection — which may be late (a
+    /// connection queued for a busy worker), as a TCP client would just wait for its reply.
+    pub accept_wait_max: Option<Duration>,
 }
 
 impl Config {
@@ -88,6 +93,7 @@ impl Config {
             feature_mask: 0,
             hostname: Hostname::truncated(hostname),
             timeout: CLC_WAIT_TIME,
+            accept_wait_max: None,
         }
     }
 }
@@ -350,8 +356,14 @@ impl Common {
     /// The wait for a message the peer owes (since `since`) ran out: another round while
     /// nothing of it has come, up to [`OWED_WAIT_MAX`]; then, or with part of it stalled, fail.
     fn owed(&mut self, what: MsgType, now: Instant) {
+        self.owed_for(what, now, Some(OWED_WAIT_MAX));
+    }
+
+    /// As [`Self::owed`], waiting at most `max` in all (`None`: without end).
+    fn owed_for(&mut self, what: MsgType, now: Instant, max: Option<Duration>) {
         let since = self.waiting_since;
-        if self.framer.buf.is_empty() && now < since + OWED_WAIT_MAX {
+        let more = max.is_none_or(|m| now < since + m);
+        if self.framer.buf.is_empty() && more {
             self.deadline = Some((now + self.cfg.timeout, what));
         } else {
             self.fail(Error::Timeout {
@@ -603,7 +615,10 @@ impl Client {
     fn on_timeout(&mut self, what: MsgType, now: Instant) {
         match self.state {
             // The server owes an Accept or Decline: wait more rounds.
-            ClientState::AwaitAccept => self.c.owed(what, now),
+            ClientState::AwaitAccept => {
+                let max = self.c.cfg.accept_wait_max;
+                self.c.owed_for(what, now, max)
+            }
             ClientState::AwaitLinkDecline => self.c.decline(2, DeclineReason::TIMEOUT_CL),
             _ => self.c.timed_out(what),
         }

@@ -26,7 +26,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-pub use claim::{CLAIMED_SMC, CLAIMED_TCP, Claim};
+pub use claim::{CLAIMED_SMC, CLAIMED_TCP, CONNECTING, Claim};
 pub use prog::{ESTABLISHED, MARKED, OPTION, PEER};
 
 /// Where [`install`] pins by default.
@@ -154,6 +154,10 @@ impl SockOption {
     pub fn marked(self) -> bool {
         self.0 & MARKED != 0
     }
+    /// Marked by a process that connects with it (a client, not an accepted connection).
+    pub fn connecting(self) -> bool {
+        self.0 & CONNECTING != 0
+    }
     /// The program saw the handshake of this marked socket complete.
     pub fn established(self) -> bool {
         self.0 & ESTABLISHED != 0
@@ -206,10 +210,17 @@ impl OptionMap {
         }
     }
 
-    /// Marks `sock` (before `connect` or `listen`) so the program writes the option for it.
-    pub fn mark(&self, sock: BorrowedFd<'_>) -> Result<(), OptionError> {
+    /// Marks `sock` (before `connect` or `listen`) so the program writes the option for it;
+    /// `connecting`: before `connect` (recorded as [`CONNECTING`], so that a program the
+    /// socket reaches through `exec` knows it is the client's end).
+    pub fn mark(&self, sock: BorrowedFd<'_>, connecting: bool) -> Result<(), OptionError> {
+        let flags = if connecting {
+            MARKED | CONNECTING
+        } else {
+            MARKED
+        };
         let mut v = [0u8; 8];
-        v[..4].copy_from_slice(&MARKED.to_ne_bytes());
+        v[..4].copy_from_slice(&flags.to_ne_bytes());
         sys::sk_storage_update(self.map.as_raw_fd(), sock.as_raw_fd(), &v)
             .map_err(|e| OptionError::from_io("mark the socket", e))
     }

@@ -368,11 +368,20 @@ impl Runtime {
         &self.inner.cfg
     }
 
-    /// Marks a TCP socket for the SMC-R option (before `connect` or `listen`); false when the
-    /// option program is unusable or negotiation does not use it.
+    /// Marks a TCP socket for the SMC-R option (before `listen`); false when the option
+    /// program is unusable or negotiation does not use it.
     pub fn mark(&self, sock: std::os::fd::BorrowedFd<'_>) -> bool {
+        self.mark_as(sock, false)
+    }
+
+    /// [`Runtime::mark`] before `connect` (the record says the socket is a client's).
+    pub fn mark_connecting(&self, sock: std::os::fd::BorrowedFd<'_>) -> bool {
+        self.mark_as(sock, true)
+    }
+
+    fn mark_as(&self, sock: std::os::fd::BorrowedFd<'_>, connecting: bool) -> bool {
         match (&self.inner.cfg.negotiation, &self.inner.option) {
-            (Negotiation::TcpOption { .. }, Ok(map)) => map.mark(sock).is_ok(),
+            (Negotiation::TcpOption { .. }, Ok(map)) => map.mark(sock, connecting).is_ok(),
             (Negotiation::Assume, _) => true,
             _ => false,
         }

@@ -651,7 +651,7 @@ impl SmcStream {
 
     fn connect_one(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-        let marked = v4_of(addr).is_some() && mark(rt, &sock);
+        let marked = v4_of(addr).is_some() && mark(rt, &sock, true);
         sock.connect(&addr.into())?;
         Self::from_connected(rt, sock.into(), marked)
     }
@@ -764,11 +764,13 @@ impl SmcStream {
     /// call) — without a CLC byte when the peer did not offer SMC-R (that verdict is recorded
     /// instead), else with a Decline (`MEM` on the wire, Linux's code for a shortage of
     /// resources; a server reads the client's Proposal first). The row is recorded with the
-    /// local reason and stays with `fd` as [`SmcStream::hand_over`] leaves it. Returns the
-    /// reason recorded; an error when the handshake failed (the connection is unusable).
+    /// local reason and stays with `row_at` (the application's number of the same socket) as
+    /// [`SmcStream::hand_over`] leaves it. Returns the reason recorded; an error when the
+    /// handshake failed (the connection is unusable).
     pub fn decline_local(
         rt: &Runtime,
         fd: std::os::fd::BorrowedFd<'_>,
+        row_at: std::os::fd::RawFd,
         marked: bool,
         server: bool,
         reason: FallbackReason,
@@ -795,7 +797,7 @@ impl SmcStream {
             None,
             server,
         ) {
-            keep_row(rt, st, fd.as_raw_fd());
+            keep_row(rt, st, row_at);
         }
         Ok(recorded)
     }
@@ -822,6 +824,28 @@ impl SmcStream {
             &timeline,
             None,
             server,
+        ) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
+    }
+
+    /// Shows a connection that another process holding it too settled as TCP (this process
+    /// inherited it): its row, reason [`FallbackReason::Shared`], stays with `fd` as
+    /// [`SmcStream::hand_over`] leaves it; not counted in the totals (the settling process
+    /// counted it).
+    pub fn record_follower(rt: &Runtime, fd: std::os::fd::BorrowedFd<'_>, server: bool) {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let timeline = Timeline::new();
+        if let Some(st) = record_row_counted(
+            rt,
+            || (tcp.local_addr(), tcp.peer_addr()),
+            &Mode::Tcp(FallbackReason::Shared),
+            &timeline,
+            None,
+            server,
+            false,
         ) {
             keep_row(rt, st, fd.as_raw_fd());
         }
@@ -1429,10 +1453,11 @@ fn link_possible(
     }
 }
 
-/// Marks a socket for the TCP option; false when the option program is unusable.
-fn mark(rt: &Runtime, sock: &Socket) -> bool {
+/// Marks a socket for the TCP option (`connecting`: before `connect`); false when the option
+/// program is unusable.
+fn mark(rt: &Runtime, sock: &Socket, connecting: bool) -> bool {
     match (&rt.inner.cfg.negotiation, &rt.inner.option) {
-        (Negotiation::TcpOption { .. }, Ok(map)) => map.mark(sock.as_fd()).is_ok(),
+        (Negotiation::TcpOption { .. }, Ok(map)) => map.mark(sock.as_fd(), connecting).is_ok(),
         _ => false,
     }
 }
@@ -1553,9 +1578,24 @@ fn record_row(
     smc: Option<&Smc>,
     server: bool,
 ) -> Option<StatSlot> {
+    record_row_counted(rt, addrs, mode, timeline, smc, server, true)
+}
+
+/// [`record_row`]; `count`: the connection counts in the totals and metrics (once per
+/// connection: a process showing a connection another one counted does not count it again).
+fn record_row_counted(
+    rt: &Runtime,
+    addrs: impl FnOnce() -> (io::Result<SocketAddr>, io::Result<SocketAddr>),
+    mode: &Mode,
+    timeline: &Timeline,
+    smc: Option<&Smc>,
+    server: bool,
+    count: bool,
+) -> Option<StatSlot> {
     use crate::stats::{conn, total};
     let handshake = timeline.start.elapsed();
     match mode {
+        _ if !count => {}
         Mode::SmcR { first_contact } => {
             crate::metrics::connection(None, *first_contact, handshake);
         }
@@ -1569,15 +1609,19 @@ fn record_row(
     put_addr(&mut rec, peer.ok(), true);
     let mode = match mode {
         Mode::SmcR { first_contact } => {
-            area.count(total::SMCR);
-            if *first_contact {
-                area.count(total::FIRST_CONTACT);
+            if count {
+                area.count(total::SMCR);
+                if *first_contact {
+                    area.count(total::FIRST_CONTACT);
+                }
             }
             conn::MODE_SMCR
         }
         Mode::Tcp(r) => {
-            area.count(total::TCP);
-            area.count_fallback(r.code());
+            if count {
+                area.count(total::TCP);
+                area.count_fallback(r.code());
+            }
             let peer = match r {
                 FallbackReason::Declined {
                     reason,
@@ -1750,7 +1794,7 @@ impl SmcListener {
         // A dual-stack [::] listener serves IPv4 peers through v4-mapped addresses: marked too
         // (a native IPv6 peer's connection falls back, NOTIPV4).
         if addr.is_ipv4() || matches!(addr, SocketAddr::V6(a) if !a.ip().is_loopback()) {
-            mark(rt, &sock);
+            mark(rt, &sock, false);
         }
         sock.bind(&addr.into())?;
         sock.listen(1024)?;

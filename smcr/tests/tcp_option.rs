@@ -25,7 +25,7 @@ fn fresh_install(tag: &str) -> TestInstall {
 fn listener(map: Option<&OptionMap>, addr: SocketAddrV4) -> Socket {
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     if let Some(map) = map {
-        map.mark(s.as_fd()).unwrap();
+        map.mark(s.as_fd(), false).unwrap();
     }
     s.set_reuse_address(true).unwrap();
     s.bind(&SocketAddr::V4(addr).into()).unwrap();
@@ -36,9 +36,15 @@ fn listener(map: Option<&OptionMap>, addr: SocketAddrV4) -> Socket {
 fn connect(map: Option<&OptionMap>, to: SocketAddrV4) -> (TcpStream, Capability) {
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     if let Some(map) = map {
-        map.mark(s.as_fd()).unwrap();
+        map.mark(s.as_fd(), true).unwrap();
     }
     s.connect(&SocketAddr::V4(to).into()).unwrap();
+    if let Some(map) = map {
+        assert!(
+            map.state(s.as_fd()).unwrap().connecting(),
+            "a client's record says so"
+        );
+    }
     let cap = match map {
         Some(map) => map.state(s.as_fd()).unwrap().capability(),
         None => Capability::NotMarked,
@@ -72,7 +78,10 @@ fn option_in_syn_and_synack_only_between_marked_sockets() {
             let mut verdicts = Vec::new();
             for _ in 0..2 {
                 let (c, _) = marked.accept().unwrap();
-                verdicts.push(map.state(c.as_fd()).unwrap().capability());
+                let st = map.state(c.as_fd()).unwrap();
+                // The listener's record is cloned, not the client's CONNECTING.
+                assert!(!st.connecting(), "an accepted socket is not a client's");
+                verdicts.push(st.capability());
             }
             // 3: marked client to the plain listener: the accepted socket was never marked.
             let (c, _) = plain.accept().unwrap();

@@ -337,8 +337,26 @@ fn test_a_late_accept_or_proposal_is_waited_for_in_rounds_without_a_decline() {
     s.accept(&endpoint(2, 1), true, t).unwrap();
     deliver_to_client(&mut s, &mut c, &mut vec![]);
     assert!(matches!(c.poll_event(), Some(Event::Accepted { .. })));
-    // Nothing for OWED_WAIT_MAX: fail, still without a Decline.
+    // By default the client waits for the Accept as long as TCP is up (our servers answer
+    // at the application's first use of the connection): an hour of rounds, then it comes.
     let mut c = Client::new(cfg(3, "B"), gid(3), t0);
+    let proposal = c.poll_transmit().unwrap();
+    let mut t = t0;
+    while t < t0 + Duration::from_secs(3600) {
+        t = c.poll_timeout().expect("still waiting");
+        c.handle_timeout(t);
+        assert_eq!((c.poll_event(), c.poll_transmit()), (None, None));
+    }
+    let mut s = Server::new(cfg(2, "A"), t);
+    s.handle_data(&proposal);
+    s.poll_event().unwrap();
+    s.accept(&endpoint(2, 1), true, t).unwrap();
+    deliver_to_client(&mut s, &mut c, &mut vec![]);
+    assert!(matches!(c.poll_event(), Some(Event::Accepted { .. })));
+    // With a limit (`accept_wait_max`): nothing for that long fails, still without a Decline.
+    let mut limited = cfg(3, "B");
+    limited.accept_wait_max = Some(OWED_WAIT_MAX);
+    let mut c = Client::new(limited, gid(3), t0);
     c.poll_transmit().unwrap();
     let mut t = t0;
     while c.poll_event().is_none() {

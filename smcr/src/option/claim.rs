@@ -15,6 +15,10 @@ pub const CLAIMED_SMC: u32 = 1 << 8;
 /// The connection was settled as plain TCP (a fallback, a decline, or never negotiated).
 pub const CLAIMED_TCP: u32 = 1 << 9;
 
+/// Set with the mark before `connect`: the socket is a client's (never cloned to accepted
+/// sockets: only a listener's record is).
+pub const CONNECTING: u32 = 1 << 10;
+
 /// A connection's claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
