@@ -204,7 +204,7 @@ impl Env {
             stats,
             work,
             ns: None,
-            next_port: std::cell::Cell::new(30000 + (pid % 2000) as u16 * 10),
+            next_port: std::cell::Cell::new(10000 + (pid % 100) as u16 * 200),
         };
         if need_ns {
             let (a, b) = (format!("smcr-bench-{pid}-a"), format!("smcr-bench-{pid}-b"));
@@ -232,10 +232,17 @@ impl Env {
         Ok(env)
     }
 
+    /// A TCP port for the next server: below the kernel's ephemeral range (32768–60999 by
+    /// default), and skipping one any socket of this host uses now (a client's local port,
+    /// a connection in TIME_WAIT): a server that cannot bind would abort the run.
     pub(crate) fn port(&self) -> u16 {
-        let p = self.next_port.get();
-        self.next_port.set(p + 1);
-        p
+        loop {
+            let p = self.next_port.get();
+            self.next_port.set(if p >= 32767 { 10000 } else { p + 1 });
+            if std::net::TcpListener::bind(("0.0.0.0", p)).is_ok() {
+                return p;
+            }
+        }
     }
 
     /// The namespace and veth device of the server's (b) or the client's (a) side.
