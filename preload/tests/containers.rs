@@ -48,9 +48,15 @@ fn run(tag: &str, wrap: &[&str], script: &str) -> (String, String) {
 const REDIS: &str = r#"
 set -e
 LD_PRELOAD=$LIB SMCR_LOG=$LOG redis-server --bind 127.0.0.1 --port $PORT --save "" \
-  --appendonly no --dir $DIR >/dev/null &
+  --appendonly no --dir $DIR >$DIR/redis.out 2>&1 &
 srv=$!
-for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
+up=0
+for i in $(seq 100); do
+  (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && { up=1; break; }
+  kill -0 $srv 2>/dev/null || break
+  sleep 0.1
+done
+if [ $up = 0 ]; then echo "redis-server did not start:"; cat $DIR/redis.out; exit 1; fi
 : >$LOG
 LD_PRELOAD=$LIB SMCR_LOG=$LOG redis-benchmark -h 127.0.0.1 -p $PORT -c 20 -n 20000 \
   -t set,get --csv &

@@ -85,12 +85,19 @@ static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 /// every port the process's tests take at once: with 16, a binary whose parallel tests took
 /// more got one port twice (a server that could not listen).
 pub fn port(base: u16) -> u16 {
-    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
-    assert!(
-        n < 64,
-        "more than 64 ports in one test process: widen port()'s slice"
-    );
-    base + (std::process::id() % 100) as u16 * 64 + n
+    loop {
+        let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            n < 64,
+            "more than 64 ports in one test process: widen port()'s slice"
+        );
+        let p = base + (std::process::id() % 100) as u16 * 64 + n;
+        // A port some socket of this host holds now (another test's client, whose
+        // ephemeral port it may be) would make the server fail to bind: skip it.
+        if std::net::TcpListener::bind(("0.0.0.0", p)).is_ok() {
+            return p;
+        }
+    }
 }
 
 /// Environment of shimmed processes: both ends shimmed (`assume`), a log, an engine UDP port.
