@@ -611,6 +611,9 @@ fn processes_of_two_users_share_4791() {
             assert_eq!(dev.mode(), PortMode::Steered);
             assert_ne!(dev.qpn_range() as u64, peer2[4], "two ranges");
             let e = end(&dev, false);
+            // Connected before the peer learns our QPN: its first write must find an RTR QP
+            // (earlier packets would count as from a wrong source and wait for a retry).
+            connect_to(&e, peer2[0] as u32, dev.local_addr(), 100, 200);
             writeln!(
                 w,
                 "PEER {} {} {}",
@@ -619,7 +622,6 @@ fn processes_of_two_users_share_4791() {
                 e.rmb.addr()
             )
             .unwrap();
-            connect_to(&e, peer2[0] as u32, dev.local_addr(), 100, 200);
             // The peer writes pattern 11 to us, then we write pattern 12 to it.
             e.qp.post_recv(&[RecvWr {
                 wr_id: 7,
