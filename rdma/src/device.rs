@@ -115,6 +115,9 @@ pub struct DeviceStats {
     pub rx_unknown_qp: u64,
     /// Packets from an address other than the QP's peer.
     pub rx_wrong_source: u64,
+    /// Packets whose IPv4 identification (solved from the ICRC) is not one our senders use:
+    /// from a Linux rxe peer.
+    pub rx_foreign_ip_id: u64,
     /// Times an application thread woke the engine.
     pub engine_kicks: u64,
     /// Same-host offers accepted (a peer's QP on this host sends to ours through shared
@@ -135,6 +138,7 @@ struct AtomicStats {
     rx_icrc_errors: AtomicU64,
     rx_unknown_qp: AtomicU64,
     rx_wrong_source: AtomicU64,
+    rx_foreign_ip_id: AtomicU64,
     engine_kicks: AtomicU64,
     shm_offers: AtomicU64,
     shm_faults: AtomicU64,
@@ -572,6 +576,7 @@ impl Shared {
             rx_icrc_errors: l(&s.rx_icrc_errors),
             rx_unknown_qp: l(&s.rx_unknown_qp),
             rx_wrong_source: l(&s.rx_wrong_source),
+            rx_foreign_ip_id: l(&s.rx_foreign_ip_id),
             engine_kicks: l(&s.engine_kicks),
             shm_offers: l(&s.shm_offers),
             shm_faults: l(&s.shm_faults),
@@ -1014,33 +1019,73 @@ pub(crate) struct RxState {
 
 /// Identification values our senders use: segment indices of a GSO batch.
 const GSO_IDS: u16 = MAX_GSO_SEGMENTS as u16;
-const ID_BITS: usize = GSO_IDS.trailing_zeros() as usize;
 
-/// Per packet length, how the ICRC changes with the low identification bits (see
-/// [`crate::wire::ip_id_delta`]); computed once per length.
+/// How the ICRC of a packet of one length changes with the 16 identification bits, as a
+/// reduced basis: row `k` is `(delta, bits)` — the XOR of the deltas of the identification bits
+/// in `bits` ([`crate::wire::ip_id_delta`]) — with distinct leading bits, highest first.
+#[derive(Clone, Copy)]
+struct IdBasis {
+    rows: [(u32, u16); 16],
+    n: usize,
+}
+
+impl IdBasis {
+    fn new(len: usize) -> Self {
+        let mut b = Self {
+            rows: [(0, 0); 16],
+            n: 0,
+        };
+        for i in 0..16 {
+            let (mut v, mut m) = (crate::wire::ip_id_delta(len, i), 1u16 << i);
+            for &(rv, rm) in &b.rows[..b.n] {
+                if v ^ rv < v {
+                    v ^= rv;
+                    m ^= rm;
+                }
+            }
+            if v == 0 {
+                continue; // cannot happen for CRC-32 (a 16-bit burst); harmless if it did
+            }
+            let at = b.rows[..b.n].iter().position(|r| r.0 < v).unwrap_or(b.n);
+            b.rows.copy_within(at..b.n, at + 1);
+            b.rows[at] = (v, m);
+            b.n += 1;
+        }
+        b
+    }
+
+    /// The identification bits whose flip turns the ICRC by `want`, if any.
+    fn solve(&self, mut want: u32) -> Option<u16> {
+        let mut bits = 0;
+        for &(rv, rm) in &self.rows[..self.n] {
+            if want ^ rv < want {
+                want ^= rv;
+                bits ^= rm;
+            }
+        }
+        (want == 0).then_some(bits)
+    }
+}
+
+/// Per packet length, how the ICRC changes with the identification (an [`IdBasis`], computed
+/// once per length: RoCE lengths are multiples of 4, so at most ~1100 of them).
+///
+/// A plain UDP socket cannot see the IPv4 identification the ICRC covers. Our senders use the
+/// GSO segment index (0 for a lone datagram; a batch split up on the way arrives as lone
+/// datagrams with 1, 2, …); Linux rxe uses the kernel's per-destination counter
+/// (`__ip_select_ident`), any of the 65536 values. The CRC is affine in the identification, so
+/// the receiver solves for it: 16 XORs against a reduced basis.
 #[derive(Default)]
 pub(crate) struct IdCache {
-    by_len: HashMap<usize, [u32; ID_BITS]>,
+    by_len: HashMap<usize, IdBasis>,
 }
 
 impl IdCache {
-    /// The identification in `0..GSO_IDS` for which the packet's ICRC is right, given the ICRC
-    /// computed for `tried`. A plain UDP socket cannot see the identification; our senders use
-    /// the GSO segment index, and a batch split up on the way arrives as lone datagrams.
+    /// The identification for which the packet's ICRC is right, given the ICRC `computed` for
+    /// identification `tried` and the one `found` in the packet.
     fn find(&mut self, len: usize, tried: u16, found: u32, computed: u32) -> Option<u16> {
-        let basis = *self
-            .by_len
-            .entry(len)
-            .or_insert_with(|| std::array::from_fn(|i| crate::wire::ip_id_delta(len, i as u32)));
-        let want = found ^ computed;
-        (0..GSO_IDS).find(|&id| {
-            let flip = id ^ tried;
-            flip >> ID_BITS == 0
-                && (0..ID_BITS)
-                    .filter(|i| flip >> i & 1 == 1)
-                    .fold(0, |acc, i| acc ^ basis[i])
-                    == want
-        })
+        let basis = self.by_len.entry(len).or_insert_with(|| IdBasis::new(len));
+        basis.solve(found ^ computed).map(|bits| tried ^ bits)
     }
 }
 
@@ -1659,33 +1704,34 @@ fn run_timers(shared: &Shared, now: Instant) {
     }
 }
 
-/// Whether the ICRC of `bytes` (received with headers `h`, whose `dport` is ignored) is
-/// right for one of the destination ports it may have been sent to: `addressed[0]` (the RoCE
-/// port: a sender that addressed 4791 and was steered to us) or else `addressed[1]` (the port
-/// of the socket it came on: a sender that addressed it directly). For each port, the
-/// identifications our senders use are tried too (see [`IdCache`]).
+/// The IPv4 identification for which the ICRC of `bytes` (received with headers `h`, whose
+/// `dport` and `ip_id` are what the receiver guesses) is right, for one of the destination
+/// ports it may have been sent to: `addressed[0]` (the RoCE port: a sender that addressed 4791
+/// and was steered to us) or else `addressed[1]` (the port of the socket it came on: a sender
+/// that addressed it directly). `None`: the packet is corrupt. The identification is solved
+/// (see [`IdCache`]): any value is accepted, since Linux rxe senders use any.
 pub(crate) fn icrc_matches(
     mut h: IcrcHeaders,
     addressed: [u16; 2],
     bytes: &[u8],
     ids: &mut IdCache,
-) -> bool {
+) -> Option<u16> {
     for (k, &port) in addressed.iter().enumerate() {
         if k == 1 && port == addressed[0] {
             break;
         }
         h.dport = port;
         match verify_icrc(&h, bytes) {
-            Ok(()) => return true,
-            Err(crate::wire::Error::BadIcrc { found, computed })
-                if ids.find(bytes.len(), h.ip_id, found, computed).is_some() =>
-            {
-                return true;
+            Ok(()) => return Some(h.ip_id),
+            Err(crate::wire::Error::BadIcrc { found, computed }) => {
+                if let Some(id) = ids.find(bytes.len(), h.ip_id, found, computed) {
+                    return Some(id);
+                }
             }
             Err(_) => {}
         }
     }
-    false
+    None
 }
 
 #[allow(clippy::too_many_arguments)] // one packet and the receive loop's scratch state
@@ -1723,9 +1769,13 @@ fn receive(
         bump(&st.rx_malformed, 1);
         return;
     };
-    if !icrc_matches(h, [shared.addressed, own_port], bytes, ids) {
+    let Some(id) = icrc_matches(h, [shared.addressed, own_port], bytes, ids) else {
         bump(&st.rx_icrc_errors, 1);
         return;
+    };
+    if id >= GSO_IDS {
+        // Not a GSO segment index: a sender numbering its datagrams like Linux rxe does.
+        bump(&st.rx_foreign_ip_id, 1);
     }
     let Ok(repr) = PacketRepr::parse(&pkt) else {
         bump(&st.rx_malformed, 1);
@@ -1842,7 +1892,7 @@ mod tests {
             });
             // What the receiver sees: the headers without the destination port.
             assert_eq!(
-                icrc_matches(base, addressed, &p, &mut ids),
+                icrc_matches(base, addressed, &p, &mut ids).is_some(),
                 ok,
                 "sent to {sent_to}"
             );
@@ -1853,25 +1903,101 @@ mod tests {
             dport: steer::ROCE_PORT,
             ..base
         });
-        assert!(!icrc_matches(base, [own, own], &steered, &mut ids));
-        // GSO segment identifications are still found, for either port.
+        assert_eq!(icrc_matches(base, [own, own], &steered, &mut ids), None);
+        // Identifications are found, GSO segment indices and others, for either port.
         for sent_to in [steer::ROCE_PORT, own] {
-            let p = packet(&IcrcHeaders {
-                dport: sent_to,
-                ip_id: 5,
-                ..base
-            });
-            assert!(icrc_matches(base, addressed, &p, &mut ids), "{sent_to}");
+            for id in [5, 63, 64, 0x56d6, 0xffff] {
+                let p = packet(&IcrcHeaders {
+                    dport: sent_to,
+                    ip_id: id,
+                    ..base
+                });
+                assert_eq!(
+                    icrc_matches(base, addressed, &p, &mut ids),
+                    Some(id),
+                    "{sent_to}"
+                );
+            }
         }
         // A corrupted byte fails with both.
         let mut bad = steered.clone();
         bad[20] ^= 0x10;
-        assert!(!icrc_matches(base, addressed, &bad, &mut ids));
+        assert_eq!(icrc_matches(base, addressed, &bad, &mut ids), None);
         // A fixed-port device has one port: checked once.
         let fixed = packet(&IcrcHeaders {
             dport: 40000,
             ..base
         });
-        assert!(icrc_matches(base, [40000, 40000], &fixed, &mut ids));
+        assert_eq!(
+            icrc_matches(base, [40000, 40000], &fixed, &mut ids),
+            Some(0)
+        );
+    }
+
+    /// RoCE frames Linux 6.12's rxe sent to our engine (kernel-peer rig captures), with the
+    /// IPv4 identifications its per-destination counter gave them (0x3777…, 0x81b2…, 0xffb9…,
+    /// 0xb8c4…): what a UDP socket receives of each, and the identification it did not see.
+    fn kernel_frames() -> Vec<(IcrcHeaders, u16, Vec<u8>)> {
+        let d = include_bytes!("../tests/data/kernel-6.12-rxe-frames.pcap");
+        let mut out = Vec::new();
+        let mut off = 24;
+        while off + 16 <= d.len() {
+            let cl = u32::from_le_bytes(d[off + 8..off + 12].try_into().unwrap()) as usize;
+            let f = &d[off + 16..off + 16 + cl];
+            off += 16 + cl;
+            let (ip, udp) = (&f[14..34], &f[34..]);
+            let ulen = u16::from_be_bytes([udp[4], udp[5]]) as usize;
+            let h = IcrcHeaders {
+                src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+                dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+                ip_id: 0, // not visible to the receiver
+                df: ip[6] & 0x40 != 0,
+                sport: u16::from_be_bytes([udp[0], udp[1]]),
+                dport: 0, // replaced by the ports tried
+            };
+            out.push((h, u16::from_be_bytes([ip[4], ip[5]]), udp[8..ulen].to_vec()));
+        }
+        out
+    }
+
+    /// Linux rxe's datagrams pass with their identification hidden (it is solved, and comes
+    /// out as the one on the wire); with any single bit flipped — in the packet, its ICRC, or
+    /// the addresses and port the receiver supplies — they fail.
+    #[test]
+    fn kernel_rxe_datagrams_pass_and_any_single_bit_flip_fails() {
+        let frames = kernel_frames();
+        assert_eq!(frames.len(), 30);
+        let mut ids = IdCache::default();
+        let roce = [steer::ROCE_PORT; 2];
+        let mut ids_seen = std::collections::BTreeSet::new();
+        for (h, real_id, bytes) in &frames {
+            assert_eq!(h.dst, Ipv4Addr::new(10, 77, 0, 1));
+            assert_eq!(icrc_matches(*h, roce, bytes, &mut ids), Some(*real_id));
+            ids_seen.insert(*real_id);
+            let mut flipped = bytes.clone();
+            for bit in 0..bytes.len() * 8 {
+                if bit / 8 == 4 {
+                    continue; // BTH byte 4 (FECN, BECN, reserved): masked out of the ICRC
+                }
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                assert_eq!(
+                    icrc_matches(*h, roce, &flipped, &mut ids),
+                    None,
+                    "{} bytes from {real_id:#x}: bit {bit} flipped",
+                    bytes.len()
+                );
+                flipped[bit / 8] ^= 1 << (bit % 8);
+            }
+            for field in 0..80 {
+                let mut g = *h;
+                match field {
+                    0..32 => g.src = Ipv4Addr::from(u32::from(g.src) ^ 1 << field),
+                    32..64 => g.dst = Ipv4Addr::from(u32::from(g.dst) ^ 1 << (field - 32)),
+                    _ => g.sport ^= 1 << (field - 64),
+                }
+                assert_eq!(icrc_matches(g, roce, bytes, &mut ids), None, "{g:?}");
+            }
+        }
+        assert!(ids_seen.iter().all(|&id| id >= GSO_IDS), "{ids_seen:x?}");
     }
 }
