@@ -11,5 +11,9 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --profile ci --locked
+# Live interop with the Linux kernel's SMC-R: two qemu guests with Debian's 6.12 kernel (the
+# kernel-peer rig, ../shared/kernel-peer or $SMCR_KERNEL_PEER), both directions; ~2 min. Where
+# the rig is, it must pass; without it the suite says SKIP (SMCR_REQUIRE_KERNEL_PEER=1: fails).
+bash scripts/kernel-interop.sh
 # Bounded fuzz smoke run of every wire decoder (scripts/fuzz.sh runs longer on demand).
 bash scripts/fuzz.sh "${SMCR_FUZZ_SECS:-15}"

@@ -1760,19 +1760,29 @@ fn receive(
         // As addressed by the sender (before steering), not our socket's port.
         dport: shared.addressed,
     };
-    if let Some(mw) = &shared.mw
-        && let Some(p) = &mut mw.lock().pcap
-    {
-        let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
-    }
+    let capture = |id: Option<u16>| {
+        if let Some(mw) = &shared.mw
+            && let Some(p) = &mut mw.lock().pcap
+        {
+            // With the identification the ICRC was computed with, when it was found.
+            let h = IcrcHeaders {
+                ip_id: id.unwrap_or(h.ip_id),
+                ..h
+            };
+            let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
+        }
+    };
     let Ok(pkt) = Packet::new_checked(bytes) else {
+        capture(None);
         bump(&st.rx_malformed, 1);
         return;
     };
     let Some(id) = icrc_matches(h, [shared.addressed, own_port], bytes, ids) else {
+        capture(None);
         bump(&st.rx_icrc_errors, 1);
         return;
     };
+    capture(Some(id));
     if id >= GSO_IDS {
         // Not a GSO segment index: a sender numbering its datagrams like Linux rxe does.
         bump(&st.rx_foreign_ip_id, 1);

@@ -171,7 +171,10 @@ impl RuntimeConfig {
 impl RuntimeConfig {
     /// Defaults, changed by the environment (how the preload and `smcr run` configure it):
     /// `SMCR_NEGOTIATION=option|assume`, `SMCR_BPF_DIR`, `SMCR_RMB_KIB`, `SMCR_ROCE_PORT`,
-    /// `SMCR_UEID` (comma-separated user EIDs), `SMCR_STATS_DIR` (`off`: no stats area).
+    /// `SMCR_UEID` (comma-separated user EIDs), `SMCR_STATS_DIR` (`off`: no stats area),
+    /// `SMCR_TESTLINK_TIME` (seconds of link idleness before a TEST LINK, like
+    /// `net.smc.smcr_testlink_time`; 0: off), `SMCR_LGR_LINGER` (seconds a link group without
+    /// connections is kept before DELETE LINK; default 600 like Linux).
     pub fn from_env() -> Self {
         let mut cfg = Self::new();
         let var = |k: &str| crate::env::var(k).filter(|v| !v.is_empty());
@@ -225,6 +228,13 @@ impl RuntimeConfig {
                 .split(',')
                 .filter_map(|a| a.trim().parse().ok())
                 .collect();
+        }
+        // net.smc.smcr_testlink_time: seconds, 0 = off.
+        if let Some(s) = var("SMCR_TESTLINK_TIME").and_then(|v| v.parse::<u64>().ok()) {
+            cfg.test_link_time = (s > 0).then(|| Duration::from_secs(s));
+        }
+        if let Some(s) = var("SMCR_LGR_LINGER").and_then(|v| v.parse::<u64>().ok()) {
+            cfg.linger = Duration::from_secs(s);
         }
         match var("SMCR_STATS_DIR").as_deref() {
             Some("off") => cfg.stats_dir = None,
@@ -928,10 +938,22 @@ pub(crate) struct DataWrites<'a> {
 struct LgStat {
     area: Arc<crate::stats::Area>,
     slot: usize,
-    /// Serialises writers of the record (the poller and a failing thread may both publish).
-    write: Mutex<()>,
+    /// Serialises writers of the record (the poller and a failing thread may both publish);
+    /// true once the record is given back.
+    write: Mutex<bool>,
     /// Unix time of creation (ns).
     since: u64,
+}
+
+impl LgStat {
+    /// Gives the record back (once): a group that is down is gone for smc-stat, as Linux frees
+    /// its link group, even while a thread that held it last still keeps the object.
+    fn release(&self) {
+        let mut released = self.write.lock();
+        if !std::mem::replace(&mut *released, true) {
+            self.area.release_lg(self.slot);
+        }
+    }
 }
 
 impl Drop for LinkGroup {
@@ -945,7 +967,7 @@ impl Drop for LinkGroup {
 
 impl Drop for LgStat {
     fn drop(&mut self) {
-        self.area.release_lg(self.slot);
+        self.release();
     }
 }
 
@@ -1175,7 +1197,7 @@ impl LinkGroup {
                 Some(LgStat {
                     area: area.clone(),
                     slot: area.claim_lg()?,
-                    write: Mutex::new(()),
+                    write: Mutex::new(false),
                     since: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_nanos() as u64),
@@ -1189,7 +1211,10 @@ impl LinkGroup {
     fn publish(&self, state: u64) {
         use crate::stats::lg;
         let Some(st) = &self.stat else { return };
-        let _one_writer = st.write.lock();
+        let released = st.write.lock();
+        if *released {
+            return; // the slot may be another group's now
+        }
         // Once down, always shown down (a late ACTIVE from the poller must not win).
         let state = if self.is_down() {
             lg::LINK_INACTIVE
@@ -1236,7 +1261,10 @@ impl LinkGroup {
     /// Publishes the number of connections on the group (caller holds `st`).
     fn publish_conns(&self, st: &LgState) {
         if let Some(s) = &self.stat {
-            s.area.set_lg_conns(s.slot, st.core.len() as u64);
+            let released = s.write.lock();
+            if !*released {
+                s.area.set_lg_conns(s.slot, st.core.len() as u64);
+            }
         }
     }
 
@@ -2831,6 +2859,9 @@ impl LinkGroup {
             self.publish_conns(&st);
             conns
         };
+        if let Some(s) = &self.stat {
+            s.release();
+        }
         for c in conns {
             c.fail(reason);
             // A connection its application already closed waits for the peer's close to be

@@ -868,7 +868,7 @@ pub fn remedy(code: u32) -> &'static str {
         0x0301_0000 => "start the peer under smcr (`smcr run`), or exclude it with SMCR_EXCLUDE",
         0x0302_0000 => "SMC cannot run under IPsec: exclude the connection",
         0x0303_0000 | 0x0303_0002 => {
-            "another process owns UDP 4791 on the local address and no steering program shares it: run `smcr bpf install` as root (it steers RoCE to every process by queue pair)"
+            "declined by a Linux peer: it shares none of our user EIDs (it offers SMC-Rv2 only with a UEID it has): set SMCR_UEID to one of its UEIDs (`smcr ueid show` there); ours: another process owns UDP 4791 on the local address and no steering program shares it: run `smcr bpf install` as root"
         }
         0x0303_0001 | 0x0303_0003 | 0x0303_0005 | 0x0303_0007 | 0x0309_0000 | 0x030d_0000 => {
             "SMC-D only: no action for SMC-R"

@@ -58,7 +58,11 @@ impl<W: Write> PcapWriter<W> {
         eth[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
         emit_ipv4_udp(&mut rec[16 + ETH_LEN..], h, ttl, roce.len());
         self.out.write_all(&rec)?;
-        self.out.write_all(roce)
+        self.out.write_all(roce)?;
+        // Each record reaches the file at once: a preloaded process is never torn down
+        // cleanly, and a capture must be complete while it runs (a debugging aid, not a
+        // fast path: one write per packet).
+        self.out.flush()
     }
 
     /// Flushes buffered records.

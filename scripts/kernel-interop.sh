@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# Live interop with the Linux kernel's SMC-R (issue 24): boots two qemu guests with Debian's
+# 6.12 kernel (the kernel-peer rig, ../shared/kernel-peer: AF_SMC over soft-RoCE rxe0) and
+# drives our built binaries against guest A's kernel, both directions:
+#   A. our client  -> kernel server: first contact, reuse, 8 parallel, bulk to the kernel,
+#      TEST LINK both ways while idle, our DELETE LINK when our linger ends, the kernel's DELETE
+#      LINK (smc reloaded), a new group after each;
+#   B. kernel client -> our server: the same from the other side, bulk from the kernel;
+#   C. the kernel declining (UEID mismatch) and us declining it: both ends go on over TCP.
+# Each step is checked where it shows: our program's own checks (data intact), our log and
+# smc-stat, the kernel's view (smc_diag mode of each connection, its link groups over genl),
+# and the capture on the bridge (CLC, LLC and CDC messages per direction; tshark decodes it
+# without malformed packets).
+#
+# Usage: bash scripts/kernel-interop.sh   (root; ~2 min; outputs in $KI_OUT)
+# Skips (exit 0, saying so) when the rig is not there or not root, unless
+# SMCR_REQUIRE_KERNEL_PEER=1.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KP=${SMCR_KERNEL_PEER:-$ROOT/../shared/kernel-peer}
+OUT=${KI_OUT:-$ROOT/target/kernel-interop}
+skip() {
+	if [ "${SMCR_REQUIRE_KERNEL_PEER:-0}" = 1 ]; then
+		echo "kernel-interop: FAIL: $1" >&2
+		exit 1
+	fi
+	echo "kernel-interop: SKIP: $1"
+	exit 0
+}
+[ "$(id -u)" = 0 ] || skip "needs root (qemu guests, network namespace, BPF)"
+[ -x "$KP/boot.sh" ] || skip "kernel-peer rig not found at $KP (set SMCR_KERNEL_PEER)"
+. "$KP/config.sh"
+kp_guest A
+A_IP=$G_IP
+H_IP=$KP_HOST_IP
+UEID=SMC-KERNEL-PEER
+PA=5555 PB=6666 PC=7777
+# TEST LINK: a link's idle timer restarts on any packet, so the end with the shorter time is the
+# one that asks: we ask in part A (ours 2 s, the kernel's 30 s), the kernel in part B.
+LINGER=6
+G() { "$KP/gexec.sh" A "$@"; }
+rm -rf "$OUT"
+mkdir -p "$OUT"
+T0=$(date +%s)
+FAILS=()
+check() { # check NAME CONDITION-EXIT-STATUS DETAIL
+	if [ "$2" = 0 ]; then echo "  ok   $1"; else
+		echo "  FAIL $1${3:+: $3}"
+		FAILS+=("$1")
+	fi
+}
+count() { grep -c "$@" 2>/dev/null || true; }
+
+# ------------------------------------------------------------ build, rig
+echo "== building (profile ci)"
+(cd "$ROOT" && cargo build -q --profile ci -p preload -p smcr --bins --lib) || skip_build=1
+[ -z "${skip_build:-}" ] || {
+	echo "kernel-interop: FAIL: build failed" >&2
+	exit 1
+}
+BIN=$ROOT/target/ci
+LIB=$BIN/libsmcr_preload.so
+"$BIN/smcr" bpf install >"$OUT/bpf-install.txt" 2>&1 || {
+	cat "$OUT/bpf-install.txt"
+	skip "the TCP option program cannot be installed (BPF)"
+}
+echo "== kernel peers"
+bash "$KP/build.sh" >"$OUT/rig-build.txt" 2>&1 || {
+	tail -20 "$OUT/rig-build.txt"
+	echo "kernel-interop: FAIL: the rig's build.sh failed" >&2
+	exit 1
+}
+bash "$KP/teardown.sh" >/dev/null 2>&1
+TB=$(date +%s)
+bash "$KP/boot.sh" >"$OUT/rig-boot.txt" 2>&1 || {
+	tail -20 "$OUT/rig-boot.txt"
+	echo "kernel-interop: FAIL: the rig's boot.sh failed" >&2
+	exit 1
+}
+echo "   booted in $(($(date +%s) - TB)) s ($(G 'uname -r' | tr -d '\r'))"
+TD=
+SP=
+cleanup() {
+	[ -n "$TD" ] && kill "$TD" 2>/dev/null
+	[ -n "$SP" ] && kill "$SP" 2>/dev/null
+	[ "${KI_KEEP:-0}" = 1 ] || bash "$KP/teardown.sh" >/dev/null 2>&1
+}
+trap cleanup EXIT
+NS=(nsenter --net="/run/netns/$KP_NETNS")
+OURS=(env SMCR_UEID="$UEID" SMCR_LGR_LINGER=$LINGER
+	SMC_STAT="$BIN/smc-stat" timeout 300 "$BIN/smcr" run --lib "$LIB" --)
+PY=$ROOT/scripts/kernel_interop.py
+
+capture_start() { # DIR PORT
+	ip netns exec "$KP_NETNS" tcpdump --immediate-mode -i "$KP_BR" -s 0 -U -w "$1/capture.pcap" \
+		"tcp port $2 or udp port 4791" >"$1/tcpdump.txt" 2>&1 &
+	TD=$!
+	for _ in $(seq 50); do grep -q listening "$1/tcpdump.txt" && break; sleep 0.1; done
+}
+capture_stop() {
+	sleep 1
+	kill "$TD" 2>/dev/null
+	wait "$TD" 2>/dev/null
+	TD=
+}
+guest_fresh() { # no smcbench, smc reloaded (no link groups), TEST LINK after $KTESTLINK s
+	G "for p in \$(pidof smcbench); do kill \$p; done; sleep 0.3
+for i in 1 2 3 4 5; do /bin/kp-smc-reload >/dev/null 2>&1 && break; sleep 1; done
+lsmod | grep -q '^smc_diag' || insmod /lib/modules/\$(grep '/smc_diag.ko\$' /etc/kp-modules) 2>/dev/null
+sysctl -w net.smc.smcr_testlink_time=$KTESTLINK >/dev/null; dmesg -c >/dev/null; true" >/dev/null 2>&1
+}
+kernel_lgrs() { G 'smcbench genl 2' 2>/dev/null | grep -c 'reply' || true; }
+# wire DIR: our capture checks (KEY=COUNT lines) -> $DIR/wire.txt; tshark's malformed count
+wire() {
+	python3 "$PY" wire "$1/capture.pcap" "$H_IP" "$A_IP" >"$1/wire.txt" 2>&1
+	tshark -r "$1/capture.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
+		>"$1/tshark.txt" 2>&1
+	MALFORMED=$(count -i malformed "$1/tshark.txt")
+	check "$2: tshark decodes $(wc -l <"$1/tshark.txt") frames, none malformed" "$([ "$MALFORMED" = 0 ]; echo $?)" \
+		"$(grep -i -m3 malformed "$1/tshark.txt")"
+}
+w() { # w DIR KEY -> count (0 when absent)
+	local v
+	v=$(grep -m1 "^$2=" "$1/wire.txt" | cut -d= -f2)
+	echo "${v:-0}"
+}
+need() { # need DIR LABEL KEY MIN
+	local v
+	v=$(w "$1" "$3")
+	check "$2: $3 = $v (>= $4)" "$([ "$v" -ge "$4" ]; echo $?)"
+}
+
+PARTS=${KI_PARTS:-ABC}
+# ------------------------------------------------------------ A: our client -> kernel server
+if [[ $PARTS == *A* ]]; then
+echo "== A. our client ($H_IP) -> kernel AF_SMC server ($A_IP:$PA)"
+D=$OUT/A
+KTESTLINK=30 TESTLINK=2
+mkdir -p "$D"
+guest_fresh
+G "smcbench server -f smc -p $PA </dev/null >/tmp/ki-srv-a.log 2>&1 &" >/dev/null
+sleep 0.5
+capture_start "$D" "$PA"
+coproc CL { "${NS[@]}" env SMCR_LOG="$D/smcr.log" SMCR_TESTLINK_TIME=$TESTLINK "${OURS[@]}" python3 "$PY" client "$A_IP" "$PA" 2>&1; }
+exec {CLW}>&"${CL[1]}"
+exec {CLR}<&"${CL[0]}"
+while IFS= read -r line <&$CLR; do
+	echo "$line" >>"$D/client.txt"
+	case "$line" in
+	"ASK kernel-delete-link")
+		# The kernel ends the group: smc unloaded (its sockets closed first), DELETE LINK.
+		G "for p in \$(pidof smcbench); do kill \$p; done; sleep 0.3; cat /tmp/ki-srv-a.log" >"$D/kernel-server-1.txt" 2>&1
+		G "for i in 1 2 3 4 5; do /bin/kp-smc-reload && break; sleep 1; done; sysctl -w net.smc.smcr_testlink_time=$KTESTLINK; dmesg" >"$D/kernel-reload.txt" 2>&1
+		G "smcbench server -f smc -p $PA </dev/null >/tmp/ki-srv-a.log 2>&1 &" >/dev/null
+		sleep 0.5
+		echo GO >&$CLW
+		;;
+	"ASK kernel-lgr-gone")
+		ok=TIMEOUT
+		for _ in $(seq 80); do [ "$(kernel_lgrs)" = 0 ] && ok=GO && break; sleep 0.5; done
+		echo "$ok" >&$CLW
+		;;
+	STEP*) echo "   ${line#STEP }" ;;
+	esac
+done
+exec {CLW}>&- {CLR}<&-
+RC=1
+grep -q '^DONE' "$D/client.txt" && ! grep -q '^STEP .* FAIL' "$D/client.txt" && RC=0
+capture_stop
+G "cat /tmp/ki-srv-a.log" >"$D/kernel-server-2.txt" 2>&1
+check "A: every client step passed" "$RC" "$(grep 'STEP .* FAIL' "$D/client.txt")"
+N_NEW=$(count 'SMC-R (new link group)' "$D/smcr.log")
+N_REUSE=$(count 'SMC-R (link group reused)' "$D/smcr.log")
+N_TCP=$(count 'TCP' "$D/smcr.log")
+check "A: our log: $N_NEW first contacts (3), $N_REUSE reuses (>= 9), $N_TCP on TCP (0)" \
+	"$([ "$N_NEW" = 3 ] && [ "$N_REUSE" -ge 9 ] && [ "$N_TCP" = 0 ]; echo $?)"
+K_SMCR=$(cat "$D"/kernel-server-*.txt | count 'mode=SMCR')
+K_FB=$(cat "$D"/kernel-server-*.txt | count 'FALLBACK')
+check "A: the kernel's smc_diag: $K_SMCR connections SMCR (>= 12), $K_FB fallback (0)" \
+	"$([ "$K_SMCR" -ge 12 ] && [ "$K_FB" = 0 ]; echo $?)"
+wire "$D" A
+for k in ours.syn_opt254 kernel.syn_opt254 ours.clc_proposal kernel.clc_accept ours.clc_confirm \
+	kernel.llc_CONFIRM_LINK_req ours.llc_CONFIRM_LINK_resp \
+	kernel.llc_CONFIRM_RKEY_req ours.llc_CONFIRM_RKEY_resp kernel.llc_DELETE_RKEY_req ours.llc_DELETE_RKEY_resp \
+	ours.llc_TEST_LINK_req kernel.llc_TEST_LINK_resp \
+	ours.llc_DELETE_LINK_req kernel.llc_DELETE_LINK_req \
+	ours.cdc_peer_conn_closed kernel.cdc_peer_conn_closed ours.rdma_write kernel.rdma_write; do
+	need "$D" A "$k" 1
+done
+check "A: no CLC decline" "$([ "$(w "$D" ours.clc_decline)" = 0 ] && [ "$(w "$D" kernel.clc_decline)" = 0 ]; echo $?)"
+fi
+
+# ------------------------------------------------------------ B: kernel client -> our server
+if [[ $PARTS == *B* ]]; then
+echo "== B. kernel AF_SMC client ($A_IP) -> our server ($H_IP:$PB)"
+D=$OUT/B
+KTESTLINK=2 TESTLINK=30
+mkdir -p "$D"
+guest_fresh
+capture_start "$D" "$PB"
+coproc SV { "${NS[@]}" env SMCR_LOG="$D/smcr.log" SMCR_TESTLINK_TIME=$TESTLINK "${OURS[@]}" python3 "$PY" server "$H_IP" "$PB" 2>&1; }
+SP=$SV_PID
+exec {SVW}>&"${SV[1]}"
+exec {SVR}<&"${SV[0]}"
+srv() { # srv QUESTION -> the server's answer (up to END or one GROUPS line)
+	echo "$1" >&$SVW
+	local line
+	while IFS= read -r -t 20 line <&$SVR; do
+		echo "$line"
+		case "$line" in END | GROUPS*) break ;; esac
+	done
+}
+groups() { srv groups | tee -a "$D/groups.txt" | sed -n 's/^GROUPS //p'; }
+for _ in $(seq 50); do
+	IFS= read -r -t 0.2 line <&$SVR && { echo "$line" >>"$D/server.txt"; case "$line" in listening*) break ;; esac; }
+done
+kcheck() { # kcheck NAME ARGS...: a kernel client run; its output in $D/NAME.txt
+	local n=$1
+	shift
+	GEXEC_TIMEOUT=120 G "$*" >"$D/$n.txt" 2>&1
+}
+kcheck k-first "smcbench check -f smc -a $H_IP -p $PB -n 16 -s 65536"
+check "B: first contact: 1 MiB echo intact, kernel's smc_diag SMCR" "$(grep -q 'ECHO OK: 16/16 .*mode=SMCR' "$D/k-first.txt"; echo $?)" "$(tail -2 "$D/k-first.txt")"
+kcheck k-reuse "smcbench check -f smc -a $H_IP -p $PB -n 16 -s 65536"
+check "B: reuse: 1 MiB echo intact, SMCR" "$(grep -q 'ECHO OK: 16/16 .*mode=SMCR' "$D/k-reuse.txt"; echo $?)" "$(tail -2 "$D/k-reuse.txt")"
+kcheck k-par "for i in 1 2 3 4 5 6 7 8; do smcbench check -f smc -a $H_IP -p $PB -n 8 -s 32768 >/tmp/kp\$i.txt 2>&1 & done; wait; cat /tmp/kp?.txt"
+check "B: 8 parallel connections echo intact, SMCR" "$([ "$(count 'ECHO OK: 8/8 .*mode=SMCR' "$D/k-par.txt")" = 8 ]; echo $?)" "$(grep -v 'ECHO OK' "$D/k-par.txt" | head -3)"
+kcheck k-bulk "smcbench bulk -f smc -a $H_IP -p $PB -s 65536 -B 16777216 -t 60"
+BL=$(grep -o 'sent=[0-9]* acked=[0-9]*' "$D/k-bulk.txt")
+check "B: bulk from the kernel: $BL ($(grep -o 'Mbit/s=[0-9.]*' "$D/k-bulk.txt"))" "$(grep -q 'mode=SMCR' "$D/k-bulk.txt" && [ -n "$BL" ] && [ "${BL#sent=}" != "$BL" ] && s=${BL#sent=} && [ "${s%% *}" = "${BL##*acked=}" ] && [ "${s%% *}" = 16777216 ]; echo $?)" "$(tail -2 "$D/k-bulk.txt")"
+sleep 4 # idle: TEST LINK both ways
+check "B: idle link stays up (1 group)" "$([ "$(groups)" = 1 ]; echo $?)"
+G "for i in 1 2 3 4 5; do /bin/kp-smc-reload && break; sleep 1; done; sysctl -w net.smc.smcr_testlink_time=$KTESTLINK" >"$D/kernel-reload.txt" 2>&1
+ok=1
+for _ in $(seq 30); do [ "$(groups)" = 0 ] && ok=0 && break; sleep 0.5; done
+check "B: the kernel's DELETE LINK ends our group" "$ok"
+kcheck k-after "smcbench check -f smc -a $H_IP -p $PB -n 4 -s 65536"
+check "B: new group after the kernel's delete: echo intact, SMCR" "$(grep -q 'ECHO OK: 4/4 .*mode=SMCR' "$D/k-after.txt"; echo $?)" "$(tail -2 "$D/k-after.txt")"
+ok=1
+for _ in $(seq $((LINGER * 2 + 20))); do
+	echo "== $(date +%T.%N) linger wait" >>"$D/groups.txt"
+	[ "$(groups)" = 0 ] && [ "$(kernel_lgrs)" = 0 ] && ok=0 && break
+	sleep 0.5
+done
+check "B: our DELETE LINK after our linger ends the kernel's group too" "$ok" "ours: $(groups), kernel's genl replies: $(kernel_lgrs)"
+srv stat >"$D/smc-stat.txt"
+echo exit >&$SVW
+wait "$SP" 2>/dev/null
+SP=
+while IFS= read -r -t 1 line <&$SVR; do echo "$line" >>"$D/server.txt"; done
+capture_stop
+N_NEW=$(count 'SMC-R (new link group)' "$D/smcr.log")
+N_REUSE=$(count 'SMC-R (link group reused)' "$D/smcr.log")
+N_TCP=$(count 'TCP' "$D/smcr.log")
+check "B: our log: $N_NEW first contacts (2), $N_REUSE reuses (>= 10), $N_TCP on TCP (0)" \
+	"$([ "$N_NEW" = 2 ] && [ "$N_REUSE" -ge 10 ] && [ "$N_TCP" = 0 ]; echo $?)"
+wire "$D" B
+for k in kernel.syn_opt254 ours.syn_opt254 kernel.clc_proposal ours.clc_accept kernel.clc_confirm \
+	ours.llc_CONFIRM_LINK_req kernel.llc_CONFIRM_LINK_resp \
+	kernel.llc_CONFIRM_RKEY_req ours.llc_CONFIRM_RKEY_resp kernel.llc_DELETE_RKEY_req ours.llc_DELETE_RKEY_resp \
+	kernel.llc_TEST_LINK_req ours.llc_TEST_LINK_resp \
+	ours.llc_DELETE_LINK_req kernel.llc_DELETE_LINK_req \
+	ours.cdc_peer_conn_closed kernel.cdc_peer_conn_closed ours.rdma_write kernel.rdma_write; do
+	need "$D" B "$k" 1
+done
+fi
+
+# ------------------------------------------------------------ C: declines
+if [[ $PARTS == *C* ]]; then
+echo "== C. UEID mismatch: the kernel declines us, we decline the kernel"
+D=$OUT/C
+KTESTLINK=30 TESTLINK=30
+mkdir -p "$D"
+guest_fresh
+G "smcbench server -f smc -p $PC </dev/null >/tmp/ki-srv-c.log 2>&1 &" >/dev/null
+sleep 0.5
+capture_start "$D" "$PC"
+"${NS[@]}" env SMCR_LOG="$D/smcr-client.log" "${OURS[@]/#SMCR_UEID=*/SMCR_UEID=NOT-THE-KERNELS}" \
+	python3 "$PY" echo "$A_IP" "$PC" 262144 >"$D/client.txt" 2>&1
+G "sleep 0.3; cat /tmp/ki-srv-c.log; for p in \$(pidof smcbench); do kill \$p; done" >"$D/kernel-server.txt" 2>&1
+check "C: the kernel server declines us: echo intact over TCP" "$(grep -q 'ECHO OK' "$D/client.txt"; echo $?)" "$(cat "$D/client.txt")"
+check "C: our log names its decline (NOSMCDEV 0x03030000)" "$(grep -q 'TCP.*0x03030000' "$D/smcr-client.log"; echo $?)" "$(cat "$D/smcr-client.log")"
+check "C: the kernel's smc_diag: FALLBACK" "$(grep -q 'FALLBACK' "$D/kernel-server.txt"; echo $?)" "$(cat "$D/kernel-server.txt")"
+coproc SV2 { "${NS[@]}" env SMCR_LOG="$D/smcr-server.log" "${OURS[@]/#SMCR_UEID=*/SMCR_UEID=NOT-THE-KERNELS}" python3 "$PY" server "$H_IP" "$PC" 2>&1; }
+SP=$SV2_PID
+exec {SVW}>&"${SV2[1]}"
+sleep 1
+kcheck k-declined "smcbench check -f smc -a $H_IP -p $PC -n 4 -s 65536"
+echo exit >&$SVW
+wait "$SP" 2>/dev/null
+SP=
+capture_stop
+check "C: we decline the kernel client: echo intact, its smc_diag FALLBACK" "$(grep -q 'ECHO OK: 4/4 .*FALLBACK' "$D/k-declined.txt"; echo $?)" "$(cat "$D/k-declined.txt")"
+check "C: our log names our decline (NOUEID 0x03030008)" "$(grep -q 'TCP.*0x03030008' "$D/smcr-server.log"; echo $?)" "$(cat "$D/smcr-server.log")"
+wire "$D" C
+need "$D" C kernel.decline_03030000 1
+need "$D" C ours.decline_03030008 1
+fi
+
+echo
+echo "outputs: $OUT (per part: capture.pcap, wire.txt, tshark.txt, smcr*.log, the kernel's logs)"
+echo "took $(($(date +%s) - T0)) s"
+if [ ${#FAILS[@]} = 0 ]; then
+	echo "KERNEL-INTEROP: PASS"
+	exit 0
+fi
+echo "KERNEL-INTEROP: FAIL (${#FAILS[@]}): ${FAILS[*]}"
+exit 1
