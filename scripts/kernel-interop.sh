@@ -129,6 +129,32 @@ need() { # need DIR LABEL KEY MIN
 	v=$(w "$1" "$3")
 	check "$2: $3 = $v (>= $4)" "$([ "$v" -ge "$4" ]; echo $?)"
 }
+# our_log PART NEW MIN_REUSED: our SMCR_LOG has NEW first contacts, at least MIN_REUSED reuses
+# and nothing on TCP.
+our_log() {
+	local new reuse tcp
+	new=$(count 'SMC-R (new link group)' "$D/smcr.log")
+	reuse=$(count 'SMC-R (link group reused)' "$D/smcr.log")
+	tcp=$(count 'TCP' "$D/smcr.log")
+	check "$1: our log: $new first contacts ($2), $reuse reuses (>= $3), $tcp on TCP (0)" \
+		"$([ "$new" = "$2" ] && [ "$reuse" -ge "$3" ] && [ "$tcp" = 0 ]; echo $?)"
+}
+other() { [ "$1" = ours ] && echo kernel || echo ours; }
+# session_wire PART CLIENT SERVER ASKER (each "ours" or "kernel"; ASKER sends the TEST LINK):
+# what an SMC-R part must show on the wire in each direction. The kernel registers an RMB per
+# connection on a reused group (CONFIRM RKEY) and deletes its rkey at close (DELETE RKEY).
+session_wire() {
+	local c=$2 s=$3 t=$4 k
+	wire "$D" "$1"
+	for k in "$c.syn_opt254" "$s.syn_opt254" "$c.clc_proposal" "$s.clc_accept" "$c.clc_confirm" \
+		"$s.llc_CONFIRM_LINK_req" "$c.llc_CONFIRM_LINK_resp" \
+		kernel.llc_CONFIRM_RKEY_req ours.llc_CONFIRM_RKEY_resp kernel.llc_DELETE_RKEY_req ours.llc_DELETE_RKEY_resp \
+		"$t.llc_TEST_LINK_req" "$(other "$t").llc_TEST_LINK_resp" \
+		ours.llc_DELETE_LINK_req kernel.llc_DELETE_LINK_req \
+		ours.cdc_peer_conn_closed kernel.cdc_peer_conn_closed ours.rdma_write kernel.rdma_write; do
+		need "$D" "$1" "$k" 1
+	done
+}
 
 PARTS=${KI_PARTS:-ABC}
 # ------------------------------------------------------------ A: our client -> kernel server
@@ -169,24 +195,12 @@ grep -q '^DONE' "$D/client.txt" && ! grep -q '^STEP .* FAIL' "$D/client.txt" && 
 capture_stop
 G "cat /tmp/ki-srv-a.log" >"$D/kernel-server-2.txt" 2>&1
 check "A: every client step passed" "$RC" "$(grep 'STEP .* FAIL' "$D/client.txt")"
-N_NEW=$(count 'SMC-R (new link group)' "$D/smcr.log")
-N_REUSE=$(count 'SMC-R (link group reused)' "$D/smcr.log")
-N_TCP=$(count 'TCP' "$D/smcr.log")
-check "A: our log: $N_NEW first contacts (3), $N_REUSE reuses (>= 9), $N_TCP on TCP (0)" \
-	"$([ "$N_NEW" = 3 ] && [ "$N_REUSE" -ge 9 ] && [ "$N_TCP" = 0 ]; echo $?)"
+our_log A 3 9
 K_SMCR=$(cat "$D"/kernel-server-*.txt | count 'mode=SMCR')
 K_FB=$(cat "$D"/kernel-server-*.txt | count 'FALLBACK')
 check "A: the kernel's smc_diag: $K_SMCR connections SMCR (>= 12), $K_FB fallback (0)" \
 	"$([ "$K_SMCR" -ge 12 ] && [ "$K_FB" = 0 ]; echo $?)"
-wire "$D" A
-for k in ours.syn_opt254 kernel.syn_opt254 ours.clc_proposal kernel.clc_accept ours.clc_confirm \
-	kernel.llc_CONFIRM_LINK_req ours.llc_CONFIRM_LINK_resp \
-	kernel.llc_CONFIRM_RKEY_req ours.llc_CONFIRM_RKEY_resp kernel.llc_DELETE_RKEY_req ours.llc_DELETE_RKEY_resp \
-	ours.llc_TEST_LINK_req kernel.llc_TEST_LINK_resp \
-	ours.llc_DELETE_LINK_req kernel.llc_DELETE_LINK_req \
-	ours.cdc_peer_conn_closed kernel.cdc_peer_conn_closed ours.rdma_write kernel.rdma_write; do
-	need "$D" A "$k" 1
-done
+session_wire A ours kernel ours
 check "A: no CLC decline" "$([ "$(w "$D" ours.clc_decline)" = 0 ] && [ "$(w "$D" kernel.clc_decline)" = 0 ]; echo $?)"
 fi
 
@@ -249,20 +263,8 @@ wait "$SP" 2>/dev/null
 SP=
 while IFS= read -r -t 1 line <&$SVR; do echo "$line" >>"$D/server.txt"; done
 capture_stop
-N_NEW=$(count 'SMC-R (new link group)' "$D/smcr.log")
-N_REUSE=$(count 'SMC-R (link group reused)' "$D/smcr.log")
-N_TCP=$(count 'TCP' "$D/smcr.log")
-check "B: our log: $N_NEW first contacts (2), $N_REUSE reuses (>= 10), $N_TCP on TCP (0)" \
-	"$([ "$N_NEW" = 2 ] && [ "$N_REUSE" -ge 10 ] && [ "$N_TCP" = 0 ]; echo $?)"
-wire "$D" B
-for k in kernel.syn_opt254 ours.syn_opt254 kernel.clc_proposal ours.clc_accept kernel.clc_confirm \
-	ours.llc_CONFIRM_LINK_req kernel.llc_CONFIRM_LINK_resp \
-	kernel.llc_CONFIRM_RKEY_req ours.llc_CONFIRM_RKEY_resp kernel.llc_DELETE_RKEY_req ours.llc_DELETE_RKEY_resp \
-	kernel.llc_TEST_LINK_req ours.llc_TEST_LINK_resp \
-	ours.llc_DELETE_LINK_req kernel.llc_DELETE_LINK_req \
-	ours.cdc_peer_conn_closed kernel.cdc_peer_conn_closed ours.rdma_write kernel.rdma_write; do
-	need "$D" B "$k" 1
-done
+our_log B 2 10
+session_wire B kernel ours kernel
 fi
 
 # ------------------------------------------------------------ C: declines

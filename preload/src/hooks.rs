@@ -451,6 +451,35 @@ pub unsafe extern "C" fn accept4(
     accept_common(fd, addr, len, flags)
 }
 
+/// The read family's dispatch (`flags`: the call's, for MSG_DONTWAIT): a connection not
+/// settled yet answers as a TCP one with nothing received would (EOF after a shutdown, EAGAIN,
+/// or the wait [`target`] did), an SMC-R one reads with `smc`, any other goes to libc.
+fn read_from(
+    fd: c_int,
+    flags: c_int,
+    smc: impl FnOnce(&Sock) -> ssize_t,
+    real: impl FnOnce() -> ssize_t,
+) -> ssize_t {
+    match target(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) {
+        Target::Eof => 0,
+        Target::Stage(_) => {
+            set_errno(libc::EAGAIN);
+            -1
+        }
+        Target::Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Target::Smc(s) => smc(&s),
+        Target::Real => real(),
+    }
+}
+
 fn recv_into(fd: c_int, s: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     let _ = fd;
     guarded_on(s, -1, || {
@@ -478,45 +507,26 @@ fn send_from(s: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
 /// libc's contract for read(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    match target(fd, Op::Read { dontwait: false }) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) => recv_into(fd, &s, buf, n, 0),
+    read_from(
+        fd,
+        0,
+        |s| recv_into(fd, s, buf, n, 0),
         // SAFETY: forwarding.
-        Target::Real => unsafe { real::read()(fd, buf, n) },
-    }
+        || unsafe { real::read()(fd, buf, n) },
+    )
 }
 
 /// # Safety
 /// libc's contract for recv(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    match target(
+    read_from(
         fd,
-        Op::Read {
-            dontwait: flags & libc::MSG_DONTWAIT != 0,
-        },
-    ) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) => recv_into(fd, &s, buf, n, flags),
+        flags,
+        |s| recv_into(fd, s, buf, n, flags),
         // SAFETY: forwarding.
-        Target::Real => unsafe { real::recv()(fd, buf, n, flags) },
-    }
+        || unsafe { real::recv()(fd, buf, n, flags) },
+    )
 }
 
 /// # Safety
@@ -530,32 +540,20 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match target(
+    read_from(
         fd,
-        Op::Read {
-            dontwait: flags & libc::MSG_DONTWAIT != 0,
-        },
-    ) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) => {
+        flags,
+        |s| {
             if !alen.is_null() {
                 // Connected stream: no source address, as for TCP.
                 // SAFETY: the caller passed a valid length pointer.
                 unsafe { *alen = 0 };
             }
-            recv_into(fd, &s, buf, n, flags)
-        }
+            recv_into(fd, s, buf, n, flags)
+        },
         // SAFETY: forwarding.
-        Target::Real => unsafe { real::recvfrom()(fd, buf, n, flags, addr, alen) },
-    }
+        || unsafe { real::recvfrom()(fd, buf, n, flags, addr, alen) },
+    )
 }
 
 /// # Safety
@@ -706,20 +704,13 @@ fn writev_smc(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t 
 /// libc's contract for readv(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match target(fd, Op::Read { dontwait: false }) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) => readv_smc(&s, iov, cnt, 0),
+    read_from(
+        fd,
+        0,
+        |s| readv_smc(s, iov, cnt, 0),
         // SAFETY: forwarding.
-        Target::Real => unsafe { real::readv()(fd, iov, cnt) },
-    }
+        || unsafe { real::readv()(fd, iov, cnt) },
+    )
 }
 
 /// # Safety
@@ -740,32 +731,20 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 /// libc's contract for recvmsg(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    match target(
+    read_from(
         fd,
-        Op::Read {
-            dontwait: flags & libc::MSG_DONTWAIT != 0,
-        },
-    ) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) => {
+        flags,
+        |s| {
             // SAFETY: the caller gives a valid msghdr.
             let m = unsafe { &mut *msg };
             m.msg_namelen = 0;
             m.msg_controllen = 0;
             m.msg_flags = 0;
-            readv_smc(&s, m.msg_iov, m.msg_iovlen as c_int, flags)
-        }
+            readv_smc(s, m.msg_iov, m.msg_iovlen as c_int, flags)
+        },
         // SAFETY: forwarding.
-        Target::Real => unsafe { real::recvmsg()(fd, msg, flags) },
-    }
+        || unsafe { real::recvmsg()(fd, msg, flags) },
+    )
 }
 
 /// # Safety
@@ -1586,20 +1565,20 @@ pub unsafe extern "C" fn __read_chk(
     n: size_t,
     buflen: size_t,
 ) -> ssize_t {
-    match target(fd, Op::Read { dontwait: false }) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) if n <= buflen => recv_into(fd, &s, buf, n, 0),
-        // SAFETY: forwarding.
-        _ => unsafe { real::__read_chk()(fd, buf, n, buflen) },
-    }
+    // SAFETY: forwarding.
+    let real = || unsafe { real::__read_chk()(fd, buf, n, buflen) };
+    read_from(
+        fd,
+        0,
+        |s| {
+            if n <= buflen {
+                recv_into(fd, s, buf, n, 0)
+            } else {
+                real()
+            }
+        },
+        real,
+    )
 }
 
 /// # Safety
@@ -1612,25 +1591,20 @@ pub unsafe extern "C" fn __recv_chk(
     buflen: size_t,
     flags: c_int,
 ) -> ssize_t {
-    match target(
+    // SAFETY: forwarding.
+    let real = || unsafe { real::__recv_chk()(fd, buf, n, buflen, flags) };
+    read_from(
         fd,
-        Op::Read {
-            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        flags,
+        |s| {
+            if n <= buflen {
+                recv_into(fd, s, buf, n, flags)
+            } else {
+                real()
+            }
         },
-    ) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(s) if n <= buflen => recv_into(fd, &s, buf, n, flags),
-        // SAFETY: forwarding.
-        _ => unsafe { real::__recv_chk()(fd, buf, n, buflen, flags) },
-    }
+        real,
+    )
 }
 
 /// # Safety
@@ -1645,28 +1619,21 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match target(
+    // SAFETY: forwarding.
+    let real = || unsafe { real::__recvfrom_chk()(fd, buf, n, buflen, flags, addr, alen) };
+    read_from(
         fd,
-        Op::Read {
-            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        flags,
+        |_| {
+            if n <= buflen {
+                // SAFETY: the same arguments recvfrom takes.
+                unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
+            } else {
+                real()
+            }
         },
-    ) {
-        Target::Eof => 0,
-        Target::Stage(_) => {
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        Target::Err(e) => {
-            set_errno(e);
-            -1
-        }
-        Target::Smc(_) if n <= buflen => {
-            // SAFETY: the same arguments recvfrom takes.
-            unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
-        }
-        // SAFETY: forwarding.
-        _ => unsafe { real::__recvfrom_chk()(fd, buf, n, buflen, flags, addr, alen) },
-    }
+        real,
+    )
 }
 
 /// # Safety

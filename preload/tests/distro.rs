@@ -612,11 +612,7 @@ fn redis_as_distribution_users(shim: bool) {
     let seen = sampler.stop();
     check_benchmark(&w, &bench);
     let v = w.verdict(&seen, &[&server]);
-    if shim {
-        v.assert_all_smcr(50);
-    } else {
-        v.assert_tcp_baseline(1);
-    }
+    v.assert_mode(shim, 50, 1);
 }
 
 /// Scenario 2: nginx with a root master and two nobody workers serving a 64 KiB file; wrk
@@ -843,11 +839,7 @@ fn four_redis_pairs(shim: bool, across_namespaces: bool) {
         check_benchmark(&w, d);
     }
     let v = w.verdict(&seen, &servers.iter().collect::<Vec<_>>());
-    if shim {
-        v.assert_all_smcr(50);
-    } else {
-        v.assert_tcp_baseline(4);
-    }
+    v.assert_mode(shim, 50, 4);
 }
 
 /// Scenario 5: dual stack: nginx on `[::]` with one AF_INET6 socket (ipv6only=off). An
@@ -873,11 +865,7 @@ fn dual_stack_listener(shim: bool) {
     let seen = sampler.stop();
     check_wrk(&w, &out);
     let v = w.verdict(&seen, &[&master]);
-    if shim {
-        v.assert_all_smcr(8);
-    } else {
-        v.assert_tcp_baseline(8);
-    }
+    v.assert_mode(shim, 8, 8);
     // Native IPv6.
     let sampler = w.sampler(&Net::Host, &[port]);
     let out = wrk(
@@ -973,11 +961,7 @@ fn fork_per_connection(shim: bool, mode: &str) {
         return;
     };
     let v = python_pair(&w, FORK_SERVER, &[mode], 10, 65536, 1024);
-    if shim {
-        v.assert_all_smcr(10);
-    } else {
-        v.assert_tcp_baseline(10);
-    }
+    v.assert_mode(shim, 10, 10);
 }
 
 /// Scenario 8b: the forking server's parent also waits on each connection (select, 0.3 s)

@@ -31,6 +31,21 @@ fn wait(cq: &CompletionQueue) -> WorkCompletion {
     wc[0]
 }
 
+/// How many whole records the pcap file at `path` holds now.
+fn records(path: &std::path::Path) -> usize {
+    let d = std::fs::read(path).unwrap();
+    let (mut off, mut n) = (24, 0);
+    while off + 16 <= d.len() {
+        let len = u32::from_le_bytes(d[off + 8..off + 12].try_into().unwrap()) as usize;
+        if off + 16 + len > d.len() {
+            break;
+        }
+        off += 16 + len;
+        n += 1;
+    }
+    n
+}
+
 const ICRC_CHECK: &str = r#"
 import struct, sys, zlib
 f = open(sys.argv[1], 'rb'); gh = f.read(24)
@@ -57,6 +72,7 @@ fn tshark_decodes_our_capture_and_every_icrc_checks_out() {
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("a.pcap");
     let (a_qpn, b_qpn, a_port);
+    let live_records;
     {
         let mut ca = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
         ca.pcap = Some(pcap.clone());
@@ -137,7 +153,12 @@ fn tshark_decodes_our_capture_and_every_icrc_checks_out() {
         }])
         .unwrap();
         assert_eq!(wait(&cqa).opcode, WcOpcode::RdmaRead);
-    } // every handle dropped: the engines stop and the capture is flushed
+        // Written as it goes: complete while the device runs (a preloaded process is never
+        // torn down, so nothing may wait for a flush at drop).
+        live_records = records(&pcap);
+        assert!(live_records >= 8, "{live_records} records while running");
+    } // every handle dropped: the engines stop
+    assert_eq!(records(&pcap), live_records, "records written only at drop");
 
     let out = Command::new("tshark")
         .args([

@@ -213,26 +213,25 @@ fn connect(a: (&Device, &End), b: (&Device, &End)) {
     connect_to(b.1, a.1.qp.qp_num(), a.0.local_addr(), 200, 100);
 }
 
-/// `from` RDMA-WRITEs `LEN` bytes of pattern `seed` into `to`'s RMB, then SENDs 44 bytes;
-/// `to` checks both.
-fn write_and_send(from: &End, to: &End, seed: u32) {
-    let data = pattern(seed, LEN);
-    from.src.write(0, &data);
-    to.qp
-        .post_recv(&[RecvWr {
-            wr_id: 7,
-            sg_list: &[to.rbuf.sge(0, 4096)],
-        }])
-        .unwrap();
+/// Posts a receive (wr_id 7) for a SEND of up to 4096 bytes into `e`'s receive buffer.
+fn post_recv(e: &End) {
+    e.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[e.rbuf.sge(0, 4096)],
+    }])
+    .unwrap();
+}
+
+/// `from` RDMA-WRITEs `data` to `remote_addr`/`rkey` (wr_id 1), then SENDs its first 44 bytes
+/// (wr_id 2, signalled).
+fn post_write_and_send(from: &End, remote_addr: u64, rkey: u32, data: &[u8]) {
+    from.src.write(0, data);
     from.qp
         .post_send(&[
             SendWr {
                 wr_id: 1,
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: to.rmb.addr(),
-                    rkey: to.rmb.rkey(),
-                },
-                sg_list: &[from.src.sge(0, LEN)],
+                opcode: WrOpcode::RdmaWrite { remote_addr, rkey },
+                sg_list: &[from.src.sge(0, data.len())],
                 flags: SendFlags::empty(),
             },
             SendWr {
@@ -243,6 +242,14 @@ fn write_and_send(from: &End, to: &End, seed: u32) {
             },
         ])
         .unwrap();
+}
+
+/// `from` RDMA-WRITEs `LEN` bytes of pattern `seed` into `to`'s RMB, then SENDs 44 bytes;
+/// `to` checks both.
+fn write_and_send(from: &End, to: &End, seed: u32) {
+    let data = pattern(seed, LEN);
+    post_recv(to);
+    post_write_and_send(from, to.rmb.addr(), to.rmb.rkey(), &data);
     let r = wait_one(&to.cq);
     assert_eq!((r.wr_id, r.byte_len), (7, 44));
     let mut got = vec![0u8; LEN];
@@ -623,36 +630,13 @@ fn processes_of_two_users_share_4791() {
             )
             .unwrap();
             // The peer writes pattern 11 to us, then we write pattern 12 to it.
-            e.qp.post_recv(&[RecvWr {
-                wr_id: 7,
-                sg_list: &[e.rbuf.sge(0, 4096)],
-            }])
-            .unwrap();
+            post_recv(&e);
             let r = wait_one(&e.cq);
             assert_eq!(r.byte_len, 44);
             let mut got = vec![0u8; LEN];
             e.rmb.read(0, &mut got);
             assert!(got == pattern(11, LEN), "data from nobody's process");
-            let data = pattern(12, LEN);
-            e.src.write(0, &data);
-            e.qp.post_send(&[
-                SendWr {
-                    wr_id: 1,
-                    opcode: WrOpcode::RdmaWrite {
-                        remote_addr: peer2[2],
-                        rkey: peer2[1] as u32,
-                    },
-                    sg_list: &[e.src.sge(0, LEN)],
-                    flags: SendFlags::empty(),
-                },
-                SendWr {
-                    wr_id: 2,
-                    opcode: WrOpcode::Send,
-                    sg_list: &[e.src.sge(0, 44)],
-                    flags: SendFlags::SIGNALED,
-                },
-            ])
-            .unwrap();
+            post_write_and_send(&e, peer2[2], peer2[1] as u32, &pattern(12, LEN));
             assert_eq!(wait_one(&e.cq).wr_id, 2);
             assert_clean(&[&dev]);
             dev.stats().rx_packets
@@ -697,31 +681,8 @@ fn steer_peer_process() {
         .map(|w| w.parse().unwrap())
         .collect();
     connect_to(&e, peer[0] as u32, dev.local_addr(), 200, 100);
-    e.qp.post_recv(&[RecvWr {
-        wr_id: 7,
-        sg_list: &[e.rbuf.sge(0, 4096)],
-    }])
-    .unwrap();
-    let data = pattern(11, LEN);
-    e.src.write(0, &data);
-    e.qp.post_send(&[
-        SendWr {
-            wr_id: 1,
-            opcode: WrOpcode::RdmaWrite {
-                remote_addr: peer[2],
-                rkey: peer[1] as u32,
-            },
-            sg_list: &[e.src.sge(0, LEN)],
-            flags: SendFlags::empty(),
-        },
-        SendWr {
-            wr_id: 2,
-            opcode: WrOpcode::Send,
-            sg_list: &[e.src.sge(0, 44)],
-            flags: SendFlags::SIGNALED,
-        },
-    ])
-    .unwrap();
+    post_recv(&e);
+    post_write_and_send(&e, peer[2], peer[1] as u32, &pattern(11, LEN));
     assert_eq!(wait_one(&e.cq).wr_id, 2);
     let r = wait_one(&e.cq);
     assert_eq!((r.wr_id, r.byte_len), (7, 44));

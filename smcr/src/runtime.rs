@@ -940,7 +940,7 @@ struct LgStat {
     slot: usize,
     /// Serialises writers of the record (the poller and a failing thread may both publish);
     /// true once the record is given back.
-    write: Mutex<bool>,
+    released: Mutex<bool>,
     /// Unix time of creation (ns).
     since: u64,
 }
@@ -949,7 +949,7 @@ impl LgStat {
     /// Gives the record back (once): a group that is down is gone for smc-stat, as Linux frees
     /// its link group, even while a thread that held it last still keeps the object.
     fn release(&self) {
-        let mut released = self.write.lock();
+        let mut released = self.released.lock();
         if !std::mem::replace(&mut *released, true) {
             self.area.release_lg(self.slot);
         }
@@ -1197,7 +1197,7 @@ impl LinkGroup {
                 Some(LgStat {
                     area: area.clone(),
                     slot: area.claim_lg()?,
-                    write: Mutex::new(false),
+                    released: Mutex::new(false),
                     since: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_nanos() as u64),
@@ -1211,7 +1211,7 @@ impl LinkGroup {
     fn publish(&self, state: u64) {
         use crate::stats::lg;
         let Some(st) = &self.stat else { return };
-        let released = st.write.lock();
+        let released = st.released.lock();
         if *released {
             return; // the slot may be another group's now
         }
@@ -1261,7 +1261,7 @@ impl LinkGroup {
     /// Publishes the number of connections on the group (caller holds `st`).
     fn publish_conns(&self, st: &LgState) {
         if let Some(s) = &self.stat {
-            let released = s.write.lock();
+            let released = s.released.lock();
             if !*released {
                 s.area.set_lg_conns(s.slot, st.core.len() as u64);
             }

@@ -933,6 +933,15 @@ mod tests {
         d
     }
 
+    /// A Linux server that shares none of our UEIDs declines NOSMCDEV (not NOUEID): the
+    /// remedy must name the setting, as it does for NOUEID.
+    #[test]
+    fn ueid_mismatch_remedies_name_the_setting() {
+        for code in [0x0303_0000, 0x0303_0008] {
+            assert!(remedy(code).contains("SMCR_UEID"), "{code:#x}: {}", remedy(code));
+        }
+    }
+
     #[test]
     fn a_reader_sees_what_the_writer_wrote() {
         let d = dir("rw");

@@ -1215,6 +1215,16 @@ impl Verdict {
         s
     }
 
+    /// [`Self::assert_all_smcr`]`(min_each)` for a run over the shim, else
+    /// [`Self::assert_tcp_baseline`]`(min_sockets)`.
+    pub fn assert_mode(&self, shim: bool, min_each: u64, min_sockets: usize) {
+        if shim {
+            self.assert_all_smcr(min_each);
+        } else {
+            self.assert_tcp_baseline(min_sockets);
+        }
+    }
+
     /// Over the shim: each server's process group counted at least `min_each` SMC-R
     /// connections and no TCP one, every sampled server row was SMC-R, and every sampled
     /// server TCP socket carried at most the CLC handshake.
