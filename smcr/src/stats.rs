@@ -938,7 +938,11 @@ mod tests {
     #[test]
     fn ueid_mismatch_remedies_name_the_setting() {
         for code in [0x0303_0000, 0x0303_0008] {
-            assert!(remedy(code).contains("SMCR_UEID"), "{code:#x}: {}", remedy(code));
+            assert!(
+                remedy(code).contains("SMCR_UEID"),
+                "{code:#x}: {}",
+                remedy(code)
+            );
         }
     }
 
