@@ -154,6 +154,16 @@ def client(addr, port):
         return sent == acked, f"sent={sent} acked={acked} {sent * 8 / dt / 1e6:.0f} Mbit/s"
     ok &= run_step("bulk-to-kernel-16MiB", bulk)
 
+    def counters():
+        # smc-stat --devices: the engine saw the kernel's datagrams (numbered by its IP-ID
+        # counter) and dropped none of them for a bad ICRC.
+        import json
+        doc = json.loads(smc_stat("--json"))
+        c = doc["devices"][0]["counters"] if doc.get("devices") else {}
+        return (c.get("rx_foreign_ip_id", 0) > 0 and c.get("rx_icrc_errors") == 0
+                and c.get("rx_packets", 0) > 0), json.dumps(c)
+    ok &= run_step("device-counters", counters)
+
     # Idle: TEST LINK from both ends (ours after SMCR_TESTLINK_TIME, the kernel's after its
     # smcr_testlink_time), the link staying up.
     time.sleep(float(os.environ.get("IDLE_S", "4")))

@@ -59,6 +59,9 @@ pub struct DeviceConfig {
     pub faults: Option<FaultConfig>,
     /// Capture every packet sent and received into this pcap file (also `SMCR_RDMA_PCAP`).
     pub pcap: Option<PathBuf>,
+    /// Keep the counters in these words instead of the device's own memory (see
+    /// [`CounterWords`]).
+    pub counters: Option<SharedCounters>,
     /// How long a *driver* (an application thread waiting on a CQ it handles itself, see
     /// [`crate::CompletionQueue::begin_drive`]) polls same-host rings before it sleeps (also
     /// `SMCR_SPIN_US`; 0 turns it off). A message that comes within it costs no sleep and no
@@ -84,6 +87,7 @@ impl DeviceConfig {
             ttl: 64,
             faults: None,
             pcap: None,
+            counters: None,
             spin: crate::env::var("SMCR_SPIN_US")
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_SPIN, |us| Duration::from_micros(us.min(10_000))),
@@ -94,55 +98,151 @@ impl DeviceConfig {
 /// See [`DeviceConfig::spin`].
 const DEFAULT_SPIN: Duration = Duration::from_micros(15);
 
-/// Counters of a device.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceStats {
-    /// RoCE packets sent.
-    pub tx_packets: u64,
-    /// `sendmsg` calls made.
-    pub tx_syscalls: u64,
-    /// Sends the kernel refused.
-    pub tx_errors: u64,
-    /// RoCE packets received.
-    pub rx_packets: u64,
-    /// Receive system calls that returned data.
-    pub rx_syscalls: u64,
-    /// Packets dropped because they did not parse.
-    pub rx_malformed: u64,
-    /// Packets dropped because their ICRC was wrong.
-    pub rx_icrc_errors: u64,
-    /// Packets for a QP number that does not exist.
-    pub rx_unknown_qp: u64,
-    /// Packets from an address other than the QP's peer.
-    pub rx_wrong_source: u64,
-    /// Packets whose IPv4 identification (solved from the ICRC) is not one our senders use:
-    /// from a Linux rxe peer.
-    pub rx_foreign_ip_id: u64,
-    /// Times an application thread woke the engine.
-    pub engine_kicks: u64,
-    /// Same-host offers accepted (a peer's QP on this host sends to ours through shared
-    /// memory).
-    pub shm_offers: u64,
-    /// QPs failed because their shared memory was corrupt or refused an access.
-    pub shm_faults: u64,
+/// Defines [`DeviceStats`] and its atomic twin from one list, so that their order (which is
+/// the layout of [`CounterWords`]) cannot drift apart.
+macro_rules! device_counters {
+    ($( $(#[$doc:meta])* $name:ident, )*) => {
+        /// Counters of a device (all monotonic).
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct DeviceStats {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl DeviceStats {
+            /// The counters' names, in the order of [`Self::to_words`].
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
+            /// How many counters there are.
+            pub const COUNT: usize = Self::NAMES.len();
+
+            /// The counters in [`Self::NAMES`] order.
+            pub fn to_words(&self) -> [u64; Self::COUNT] {
+                [$(self.$name),*]
+            }
+
+            /// Counters from words in [`Self::NAMES`] order (missing ones are 0).
+            pub fn from_words(w: &[u64]) -> Self {
+                let mut it = w.iter().copied();
+                Self { $( $name: it.next().unwrap_or(0), )* }
+            }
+        }
+
+        /// The atomic counters a device bumps: laid out as [`DeviceStats::COUNT`] words.
+        #[derive(Default)]
+        #[repr(C)]
+        struct AtomicStats {
+            $( $name: AtomicU64, )*
+        }
+
+        impl AtomicStats {
+            fn load(&self) -> DeviceStats {
+                DeviceStats { $( $name: self.$name.load(Ordering::Relaxed), )* }
+            }
+        }
+    };
 }
 
-#[derive(Default)]
-struct AtomicStats {
-    tx_packets: AtomicU64,
-    tx_syscalls: AtomicU64,
-    tx_errors: AtomicU64,
-    rx_packets: AtomicU64,
-    rx_syscalls: AtomicU64,
-    rx_malformed: AtomicU64,
-    rx_icrc_errors: AtomicU64,
-    rx_unknown_qp: AtomicU64,
-    rx_wrong_source: AtomicU64,
-    rx_foreign_ip_id: AtomicU64,
-    engine_kicks: AtomicU64,
-    shm_offers: AtomicU64,
-    shm_faults: AtomicU64,
+device_counters! {
+    /// RoCE packets sent.
+    tx_packets,
+    /// `sendmsg` calls made.
+    tx_syscalls,
+    /// Sends the kernel refused.
+    tx_errors,
+    /// RoCE packets received.
+    rx_packets,
+    /// Receive system calls that returned data.
+    rx_syscalls,
+    /// Packets dropped because they did not parse.
+    rx_malformed,
+    /// Packets dropped because their ICRC was wrong.
+    rx_icrc_errors,
+    /// Packets for a QP number that does not exist.
+    rx_unknown_qp,
+    /// Packets from an address other than the QP's peer.
+    rx_wrong_source,
+    /// Packets whose IPv4 identification (solved from the ICRC) is not one our senders use:
+    /// from a Linux rxe peer.
+    rx_foreign_ip_id,
+    /// Times an application thread woke the engine.
+    engine_kicks,
+    /// Same-host offers accepted (a peer's QP on this host sends to ours through shared
+    /// memory).
+    shm_offers,
+    /// QPs failed because their shared memory was corrupt or refused an access.
+    shm_faults,
+    /// Request packets sent again (go-back-N after a NAK, a probe or a timeout).
+    tx_retransmits,
+    /// Early retransmissions: no ACK within the measured round trip (no retry spent).
+    rc_probes,
+    /// Local ACK timeouts (a retry spent).
+    rc_timeouts,
+    /// Sequence-error NAKs received.
+    rx_naks,
+    /// RNR NAKs received (the peer had no receive posted).
+    rx_rnr_naks,
+    /// Sequence-error NAKs sent.
+    tx_naks,
+    /// RNR NAKs sent.
+    tx_rnr_naks,
+    /// Duplicate requests received (the peer resent what we had).
+    rx_duplicates,
+    /// Requests refused with a remote access error (bad rkey, range or rights).
+    rx_access_errors,
 }
+
+/// Words a device keeps its counters in, when its user provides them: smcr puts them in its
+/// shared-memory stats area, so that `smc-stat` reads the engine's counters live from outside
+/// the process. [`DeviceStats::NAMES`] gives the order.
+pub trait CounterWords: Send + Sync {
+    /// At least [`DeviceStats::COUNT`] words (a shorter slice is not used).
+    fn words(&self) -> &[AtomicU64];
+}
+
+/// [`DeviceConfig::counters`]: someone else's [`CounterWords`].
+#[derive(Clone)]
+pub struct SharedCounters(pub Arc<dyn CounterWords>);
+
+impl std::fmt::Debug for SharedCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedCounters")
+    }
+}
+
+/// Where a device's counters are.
+enum Counters {
+    Own(Box<AtomicStats>),
+    Shared(Arc<dyn CounterWords>),
+}
+
+impl Counters {
+    fn new(shared: Option<&SharedCounters>) -> Self {
+        match shared {
+            Some(s) if s.0.words().len() >= DeviceStats::COUNT => Self::Shared(s.0.clone()),
+            _ => Self::Own(Box::default()),
+        }
+    }
+}
+
+impl std::ops::Deref for Counters {
+    type Target = AtomicStats;
+
+    fn deref(&self) -> &AtomicStats {
+        match self {
+            Self::Own(b) => b,
+            Self::Shared(s) => {
+                let w = s.words();
+                debug_assert!(w.len() >= DeviceStats::COUNT);
+                // SAFETY: `AtomicStats` is `repr(C)` with `DeviceStats::COUNT` `AtomicU64`
+                // fields, the layout of that many consecutive `AtomicU64`s, which `w` holds
+                // (checked in `new`); it lives as long as `s`, which we hold.
+                unsafe { &*w.as_ptr().cast::<AtomicStats>() }
+            }
+        }
+    }
+}
+
+/// How many transport counters [`Shared::count_rc`] follows per QP.
+const RC_COUNTERS: usize = 9;
 
 fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
@@ -254,6 +354,8 @@ pub(crate) struct QpCore {
     timer_at: Option<Instant>,
     /// Same-host transport state (QPs of a shared protection domain).
     pub(crate) shm: Option<crate::samehost::ShmQp>,
+    /// The transport's counters as last added to the device's (see [`Shared::count_rc`]).
+    counted: [u64; RC_COUNTERS],
 }
 
 pub(crate) struct QpShared {
@@ -278,6 +380,7 @@ impl QpShared {
                 recv_cq,
                 timer_at: None,
                 shm,
+                counted: [0; RC_COUNTERS],
             }),
         }
     }
@@ -387,7 +490,7 @@ pub(crate) struct Shared {
     /// Readable when delegation starts: a thread asleep in a receive of its own (holding the
     /// receive state) lets go of it.
     rx_yield: OwnedFd,
-    stats: AtomicStats,
+    stats: Counters,
     /// The same-host rendezvous (abstract Unix socket), if it could be bound.
     rendezvous: Option<OwnedFd>,
     /// Accepted rendezvous connections whose offer has not arrived yet, by descriptor number.
@@ -443,6 +546,7 @@ impl Shared {
             })?),
             None => None,
         };
+        let stats = Counters::new(cfg.counters.as_ref());
         let mw = (faults.is_some() || pcap.is_some()).then(|| {
             Mutex::new(Middleware {
                 faults,
@@ -557,30 +661,14 @@ impl Shared {
                 0,
                 EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
             )?)?,
-            stats: AtomicStats::default(),
+            stats,
             rendezvous,
             offers: Mutex::new(HashMap::new()),
         }))
     }
 
     pub(crate) fn stats(&self) -> DeviceStats {
-        let s = &self.stats;
-        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        DeviceStats {
-            tx_packets: l(&s.tx_packets),
-            tx_syscalls: l(&s.tx_syscalls),
-            tx_errors: l(&s.tx_errors),
-            rx_packets: l(&s.rx_packets),
-            rx_syscalls: l(&s.rx_syscalls),
-            rx_malformed: l(&s.rx_malformed),
-            rx_icrc_errors: l(&s.rx_icrc_errors),
-            rx_unknown_qp: l(&s.rx_unknown_qp),
-            rx_wrong_source: l(&s.rx_wrong_source),
-            rx_foreign_ip_id: l(&s.rx_foreign_ip_id),
-            engine_kicks: l(&s.engine_kicks),
-            shm_offers: l(&s.shm_offers),
-            shm_faults: l(&s.shm_faults),
-        }
+        self.stats.load()
     }
 
     pub(crate) fn fault_stats(&self) -> Option<FaultStats> {
@@ -611,6 +699,42 @@ impl Shared {
 
     /// Sends what the QP has to send, hands out its completions and re-arms its timer.
     /// Called with the QP locked, from any thread.
+    /// Adds what the QP's transport counted since the last call to the device's counters.
+    fn count_rc(&self, core: &mut QpCore) {
+        let (q, r) = (core.rc.requester_stats(), core.rc.responder_stats());
+        let now = [
+            q.retransmits,
+            q.probes,
+            q.timeouts,
+            q.naks,
+            q.rnr_naks,
+            r.nak_seq,
+            r.rnr_nak,
+            r.duplicates,
+            r.access_errors,
+        ];
+        let st = &self.stats;
+        let to = [
+            &st.tx_retransmits,
+            &st.rc_probes,
+            &st.rc_timeouts,
+            &st.rx_naks,
+            &st.rx_rnr_naks,
+            &st.tx_naks,
+            &st.tx_rnr_naks,
+            &st.rx_duplicates,
+            &st.rx_access_errors,
+        ];
+        for ((&n, old), c) in now.iter().zip(&mut core.counted).zip(to) {
+            // A requester made anew (the QP reset and reused) counts from 0 again.
+            let d = n.checked_sub(*old).unwrap_or(n);
+            if d > 0 {
+                bump(c, d);
+            }
+            *old = n;
+        }
+    }
+
     pub(crate) fn drive(&self, core: &mut QpCore, now: Instant) {
         let mut retry = false;
         let mut hold_until = None;
@@ -634,6 +758,7 @@ impl Shared {
         if let Some(dst) = core.av {
             self.transmit(core, dst, now);
         }
+        self.count_rc(core);
         while let Some((side, wc)) = core.rc.poll_completion() {
             match side {
                 CqSide::Send => core.send_cq.push(wc),

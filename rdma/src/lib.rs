@@ -26,7 +26,7 @@ pub mod transport;
 mod verbs;
 pub mod wire;
 
-pub use device::{DeviceConfig, DeviceStats, gid_of};
+pub use device::{CounterWords, DeviceConfig, DeviceStats, SharedCounters, gid_of};
 pub use mr::{Access, AccessError, MrTable, Region};
 pub use rc::{
     ModifyError, Mtu, PostError, QpAttr, QpCaps, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode,

@@ -200,6 +200,10 @@ fn retry_exhaustion_when_the_peer_is_gone() {
         "one send and two retransmissions"
     );
     assert_eq!(wc.status, WcStatus::RetryExcErr);
+    // The device counts them: two retransmitted packets after two local ACK timeouts (the
+    // third ends the QP; a probe may come first, it spends no retry).
+    let s = a.dev.stats();
+    assert_eq!((s.tx_retransmits, s.rc_timeouts), (2, 2), "{s:?}");
     // 3 timeouts with doubling intervals (4 + 8 + 16 ms) before giving up; never hangs.
     // (retry_cnt 7 would take ~190 ms.)
     let el = t.elapsed();
@@ -241,6 +245,11 @@ fn rnr_then_receive_posted_over_udp() {
     let mut got = [0u8; 6];
     dst.read(0, &mut got);
     assert_eq!(&got, b"ready?");
+    // Both devices count the RNR NAKs: sent by b's responder, received by a's requester.
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    assert!(sb.tx_rnr_naks >= 1, "{sb:?}");
+    assert_eq!(sa.rx_rnr_naks, sb.tx_rnr_naks, "{sa:?} {sb:?}");
+    assert!(sa.tx_retransmits >= 1, "{sa:?}");
 }
 
 /// One buffer registered on two devices (an SMC-R RMB reachable over two links): a WRITE

@@ -606,6 +606,17 @@ impl Inner {
             })
             .flatten();
         dcfg.extra_addrs = alt.into_iter().collect();
+        // The engine counts into our stats area, where smc-stat reads it.
+        let counters = self.stats.as_ref().and_then(|area| {
+            let slot = area.claim_dev()?;
+            Some(Arc::new(DevCounters {
+                area: area.clone(),
+                slot,
+            }))
+        });
+        dcfg.counters = counters
+            .clone()
+            .map(|c| rdma::SharedCounters(c as Arc<dyn rdma::CounterWords>));
         let (device, alt) = match Device::open(dcfg.clone()) {
             Ok(d) => (d, alt),
             // The alternate address cannot be had (not on this host, or another process has
@@ -616,6 +627,16 @@ impl Inner {
             }
             Err(e) => return Err(e),
         };
+        if let Some(c) = &counters {
+            let mode = match device.mode() {
+                rdma::transport::steer::PortMode::Steered => 1,
+                rdma::transport::steer::PortMode::Owner => 2,
+                rdma::transport::steer::PortMode::LocalOnly => 3,
+                rdma::transport::steer::PortMode::Fixed => 4,
+            };
+            c.area
+                .set_dev(c.slot, device.local_addr(), mode, device.qpn_range());
+        }
         let o = ip.octets();
         let d = Arc::new(Dev {
             ip,
@@ -932,6 +953,25 @@ pub(crate) struct DataWrites<'a> {
     pub(crate) peer: (u64, u32),
     /// Free bytes after the last piece in the peer's RMB (see [`GSO_WRITE_MIN`]).
     pub(crate) slack: u32,
+}
+
+/// A RoCE device's record in the stats area: the engine bumps its counters there (freed when
+/// the engine lets go of it).
+struct DevCounters {
+    area: Arc<crate::stats::Area>,
+    slot: usize,
+}
+
+impl rdma::CounterWords for DevCounters {
+    fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.area.dev_counters(self.slot)
+    }
+}
+
+impl Drop for DevCounters {
+    fn drop(&mut self) {
+        self.area.release_dev(self.slot);
+    }
 }
 
 /// A link group's claimed record in the stats area.

@@ -12,7 +12,8 @@
 //! Layout (in 64-bit words; see the `H_*`, `C_*` constants): a 128-word header (magic,
 //! version, pid, start time, command name, slot counts, reset epoch, fallback counters as
 //! (code, count) pairs), then `conn_slots` connection records of [`CONN_WORDS`] words, then
-//! `lg_slots` link-group records of [`LG_WORDS`] words.
+//! `lg_slots` link-group records of [`LG_WORDS`] words, then [`DEV_SLOTS`] RoCE device records
+//! of [`DEV_WORDS`] words (the engine's counters, which it bumps there itself).
 
 use std::fs::File;
 use std::io;
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 /// `SMCRSTA1`, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMCRSTA1");
 /// Layout version.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 /// Where the areas live.
 pub const DEFAULT_DIR: &str = "/dev/shm/smcr";
 
@@ -181,6 +182,39 @@ pub fn state_name(state: u64) -> &'static str {
     }
 }
 
+/// RoCE device records per area (a process has one device per local address it runs SMC-R
+/// on, plus its alternate addresses).
+pub const DEV_SLOTS: usize = 8;
+/// Words per device record.
+pub const DEV_WORDS: usize = 32;
+/// Where a device record's counters start ([`rdma::DeviceStats::NAMES`] order).
+const D_COUNTERS: usize = 8;
+const _: () = assert!(D_COUNTERS + rdma::DeviceStats::COUNT <= DEV_WORDS);
+
+/// What the words of a device record hold (word 0 is unused, 1 is in use).
+pub mod dev {
+    /// The device's IPv4 address and UDP port: `ip << 16 | port`.
+    pub const ADDR: usize = 2;
+    /// Bits 0..8: how packets reach it (1 steered, 2 owner, 3 local-only, 4 fixed); 8..24:
+    /// its queue pair range.
+    pub const MODE: usize = 3;
+    /// Mode names by code (see [`MODE`]).
+    pub const MODE_NAMES: [&str; 5] = ["?", "steered", "owner", "local-only", "fixed"];
+}
+
+/// A device's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevRecord {
+    /// The device's address.
+    pub addr: std::net::SocketAddrV4,
+    /// How packets reach it ([`dev::MODE_NAMES`]).
+    pub mode: &'static str,
+    /// Its queue pair range.
+    pub range: u32,
+    /// The engine's counters.
+    pub stats: rdma::DeviceStats,
+}
+
 /// Words per link-group record.
 pub const LG_WORDS: usize = 16;
 const L_CONNS: usize = 15; // live connection count, no lock
@@ -305,7 +339,8 @@ impl Area {
         let pid = std::process::id();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("{pid}-{n}.stats"));
-        let words = HEADER_WORDS + conn_slots * CONN_WORDS + lg_slots * LG_WORDS;
+        let words =
+            HEADER_WORDS + conn_slots * CONN_WORDS + lg_slots * LG_WORDS + DEV_SLOTS * DEV_WORDS;
         let tmp = dir.join(format!(".{pid}-{n}.stats.tmp"));
         // A new file, never one that is there (a planted symlink would be followed).
         let _ = std::fs::remove_file(&tmp);
@@ -396,7 +431,7 @@ impl Area {
         let need = conns
             .checked_mul(CONN_WORDS)
             .and_then(|c| c.checked_add(lgs.checked_mul(LG_WORDS)?))
-            .and_then(|n| n.checked_add(HEADER_WORDS));
+            .and_then(|n| n.checked_add(HEADER_WORDS + DEV_SLOTS * DEV_WORDS));
         if need.is_none_or(|n| n > area.words) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -503,6 +538,69 @@ impl Area {
         assert!(slot < self.lg_slots(), "link-group slot out of range");
         let at = HEADER_WORDS + self.conn_slots() * CONN_WORDS + slot * LG_WORDS;
         &self.slice()[at..at + LG_WORDS]
+    }
+
+    fn dev(&self, slot: usize) -> &[AtomicU64] {
+        assert!(slot < DEV_SLOTS, "device slot out of range");
+        let at = HEADER_WORDS
+            + self.conn_slots() * CONN_WORDS
+            + self.lg_slots() * LG_WORDS
+            + slot * DEV_WORDS;
+        &self.slice()[at..at + DEV_WORDS]
+    }
+
+    /// Claims a free device slot; `None` when all are taken.
+    pub fn claim_dev(&self) -> Option<usize> {
+        (0..DEV_SLOTS).find(|&i| claim(self.dev(i)))
+    }
+
+    /// The counter words of device slot `slot`, for the engine to bump
+    /// ([`rdma::CounterWords`]).
+    pub fn dev_counters(&self, slot: usize) -> &[AtomicU64] {
+        &self.dev(slot)[D_COUNTERS..D_COUNTERS + rdma::DeviceStats::COUNT]
+    }
+
+    /// Records what device slot `slot` is: its address, mode code ([`dev::MODE`]) and range.
+    pub fn set_dev(&self, slot: usize, addr: std::net::SocketAddrV4, mode: u64, range: u32) {
+        let r = self.dev(slot);
+        r[dev::ADDR].store(
+            u64::from(u32::from(*addr.ip())) << 16 | u64::from(addr.port()),
+            Ordering::Relaxed,
+        );
+        r[dev::MODE].store(mode | u64::from(range & 0xFFFF) << 8, Ordering::Relaxed);
+    }
+
+    /// Frees a device slot (its counters zeroed for the next device).
+    pub fn release_dev(&self, slot: usize) {
+        let r = self.dev(slot);
+        for w in &r[2..] {
+            w.store(0, Ordering::Relaxed);
+        }
+        r[1].store(0, Ordering::Release);
+    }
+
+    /// Device slot `slot`, or `None` if it is free. Counters are read one by one (each is
+    /// monotonic; no lock).
+    pub fn read_dev(&self, slot: usize) -> Option<DevRecord> {
+        let r = self.dev(slot);
+        if r[1].load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let a = r[dev::ADDR].load(Ordering::Relaxed);
+        let m = r[dev::MODE].load(Ordering::Relaxed);
+        let words: Vec<u64> = r[D_COUNTERS..D_COUNTERS + rdma::DeviceStats::COUNT]
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect();
+        Some(DevRecord {
+            addr: std::net::SocketAddrV4::new(((a >> 16) as u32).into(), a as u16),
+            mode: dev::MODE_NAMES
+                .get((m & 0xFF) as usize)
+                .copied()
+                .unwrap_or("?"),
+            range: ((m >> 8) & 0xFFFF) as u32,
+            stats: rdma::DeviceStats::from_words(&words),
+        })
     }
 
     /// Claims a free connection slot (its `in_use` word 0 → 1); `None` when all are taken.

@@ -39,6 +39,8 @@ pub struct Proc {
     pub reset_epoch: u64,
     /// Why SMC-R is off for the whole process (a fallback code; 0: it is on).
     pub unavailable: u32,
+    /// Its RoCE devices and their engines' counters.
+    pub devices: Vec<stats::DevRecord>,
 }
 
 /// What a socket row is.
@@ -365,6 +367,9 @@ impl Snapshot {
                 }
             }
             p.links.sort_by_key(|l| l.id);
+            p.devices = (0..stats::DEV_SLOTS)
+                .filter_map(|i| a.read_dev(i))
+                .collect();
             // Several runtimes in one process (tests) show as one process.
             match procs.last_mut() {
                 Some(last) if last.pid == p.pid => merge(last, p),
@@ -378,6 +383,7 @@ impl Snapshot {
 fn merge(into: &mut Proc, p: Proc) {
     into.conns.extend(p.conns);
     into.links.extend(p.links);
+    into.devices.extend(p.devices);
     for (code, n) in p.fallbacks {
         match into.fallbacks.iter_mut().find(|(c, _)| *c == code) {
             Some((_, m)) => *m = m.saturating_add(n),
@@ -591,6 +597,65 @@ pub fn render_links(s: &Snapshot) -> String {
     o
 }
 
+/// The columns of [`render_devices`]: the counters that tell whether the engine talks to its
+/// peers (every counter is in `--json` and `--prometheus`).
+type Column = (&'static str, fn(&rdma::DeviceStats) -> u64);
+const DEVICE_COLUMNS: [Column; 10] = [
+    ("TX-PKTS", |d| d.tx_packets),
+    ("RX-PKTS", |d| d.rx_packets),
+    ("ICRC-ERR", |d| d.rx_icrc_errors),
+    ("DROPS", |d| {
+        d.rx_malformed
+            .saturating_add(d.rx_unknown_qp)
+            .saturating_add(d.rx_wrong_source)
+    }),
+    ("TX-ERR", |d| d.tx_errors),
+    ("RETRANS", |d| d.tx_retransmits),
+    ("TIMEOUTS", |d| d.rc_timeouts),
+    ("NAK-RX", |d| d.rx_naks.saturating_add(d.rx_rnr_naks)),
+    ("NAK-TX", |d| d.tx_naks.saturating_add(d.tx_rnr_naks)),
+    ("KERNEL-RX", |d| d.rx_foreign_ip_id),
+];
+
+/// The RoCE devices (`--devices`): per process and local address, how packets reach the
+/// engine and what it counted; with `details`, every counter by name. DROPS: malformed, unknown
+/// QP, wrong source; KERNEL-RX: packets numbered like Linux rxe's (a kernel peer).
+pub fn render_devices(s: &Snapshot, details: bool) -> String {
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "{:<8} {:<15} {:<21} {:<10} {:>5}",
+        "PID", "COMMAND", "ADDRESS", "MODE", "RANGE"
+    );
+    for (name, _) in DEVICE_COLUMNS {
+        let _ = write!(o, " {name:>10}");
+    }
+    o.push('\n');
+    for p in &s.procs {
+        for d in &p.devices {
+            let _ = write!(
+                o,
+                "{:<8} {:<15} {:<21} {:<10} {:>5}",
+                p.pid,
+                p.comm,
+                d.addr.to_string(),
+                d.mode,
+                format!("{:#x}", d.range)
+            );
+            for (_, f) in DEVICE_COLUMNS {
+                let _ = write!(o, " {:>10}", f(&d.stats));
+            }
+            o.push('\n');
+            if details {
+                for (name, v) in rdma::DeviceStats::NAMES.iter().zip(d.stats.to_words()) {
+                    let _ = writeln!(o, "{:8} {name:<18} {v}", "");
+                }
+            }
+        }
+    }
+    o
+}
+
 /// Fallback counters summed over the processes, by code.
 pub fn fallback_totals(s: &Snapshot) -> BTreeMap<u32, u64> {
     let mut t = BTreeMap::new();
@@ -691,7 +756,24 @@ pub fn render_json(s: &Snapshot) -> String {
     let mut conns = Vec::new();
     let mut listeners = Vec::new();
     let mut links = Vec::new();
+    let mut devices = Vec::new();
     for p in &s.procs {
+        for d in &p.devices {
+            let counters: Vec<String> = rdma::DeviceStats::NAMES
+                .iter()
+                .zip(d.stats.to_words())
+                .map(|(n, v)| format!("\"{n}\":{v}"))
+                .collect();
+            devices.push(format!(
+                "{{\"pid\":{},\"command\":{},\"address\":\"{}\",\"mode\":\"{}\",\"range\":{},\"counters\":{{{}}}}}",
+                p.pid,
+                json_str(&p.comm),
+                d.addr,
+                d.mode,
+                d.range,
+                counters.join(",")
+            ));
+        }
         let totals: Vec<String> = total::NAMES
             .iter()
             .zip(p.totals)
@@ -795,11 +877,12 @@ pub fn render_json(s: &Snapshot) -> String {
         })
         .collect();
     format!(
-        "{{\"version\":{JSON_VERSION},\"processes\":[{}],\"connections\":[{}],\"listeners\":[{}],\"link_groups\":[{}],\"fallbacks\":[{}]}}\n",
+        "{{\"version\":{JSON_VERSION},\"processes\":[{}],\"connections\":[{}],\"listeners\":[{}],\"link_groups\":[{}],\"devices\":[{}],\"fallbacks\":[{}]}}\n",
         procs.join(","),
         conns.join(","),
         listeners.join(","),
         links.join(","),
+        devices.join(","),
         fallbacks.join(",")
     )
 }
@@ -913,6 +996,24 @@ pub fn render_prometheus(s: &Snapshot) -> String {
             }],
         )
     };
+    for (i, name) in rdma::DeviceStats::NAMES.iter().enumerate() {
+        family(
+            &format!("smcr_device_{name}_total"),
+            "counter",
+            &format!("The RoCE engine's {name} counter, per local address."),
+            per(&|p| {
+                p.devices
+                    .iter()
+                    .map(|d| {
+                        (
+                            format!("{},address=\"{}\"", who(p), d.addr),
+                            d.stats.to_words()[i],
+                        )
+                    })
+                    .collect()
+            }),
+        );
+    }
     // A gauge, not a counter: a connection closing while the snapshot is taken can be seen
     // in neither or both places for a moment, and a counter must never go down.
     family(

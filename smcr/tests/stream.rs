@@ -465,9 +465,12 @@ fn smc_stat_shows_live_connections_and_fallbacks() {
     c.shutdown(std::net::Shutdown::Write).unwrap();
     drop(c);
     server.join().unwrap();
-    assert!(
-        !run(&["--json"]).contains("\"mode\""),
-        "rows gone after close"
+    // (The device row stays: the engine runs until the runtime ends.)
+    let doc: serde_json::Value = serde_json::from_str(&run(&["--json"])).unwrap();
+    assert_eq!(
+        doc["connections"].as_array().map(Vec::len),
+        Some(0),
+        "rows gone after close: {doc}"
     );
     rt.shutdown();
 }
@@ -529,6 +532,28 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
         }
         thread::sleep(std::time::Duration::from_millis(10));
     }
+    // The engine's counters, bumped by the engine in the area itself: one device (both ends
+    // are this process), on the configured port, with the same-host offers it accepted.
+    let devs = doc["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 1, "{doc}");
+    assert_eq!(devs[0]["pid"], std::process::id());
+    assert_eq!(devs[0]["mode"], "fixed", "{doc}");
+    assert!(
+        devs[0]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
+    assert!(
+        devs[0]["counters"]["shm_offers"].as_u64() >= Some(1),
+        "{doc}"
+    );
+    assert_eq!(devs[0]["counters"]["rx_icrc_errors"], 0, "{doc}");
+    let table = run(&["--devices", "-d"]);
+    assert!(
+        table.contains(" fixed ") && table.contains("shm_offers"),
+        "{table}"
+    );
     let conns = doc["connections"].as_array().unwrap();
     assert_eq!(conns.len(), 2, "{doc}");
     for c in conns {

@@ -23,6 +23,7 @@ mod sgl;
 
 pub use qp::{ModifyError, QpAttr, QpCaps, QpState, RcQp};
 
+pub use requester::RequesterStats;
 pub(crate) use responder::RecvWqe;
 pub use responder::ResponderStats;
 pub(crate) use sgl::SgList;

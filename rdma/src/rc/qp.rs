@@ -2,7 +2,7 @@
 //! (→ ERR), and the routing of packets, posts and timers to the requester and responder.
 
 use super::TxParts;
-use super::requester::{ReqParams, Requester};
+use super::requester::{ReqParams, Requester, RequesterStats};
 use super::responder::{RecvWqe, RespParams, Responder, ResponderStats};
 use super::{
     CqSide, Mtu, PostError, RecvWr, SendFlags, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
@@ -199,6 +199,11 @@ impl RcQp {
     /// What the responder refused so far.
     pub fn responder_stats(&self) -> ResponderStats {
         self.resp.as_ref().map(|r| r.stats).unwrap_or_default()
+    }
+
+    /// What the requester did so far (zero before RTS).
+    pub fn requester_stats(&self) -> RequesterStats {
+        self.req.as_ref().map(|r| r.stats).unwrap_or_default()
     }
 
     /// Changes state (`ibv_modify_qp`).

@@ -69,6 +69,21 @@ pub(crate) struct ReqParams {
     pub(crate) max_window: u32,
 }
 
+/// What a requester did so far (monotonic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequesterStats {
+    /// Packets sent again (go-back-N).
+    pub retransmits: u64,
+    /// Early retransmissions (no progress within the measured round trip; no retry spent).
+    pub probes: u64,
+    /// Local ACK timeouts (a retry spent).
+    pub timeouts: u64,
+    /// Sequence-error NAKs received.
+    pub naks: u64,
+    /// RNR NAKs received.
+    pub rnr_naks: u64,
+}
+
 pub(crate) struct Requester {
     qp_num: u32,
     p: ReqParams,
@@ -104,6 +119,7 @@ pub(crate) struct Requester {
     pub(crate) completions: VecDeque<WorkCompletion>,
     /// Set when a fatal error puts the QP into the error state.
     pub(crate) failed: bool,
+    pub(crate) stats: RequesterStats,
 }
 
 impl Requester {
@@ -136,6 +152,7 @@ impl Requester {
             recovery: None,
             completions: VecDeque::new(),
             failed: false,
+            stats: RequesterStats::default(),
         }
     }
 
@@ -301,6 +318,9 @@ impl Requester {
         let w = self.wqes.get(self.snd_idx)?;
         let psn0 = self.snd_psn;
         let fresh = !psn0.is_before(self.max_sent);
+        if !fresh {
+            self.stats.retransmits += 1;
+        }
         let k = self.snd_psn.diff(w.first_psn) as u32;
         let mtu = self.p.mtu;
         let len = match w.kind {
@@ -424,6 +444,7 @@ impl Requester {
                 // No progress for a few round trips: the tail of the window (or a NAK, or our
                 // retransmission) was lost. Resend from the oldest unacknowledged packet now
                 // rather than waiting for the local ACK timeout; this spends no retry.
+                self.stats.probes += 1;
                 self.on_loss();
                 self.gobackn_from = None;
                 let una = self.una;
@@ -452,6 +473,7 @@ impl Requester {
             return;
         }
         self.retries_left -= 1;
+        self.stats.timeouts += 1;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         self.on_loss();
         self.gobackn_from = None;
@@ -575,6 +597,7 @@ impl Requester {
         match aeth.syndrome {
             Syndrome::Ack { .. } => self.ack_through(now, psn),
             Syndrome::RnrNak { timer } => {
+                self.stats.rnr_naks += 1;
                 self.ack_through(now, psn.sub(1));
                 if psn != self.una {
                     return;
@@ -591,6 +614,7 @@ impl Requester {
                 self.rtx_deadline = self.rto().map(|d| now + d);
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
+                self.stats.naks += 1;
                 self.ack_through(now, psn.sub(1));
                 if psn != self.una || self.rnr_until.is_some() {
                     return;

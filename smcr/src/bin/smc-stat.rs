@@ -19,6 +19,10 @@ const USAGE: &str = "usage: smc-stat [OPTIONS]
   -l, --listening  listening sockets only
   -d, --details    cursors, CDC flags, fallback meaning and handshake stage times per row
   -R, --links      link groups and their links: role, state, connections, QPNs, GIDs, peer
+  --devices        RoCE devices per process and address: how packets reach the engine
+                   (steered, owner, local-only, fixed), packets, ICRC errors, drops,
+                   retransmissions, NAKs, packets from Linux rxe peers (with -d: every
+                   counter by name)
   --fallback       totals and fallback counters per reason: code, name, count, meaning,
                    remedy (with -a: every code smc-stat knows, Linux's and ours)
   --pid PID        only that process
@@ -34,6 +38,7 @@ reset: zero the counters (totals and fallback counters) in the stats areas thems
 enum View {
     Sockets,
     Links,
+    Devices,
     Fallback,
     Json,
     Prometheus,
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
             "-l" | "--listening" => rows = Rows::Listeners,
             "-d" | "--details" => details = true,
             "-R" | "--links" => view = View::Links,
+            "--devices" => view = View::Devices,
             "--fallback" => view = View::Fallback,
             "--json" => view = View::Json,
             "--prometheus" => view = View::Prometheus,
@@ -95,6 +101,7 @@ fn main() -> ExitCode {
         match view {
             View::Sockets => view::render_sockets(&snap, rows, details),
             View::Links => view::render_links(&snap),
+            View::Devices => view::render_devices(&snap, details),
             View::Fallback => view::render_fallbacks(&snap, rows == Rows::All),
             View::Json => view::render_json(&snap),
             View::Prometheus => view::render_prometheus(&snap),

@@ -106,6 +106,22 @@ fn example() -> Snapshot {
         totals,
         reset_epoch: 0,
         unavailable: 0,
+        devices: vec![stats::DevRecord {
+            addr: "10.0.0.1:57601".parse().unwrap(),
+            mode: "steered",
+            range: 0x101,
+            stats: rdma::DeviceStats {
+                tx_packets: 9100,
+                rx_packets: 8800,
+                rx_icrc_errors: 2,
+                rx_unknown_qp: 3,
+                rx_foreign_ip_id: 4000,
+                tx_retransmits: 65,
+                rc_probes: 1,
+                rx_rnr_naks: 1,
+                ..Default::default()
+            },
+        }],
     };
     let client = Proc {
         pid: 4300,
@@ -173,6 +189,16 @@ fn socket_table() {
 #[test]
 fn link_groups() {
     check("links.txt", &render_links(&example()));
+}
+
+#[test]
+fn devices() {
+    check("devices.txt", &render_devices(&example(), false));
+    let every = render_devices(&example(), true);
+    check("devices-details.txt", &every);
+    for name in rdma::DeviceStats::NAMES {
+        assert!(every.contains(name), "{name}");
+    }
 }
 
 #[test]
