@@ -190,6 +190,11 @@ while IFS= read -r line <&$CLR; do
 	esac
 done
 exec {CLW}>&- {CLR}<&-
+# Our client process has ended: its exit deleted the group (DELETE LINK), so the kernel's
+# group is gone at once, not after its TEST LINK retries.
+ok=1
+for _ in $(seq 20); do [ "$(kernel_lgrs)" = 0 ] && ok=0 && break; sleep 0.25; done
+check "A: our process's exit ends the kernel's group (within 5 s)" "$ok"
 RC=1
 grep -q '^DONE' "$D/client.txt" && ! grep -q '^STEP .* FAIL' "$D/client.txt" && RC=0
 capture_stop

@@ -31,6 +31,13 @@ static ON_LOAD: extern "C" fn() = {
             smcr::env::snapshot();
             shim::adopt();
         });
+        // Registered first, so run after the program's own handlers (which may still use
+        // their sockets).
+        // SAFETY: registering a plain function without arguments.
+        unsafe { libc::atexit(on_exit) };
+    }
+    extern "C" fn on_exit() {
+        guard::guarded((), shim::at_exit);
     }
     on_load
 };

@@ -273,8 +273,10 @@ impl Until {
 
 /// The process's runtime, created on first use, and again in a forked child (whose engine and
 /// poller threads did not survive the fork).
+/// This process's runtime with its pid (a forked child makes its own).
+static RT: OnceLock<Mutex<Option<(u32, Runtime)>>> = OnceLock::new();
+
 pub(crate) fn runtime() -> Runtime {
-    static RT: OnceLock<Mutex<Option<(u32, Runtime)>>> = OnceLock::new();
     let cell = RT.get_or_init(|| Mutex::new(None));
     let mut g = cell.lock();
     let pid = table::pid();
@@ -297,6 +299,28 @@ pub(crate) fn runtime() -> Runtime {
             rt
         }
     }
+}
+
+/// At `exit`: the kernel would now close the process's sockets; close our SMC-R connections
+/// the same way (what they hold is written, then the close goes to the peer), then end the
+/// runtime: wait (bounded) for it all to be acknowledged and delete the link groups (DELETE
+/// LINK), so that peers neither lose data nor wait out TEST LINK. Only the process that made
+/// the runtime: a forked child's copy of its parent's connections is not the child's to close.
+pub(crate) fn at_exit() {
+    let Some(rt) = RT.get().and_then(|c| {
+        let g = c.try_lock()?;
+        g.as_ref()
+            .filter(|(p, _)| *p == table::pid())
+            .map(|(_, rt)| rt.clone())
+    }) else {
+        return;
+    };
+    for fd in table::own_smc_numbers() {
+        if let Some(s) = table::remove(fd) {
+            drop(s);
+        }
+    }
+    rt.end();
 }
 
 /// Whether the shim is on (`SMCR_DISABLE=1` turns it off).

@@ -103,6 +103,16 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     }
 }
 
+/// The numbers showing SMC-R connections this process made (not a parent's).
+pub(crate) fn own_smc_numbers() -> Vec<i32> {
+    let me = pid();
+    MAP.read()
+        .iter()
+        .filter(|(_, (owner, s))| *owner == me && matches!(**s, Sock::Smc(_)))
+        .map(|(&fd, _)| fd)
+        .collect()
+}
+
 /// Records the close-on-exec flag the application believes `fd` has.
 pub(crate) fn set_cloexec_view(fd: i32, cloexec: bool) {
     let Some((w, b)) = slot(fd) else { return };

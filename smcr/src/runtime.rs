@@ -74,6 +74,10 @@ pub struct RuntimeConfig {
     /// How long a link group without connections is kept for new ones before it is deleted
     /// (DELETE LINK); Linux keeps them 10 minutes.
     pub linger: Duration,
+    /// How long the end of a preloaded process may wait for its connections' data to be
+    /// acknowledged and its link groups' DELETE LINK to be answered ([`Runtime::end`];
+    /// `SMCR_EXIT_DRAIN_MS`, default 2000; 0: no wait, DELETE LINK still sent).
+    pub exit_drain: Duration,
     /// Bytes of RMB memory the runtime may hold in total; a server declines with `MEM` beyond it
     /// (0 makes every server handshake decline).
     pub rmb_budget: u64,
@@ -154,6 +158,7 @@ impl RuntimeConfig {
             },
             test_link_time: Some(link::TEST_LINK_TIME),
             linger: LINGER,
+            exit_drain: Duration::from_secs(2),
             rmb_budget: 1 << 30,
             stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
             same_host: true,
@@ -235,6 +240,9 @@ impl RuntimeConfig {
         }
         if let Some(s) = var("SMCR_LGR_LINGER").and_then(|v| v.parse::<u64>().ok()) {
             cfg.linger = Duration::from_secs(s);
+        }
+        if let Some(ms) = var("SMCR_EXIT_DRAIN_MS").and_then(|v| v.parse::<u64>().ok()) {
+            cfg.exit_drain = Duration::from_millis(ms);
         }
         match var("SMCR_STATS_DIR").as_deref() {
             Some("off") => cfg.stats_dir = None,
@@ -420,6 +428,29 @@ impl Runtime {
             .iter()
             .filter(|g| !g.is_down())
             .count()
+    }
+
+    /// The end of the process (the preload calls it at `exit`, after closing the program's
+    /// connections as the kernel would): waits, up to `limit` in all, until what the
+    /// connections still hold is written and acknowledged, then deletes every link group
+    /// (DELETE LINK, as Linux does when it ends its groups) and waits for the peers to
+    /// acknowledge that too. Without it a peer learns of our end only from TEST LINK (Linux:
+    /// 30 s and retries), and data not yet acknowledged on the wire is lost.
+    pub fn end(&self) {
+        self.end_within(self.inner.cfg.exit_drain);
+    }
+
+    /// [`Self::end`] with another bound.
+    pub fn end_within(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let groups: Vec<Arc<LinkGroup>> = self.inner.groups.lock().clone();
+        for g in &groups {
+            g.wait(deadline, |g| g.drained());
+        }
+        self.shutdown();
+        for g in &groups {
+            g.wait(deadline, |g| g.sends_done());
+        }
     }
 
     /// Deletes every link group (DELETE LINK to the peers); their connections fail.
@@ -2942,6 +2973,38 @@ impl LinkGroup {
         }
         for p in &self.paths {
             let _ = p.qp.modify(&QpAttr::state(QpState::Error));
+        }
+    }
+
+    /// Whether every request posted on the group's queue pairs is acknowledged (or can never
+    /// be: the queue pair failed).
+    fn sends_done(&self) -> bool {
+        self.paths
+            .iter()
+            .all(|p| p.qp.unfinished_sends() == 0 || p.qp.state() == QpState::Error)
+    }
+
+    /// Whether the connections hold nothing more to write and all that was sent is
+    /// acknowledged.
+    fn drained(&self) -> bool {
+        let conns = self.st.lock().core.conns();
+        conns.iter().all(|c| {
+            let s = c.core.lock();
+            s.staged == 0 && s.inflight == 0
+        }) && self.sends_done()
+    }
+
+    /// Drives the group until `done` holds, the group is down, or `deadline` passed.
+    fn wait(self: &Arc<Self>, deadline: Instant, done: impl Fn(&Self) -> bool) {
+        while !done(self) && Instant::now() < deadline {
+            // As `finish`: take what arrived, whoever else might (an event loop that holds
+            // the group, the poller), then handle it.
+            self.cq.receive();
+            self.progress();
+            if self.is_down() && self.sends_done() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
