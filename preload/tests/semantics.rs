@@ -140,7 +140,9 @@ fn check(group: &str, idx: u16) {
     );
     let n = conns(&plain.out);
     assert_eq!(n, conns(&shim.out), "both runs make the same connections");
-    common::assert_all_smcr(&logged, n);
+    // A connection whose server side was never used is never negotiated; the process's exit
+    // closes it (logged as closed before it was settled).
+    common::assert_smcr_settled(&logged, n);
 }
 
 /// Check 1: recv(n) with less data there returns what is there; a blocking recv waits.

@@ -20,14 +20,15 @@ impl SmcStream {
         rkey: Option<u32>,
     ) -> io::Result<()> {
         let (conn, lg) = self.smc_parts().ok_or(io::ErrorKind::Unsupported)?;
+        let peer = conn.core.lock().peer;
         let len = len.min(conn.sndbuf.len());
         conn.sndbuf.write(0, &vec![fill; len]);
         let sge = [conn.sndbuf.sge(0, len)];
         let wr = SendWr {
             wr_id: u64::MAX,
             opcode: WrOpcode::RdmaWrite {
-                remote_addr: conn.peer_vaddr.wrapping_add_signed(offset),
-                rkey: rkey.unwrap_or(conn.peer_rkey),
+                remote_addr: peer.vaddr.wrapping_add_signed(offset),
+                rkey: rkey.unwrap_or(peer.rkey),
             },
             sg_list: &sge,
             flags: SendFlags::empty(),

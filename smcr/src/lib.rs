@@ -20,6 +20,7 @@ pub mod link;
 mod metrics;
 pub mod option;
 pub mod policy;
+pub mod rtokens;
 pub mod runtime;
 pub mod stats;
 pub mod steer;

@@ -917,6 +917,9 @@ pub(crate) struct LinkGroup {
     runtime: Weak<Inner>,
     /// This group's record in the stats area (freed when the group is).
     stat: Option<LgStat>,
+    /// The peer's RMB keys per path (Linux's differ per link). A leaf lock: nothing else is
+    /// taken while it is held.
+    rtokens: Mutex<crate::rtokens::PeerRtokens>,
 }
 
 thread_local! {
@@ -1208,6 +1211,7 @@ impl LinkGroup {
             role,
             dev,
             paths,
+            rtokens: Mutex::new(crate::rtokens::PeerRtokens::default()),
             route: AtomicU64::new(0),
             link_id: AtomicU32::new(1),
             cq,
@@ -1355,6 +1359,44 @@ impl LinkGroup {
     pub(crate) fn route(&self) -> (u32, usize) {
         let r = self.route.load(Ordering::Acquire);
         ((r >> 8) as u32, (r & 0xff) as usize)
+    }
+
+    /// The peer RMB `rmb` as `path` reaches it, as `(vaddr, rkey)` for an RDMA WRITE there;
+    /// `rmb` keeps the answer (a connection moves to the path once).
+    pub(crate) fn peer_rmb(&self, rmb: &mut crate::rtokens::PeerRmb, path: usize) -> (u64, u32) {
+        if rmb.path != path {
+            *rmb = self.rtokens.lock().on(*rmb, path);
+        }
+        (rmb.vaddr, rmb.rkey)
+    }
+
+    /// The path whose peer queue pair is `qpn` (a connection's CLC messages name its link by
+    /// it; its rkey is for that link); the active one when none is.
+    pub(crate) fn path_of_peer_qpn(&self, qpn: u32) -> usize {
+        self.paths
+            .iter()
+            .position(|p| p.peer_qpn.load(Ordering::Relaxed) == qpn)
+            .unwrap_or_else(|| self.active())
+    }
+
+    /// The path of our link `link_id`, if it is one of the group's.
+    fn path_of_link(&self, st: &LgState, link_id: u8) -> Option<usize> {
+        let active = self.active();
+        if st
+            .link
+            .as_ref()
+            .is_some_and(|l| l.params().link_id == link_id)
+        {
+            Some(active)
+        } else if st
+            .spare
+            .as_ref()
+            .is_some_and(|l| l.params().link_id == link_id)
+        {
+            Some(1 - active)
+        } else {
+            None
+        }
     }
 
     /// The active path.
@@ -2352,21 +2394,10 @@ impl LinkGroup {
                 let link_id = st.link.as_ref().map_or(0, |l| l.params().link_id);
                 self.rkey_done(st, rkey_key(link_id, id), ok);
             }
-            LinkEvent::PeerConfirmedRkey(c) => {
-                // A peer whose RMB has another rkey or address on the other link (Linux,
-                // which registers each link apart) would need per-link rtokens, which we do
-                // not keep: such a group runs on one link.
-                let n = usize::from(c.num_additional).min(2);
-                let base = c.rtokens[0];
-                if c.rtokens[1..=n]
-                    .iter()
-                    .any(|t| t.rkey != base.rkey || t.vaddr != base.vaddr)
-                {
-                    self.drop_spare(st, true, now);
-                    st.heal_at = None;
-                }
+            LinkEvent::PeerConfirmedRkey(c) => self.peer_confirmed_rkey(st, self.active(), &c),
+            LinkEvent::PeerDeletedRkeys(rkeys) => {
+                self.rtokens.lock().delete(self.active(), &rkeys);
             }
-            LinkEvent::PeerDeletedRkeys(_) => {}
             LinkEvent::PeerAddLink(req) => self.answer_add_link(st, req, now),
             LinkEvent::AddLinkResult(res) => self.added_link(st, res, now),
             LinkEvent::PeerDeletedLink { link_id, .. } => {
@@ -2428,10 +2459,20 @@ impl LinkGroup {
                     l.answer_add_link(None);
                 }
             }
-            LinkEvent::AddLinkResult(_)
-            | LinkEvent::PeerConfirmedRkey(_)
-            | LinkEvent::PeerDeletedRkeys(_) => {}
+            LinkEvent::PeerConfirmedRkey(c) => self.peer_confirmed_rkey(st, 1 - self.active(), &c),
+            LinkEvent::PeerDeletedRkeys(rkeys) => {
+                self.rtokens.lock().delete(1 - self.active(), &rkeys);
+            }
+            LinkEvent::AddLinkResult(_) => {}
         }
+    }
+
+    /// The peer's CONFIRM RKEY, received on `path`: a new RMB's key on each link (Linux's
+    /// differ per link; already answered).
+    fn peer_confirmed_rkey(&self, st: &LgState, path: usize, c: &llc::ConfirmRkey) {
+        self.rtokens
+            .lock()
+            .confirm(path, c, |id| self.path_of_link(st, id));
     }
 
     /// An rkey flow (`key`: see [`rkey_key`]) was answered or given up.
@@ -2549,21 +2590,6 @@ impl LinkGroup {
         (pairs.len() <= ADD_LINK_MAX_RKEYS).then_some(pairs)
     }
 
-    /// Whether the peer's rkey entries keep each RMB's key and address on the new link, as
-    /// ours do (see [`LinkEvent::PeerConfirmedRkey`] in `on_link_event`).
-    fn same_rkeys(&self, st: &LgState, v2: Option<&llc::AddLinkV2Ext>) -> bool {
-        let conns = st.core.conns();
-        v2.is_none_or(|x| {
-            x.rkeys.iter().all(|r| {
-                r.rkey == r.rkey_new
-                    && conns
-                        .iter()
-                        .filter(|c| c.peer_rkey == r.rkey)
-                        .all(|c| c.peer_vaddr == r.vaddr_new)
-            })
-        })
-    }
-
     /// The parameters of a link added on `path` with `link_id` (the rest as the active one's).
     fn added_params(&self, st: &LgState, path: usize, link_id: u8) -> Option<LinkParams> {
         let p = &self.paths[path];
@@ -2574,6 +2600,13 @@ impl LinkGroup {
             link_id,
             ..base
         })
+    }
+
+    /// The peer's RMB keys on the link being added on `spare`, from its ADD LINK.
+    fn learn_rkeys(&self, spare: usize, v2: Option<&llc::AddLinkV2Ext>) {
+        if let Some(x) = v2 {
+            self.rtokens.lock().add_link(1 - spare, spare, &x.rkeys);
+        }
     }
 
     /// Server: asks the client for a link over the other path (ADD LINK on the active one).
@@ -2614,13 +2647,6 @@ impl LinkGroup {
             Self::heal_later(st, now);
             return;
         };
-        if !self.same_rkeys(st, resp.v2.as_ref()) {
-            // Per-link rkeys (see `same_rkeys`): not a link we can run; no retry.
-            if let Some(l) = st.link.as_mut() {
-                l.delete_other_link(resp.link_id, DeleteLinkReason::LOST_PATH);
-            }
-            return;
-        }
         let spare = 1 - self.active();
         let mtu = smaller_mtu(resp.mtu, self.mtu);
         let connected = resp.gid.to_ipv4().is_some_and(|ip| {
@@ -2630,6 +2656,7 @@ impl LinkGroup {
         });
         match self.added_params(st, spare, resp.link_id) {
             Some(params) if connected => {
+                self.learn_rkeys(spare, resp.v2.as_ref());
                 st.spare = Some(LinkCore::new_added(params, now));
             }
             _ => {
@@ -2645,10 +2672,7 @@ impl LinkGroup {
     fn answer_add_link(&self, st: &mut LgState, req: llc::AddLink, now: Instant) {
         let spare = 1 - self.active();
         let mtu = smaller_mtu(req.mtu, self.mtu);
-        let usable = self.can_add_link(st)
-            && st.spare.is_none()
-            && st.up
-            && self.same_rkeys(st, req.v2.as_ref());
+        let usable = self.can_add_link(st) && st.spare.is_none() && st.up;
         let rkeys = usable.then(|| self.rkey_pairs(st)).flatten();
         let set_up = rkeys.is_some()
             && req.gid.to_ipv4().is_some_and(|ip| {
@@ -2664,6 +2688,7 @@ impl LinkGroup {
             }
             return;
         };
+        self.learn_rkeys(spare, req.v2.as_ref());
         // (The link core marks it a response.)
         let resp = self.add_link_msg(spare, req.link_id, mtu, rkeys);
         if let Some(l) = st.link.as_mut() {
@@ -3070,8 +3095,6 @@ pub(crate) struct ConnShared {
     pub(crate) token: u32,
     pub(crate) rmb: Arc<MemoryRegion>,
     pub(crate) sndbuf: Arc<MemoryRegion>,
-    pub(crate) peer_rkey: u32,
-    pub(crate) peer_vaddr: u64,
     pub(crate) core: Mutex<ConnState>,
     pub(crate) cond: Condvar,
     /// Counts [`ConnShared::wake`]s: a thread that checked its condition and then drives the
@@ -3121,6 +3144,8 @@ pub(crate) struct ConnState {
     pub(crate) failed: Option<String>,
     pub(crate) local_closed: bool,
     pub(crate) released: bool,
+    /// The peer's RMB as the path we last wrote on reaches it (see [`crate::rtokens`]).
+    pub(crate) peer: crate::rtokens::PeerRmb,
     /// Bytes copied into the send buffer but not yet written and announced (autocorking).
     pub(crate) staged: u32,
     /// Data CDCs posted whose SEND has not completed.
@@ -3267,7 +3292,7 @@ impl ConnShared {
         let writes = DataWrites {
             sndbuf: &self.sndbuf,
             pieces: &pieces,
-            peer: (self.peer_vaddr, self.peer_rkey),
+            peer: lg.peer_rmb(&mut s.peer, path),
             slack: plan.slack,
         };
         if lg.post_data(path, &writes, slot, &plan.cdc, self.token)? {
@@ -3330,7 +3355,7 @@ impl ConnShared {
             let writes = DataWrites {
                 sndbuf: &self.sndbuf,
                 pieces: &pieces,
-                peer: (self.peer_vaddr, self.peer_rkey),
+                peer: lg.peer_rmb(&mut s.peer, path),
                 slack: 0,
             };
             if !lg.post_data(path, &writes, third, &f.cdc, self.token)? {
@@ -3397,7 +3422,7 @@ impl ConnShared {
             // Same-host groups have one path.
             if !lg.paths[0]
                 .qp
-                .write_direct(piece, self.peer_vaddr + u64::from(off), self.peer_rkey)
+                .write_direct(piece, s.peer.vaddr + u64::from(off), s.peer.rkey)
             {
                 return Ok(false);
             }

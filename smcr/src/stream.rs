@@ -601,9 +601,13 @@ fn make_conn(
         token,
         rmb,
         sndbuf,
-        peer_rkey: peer.rmb_rkey,
-        peer_vaddr: peer.rmb_vaddr,
         core: parking_lot::Mutex::new(ConnState {
+            // The key is for the peer's link of this connection, named by its QPN.
+            peer: crate::rtokens::PeerRmb {
+                vaddr: peer.rmb_vaddr,
+                rkey: peer.rmb_rkey,
+                path: lg.path_of_peer_qpn(peer.qpn),
+            },
             core: ConnCore::new(peer.token, peer_rmb, rmb_len),
             failed: None,
             local_closed: false,
