@@ -34,7 +34,8 @@ kp_guest A
 A_IP=$G_IP
 H_IP=$KP_HOST_IP
 UEID=SMC-KERNEL-PEER
-PA=5555 PB=6666 PC=7777
+PA=5555 PB=6666 PC=7777 PD=8888
+ALT_IP=10.77.0.11
 # TEST LINK: a link's idle timer restarts on any packet, so the end with the shorter time is the
 # one that asks: we ask in part A (ours 2 s, the kernel's 30 s), the kernel in part B.
 LINGER=6
@@ -112,7 +113,7 @@ sysctl -w net.smc.smcr_testlink_time=$KTESTLINK >/dev/null; dmesg -c >/dev/null;
 kernel_lgrs() { G 'smcbench genl 2' 2>/dev/null | grep -c 'reply' || true; }
 # wire DIR: our capture checks (KEY=COUNT lines) -> $DIR/wire.txt; tshark's malformed count
 wire() {
-	python3 "$PY" wire "$1/capture.pcap" "$H_IP" "$A_IP" >"$1/wire.txt" 2>&1
+	python3 "$PY" wire "$1/capture.pcap" "$H_IP,$ALT_IP" "$A_IP" >"$1/wire.txt" 2>&1
 	tshark -r "$1/capture.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
 		>"$1/tshark.txt" 2>&1
 	MALFORMED=$(count -i malformed "$1/tshark.txt")
@@ -156,7 +157,7 @@ session_wire() {
 	done
 }
 
-PARTS=${KI_PARTS:-ABC}
+PARTS=${KI_PARTS:-ABCD}
 # ------------------------------------------------------------ A: our client -> kernel server
 if [[ $PARTS == *A* ]]; then
 echo "== A. our client ($H_IP) -> kernel AF_SMC server ($A_IP:$PA)"
@@ -302,6 +303,63 @@ check "C: our log names our decline (NOUEID 0x03030008)" "$(grep -q 'TCP.*0x0303
 wire "$D" C
 need "$D" C kernel.decline_03030000 1
 need "$D" C ours.decline_03030008 1
+fi
+
+# ------------------------------------------------------------ D: two links, failover
+if [[ $PARTS == *D* ]]; then
+echo "== D. two links with the kernel (our alternate address $ALT_IP), the first path cut mid-transfer"
+D=$OUT/D
+mkdir -p "$D"
+KTESTLINK=30 TESTLINK=30
+guest_fresh
+ip netns exec "$KP_NETNS" ip addr add "$ALT_IP/24" dev "$KP_BR" 2>/dev/null
+G "smcbench server -f smc -p $PD </dev/null >/tmp/ki-srv-d.log 2>&1 &" >/dev/null
+sleep 0.5
+capture_start "$D" "$PD"
+coproc CL { "${NS[@]}" env SMCR_LOG="$D/smcr.log" SMCR_ALT_ADDRS="$ALT_IP" "${OURS[@]}" python3 "$PY" twolinks "$A_IP" "$PD" 2>&1; }
+exec {CLW}>&"${CL[1]}"
+exec {CLR}<&"${CL[0]}"
+kernel_links() { G 'smcbench genl 3' 2>/dev/null | grep -c 'reply' || true; }
+while IFS= read -r line <&$CLR; do
+	echo "$line" >>"$D/client.txt"
+	case "$line" in
+	"ASK two-links")
+		ok=TIMEOUT
+		for _ in $(seq 40); do [ "$(kernel_links)" -ge 2 ] && ok=GO && break; sleep 0.25; done
+		echo "$ok" >&$CLW
+		;;
+	"ASK cut-first-path")
+		# RoCE between our first address and the kernel dropped both ways (TCP stays).
+		ip netns exec "$KP_NETNS" nft -f - <<NFT
+table inet ki_cut {
+	chain in { type filter hook input priority 0; ip saddr $A_IP ip daddr $H_IP meta l4proto udp drop; }
+	chain out { type filter hook output priority 0; ip saddr $H_IP ip daddr $A_IP meta l4proto udp drop; }
+}
+NFT
+		echo GO >&$CLW
+		;;
+	STEP*) echo "   ${line#STEP }" ;;
+	esac
+done
+exec {CLW}>&- {CLR}<&-
+ip netns exec "$KP_NETNS" nft delete table inet ki_cut 2>/dev/null
+ip netns exec "$KP_NETNS" ip addr del "$ALT_IP/24" dev "$KP_BR" 2>/dev/null
+capture_stop
+# The kernel takes the first link down in its own time (its retries), then logs it.
+G "for i in \$(seq 80); do dmesg | grep -q 'link removed: id 00000101' && break; sleep 0.25; done
+cat /tmp/ki-srv-d.log; for p in \$(pidof smcbench); do kill \$p; done; dmesg" >"$D/kernel-server.txt" 2>&1
+RC=1
+grep -q '^DONE' "$D/client.txt" && ! grep -q '^STEP .* FAIL' "$D/client.txt" && RC=0
+check "D: every client step passed" "$RC" "$(grep 'STEP .* FAIL' "$D/client.txt")"
+wire "$D" D
+# The kernel's ADD LINK answered, the new link confirmed; after the cut our DELETE LINK
+# (LOST_PATH) for the first link goes over the second.
+for k in kernel.llc_ADD_LINK_req ours.llc_ADD_LINK_resp kernel.llc_CONFIRM_LINK_req \
+	ours.llc_CONFIRM_LINK_resp ours.llc_DELETE_LINK_req; do
+	need "$D" D "$k" 1
+done
+check "D: the kernel's view: link 2 added, link 1 removed, the group goes on" \
+	"$(grep -q 'link added: id 00000102' "$D/kernel-server.txt" && grep -q 'link removed: id 00000101' "$D/kernel-server.txt"; echo $?)"
 fi
 
 echo

@@ -191,6 +191,53 @@ def client(addr, port):
     return 0 if ok else 1
 
 
+class Echo:
+    """An open echo connection: each exchange sends a patterned message and checks it back."""
+
+    def __init__(self, addr, port, size):
+        self.s = socket.create_connection((addr, port), timeout=60)
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.s.sendall(struct.pack("<IIII", MAGIC, ord("E"), size, 0))
+        self.size, self.i = size, 0
+
+    def run(self, total):
+        done = 0
+        while done < total:
+            msg = pattern(1000 + self.i, self.size)
+            self.s.sendall(msg)
+            if readn(self.s, self.size) != msg:
+                raise ValueError(f"echo differs after {done} bytes")
+            done += self.size
+            self.i += 1
+        return done
+
+
+def twolinks(addr, port):
+    """Two links with the kernel (we list an alternate address), then the first path cut while
+    two connections carry data: both go on over the second link, every byte checked."""
+    ok = True
+    mib = 1 << 20
+    a = Echo(addr, port, 65536)
+    ok &= run_step("first-contact-echo", lambda: (a.run(mib) == mib, ""))
+    reply = ask("two-links")
+    ok &= step("kernel-has-two-links", reply == "GO", reply)
+    b = Echo(addr, port, 65536)
+    ok &= run_step("second-connection-echo", lambda: (b.run(mib) == mib, ""))
+    reply = ask("cut-first-path")
+    ok &= step("first-path-cut", reply == "GO", reply)
+    for name, c in (("a", a), ("b", b)):
+        ok &= run_step(f"echo-{name}-after-the-cut", lambda c=c: (c.run(4 * mib) == 4 * mib, ""))
+    import json
+    doc = json.loads(smc_stat("--json"))
+    t = doc["processes"][0]["totals"] if doc.get("processes") else {}
+    ok &= step("our-failover-counted", t.get("link_failovers", 0) >= 1, json.dumps(t))
+    ok &= step("group-still-active", bool(active(link_groups())), " | ".join(link_groups()))
+    a.s.close()
+    b.s.close()
+    print("DONE", flush=True)
+    return 0 if ok else 1
+
+
 def serve_conn(c, peer):
     c.settimeout(120)
     try:
@@ -255,7 +302,7 @@ LLC = {0x01: "CONFIRM_LINK", 0x02: "ADD_LINK", 0x03: "ADD_LINK_CONT", 0x04: "DEL
 
 
 def wire(path, ours, kernel):
-    """Counts per direction (`ours` = our address): option 254 in SYNs, CLC messages and
+    """Counts per direction (`ours` = our addresses, comma-separated): option 254 in SYNs, CLC messages and
     decline codes, LLC requests/responses by type, CDCs with peer_conn_closed, RDMA WRITEs."""
     d = open(path, "rb").read()
     le = d[:4] == b"\xd4\xc3\xb2\xa1"
@@ -275,7 +322,7 @@ def wire(path, ours, kernel):
             continue
         ihl = (f[0] & 15) * 4
         src = socket.inet_ntoa(f[12:16])
-        who = "ours" if src == ours else "kernel" if src == kernel else None
+        who = "ours" if src in ours.split(",") else "kernel" if src == kernel else None
         if who is None:
             continue
         p = f[ihl:]
@@ -316,6 +363,8 @@ if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "client":
         sys.exit(client(sys.argv[2], int(sys.argv[3])))
+    elif cmd == "twolinks":
+        sys.exit(twolinks(sys.argv[2], int(sys.argv[3])))
     elif cmd == "server":
         threading.Thread(target=commands, daemon=True).start()
         server(sys.argv[2], int(sys.argv[3]))
