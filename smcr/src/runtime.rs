@@ -447,7 +447,9 @@ impl Runtime {
         for g in &groups {
             g.wait(deadline, |g| g.drained());
         }
-        self.shutdown();
+        // The groups go; the stats area stays (unlike `shutdown`), so that what the process
+        // did can still be read after it ended, until smc-stat finds the area stale.
+        self.delete_groups();
         for g in &groups {
             g.wait(deadline, |g| g.sends_done());
         }
@@ -455,13 +457,18 @@ impl Runtime {
 
     /// Deletes every link group (DELETE LINK to the peers); their connections fail.
     pub fn shutdown(&self) {
-        let groups: Vec<_> = self.inner.groups.lock().drain(..).collect();
-        for g in groups {
-            g.terminate();
-        }
+        self.delete_groups();
         // Threads may still hold the runtime for a while; its stats are over now.
         if let Some(a) = &self.inner.stats {
             a.unlink();
+        }
+    }
+
+    /// Deletes every link group (DELETE LINK to the peers).
+    fn delete_groups(&self) {
+        let groups: Vec<_> = self.inner.groups.lock().drain(..).collect();
+        for g in groups {
+            g.terminate();
         }
     }
 
