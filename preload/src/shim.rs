@@ -35,7 +35,7 @@
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -301,6 +301,14 @@ pub(crate) fn runtime() -> Runtime {
     }
 }
 
+/// Negotiations running in this process (connects being settled, accepted connections whose
+/// server side runs): the end of the process lets them finish first.
+static NEGOTIATING: AtomicUsize = AtomicUsize::new(0);
+
+/// How long the end of the process waits for [`NEGOTIATING`] to reach 0 (same host: well
+/// under a millisecond each; a kernel peer over TCG: ~50 ms).
+const EXIT_NEGOTIATION_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// At `exit`: the kernel would now close the process's sockets; close our SMC-R connections
 /// the same way (what they hold is written, then the close goes to the peer), then end the
 /// runtime: wait (bounded) for it all to be acknowledged and delete the link groups (DELETE
@@ -315,6 +323,13 @@ pub(crate) fn at_exit() {
     }) else {
         return;
     };
+    // Negotiations under way finish first (briefly: one whose server side nobody uses would
+    // not): the program's own closes at its end may just have set them going, and deleting
+    // the groups under them would turn connections about to be SMC-R into errors.
+    let until = std::time::Instant::now() + rt.config().exit_drain.min(EXIT_NEGOTIATION_WAIT);
+    while NEGOTIATING.load(Ordering::Acquire) > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     for fd in table::own_smc_numbers() {
         if let Some(s) = table::remove(fd) {
             drop(s);
@@ -1118,6 +1133,9 @@ impl Settling {
     }
 
     fn new(role: Role, connected: bool, nonblock: bool) -> Arc<Self> {
+        if matches!(role, Role::Client { .. }) {
+            NEGOTIATING.fetch_add(1, Ordering::AcqRel);
+        }
         Arc::new(Self {
             pair: Pair::new(connected),
             st: Mutex::new(Phase {
@@ -1212,6 +1230,7 @@ impl Settling {
             State::Idle => {
                 st.state = State::Running;
                 self.runner.store(me, Ordering::Release);
+                NEGOTIATING.fetch_add(1, Ordering::AcqRel);
             }
         }
         drop(st);
@@ -1299,6 +1318,10 @@ impl Settling {
         };
         let installed = outcome.apply(fd, &self.pair, staged, shut);
         st.settled = installed.clone();
+        if st.state == State::Running {
+            let _ =
+                NEGOTIATING.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
         st.state = State::Done;
         drop(st);
         self.done.notify_all();
