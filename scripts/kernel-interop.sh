@@ -358,10 +358,23 @@ for k in kernel.llc_ADD_LINK_req ours.llc_ADD_LINK_resp kernel.llc_CONFIRM_LINK_
 	ours.llc_CONFIRM_LINK_resp ours.llc_DELETE_LINK_req; do
 	need "$D" D "$k" 1
 done
-# Link 1 is removed by the kernel after its retries, unless our process's exit (DELETE LINK
-# ALL) ended the whole group first.
-check "D: the kernel's view: link 2 added, then link 1 removed or the group ended" \
-	"$(grep -q 'link added: id 00000102' "$D/kernel-server.txt" && { grep -q 'link removed: id 00000101' "$D/kernel-server.txt" || [ "$(kernel_lgrs)" = 0 ]; }; echo $?)"
+# The kernel took our DELETE LINK (LOST_PATH): it moved its connections to link 2, so its
+# writes after it went to our alternate address.
+need "$D" D "kernel.rdma_write_after_delete_to_$ALT_IP" 1
+check "D: the kernel's view: link 2 added" "$(grep -q 'link added: id 00000102' "$D/kernel-server.txt"; echo $?)"
+# Whether the kernel then removes link 1 is up to the kernel, and with rxe it sometimes never
+# does: when it sent on link 1 before it took our DELETE LINK, those sends are retried forever
+# (rxe treats retry_cnt 7, SMC's, as infinite) and smc_llc_process_srv_delete_link waits for
+# them without a timeout (smc_wr_tx_wait_no_pending_sends), holding llc_conf_mutex, so its own
+# TEST LINK cannot take the link down either. Linux-to-Linux over rxe does the same; shown,
+# not judged (docs/kernel-interop.md).
+if grep -q 'link removed: id 00000101' "$D/kernel-server.txt"; then
+	echo "  note D: the kernel removed link 1"
+elif [ "$(kernel_lgrs)" = 0 ]; then
+	echo "  note D: the kernel's group ended (our exit's DELETE LINK ALL) before it removed link 1"
+else
+	echo "  note D: the kernel still holds link 1: its sends on the cut path are retried forever (rxe)"
+fi
 fi
 
 echo

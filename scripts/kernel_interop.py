@@ -310,6 +310,7 @@ def wire(path, ours, kernel):
     link = struct.unpack(e + "I", d[20:24])[0]
     off = 24
     n = {}
+    lost_path = False
 
     def bump(k):
         n[k] = n.get(k, 0) + 1
@@ -351,8 +352,12 @@ def wire(path, ours, kernel):
                 elif (t & 0x1F) in LLC:
                     resp = "resp" if r[12 + 3] & 0x80 else "req"
                     bump(f"{who}.llc_{LLC[t & 0x1F]}_{resp}")
+                    if who == "ours" and LLC[t & 0x1F] == "DELETE_LINK" and resp == "req":
+                        lost_path = True
             elif op in (0x06, 0x07, 0x08, 0x0A, 0x0B):
                 bump(f"{who}.rdma_write")
+                if lost_path:  # after our DELETE LINK: which link (our address) they went to
+                    bump(f"{who}.rdma_write_after_delete_to_{socket.inet_ntoa(f[16:20])}")
             elif op == 0x11:
                 bump(f"{who}.ack")
     for k in sorted(n):
