@@ -12,6 +12,7 @@
 
 pub mod conn;
 pub mod diag;
+pub mod group;
 pub mod handshake;
 #[cfg(feature = "hostile")]
 mod hostile;

@@ -11,7 +11,7 @@
 //! Lock order: a connection's lock before its link group's lock; the poller never holds the
 //! link group's lock while taking a connection's.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use cdc::{CdcMessage, ConnStateFlags, ProducerFlags};
 use clc::{Eid, Gid, Mac, PeerId, QpMtu};
-use llc::{DeleteLinkReason, LlcMessage, Version};
+use llc::Version;
 use parking_lot::{Condvar, Mutex};
 use rdma::{
     Access, CompletionQueue, Device, DeviceConfig, MemoryRegion, Mtu, ProtectionDomain, Psn,
@@ -31,9 +31,10 @@ use rdma::{
 };
 
 use crate::conn::ConnCore;
+use crate::group::{GroupCore, GroupDown, GroupEvent, PathIds, RkeyError};
 use crate::handshake;
 use crate::lgr::{LgrCore, Route, Slot};
-use crate::link::{self, LinkCore, LinkEvent, LinkParams};
+use crate::link::{self, LinkParams};
 use crate::option::OptionMap;
 
 /// How a connection learns that its peer can do SMC-R.
@@ -486,12 +487,12 @@ impl Runtime {
                 g.id,
                 g.role,
                 g.peer_gid.to_ipv4(),
-                st.up,
-                st.down_reason,
-                st.spare_up,
-                st.last_failover,
-                st.core.len(),
-                st.core.free_slots(),
+                st.g.is_up(),
+                st.g.down(),
+                st.g.spare_up(),
+                st.g.last_failover(),
+                st.g.conns.len(),
+                st.g.conns.free_slots(),
                 g.paths
                     .iter()
                     .map(|p| p.qp.summary())
@@ -853,13 +854,6 @@ pub(crate) struct Path {
     peer_ip: AtomicU32,
 }
 
-/// How long a server waits after a link failed before it tries to add one again (Linux
-/// retries only on a port event, which has no counterpart here). Each try that fails (the
-/// path still down, the client refusing) doubles the wait, up to [`HEAL_MAX`].
-const HEAL_RETRY: Duration = Duration::from_secs(3);
-/// See [`HEAL_RETRY`].
-const HEAL_MAX: Duration = Duration::from_secs(30);
-
 /// The longest LLC message a two-link group sends or takes (Linux's `SMC_WR_BUF_V2_SIZE`):
 /// ADD LINK carries one 16-byte rkey entry per RMB of the group, more than a [`SLOT`] holds.
 /// The part beyond the slot goes through a buffer of its own (receives: one per path, as
@@ -869,11 +863,6 @@ const LLC_MAX: usize = 8192;
 /// Rkey entries one ADD LINK carries (Linux's `SMC_LLC_RKEYS_PER_MSG_V2`): a group with more
 /// RMBs adds no link.
 const ADD_LINK_MAX_RKEYS: usize = 255;
-
-/// The key of rkey flow `id` of link `link_id` (each link numbers its flows from 1).
-fn rkey_key(link_id: u8, id: u64) -> u64 {
-    u64::from(link_id) << 56 | (id & ((1 << 56) - 1))
-}
 
 /// A link group: one link, or two over two paths (the active one carries every connection;
 /// the other stands by).
@@ -1053,32 +1042,9 @@ impl Drop for LgStat {
 }
 
 struct LgState {
-    /// The LLC of the active path's link.
-    link: Option<LinkCore>,
-    /// The LLC of the other path's link, while one is being added or stands by.
-    spare: Option<LinkCore>,
-    /// The spare link is confirmed: the active one may fail over to it.
-    spare_up: bool,
-    /// Server: when to try adding a link over the other path (after the first link came up,
-    /// or a link failed).
-    heal_at: Option<Instant>,
-    /// Server: the wait before the next try after this one fails (see [`HEAL_RETRY`]).
-    heal_delay: Duration,
-    /// Server: the link id the next added link gets.
-    next_link_id: u8,
-    /// A failover happened: connections still to move (each also moves itself before it
-    /// posts, see `ConnShared::route`).
-    unmoved: bool,
-    /// Why the last failover happened (diagnostics).
-    last_failover: Option<String>,
-    up: bool,
-    down_reason: Option<String>,
-    /// We deleted the group ourselves (DELETE LINK sent): what was posted before it — the
-    /// last data, close CDCs, the DELETE LINK — still goes out and is retransmitted until
-    /// the peer acknowledged it; the queue pair fails only after that (see `finish`).
-    orderly: bool,
-    /// Connections by token, promised tokens, SEND slots, linger (sans-IO, `crate::lgr`).
-    core: LgrCore<Arc<ConnShared>>,
+    /// The group's state machine (links, failover, healing, rkey flows, LLC queue) with its
+    /// bookkeeping (`g.conns`: connections by token, promised tokens, SEND slots, linger).
+    g: GroupCore<Arc<ConnShared>>,
     /// A duplicate of each connection's TCP socket, watched for a hang-up (`tcpwatch`): one
     /// without an SMC-R close makes the group probe the link (a killed peer process is found
     /// within seconds).
@@ -1090,12 +1056,6 @@ struct LgState {
     /// Rkeys of our RMBs the peer confirmed (CONFIRM RKEY answered) and still holds: with
     /// `rkey_reuse`, their pooled RMBs need no new CONFIRM RKEY.
     confirmed: HashSet<u32>,
-    /// Rkey flows someone waits for, and their outcomes.
-    rkey_waiting: HashSet<u64>,
-    rkey_results: HashMap<u64, bool>,
-
-    /// LLC messages waiting for a SEND slot, with the path they go on.
-    llc_out: VecDeque<(usize, LlcMessage)>,
 }
 
 impl Path {
@@ -1213,6 +1173,13 @@ impl LinkGroup {
             path.init(&recv_mr)?;
             paths.push(path);
         }
+        let path_ids = paths
+            .iter()
+            .map(|p| PathIds {
+                gid: Gid::from_ipv4(p.src),
+                qpn: p.qp.qp_num(),
+            })
+            .collect();
         Ok(Arc::new(Self {
             id: rt.next_lgr.fetch_add(1, Ordering::Relaxed),
             role,
@@ -1243,33 +1210,22 @@ impl LinkGroup {
             recv_mr,
             send_mr,
             st: Mutex::new(LgState {
-                link: None,
-                spare: None,
-                spare_up: false,
-                heal_at: None,
-                heal_delay: HEAL_RETRY,
-                next_link_id: 2,
-                unmoved: false,
-                last_failover: None,
-                up: false,
-                down_reason: None,
-                orderly: false,
-                core: LgrCore::new(
-                    255,
-                    SEND_SLOTS,
-                    POLLER_RESERVE,
-                    RECV_SLOTS,
-                    rt.cfg.linger,
-                    Instant::now(),
+                g: GroupCore::new(
+                    role,
+                    path_ids,
+                    LgrCore::new(
+                        255,
+                        SEND_SLOTS,
+                        POLLER_RESERVE,
+                        RECV_SLOTS,
+                        rt.cfg.linger,
+                        Instant::now(),
+                    ),
                 ),
                 watch: HashMap::new(),
                 rmb_pool: Vec::new(),
                 sndbuf_pool: Vec::new(),
                 confirmed: HashSet::new(),
-                rkey_waiting: HashSet::new(),
-                rkey_results: HashMap::new(),
-
-                llc_out: VecDeque::new(),
             }),
             cond: Condvar::new(),
             down: AtomicBool::new(false),
@@ -1345,7 +1301,7 @@ impl LinkGroup {
         if let Some(s) = &self.stat {
             let released = s.released.lock();
             if !*released {
-                s.area.set_lg_conns(s.slot, st.core.len() as u64);
+                s.area.set_lg_conns(s.slot, st.g.conns.len() as u64);
             }
         }
     }
@@ -1386,26 +1342,6 @@ impl LinkGroup {
             .unwrap_or_else(|| self.active())
     }
 
-    /// The path of our link `link_id`, if it is one of the group's.
-    fn path_of_link(&self, st: &LgState, link_id: u8) -> Option<usize> {
-        let active = self.active();
-        if st
-            .link
-            .as_ref()
-            .is_some_and(|l| l.params().link_id == link_id)
-        {
-            Some(active)
-        } else if st
-            .spare
-            .as_ref()
-            .is_some_and(|l| l.params().link_id == link_id)
-        {
-            Some(1 - active)
-        } else {
-            None
-        }
-    }
-
     /// The active path.
     pub(crate) fn active(&self) -> usize {
         self.route().1
@@ -1419,10 +1355,10 @@ impl LinkGroup {
     /// Usable links (1, or 2 while the spare is confirmed; 0 once down).
     pub(crate) fn links(&self) -> usize {
         let st = self.st.lock();
-        if !st.up || st.down_reason.is_some() {
+        if !st.g.is_up() || st.g.down().is_some() {
             return 0;
         }
-        1 + usize::from(st.spare_up)
+        1 + usize::from(st.g.spare_up())
     }
 
     /// Whether the peer's QP `qpn` at `gid` is one of this group's live links.
@@ -1433,7 +1369,7 @@ impl LinkGroup {
         let st = self.st.lock();
         let active = self.active();
         self.paths.iter().enumerate().any(|(i, p)| {
-            (i == active || st.spare_up)
+            (i == active || st.g.spare_up())
                 && p.peer_qpn.load(Ordering::Relaxed) == qpn
                 && p.peer_ip.load(Ordering::Relaxed) == u32::from(ip)
         })
@@ -1491,14 +1427,7 @@ impl LinkGroup {
         };
         {
             let mut st = self.st.lock();
-            let mut l = LinkCore::new(params, now);
-            // A client with a second path takes the server's ADD LINK.
-            l.set_accept_add_link(self.paths.len() > 1 && max_links > 1);
-            while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back((0, m));
-            }
-            st.link = Some(l);
-            st.core.set_max_conns(usize::from(max_conns));
+            st.g.start(params, now);
             self.flush_llc(&mut st);
         }
         let me = self.clone();
@@ -1507,7 +1436,7 @@ impl LinkGroup {
     }
 
     pub(crate) fn is_up(&self) -> bool {
-        self.st.lock().up && !self.is_down()
+        self.st.lock().g.is_up() && !self.is_down()
     }
 
     pub(crate) fn is_down(&self) -> bool {
@@ -1515,7 +1444,7 @@ impl LinkGroup {
     }
 
     fn has_room(&self) -> bool {
-        self.st.lock().core.has_room()
+        self.st.lock().g.conns.has_room()
     }
 
     /// Waits until the link is confirmed, or fails.
@@ -1527,10 +1456,13 @@ impl LinkGroup {
         let deadline = Instant::now() + timeout;
         let mut st = self.st.lock();
         loop {
-            if let Some(r) = &st.down_reason {
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, r.clone()));
+            if let Some(r) = st.g.down() {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    r.to_string(),
+                ));
             }
-            if st.up {
+            if st.g.is_up() {
                 return Ok(());
             }
             let now = Instant::now();
@@ -1541,8 +1473,8 @@ impl LinkGroup {
                 ));
             }
             let _ = self.cond.wait_until(&mut st, deadline.min(now + SLICE));
-            if !st.up
-                && st.down_reason.is_none()
+            if !st.g.is_up()
+                && st.g.down().is_none()
                 && parking_lot::MutexGuard::unlocked(&mut st, || tcp_has_input(tcp))
             {
                 return Err(io::Error::new(
@@ -1555,12 +1487,12 @@ impl LinkGroup {
 
     /// Reserves `token` before it is sent in an Accept (see `LgState::early`).
     pub(crate) fn reserve(&self, token: u32) {
-        self.st.lock().core.promise(token);
+        self.st.lock().g.conns.promise(token);
     }
 
     /// Forgets a reserved token whose handshake did not complete.
     pub(crate) fn unreserve(&self, token: u32) {
-        self.st.lock().core.unpromise(token);
+        self.st.lock().g.conns.unpromise(token);
     }
 
     pub(crate) fn attach(
@@ -1575,16 +1507,16 @@ impl LinkGroup {
             if let Some(w) = watched {
                 st.watch.insert(token, w);
             }
-            if let Some(why) = &st.down_reason {
+            if let Some(why) = st.g.down() {
                 // The group ended while this connection was set up (another handshake found it
                 // dead, or it failed): its drain is over, so fail the connection here, or a
                 // reader would wait for ever and its RMB stay counted.
-                let why = why.clone();
+                let why = why.to_string();
                 drop(st);
                 c.fail(&why);
                 return;
             }
-            let early = st.core.attach(token, c.clone());
+            let early = st.g.conns.attach(token, c.clone());
             self.publish_conns(&st);
             early
         };
@@ -1598,10 +1530,13 @@ impl LinkGroup {
         Ok({
             let mut st = self.st.lock();
             loop {
-                if let Some(r) = &st.down_reason {
-                    return Err(io::Error::new(io::ErrorKind::ConnectionReset, r.clone()));
+                if let Some(r) = st.g.down() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        r.to_string(),
+                    ));
                 }
-                if let Slot::Got(slot) = st.core.take_slot(poller) {
+                if let Slot::Got(slot) = st.g.conns.take_slot(poller) {
                     break slot;
                 }
                 if poller {
@@ -1654,7 +1589,7 @@ impl LinkGroup {
         owner: u32,
     ) -> io::Result<bool> {
         // The owner first: on UDP the completion may be handled before post_send returns.
-        self.st.lock().core.set_owner(slot, owner);
+        self.st.lock().g.conns.set_owner(slot, owner);
         let done = self.post_send_slot_with(path, before, slot, bytes, SendFlags::empty());
         if !matches!(done, Ok(false)) {
             // Completed at once, or never posted: the slot is free again.
@@ -1694,7 +1629,7 @@ impl LinkGroup {
 
     /// Returns a slot that carries nothing in flight.
     pub(crate) fn put_back(&self, slot: usize) {
-        self.st.lock().core.put_back(slot);
+        self.st.lock().g.conns.put_back(slot);
         self.cond.notify_all();
     }
 
@@ -1844,17 +1779,17 @@ impl LinkGroup {
     }
 
     fn flush_llc(&self, st: &mut LgState) {
-        while !st.llc_out.is_empty() {
-            let Slot::Got(slot) = st.core.take_slot(true) else {
+        while st.g.has_transmit() {
+            let Slot::Got(slot) = st.g.conns.take_slot(true) else {
                 return;
             };
-            let (path, m) = st.llc_out.pop_front().expect("non-empty");
+            let (path, m) = st.g.poll_transmit().expect("non-empty");
             let mut b = vec![0u8; m.buffer_len()];
             m.emit(&mut b);
             if b.len() > SLOT {
                 // Only two-link groups make longer ones (ADD LINK).
                 if self.post_long_llc(path, slot, &b).is_err() {
-                    st.core.put_back(slot);
+                    st.g.conns.put_back(slot);
                 }
                 continue;
             }
@@ -1871,7 +1806,7 @@ impl LinkGroup {
                 self.post_send_slot_with(path, &[], slot, &b, flags),
                 Ok(false)
             ) {
-                st.core.put_back(slot);
+                st.g.conns.put_back(slot);
             }
         }
     }
@@ -1924,15 +1859,7 @@ impl LinkGroup {
 
     /// The earliest of the links' timers, the linger and the next try to add a link.
     fn next_timer(&self, st: &LgState) -> Option<Instant> {
-        [
-            st.link.as_ref().and_then(LinkCore::poll_timeout),
-            st.spare.as_ref().and_then(LinkCore::poll_timeout),
-            st.core.linger_deadline(),
-            st.heal_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        st.g.poll_timeout()
     }
 
     /// The poller stops (the group failed or was deleted): nobody will take the hold back, so
@@ -2176,7 +2103,7 @@ impl LinkGroup {
             // The switch to shared memory happens once the first UDP exchanges are
             // acknowledged: show it (whichever thread handles completions then).
             self.shown_shm.store(true, Ordering::Relaxed);
-            let up = self.st.lock().up;
+            let up = self.st.lock().g.is_up();
             self.publish(if up {
                 crate::stats::lg::LINK_ACTIVE
             } else {
@@ -2191,24 +2118,16 @@ impl LinkGroup {
         let unmoved = {
             let mut guard = self.st.lock();
             let st = &mut *guard;
-            let active = self.active();
             for wc in wcs {
                 let path = self.path_of(wc.qp_num);
-                let core = if path == active {
-                    st.link.as_mut()
-                } else {
-                    st.spare.as_mut()
-                };
                 if wc.status != WcStatus::Success {
-                    if let Some(l) = core
-                        && l.state() != link::LinkState::Down
-                    {
-                        l.transport_failed(&self.failure_cause(path, wc.status));
+                    if st.g.is_live(path) {
+                        st.g.transport_failed(path, &self.failure_cause(path, wc.status));
                     }
                     // A SEND flushed by a failed link frees its slot (and its connection's
                     // count of CDCs in flight); a surviving link carries on.
                     if wc.opcode == WcOpcode::Send && (wc.wr_id as usize) < SEND_SLOTS {
-                        if let Some(c) = st.core.complete(wc.wr_id as usize) {
+                        if let Some(c) = st.g.conns.complete(wc.wr_id as usize) {
                             sent.push((c, None));
                         }
                         self.cond.notify_all();
@@ -2236,29 +2155,23 @@ impl LinkGroup {
                         let _ = p.post_recv(&self.recv_mr, slot);
                         if b[0] == cdc::CDC_TYPE {
                             // CDCs count on any link (Linux accepts them on each).
-                            if let Some(l) = core {
-                                l.note_activity(now);
-                            }
+                            st.g.note_activity(path, now);
                             match CdcMessage::parse(&b[..len]) {
                                 // Linux drops CDCs for unknown tokens too.
                                 Ok(m) => {
-                                    if let Route::Conn(c) = st.core.route(m) {
+                                    if let Route::Conn(c) = st.g.conns.route(m) {
                                         cdcs.push((c, m));
                                     }
                                 }
-                                Err(_) => {
-                                    if let Some(l) = st.link.as_mut() {
-                                        l.handle_llc(&[], now);
-                                    }
-                                }
+                                Err(_) => st.g.bad_cdc(now),
                             }
-                        } else if let Some(l) = core {
-                            l.handle_llc(long.as_deref().unwrap_or(&b[..len]), now);
+                        } else {
+                            st.g.handle_llc(path, long.as_deref().unwrap_or(&b[..len]), now);
                         }
                     }
                     WcOpcode::Send => {
                         let slot = wc.wr_id as usize;
-                        if let Some(c) = st.core.complete(slot) {
+                        if let Some(c) = st.g.conns.complete(slot) {
                             // A data CDC: its sequence number is what a failover validates
                             // (groups that can fail over only).
                             let seq = (self.paths.len() > 1).then(|| {
@@ -2273,20 +2186,14 @@ impl LinkGroup {
                     _ => {}
                 }
             }
-            if st.core.linger_expired(now)
-                && let Some(l) = st.link.as_mut()
-            {
-                // Nobody used the group for the linger time: delete it (Linux: the
-                // free-delay timer, DELETE LINK with PROG_INIT_TERM).
-                l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
-            }
+            // (The linger timer too: the group's state machine deletes an idle group.)
             self.run_links(st, now);
-            std::mem::take(&mut st.unmoved)
+            st.g.take_unmoved()
         };
         for (c, m) in cdcs {
             c.on_cdc(self, &m);
         }
-        let retry: Vec<Arc<ConnShared>> = { self.st.lock().core.take_deferred() };
+        let retry: Vec<Arc<ConnShared>> = { self.st.lock().g.conns.take_deferred() };
         for (c, seq) in sent {
             if let Some(seq) = seq {
                 c.core.lock().core.cdc_done(seq);
@@ -2312,7 +2219,7 @@ impl LinkGroup {
             }
             self.move_conns();
         }
-        let down = self.st.lock().down_reason.clone();
+        let down = self.st.lock().g.down().map(ToString::to_string);
         if let Some(r) = down {
             self.fail(&r);
             return true;
@@ -2320,293 +2227,141 @@ impl LinkGroup {
         false
     }
 
-    /// Runs both links' timers and events (which may fail a link over, add one or end the
-    /// group), then sends what their LLC queued.
+    /// Runs the group's timers and handles what its links reported (a failover, an added
+    /// link, the group down: see [`GroupEvent`]), then sends what their LLC queued.
     fn run_links(&self, st: &mut LgState, now: Instant) {
-        for l in [st.link.as_mut(), st.spare.as_mut()].into_iter().flatten() {
-            l.handle_timeout(now);
+        if self.paths.len() > 1 && self.same_host() {
+            st.g.set_same_host();
         }
-        // Queued before the events: a link dropped by one still sends what it had.
-        self.collect_llc(st);
-        loop {
-            if let Some(ev) = st.link.as_mut().and_then(LinkCore::poll_event) {
-                self.on_link_event(st, ev, now);
-            } else if let Some(ev) = st.spare.as_mut().and_then(LinkCore::poll_event) {
-                self.on_spare_event(st, ev, now);
-            } else {
-                break;
-            }
-            // Events first: a client's `up` must be visible before its CONFIRM LINK
-            // response leaves (the server may then Accept a reuse of this group).
-            self.collect_llc(st);
-        }
-        if self.role == link::Role::Server
-            && st.heal_at.is_some_and(|t| t <= now)
-            && st.down_reason.is_none()
-        {
-            self.add_link(st, now);
-            self.collect_llc(st);
-        }
+        st.g.handle_timeout(now);
+        self.on_group_events(st, now);
         self.flush_llc(st);
     }
 
-    /// Moves what both links' LLC queued to the send queue, each with its path.
-    fn collect_llc(&self, st: &mut LgState) {
-        let active = self.active();
-        if let Some(l) = st.link.as_mut() {
-            while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back((active, m));
-            }
-        }
-        if let Some(l) = st.spare.as_mut() {
-            while let Some(m) = l.poll_transmit() {
-                st.llc_out.push_back((1 - active, m));
-            }
-        }
-    }
-
-    /// An event of the active link.
-    fn on_link_event(&self, st: &mut LgState, ev: LinkEvent, now: Instant) {
-        match ev {
-            LinkEvent::Up { .. } => {
-                st.up = true;
-                if let Some(l) = &st.link {
-                    self.link_id
-                        .store(u32::from(l.params().link_id), Ordering::Relaxed);
+    /// Carries out what the group's state machine asks for (queue pairs to stop or connect,
+    /// a failover to publish, waiters to wake).
+    fn on_group_events(&self, st: &mut LgState, now: Instant) {
+        while let Some(ev) = st.g.poll_event() {
+            match ev {
+                GroupEvent::Up { link_id } => {
+                    self.link_id.store(u32::from(link_id), Ordering::Relaxed);
+                    self.publish(crate::stats::lg::LINK_ACTIVE);
+                    if let Some(rt) = self.runtime.upgrade() {
+                        rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.cond.notify_all();
                 }
-                self.publish(crate::stats::lg::LINK_ACTIVE);
-                if let Some(rt) = self.runtime.upgrade() {
-                    rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                GroupEvent::SpareUp { .. } => {
+                    if let Some(rt) = self.runtime.upgrade() {
+                        rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-                self.cond.notify_all();
-                if self.role == link::Role::Server && self.can_add_link(st) {
-                    st.heal_at = Some(now);
+                GroupEvent::RkeyDone { .. } => {
+                    self.cond.notify_all();
                 }
-            }
-            LinkEvent::Down(r) => {
-                let lost = matches!(
-                    r,
-                    link::DownReason::Transport(_)
-                        | link::DownReason::TestLinkTimeout(_)
-                        | link::DownReason::PeerDeleted(DeleteLinkReason::LOST_PATH)
-                );
-                if lost && st.spare_up && !st.orderly {
-                    self.switch(st, format!("{r}"), false, now);
-                } else {
-                    st.orderly = matches!(r, link::DownReason::Local(_));
-                    st.down_reason = Some(format!("link down: {r}"));
+                GroupEvent::PeerConfirmedRkey { path, rkey } => {
+                    // A new RMB's key on each link (Linux's differ per link).
+                    self.rtokens
+                        .lock()
+                        .confirm(path, &rkey, |id| st.g.path_of_link(id));
                 }
-            }
-            LinkEvent::RkeyDone { id, ok } => {
-                let link_id = st.link.as_ref().map_or(0, |l| l.params().link_id);
-                self.rkey_done(st, rkey_key(link_id, id), ok);
-            }
-            LinkEvent::PeerConfirmedRkey(c) => self.peer_confirmed_rkey(st, self.active(), &c),
-            LinkEvent::PeerDeletedRkeys(rkeys) => {
-                self.rtokens.lock().delete(self.active(), &rkeys);
-            }
-            LinkEvent::PeerAddLink(req) => self.answer_add_link(st, req, now),
-            LinkEvent::AddLinkResult(res) => self.added_link(st, res, now),
-            LinkEvent::PeerDeletedLink { link_id, .. } => {
-                // The peer gave up the spare link (already answered).
-                if st
-                    .spare
-                    .as_ref()
-                    .is_some_and(|l| l.params().link_id == link_id)
-                {
-                    self.drop_spare(st, false, now);
+                GroupEvent::PeerDeletedRkeys { path, rkeys } => {
+                    self.rtokens.lock().delete(path, &rkeys);
                 }
-            }
-        }
-    }
-
-    /// An event of the spare link.
-    fn on_spare_event(&self, st: &mut LgState, ev: LinkEvent, now: Instant) {
-        match ev {
-            LinkEvent::Up { .. } => {
-                st.spare_up = true;
-                st.heal_delay = HEAL_RETRY;
-                let ids = |l: &Option<LinkCore>| l.as_ref().map(|l| l.params().link_id);
-                let (a, b) = (ids(&st.link), ids(&st.spare));
-                if let (Some(l), Some(b)) = (st.link.as_mut(), b) {
-                    l.set_group_links(&[b]);
+                GroupEvent::PathError(path) => {
+                    if let Some(p) = self.paths.get(path) {
+                        let _ = p.qp.modify(&QpAttr::state(QpState::Error));
+                    }
                 }
-                if let (Some(l), Some(a)) = (st.spare.as_mut(), a) {
-                    l.set_group_links(&[a]);
+                GroupEvent::PrepareAddLink { path, link_id } => {
+                    let req = self
+                        .rkey_pairs(st)
+                        .filter(|_| self.paths[path].reset(&self.recv_mr).is_ok())
+                        .map(|rkeys| self.add_link_msg(path, link_id, self.mtu, rkeys));
+                    match req {
+                        Some(req) => st.g.add_link_request(req, now),
+                        None => st.g.add_link_failed(now),
+                    }
                 }
-                if let Some(rt) = self.runtime.upgrade() {
-                    rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
+                GroupEvent::ConnectAdded { path, resp } => {
+                    let mtu = smaller_mtu(resp.mtu, self.mtu);
+                    let ok = resp.gid.to_ipv4().is_some_and(|ip| {
+                        self.paths[path]
+                            .connect(ip, resp.qpn, resp.initial_psn, mtu, self.peer_port(), true)
+                            .is_ok()
+                    });
+                    if ok {
+                        self.learn_rkeys(path, resp.v2.as_ref());
+                    }
+                    st.g.added_link_connected(path, resp.link_id, ok, now);
                 }
-            }
-            LinkEvent::Down(link::DownReason::PeerDeletedGroup(r)) => {
-                // The whole group, whichever link it came on.
-                st.down_reason = Some(format!(
-                    "link down: {}",
-                    link::DownReason::PeerDeletedGroup(r)
-                ));
-            }
-            LinkEvent::Down(r) => {
-                let told = matches!(r, link::DownReason::PeerDeleted(_));
-                self.drop_spare(st, !told, now);
-            }
-            LinkEvent::RkeyDone { id, ok } => {
-                let link_id = st.spare.as_ref().map_or(0, |l| l.params().link_id);
-                self.rkey_done(st, rkey_key(link_id, id), ok);
-            }
-            LinkEvent::PeerDeletedLink { .. } => {
-                // The peer lost the active link and tells us on this one (as Linux does).
-                if st.spare_up {
-                    self.switch(st, "the peer lost the path".into(), true, now);
-                } else {
-                    st.down_reason = Some("link down: the peer lost the path".into());
+                GroupEvent::AnswerAddLink { path, req } => {
+                    let mtu = smaller_mtu(req.mtu, self.mtu);
+                    let rkeys = self.rkey_pairs(st);
+                    let set_up = rkeys.is_some()
+                        && req.gid.to_ipv4().is_some_and(|ip| {
+                            let p = &self.paths[path];
+                            p.reset(&self.recv_mr).is_ok()
+                                && p.connect(
+                                    ip,
+                                    req.qpn,
+                                    req.initial_psn,
+                                    mtu,
+                                    self.peer_port(),
+                                    true,
+                                )
+                                .is_ok()
+                        });
+                    let resp = match (rkeys, set_up) {
+                        (Some(rkeys), true) => {
+                            self.learn_rkeys(path, req.v2.as_ref());
+                            Some(self.add_link_msg(path, req.link_id, mtu, rkeys))
+                        }
+                        _ => None,
+                    };
+                    st.g.answer_add_link(path, resp, now);
                 }
-            }
-            LinkEvent::PeerAddLink(_) => {
-                if let Some(l) = st.spare.as_mut() {
-                    l.answer_add_link(None);
+                GroupEvent::Failover {
+                    epoch,
+                    active,
+                    link_id,
+                } => {
+                    self.link_id.store(u32::from(link_id), Ordering::Relaxed);
+                    self.route
+                        .store(u64::from(epoch) << 8 | active as u64, Ordering::Release);
+                    if let Some(rt) = self.runtime.upgrade() {
+                        rt.failovers.fetch_add(1, Ordering::Relaxed);
+                        if let Some(a) = &rt.stats {
+                            a.count(crate::stats::total::LINK_FAILOVERS);
+                        }
+                    }
+                    crate::metrics::link_failover();
+                    self.publish(crate::stats::lg::LINK_ACTIVE);
                 }
-            }
-            LinkEvent::PeerConfirmedRkey(c) => self.peer_confirmed_rkey(st, 1 - self.active(), &c),
-            LinkEvent::PeerDeletedRkeys(rkeys) => {
-                self.rtokens.lock().delete(1 - self.active(), &rkeys);
-            }
-            LinkEvent::AddLinkResult(_) => {}
-        }
-    }
-
-    /// The peer's CONFIRM RKEY, received on `path`: a new RMB's key on each link (Linux's
-    /// differ per link; already answered).
-    fn peer_confirmed_rkey(&self, st: &LgState, path: usize, c: &llc::ConfirmRkey) {
-        self.rtokens
-            .lock()
-            .confirm(path, c, |id| self.path_of_link(st, id));
-    }
-
-    /// An rkey flow (`key`: see [`rkey_key`]) was answered or given up.
-    fn rkey_done(&self, st: &mut LgState, id: u64, ok: bool) {
-        if st.rkey_waiting.remove(&id) {
-            st.rkey_results.insert(id, ok);
-            self.cond.notify_all();
-        }
-    }
-
-    /// Whether this group may run a second link: a second path, two links negotiated, on UDP.
-    fn can_add_link(&self, st: &LgState) -> bool {
-        self.paths.len() > 1
-            && st.link.as_ref().is_some_and(|l| l.params().max_links > 1)
-            && !self.same_host()
-    }
-
-    /// The active link failed (`why`) and the spare is up: it becomes the active one, and
-    /// every connection moves to it. Unless the peer `told` us, DELETE LINK for the failed
-    /// link goes out on the new one (Linux's `smc_llc_srv_delete_link_local` / LOST_PATH).
-    fn switch(&self, st: &mut LgState, why: String, told: bool, now: Instant) {
-        let (epoch, old) = self.route();
-        let new = 1 - old;
-        // Nothing more arrives on the failed link, and what was posted on it is flushed.
-        let _ = self.paths[old].qp.modify(&QpAttr::state(QpState::Error));
-        let old_id = st.link.take().map(|l| l.params().link_id);
-        if let Some(id) = old_id {
-            // Rkey flows on the failed link get no answer: their waiters try again on the
-            // new one (see `confirm_rkey`).
-            let lost: Vec<u64> = st
-                .rkey_waiting
-                .iter()
-                .copied()
-                .filter(|k| (k >> 56) as u8 == id)
-                .collect();
-            for k in lost {
-                self.rkey_done(st, k, false);
+                // `handle` fails the group and its connections once it is down.
+                GroupEvent::Down(_) => {}
             }
         }
-        st.link = st.spare.take();
-        st.spare_up = false;
-        if let Some(l) = st.link.as_mut() {
-            l.set_group_links(&[]);
-            if let (false, Some(id)) = (told, old_id) {
-                l.delete_other_link(id, DeleteLinkReason::LOST_PATH);
-            }
-            self.link_id
-                .store(u32::from(l.params().link_id), Ordering::Relaxed);
-        }
-        self.route.store(
-            u64::from(epoch.wrapping_add(1)) << 8 | new as u64,
-            Ordering::Release,
-        );
-        st.unmoved = true;
-        if let Some(rt) = self.runtime.upgrade() {
-            rt.failovers.fetch_add(1, Ordering::Relaxed);
-            if let Some(a) = &rt.stats {
-                a.count(crate::stats::total::LINK_FAILOVERS);
-            }
-        }
-        crate::metrics::link_failover();
-        if self.role == link::Role::Server {
-            st.heal_delay = HEAL_RETRY;
-            Self::heal_later(st, now);
-        }
-        st.last_failover = Some(why);
-        self.publish(crate::stats::lg::LINK_ACTIVE);
-    }
-
-    /// The spare link is gone (failed, timed out, or deleted by the peer): its queue pair
-    /// stops, and a server tries again later. `tell`: DELETE LINK for it to the peer.
-    fn drop_spare(&self, st: &mut LgState, tell: bool, now: Instant) {
-        let spare = 1 - self.active();
-        if let Some(l) = st.spare.take()
-            && tell
-            && let Some(a) = st.link.as_mut()
-        {
-            a.delete_other_link(l.params().link_id, DeleteLinkReason::LOST_PATH);
-        }
-        st.spare_up = false;
-        if let Some(a) = st.link.as_mut() {
-            a.set_group_links(&[]);
-        }
-        if let Some(p) = self.paths.get(spare) {
-            let _ = p.qp.modify(&QpAttr::state(QpState::Error));
-        }
-        if self.role == link::Role::Server {
-            Self::heal_later(st, now);
-        }
-    }
-
-    /// Server: the next try to add a link, after a wait that doubles with each failed one.
-    fn heal_later(st: &mut LgState, now: Instant) {
-        st.heal_at = Some(now + st.heal_delay);
-        st.heal_delay = (st.heal_delay * 2).min(HEAL_MAX);
     }
 
     /// Our RMBs (in use and pooled) as ADD LINK's rkey entries: the same key and address on
     /// both links (one protection domain). `None` when they do not fit one message.
     fn rkey_pairs(&self, st: &LgState) -> Option<Vec<llc::RkeyPair>> {
-        let mut pairs: Vec<llc::RkeyPair> = st
-            .core
-            .conns()
-            .iter()
-            .map(|c| c.rmb.clone())
-            .chain(st.rmb_pool.iter().cloned())
-            .map(|m| llc::RkeyPair {
-                rkey: m.rkey(),
-                rkey_new: m.rkey(),
-                vaddr_new: m.addr(),
-            })
-            .collect();
+        let mut pairs: Vec<llc::RkeyPair> =
+            st.g.conns
+                .conns()
+                .iter()
+                .map(|c| c.rmb.clone())
+                .chain(st.rmb_pool.iter().cloned())
+                .map(|m| llc::RkeyPair {
+                    rkey: m.rkey(),
+                    rkey_new: m.rkey(),
+                    vaddr_new: m.addr(),
+                })
+                .collect();
         pairs.sort_by_key(|p| p.rkey);
         pairs.dedup_by_key(|p| p.rkey);
         (pairs.len() <= ADD_LINK_MAX_RKEYS).then_some(pairs)
-    }
-
-    /// The parameters of a link added on `path` with `link_id` (the rest as the active one's).
-    fn added_params(&self, st: &LgState, path: usize, link_id: u8) -> Option<LinkParams> {
-        let p = &self.paths[path];
-        let base = *st.link.as_ref()?.params();
-        Some(LinkParams {
-            gid: Gid::from_ipv4(p.src),
-            qpn: p.qp.qp_num(),
-            link_id,
-            ..base
-        })
     }
 
     /// The peer's RMB keys on the link being added on `spare`, from its ADD LINK.
@@ -2614,97 +2369,6 @@ impl LinkGroup {
         if let Some(x) = v2 {
             self.rtokens.lock().add_link(1 - spare, spare, &x.rkeys);
         }
-    }
-
-    /// Server: asks the client for a link over the other path (ADD LINK on the active one).
-    fn add_link(&self, st: &mut LgState, now: Instant) {
-        st.heal_at = None;
-        if !self.can_add_link(st) || st.spare.is_some() || !st.up {
-            return;
-        }
-        let Some(rkeys) = self.rkey_pairs(st) else {
-            Self::heal_later(st, now);
-            return;
-        };
-        let spare = 1 - self.active();
-        if self.paths[spare].reset(&self.recv_mr).is_err() {
-            Self::heal_later(st, now);
-            return;
-        }
-        let active_id = st.link.as_ref().map_or(0, |l| l.params().link_id);
-        let mut id = st.next_link_id;
-        if id == active_id || id == 0 {
-            id = id.wrapping_add(1).max(1);
-        }
-        st.next_link_id = id.wrapping_add(1).max(1);
-        let req = self.add_link_msg(spare, id, self.mtu, rkeys);
-        if !st.link.as_mut().is_some_and(|l| l.add_link(req, now)) {
-            Self::heal_later(st, now);
-        }
-    }
-
-    /// Server: the client's answer to our ADD LINK.
-    fn added_link(
-        &self,
-        st: &mut LgState,
-        res: Result<llc::AddLink, link::AddLinkRefused>,
-        now: Instant,
-    ) {
-        let Ok(resp) = res else {
-            Self::heal_later(st, now);
-            return;
-        };
-        let spare = 1 - self.active();
-        let mtu = smaller_mtu(resp.mtu, self.mtu);
-        let connected = resp.gid.to_ipv4().is_some_and(|ip| {
-            self.paths[spare]
-                .connect(ip, resp.qpn, resp.initial_psn, mtu, self.peer_port(), true)
-                .is_ok()
-        });
-        match self.added_params(st, spare, resp.link_id) {
-            Some(params) if connected => {
-                self.learn_rkeys(spare, resp.v2.as_ref());
-                st.spare = Some(LinkCore::new_added(params, now));
-            }
-            _ => {
-                if let Some(l) = st.link.as_mut() {
-                    l.delete_other_link(resp.link_id, DeleteLinkReason::LOST_PATH);
-                }
-                Self::heal_later(st, now);
-            }
-        }
-    }
-
-    /// Client: the server asks for a link over another path.
-    fn answer_add_link(&self, st: &mut LgState, req: llc::AddLink, now: Instant) {
-        let spare = 1 - self.active();
-        let mtu = smaller_mtu(req.mtu, self.mtu);
-        let usable = self.can_add_link(st) && st.spare.is_none() && st.up;
-        let rkeys = usable.then(|| self.rkey_pairs(st)).flatten();
-        let set_up = rkeys.is_some()
-            && req.gid.to_ipv4().is_some_and(|ip| {
-                let p = &self.paths[spare];
-                p.reset(&self.recv_mr).is_ok()
-                    && p.connect(ip, req.qpn, req.initial_psn, mtu, self.peer_port(), true)
-                        .is_ok()
-            });
-        let params = self.added_params(st, spare, req.link_id);
-        let (Some(rkeys), true, Some(params)) = (rkeys, set_up, params) else {
-            if let Some(l) = st.link.as_mut() {
-                l.answer_add_link(None);
-            }
-            return;
-        };
-        self.learn_rkeys(spare, req.v2.as_ref());
-        // (The link core marks it a response.)
-        let resp = self.add_link_msg(spare, req.link_id, mtu, rkeys);
-        if let Some(l) = st.link.as_mut() {
-            l.answer_add_link(Some(resp));
-        }
-        let mut l = LinkCore::new_added(params, now);
-        // Once it is the active link (after a failover), it takes the next ADD LINK.
-        l.set_accept_add_link(true);
-        st.spare = Some(l);
     }
 
     /// ADD LINK for our side of a link on `path` (its address, QP and PSN), with `rkeys` (the
@@ -2745,7 +2409,7 @@ impl LinkGroup {
     /// no SEND slot — is tried again at the next completion, and moves itself before it
     /// posts anything).
     fn move_conns(&self) {
-        let conns = self.st.lock().core.conns();
+        let conns = self.st.lock().g.conns.conns();
         let mut left = false;
         let epoch = self.route().0;
         for c in conns {
@@ -2774,7 +2438,7 @@ impl LinkGroup {
             }
         }
         if left {
-            self.st.lock().unmoved = true;
+            self.st.lock().g.set_unmoved();
         }
     }
 
@@ -2845,42 +2509,26 @@ impl LinkGroup {
             return Ok(());
         }
         let st = &mut *guard;
-        let spare = st
-            .spare
-            .as_ref()
-            .filter(|_| st.spare_up)
-            .map(|l| l.params().link_id);
-        let Some(l) = st.link.as_mut() else {
-            return Err(io::Error::other("link not started"));
-        };
-        let id = match spare {
-            // Both links: the same key and address on the other one (one protection domain).
-            Some(link_id) => l.confirm_rkey_links(
-                rmb.rkey(),
-                rmb.addr(),
-                &[llc::Rtoken {
-                    link_id,
-                    rkey: rmb.rkey(),
-                    vaddr: rmb.addr(),
-                }],
-                Instant::now(),
-            ),
-            None => l.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now()),
-        };
-        let id = rkey_key(l.params().link_id, id);
         // The link answers every request (the peer's answer, its LLC_WAIT timer once sent,
         // or the link going down), one request at a time: ours may wait behind the others
         // (many connections set up at once over a slow path). The deadline only bounds a
         // bug. (Was LLC_WAIT + 1 s from now: 65 connections at once over a 20 ms path timed
         // out in the queue and deleted a healthy group.)
-        let backlog = l.rkey_backlog() as u32;
+        let (id, backlog) = match st.g.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now()) {
+            Ok(started) => started,
+            Err(RkeyError::NoLink) => return Err(io::Error::other("link not started")),
+            Err(RkeyError::Down(why)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    why.to_string(),
+                ));
+            }
+        };
         self.count_rkey_request();
-        self.collect_llc(st);
-        st.rkey_waiting.insert(id);
         self.flush_llc(st);
         let deadline = Instant::now() + link::LLC_WAIT * backlog + Duration::from_secs(1);
         loop {
-            if let Some(ok) = guard.rkey_results.remove(&id) {
+            if let Some(ok) = guard.g.take_rkey_result(id) {
                 return if ok {
                     if self.rkey_reuse {
                         guard.confirmed.insert(rmb.rkey());
@@ -2890,11 +2538,14 @@ impl LinkGroup {
                     Err(io::Error::other("CONFIRM RKEY refused or unanswered"))
                 };
             }
-            if let Some(r) = &guard.down_reason {
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, r.clone()));
+            if let Some(r) = guard.g.down() {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    r.to_string(),
+                ));
             }
             if self.cond.wait_until(&mut guard, deadline).timed_out() {
-                guard.rkey_waiting.remove(&id);
+                guard.g.forget_rkey(id);
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "CONFIRM RKEY unanswered",
@@ -2913,7 +2564,7 @@ impl LinkGroup {
     /// to the runtime when the group is not usable.
     pub(crate) fn give_back(&self, rmb: Arc<MemoryRegion>) {
         let mut st = self.st.lock();
-        if st.link.is_some() && st.down_reason.is_none() {
+        if st.g.link_params().is_some() && st.g.down().is_none() {
             st.rmb_pool.push(rmb);
         } else if let Some(rt) = self.runtime.upgrade() {
             rt.release_rmb(rmb.len() as u32);
@@ -2925,18 +2576,14 @@ impl LinkGroup {
     fn recycle(&self, rmb: &Arc<MemoryRegion>, sndbuf: &Arc<MemoryRegion>) {
         let mut guard = self.st.lock();
         let st = &mut *guard;
-        if st.down_reason.is_some() {
+        if st.g.down().is_some() {
             if let Some(rt) = self.runtime.upgrade() {
                 rt.release_rmb(rmb.len() as u32);
             }
             return;
         }
-        if let Some(l) = st.link.as_mut()
-            && !st.confirmed.contains(&rmb.rkey())
-        {
-            l.delete_rkey(rmb.rkey(), Instant::now());
+        if !st.confirmed.contains(&rmb.rkey()) && st.g.delete_rkey(rmb.rkey(), Instant::now()) {
             self.count_rkey_request();
-            self.collect_llc(st);
         }
         self.flush_llc(st);
         st.rmb_pool.push(rmb.clone());
@@ -2949,8 +2596,7 @@ impl LinkGroup {
         self.publish(crate::stats::lg::LINK_INACTIVE);
         let conns: Vec<Arc<ConnShared>> = {
             let mut st = self.st.lock();
-            st.down_reason.get_or_insert_with(|| reason.to_owned());
-            st.up = false;
+            st.g.fail(GroupDown::Driver(reason.to_owned()));
             self.cond.notify_all();
             if let Some(rt) = self.runtime.upgrade() {
                 for mr in st.rmb_pool.drain(..) {
@@ -2958,7 +2604,7 @@ impl LinkGroup {
                 }
             }
             st.sndbuf_pool.clear();
-            let conns = st.core.drain();
+            let conns = st.g.conns.drain();
             self.publish_conns(&st);
             conns
         };
@@ -2975,7 +2621,7 @@ impl LinkGroup {
                 c.release(self);
             }
         }
-        let orderly = self.st.lock().orderly;
+        let orderly = self.st.lock().g.orderly();
         for (i, p) in self.paths.iter().enumerate() {
             // After our own DELETE LINK the active link still delivers what was posted
             // (`finish`); every other queue pair stops now.
@@ -2990,7 +2636,7 @@ impl LinkGroup {
     /// and deleting the group right after it (a process that ends) loses nothing in flight;
     /// then the queue pair fails.
     fn finish(&self) {
-        if self.st.lock().orderly {
+        if self.st.lock().g.orderly() {
             let deadline = Instant::now() + DRAIN_WAIT;
             let qp = self.qp();
             while qp.unfinished_sends() > 0
@@ -3019,7 +2665,7 @@ impl LinkGroup {
     /// Whether the connections hold nothing more to write and all that was sent is
     /// acknowledged.
     fn drained(&self) -> bool {
-        let conns = self.st.lock().core.conns();
+        let conns = self.st.lock().g.conns.conns();
         conns.iter().all(|c| {
             let s = c.core.lock();
             s.staged == 0 && s.inflight == 0
@@ -3044,7 +2690,7 @@ impl LinkGroup {
     /// later connections.
     pub(crate) fn detach(&self, token: u32) {
         let mut st = self.st.lock();
-        st.core.detach(token, Instant::now());
+        st.g.conns.detach(token, Instant::now());
         st.watch.remove(&token);
         self.publish_conns(&st);
     }
@@ -3058,10 +2704,7 @@ impl LinkGroup {
         if st.watch.remove(&token).is_none() {
             return;
         }
-        if let Some(l) = st.link.as_mut() {
-            l.probe(Instant::now());
-        }
-        self.collect_llc(st);
+        st.g.probe(Instant::now());
         self.flush_llc(st);
         drop(guard);
         // The poller, asleep on its long timer, learns the probe's deadline.
@@ -3074,7 +2717,7 @@ impl LinkGroup {
     /// CONFIRM LINK response lost), and its connection must fail now, not at its keepalive.
     /// A group that came up after all is deleted as usual.
     pub(crate) fn abandon(&self) {
-        if self.st.lock().up || self.role == link::Role::Server {
+        if self.st.lock().g.is_up() || self.role == link::Role::Server {
             self.terminate();
         } else {
             self.fail("the first link did not come up");
@@ -3086,11 +2729,7 @@ impl LinkGroup {
         let mut guard = self.st.lock();
         let st = &mut *guard;
         // No new connection may pick this group from now on.
-        st.up = false;
-        if let Some(l) = st.link.as_mut() {
-            l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
-        }
-        self.collect_llc(st);
+        st.g.terminate();
         self.flush_llc(st);
     }
 }
@@ -3459,7 +3098,7 @@ impl ConnShared {
         match self.flush_locked(&mut s, lg, pending, true) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                lg.st.lock().core.defer_flush(self.token);
+                lg.st.lock().g.conns.defer_flush(self.token);
             }
             Err(e) => {
                 s.failed.get_or_insert_with(|| e.to_string());
