@@ -54,9 +54,16 @@ pub enum GroupDown {
     /// The peer told us (on the spare) that it lost the active link, and the spare was not up.
     #[error("link down: the peer lost the path")]
     PeerLostPath,
-    /// The driver failed it (a queue pair could not be set up, the first link never came up…).
-    #[error("{0}")]
-    Driver(String),
+    /// A new group's first link did not come up in time (client: the server never confirmed
+    /// it).
+    #[error("the first link did not come up")]
+    FirstLinkNotUp,
+    /// The first link's queue pair could not be connected.
+    #[error("starting the link: {0}")]
+    Start(String),
+    /// The completion queue failed under the group.
+    #[error("completion queue: {0}")]
+    CompletionQueue(String),
 }
 
 /// Why [`GroupCore::confirm_rkey`] could not start a flow.

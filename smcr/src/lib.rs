@@ -12,6 +12,7 @@
 
 pub mod conn;
 pub mod diag;
+pub mod error;
 pub mod group;
 pub mod handshake;
 #[cfg(feature = "hostile")]

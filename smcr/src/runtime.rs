@@ -31,6 +31,7 @@ use rdma::{
 };
 
 use crate::conn::ConnCore;
+use crate::error::ConnFailure;
 use crate::group::{GroupCore, GroupDown, GroupEvent, PathIds, RkeyError};
 use crate::handshake;
 use crate::lgr::{LgrCore, Route, Slot};
@@ -1511,7 +1512,7 @@ impl LinkGroup {
                 // The group ended while this connection was set up (another handshake found it
                 // dead, or it failed): its drain is over, so fail the connection here, or a
                 // reader would wait for ever and its RMB stay counted.
-                let why = why.to_string();
+                let why = why.clone();
                 drop(st);
                 c.fail(&why);
                 return;
@@ -1826,7 +1827,7 @@ impl LinkGroup {
             // Sleep without taking completions: an application thread may take and handle
             // them first (`progress`), always under the driver lock, so they stay in order.
             if let Err(e) = self.cq.wait_ready(Some(wait)) {
-                self.fail(&format!("completion queue: {e}"));
+                self.fail(GroupDown::CompletionQueue(e.to_string()));
                 self.release_hold();
                 return;
             }
@@ -2219,9 +2220,9 @@ impl LinkGroup {
             }
             self.move_conns();
         }
-        let down = self.st.lock().g.down().map(ToString::to_string);
+        let down = self.st.lock().g.down().cloned();
         if let Some(r) = down {
-            self.fail(&r);
+            self.fail(r);
             return true;
         }
         false
@@ -2591,12 +2592,14 @@ impl LinkGroup {
     }
 
     /// Marks the group down and fails every connection on it.
-    pub(crate) fn fail(&self, reason: &str) {
+    /// The connections learn the group's first reason (a later one is the same failure seen
+    /// again).
+    pub(crate) fn fail(&self, reason: GroupDown) {
         self.down.store(true, Ordering::Release);
         self.publish(crate::stats::lg::LINK_INACTIVE);
-        let conns: Vec<Arc<ConnShared>> = {
+        let (conns, reason) = {
             let mut st = self.st.lock();
-            st.g.fail(GroupDown::Driver(reason.to_owned()));
+            let reason = st.g.fail(reason).clone();
             self.cond.notify_all();
             if let Some(rt) = self.runtime.upgrade() {
                 for mr in st.rmb_pool.drain(..) {
@@ -2606,13 +2609,13 @@ impl LinkGroup {
             st.sndbuf_pool.clear();
             let conns = st.g.conns.drain();
             self.publish_conns(&st);
-            conns
+            (conns, reason)
         };
         if let Some(s) = &self.stat {
             s.release();
         }
         for c in conns {
-            c.fail(reason);
+            c.fail(&reason);
             // A connection its application already closed waits for the peer's close to be
             // released; that will not come now: release it here, or its RMB's share of the
             // budget would stay counted for good (the stream is gone, nobody else will).
@@ -2720,7 +2723,7 @@ impl LinkGroup {
         if self.st.lock().g.is_up() || self.role == link::Role::Server {
             self.terminate();
         } else {
-            self.fail("the first link did not come up");
+            self.fail(GroupDown::FirstLinkNotUp);
         }
     }
 
@@ -2787,7 +2790,7 @@ pub struct ReadyState {
 
 pub(crate) struct ConnState {
     pub(crate) core: ConnCore,
-    pub(crate) failed: Option<String>,
+    pub(crate) failed: Option<ConnFailure>,
     pub(crate) local_closed: bool,
     pub(crate) released: bool,
     /// The peer's RMB as the path we last wrote on reaches it (see [`crate::rtokens`]).
@@ -3023,7 +3026,7 @@ impl ConnShared {
             Err(e) => {
                 lg.put_back(slot);
                 s.failed
-                    .get_or_insert_with(|| format!("moving to another link: {e}"));
+                    .get_or_insert_with(|| ConnFailure::Move(e.to_string()));
                 s.publish();
                 Err(e)
             }
@@ -3101,7 +3104,7 @@ impl ConnShared {
                 lg.st.lock().g.conns.defer_flush(self.token);
             }
             Err(e) => {
-                s.failed.get_or_insert_with(|| e.to_string());
+                s.failed.get_or_insert(ConnFailure::Post(e.to_string()));
                 s.publish();
                 drop(s);
                 self.wake();
@@ -3111,7 +3114,7 @@ impl ConnShared {
 
     /// Ends the connection because of the peer (bad cursors, urgent data): an abort CDC tells
     /// it, our application gets `ConnectionReset` with `why`.
-    pub(crate) fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: String) {
+    pub(crate) fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: ConnFailure) {
         s.failed = Some(why);
         let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_ABORT);
         s.publish();
@@ -3128,11 +3131,7 @@ impl ConnShared {
         {
             // Delivering the urgent byte inline would corrupt the stream for a program that
             // asked for it out of band: refuse clearly instead.
-            self.abort(
-                &mut s,
-                lg,
-                "the peer sent urgent data (MSG_OOB), which smcr does not support".into(),
-            );
+            self.abort(&mut s, lg, ConnFailure::UrgentData);
             drop(s);
             self.wake();
             return;
@@ -3150,7 +3149,7 @@ impl ConnShared {
                 }
             }
             Err(e) => {
-                self.abort(&mut s, lg, format!("peer broke the CDC protocol: {e}"));
+                self.abort(&mut s, lg, ConnFailure::Protocol(e));
             }
         }
         s.publish();
@@ -3165,9 +3164,10 @@ impl ConnShared {
         }
     }
 
-    fn fail(&self, reason: &str) {
+    fn fail(&self, reason: &GroupDown) {
         let mut s = self.core.lock();
-        s.failed.get_or_insert_with(|| reason.to_owned());
+        s.failed
+            .get_or_insert_with(|| ConnFailure::Group(reason.clone()));
         s.publish();
         drop(s);
         self.wake();

@@ -12,6 +12,7 @@ use clc::{DeclineReason, Gid, RmbSize};
 use socket2::{Domain, Socket, Type};
 
 use crate::conn::ConnCore;
+use crate::error::ConnFailure;
 use crate::handshake::{self, Endpoint, Event};
 use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
 use crate::option::Capability;
@@ -577,6 +578,53 @@ fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32)
         rmb_vaddr: rmb.addr(),
         rmb_size: size,
         token,
+    }
+}
+
+/// What a server handshake holds in a group before its connection exists: the token it
+/// reserved (counted against the group's connections; CDCs for it are held) and the RMB it
+/// took. Dropped, it gives both back — the RMB to the group's pool, or its budget to the
+/// runtime once the group is down — so no return path can forget one.
+struct Reserved {
+    lg: Arc<LinkGroup>,
+    /// `None` once the connection holds it.
+    token: Option<u32>,
+    rmb: Option<Arc<rdma::MemoryRegion>>,
+}
+
+impl Reserved {
+    fn new(lg: &Arc<LinkGroup>, token: u32, rmb: Arc<rdma::MemoryRegion>) -> Self {
+        lg.reserve(token);
+        Self {
+            lg: lg.clone(),
+            token: Some(token),
+            rmb: Some(rmb),
+        }
+    }
+
+    fn rmb(&self) -> &Arc<rdma::MemoryRegion> {
+        self.rmb.as_ref().expect("held until into_conn")
+    }
+
+    /// The connection takes the token and the RMB (its `attach` ends the reservation). If it
+    /// cannot be made, `make_conn` gave the RMB back and the token is released here.
+    fn into_conn(mut self, peer: &Endpoint, tcp: &Arc<TcpStream>) -> io::Result<Arc<ConnShared>> {
+        let rmb = self.rmb.take().expect("held until into_conn");
+        let token = self.token.expect("held until into_conn");
+        let conn = make_conn(&self.lg, token, rmb, peer, tcp)?;
+        self.token = None;
+        Ok(conn)
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            self.lg.unreserve(token);
+        }
+        if let Some(rmb) = self.rmb.take() {
+            self.lg.give_back(rmb);
+        }
     }
 }
 
@@ -1187,7 +1235,8 @@ impl SmcStream {
         };
         let mut s = smc.conn.core.lock();
         if s.failed.is_none() {
-            smc.conn.abort(&mut s, &smc.lg, why.to_owned());
+            smc.conn
+                .abort(&mut s, &smc.lg, ConnFailure::Aborted(why.to_owned()));
             smc.conn.report(&mut s);
         }
         drop(s);
@@ -1202,7 +1251,7 @@ impl SmcStream {
             return None;
         }
         let why = if let Some(f) = &s.failed {
-            f.clone()
+            f.to_string()
         } else if s
             .core
             .peer_flags()
@@ -1978,7 +2027,7 @@ impl SmcStream {
         // ended, so the next look finds another one (or none); after a few, a new group (the
         // client's Accept wait has room for about two lost CONFIRM RKEY waits).
         let mut stale = 0;
-        let (lg, first_contact, rmb) = loop {
+        let (lg, first_contact, res) = loop {
             if one_at_a_time.is_none() {
                 one_at_a_time = Some(pending.lock());
             }
@@ -2020,38 +2069,34 @@ impl SmcStream {
                     }
                 }
             };
-            let rmb = match lg.take_rmb(size.bytes()) {
-                Ok(x) => x,
+            let res = match lg.take_rmb(size.bytes()) {
+                Ok(rmb) => Reserved::new(&lg, token, rmb),
                 Err(reason) => return decline(self, &mut hs, reason),
             };
-            lg.reserve(token);
             if !first_contact {
                 one_at_a_time = None;
-                if lg.confirm_rkey(&rmb).is_err() {
+                if lg.confirm_rkey(res.rmb()).is_err() {
                     // The client does not answer on this group (its side is gone: a process
                     // that died without DELETE LINK, or a link it already found dead): end it
                     // and offer this connection a new group as a first contact — nothing was
                     // sent yet, and the client's Accept wait (6 s) has room for the 2 s lost.
-                    lg.unreserve(token);
-                    lg.give_back(rmb);
+                    drop(res);
                     lg.terminate();
                     stale += 1;
                     continue;
                 }
             }
-            break (lg, first_contact, rmb);
+            break (lg, first_contact, res);
         };
-        let local_ep = endpoint(&lg, &rmb, size, token);
-        if let Err(e) = hs.accept(&local_ep, first_contact, Instant::now()) {
-            lg.unreserve(token);
-            lg.give_back(rmb);
-            return Err(io::Error::other(e));
-        }
+        // From here, any return before the connection exists gives the token and the RMB back
+        // (`Reserved`'s drop).
+        let local_ep = endpoint(&lg, res.rmb(), size, token);
+        hs.accept(&local_ep, first_contact, Instant::now())
+            .map_err(io::Error::other)?;
         let (negotiated, client) = match drive(&self.tcp, &mut hs, &mut self.timeline) {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
-                lg.unreserve(token);
-                lg.give_back(rmb);
+                drop(res);
                 return match other {
                     Ok(Event::Fallback {
                         reason,
@@ -2078,20 +2123,13 @@ impl SmcStream {
             let mtu = crate::runtime::smaller_mtu(peer.mtu, lg.mtu);
             if let Err(e) = lg.start(&peer, mtu, &negotiated, &rt.inner.cfg) {
                 // Give back what was reserved; the group ends (its RMB budget with it).
-                lg.unreserve(token);
-                lg.give_back(rmb);
-                lg.fail(&format!("starting the link: {e}"));
+                drop(res);
+                lg.fail(crate::group::GroupDown::Start(e.to_string()));
                 return Err(e);
             }
             rt.inner.add_group(lg.clone());
         }
-        let conn = match make_conn(&lg, token, rmb, &peer, &self.tcp) {
-            Ok(c) => c,
-            Err(e) => {
-                lg.unreserve(token);
-                return Err(e);
-            }
-        };
+        let conn = res.into_conn(&peer, &self.tcp)?;
         if first_contact {
             if lg
                 .wait_up(CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)

@@ -558,11 +558,8 @@ fn an_added_link_that_cannot_be_connected_is_deleted_and_retried() {
 #[test]
 fn the_driver_failing_the_group_keeps_the_first_reason() {
     let mut f = Fabric::new(1, 1, LONG, LONG);
-    let first =
-        f.s.g
-            .fail(GroupDown::Driver("the first link did not come up".into()))
-            .clone();
-    let again = f.s.g.fail(GroupDown::Driver("later".into())).clone();
+    let first = f.s.g.fail(GroupDown::FirstLinkNotUp).clone();
+    let again = f.s.g.fail(GroupDown::Start("later".into())).clone();
     assert_eq!(first, again);
     assert_eq!(first.to_string(), "the first link did not come up");
     assert!(!f.s.g.is_up());
