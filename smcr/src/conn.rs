@@ -119,7 +119,110 @@ pub struct ConnCore {
     peer_flags: ConnStateFlags,
 }
 
+/// Linux's SMC socket state (`enum smc_state`, net/smc/smc.h), as `smcss` shows it; the
+/// numbers are Linux's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SmcState {
+    /// Connected, neither side closed.
+    Active = 1,
+    /// Being set up.
+    Init = 2,
+    /// Both sides closed (or we closed after an abort).
+    Closed = 7,
+    /// Listening.
+    Listen = 10,
+    /// We shut down writing; the peer goes on.
+    PeerCloseWait1 = 20,
+    /// We closed; the peer goes on.
+    PeerCloseWait2 = 21,
+    /// The peer shut down writing; we go on.
+    AppCloseWait1 = 22,
+    /// The peer closed; we go on.
+    AppCloseWait2 = 23,
+    /// Both done writing, we shut down, the peer closed.
+    AppFinCloseWait = 24,
+    /// Both done writing, we closed, the peer only shut down.
+    PeerFinCloseWait = 25,
+    /// We aborted; waiting for the peer.
+    PeerAbortWait = 26,
+    /// Aborted (by the peer, or failed) while our application still holds it.
+    ProcessAbort = 27,
+}
+
+impl SmcState {
+    /// The state with Linux's number `n`.
+    pub fn from_code(n: u64) -> Option<Self> {
+        use SmcState::*;
+        [
+            Active,
+            Init,
+            Closed,
+            Listen,
+            PeerCloseWait1,
+            PeerCloseWait2,
+            AppCloseWait1,
+            AppCloseWait2,
+            AppFinCloseWait,
+            PeerFinCloseWait,
+            PeerAbortWait,
+            ProcessAbort,
+        ]
+        .into_iter()
+        .find(|s| *s as u64 == n)
+    }
+
+    /// `smcss`'s short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Active => "ACTIVE",
+            Self::Init => "INIT",
+            Self::Closed => "CLOSED",
+            Self::Listen => "LISTEN",
+            Self::PeerCloseWait1 => "PEERCLW1",
+            Self::PeerCloseWait2 => "PEERCLW2",
+            Self::AppCloseWait1 => "APPCLW1",
+            Self::AppCloseWait2 => "APPCLW2",
+            Self::AppFinCloseWait => "APPFINCLW",
+            Self::PeerFinCloseWait => "PEERFINCLW",
+            Self::PeerAbortWait => "PEERABORTW",
+            Self::ProcessAbort => "PROCESSABORT",
+        }
+    }
+}
+
 impl ConnCore {
+    /// Linux's SMC state of this connection now, from both sides' close flags; `failed`: the
+    /// connection failed locally, `local_closed`: our application closed it (Linux's
+    /// `smc_close_active`/`smc_close_passive_work` transitions, seen from their results).
+    pub fn linux_state(&self, failed: bool, local_closed: bool) -> SmcState {
+        let (local, peer) = (self.local_flags, self.peer_flags);
+        let closed = ConnStateFlags::PEER_CONN_CLOSED;
+        let done = ConnStateFlags::PEER_DONE_WRITING | closed;
+        if peer.contains(ConnStateFlags::PEER_CONN_ABORT) || failed {
+            return if local_closed {
+                SmcState::Closed
+            } else {
+                SmcState::ProcessAbort
+            };
+        }
+        if local.contains(ConnStateFlags::PEER_CONN_ABORT) {
+            return SmcState::PeerAbortWait;
+        }
+        match (local.intersects(done), peer.intersects(done)) {
+            (false, false) => SmcState::Active,
+            // We closed or shut down writing; the peer has not.
+            (true, false) if local.contains(closed) => SmcState::PeerCloseWait2,
+            (true, false) => SmcState::PeerCloseWait1,
+            // The peer did; we have not.
+            (false, true) if peer.contains(closed) => SmcState::AppCloseWait2,
+            (false, true) => SmcState::AppCloseWait1,
+            (true, true) if local.contains(closed) && peer.contains(closed) => SmcState::Closed,
+            (true, true) if local.contains(closed) => SmcState::PeerFinCloseWait,
+            (true, true) => SmcState::AppFinCloseWait,
+        }
+    }
+
     /// A connection whose peer gave `token_peer` (it goes into our CDCs), with the peer's RMB
     /// of `peer_rmb` bytes and ours of `rmb` bytes.
     pub fn new(token_peer: u32, peer_rmb: u32, rmb: u32) -> Self {

@@ -19,7 +19,8 @@
 //! QPs), path 1 the link added over the alternate addresses; each end's path `i` talks to the
 //! peer's path `i`.
 //!
-//! Behaviour followed (RFC 7609 §3.5 "link group management" and Linux's net/smc/smc_llc.c):
+//! Behaviour followed (RFC 7609 on link groups, adding links and failover; Linux's
+//! net/smc/smc_llc.c and smc_core.c, named per rule):
 //! * the server adds a link over the other path once the first one is up
 //!   (`smc_llc_srv_add_link`), and again after each loss, here after [`HEAL_RETRY`] doubling to
 //!   [`HEAL_MAX`] (Linux retries on a port event, which has no counterpart here);

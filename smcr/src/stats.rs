@@ -165,21 +165,7 @@ pub mod conn {
 
 /// Linux's SMC socket states (`enum smc_state`) by number, with `smcss`'s short names.
 pub fn state_name(state: u64) -> &'static str {
-    match state {
-        1 => "ACTIVE",
-        2 => "INIT",
-        7 => "CLOSED",
-        10 => "LISTEN",
-        20 => "PEERCLW1",
-        21 => "PEERCLW2",
-        22 => "APPCLW1",
-        23 => "APPCLW2",
-        24 => "APPFINCLW",
-        25 => "PEERFINCLW",
-        26 => "PEERABORTW",
-        27 => "PROCESSABORT",
-        _ => "UNKNOWN",
-    }
+    crate::conn::SmcState::from_code(state).map_or("UNKNOWN", crate::conn::SmcState::name)
 }
 
 /// RoCE device records per area (a process has one device per local address it runs SMC-R

@@ -502,3 +502,25 @@ fn a_failover_cdc_says_again_that_the_writer_is_blocked() {
         "the reader answers the blocked writer"
     );
 }
+
+#[test]
+fn linux_state_follows_both_sides_close_flags() {
+    use cdc::ConnStateFlags as F;
+    let mut c = ConnCore::new(1, 65536, 65536);
+    assert_eq!(c.linux_state(false, false), SmcState::Active);
+    assert_eq!(c.linux_state(true, false), SmcState::ProcessAbort);
+    assert_eq!(c.linux_state(true, true), SmcState::Closed);
+    // We shut down writing, then closed.
+    let _ = c.close_flags(F::PEER_DONE_WRITING);
+    assert_eq!(c.linux_state(false, false), SmcState::PeerCloseWait1);
+    let _ = c.close_flags(F::PEER_CONN_CLOSED);
+    assert_eq!(c.linux_state(false, true), SmcState::PeerCloseWait2);
+    // Numbers and names are Linux's and smcss's.
+    assert_eq!(SmcState::PeerCloseWait2 as u8, 21);
+    assert_eq!(SmcState::from_code(21), Some(SmcState::PeerCloseWait2));
+    assert_eq!(SmcState::from_code(3), None);
+    assert_eq!(SmcState::AppFinCloseWait.name(), "APPFINCLW");
+    let mut d = ConnCore::new(1, 65536, 65536);
+    let _ = d.close_flags(F::PEER_CONN_ABORT);
+    assert_eq!(d.linux_state(false, false), SmcState::PeerAbortWait);
+}

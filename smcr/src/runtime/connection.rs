@@ -1,0 +1,485 @@
+//! A connection's shared state under the driver (`ConnShared`, `ConnState`): staging and
+//! corking writes, posting them on the group's active path (moving after a failover), CDCs
+//! received, readiness, failure and release.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// One SMC-R connection's shared state (the stream holds it; so does the link group until
+/// both sides closed, because the peer may still write into our RMB until it has seen our
+/// close).
+pub(crate) struct ConnShared {
+    pub(crate) token: u32,
+    pub(crate) rmb: Arc<MemoryRegion>,
+    pub(crate) sndbuf: Arc<MemoryRegion>,
+    pub(crate) core: Mutex<ConnState>,
+    pub(crate) cond: Condvar,
+    /// Counts [`ConnShared::wake`]s: a thread that checked its condition and then drives the
+    /// group instead of waiting on `cond` learns from it that the condition may have changed
+    /// in between.
+    pub(crate) wakes: std::sync::atomic::AtomicU64,
+    /// The group, to wake its blocking driver when something other than a completion changes
+    /// this connection (a shutdown or abort by another thread, the group failing).
+    pub(crate) lg: Weak<LinkGroup>,
+    /// Two eventfds, for readers and for writers, made readable at every state change (data,
+    /// space, close, failure); created on demand for poll/epoll and async users. Two, because
+    /// a reactor keeps one waiter per fd and direction.
+    pub(crate) events: [std::sync::OnceLock<OwnedFd>; 2],
+    /// Told the readiness an application would see (the preload's fd), at every change.
+    pub(crate) readiness: std::sync::OnceLock<Box<dyn Readiness>>,
+}
+
+/// What `poll` should report for a connection, kept current by the connection (under its
+/// lock, so updates arrive in order). The preload implements it with a socket whose kernel
+/// readiness it controls.
+pub trait Readiness: Send + Sync {
+    /// The state changed: readable (data, EOF or error), writable (space, or an error to
+    /// report), read side hung up (peer done writing or gone), fully hung up.
+    fn update(&self, state: ReadyState);
+}
+
+/// Readiness of a connection as poll/epoll report it for sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadyState {
+    /// POLLIN: a read would not block.
+    pub readable: bool,
+    /// POLLOUT: a write would not block.
+    pub writable: bool,
+    /// POLLRDHUP: the peer will send no more.
+    pub rdhup: bool,
+    /// POLLHUP: both directions are finished (or the connection failed).
+    pub hup: bool,
+    /// POLLERR: the connection was reset (the peer aborted it, or it failed).
+    pub error: bool,
+    /// Counts arrivals of data (wrapping): a change while `readable` stays true is a new
+    /// arrival, which edge-triggered epoll reports again for a socket.
+    pub arrivals: u32,
+}
+
+pub(crate) struct ConnState {
+    pub(crate) core: ConnCore,
+    pub(crate) failed: Option<ConnFailure>,
+    pub(crate) local_closed: bool,
+    pub(crate) released: bool,
+    /// The peer's RMB as the path we last wrote on reaches it (see [`crate::rtokens`]).
+    pub(crate) peer: crate::rtokens::PeerRmb,
+    /// Bytes copied into the send buffer but not yet written and announced (autocorking).
+    pub(crate) staged: u32,
+    /// Data CDCs posted whose SEND has not completed.
+    pub(crate) inflight: u32,
+    /// Counters.
+    pub(crate) stats: crate::ConnStats,
+    /// We shut down writing (shutdown or close).
+    pub(crate) shut_wr: bool,
+    /// We shut down reading: reads give EOF once the queued data is read.
+    pub(crate) shut_rd: bool,
+    /// A reset (peer abort or failure) was reported to the application once; later reads
+    /// give EOF and writes EPIPE, as for a TCP socket whose error was collected.
+    pub(crate) reset_reported: bool,
+    /// What the readiness sink was last told.
+    pub(crate) reported: Option<ReadyState>,
+    /// Data arrivals (see [`ReadyState::arrivals`]).
+    pub(crate) arrivals: u32,
+    /// The connection's record in the stats area, while the stream holds it (cleared under
+    /// this lock before the record is freed, so no late update lands in a reused slot).
+    pub(crate) stat: Option<StatRef>,
+    /// The group's failover epoch this connection last moved at (see [`ConnShared::route`]).
+    pub(crate) epoch: u32,
+}
+
+/// Where a connection publishes its cursors and state.
+pub(crate) struct StatRef {
+    pub(crate) area: Arc<crate::stats::Area>,
+    pub(crate) slot: usize,
+    /// When negotiation began (stage times are offsets from it).
+    pub(crate) start: Instant,
+}
+
+impl ConnState {
+    /// Linux's SMC state for this connection now (`enum smc_state`).
+    pub(crate) fn linux_state(&self) -> u64 {
+        self.core
+            .linux_state(self.failed.is_some(), self.local_closed) as u64
+    }
+
+    /// Publishes cursors, flags and state to the stats area (cheap relaxed stores).
+    pub(crate) fn publish(&self) {
+        use crate::stats::conn::live;
+        let Some(st) = &self.stat else { return };
+        let (tp, pc, rp, rc, lf, pf) = self.core.cursors();
+        let w = |c: cdc::Cursor| u64::from(c.wrap) << 32 | u64::from(c.count);
+        st.area.set_live(st.slot, live::TX_PROD, w(tp));
+        st.area.set_live(st.slot, live::PEER_CONS, w(pc));
+        st.area.set_live(st.slot, live::RX_PROD, w(rp));
+        st.area.set_live(st.slot, live::RX_CONS, w(rc));
+        st.area.set_live(
+            st.slot,
+            live::FLAGS,
+            u64::from(lf.bits()) | u64::from(pf.bits()) << 8 | self.linux_state() << 16,
+        );
+    }
+}
+
+impl ConnShared {
+    /// Most bytes held back while a CDC is in flight (Linux: min(sndbuf/2, autocorking_size
+    /// 64 KiB)).
+    pub(crate) fn cork_limit(&self) -> u32 {
+        ((self.sndbuf.len() / 2) as u32).min(64 * 1024)
+    }
+
+    /// Writes and announces the staged bytes (one or two RDMA WRITEs and a CDC); `pending` is
+    /// what the writer has in all (for the "writing blocked" flag).
+    pub(crate) fn flush_locked(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        pending: u32,
+        poller: bool,
+    ) -> io::Result<()> {
+        self.flush_staged(s, lg, pending, poller, false)
+    }
+
+    /// Writes the staged bytes (unless `written`: already in the peer's RMB, see
+    /// [`Self::write_direct`]) and announces them with a CDC.
+    pub(super) fn flush_staged(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        pending: u32,
+        poller: bool,
+        written: bool,
+    ) -> io::Result<()> {
+        if s.staged == 0 {
+            return Ok(());
+        }
+        // The slot first: once the cursor has advanced, the CDC must go out.
+        let slot = lg.take_slot(poller)?;
+        let path = self.route(s, lg, slot, poller)?;
+        let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
+        let pieces: Vec<(u32, u32)> = plan
+            .pieces
+            .into_iter()
+            .filter(|p| p.1 > 0 && !written)
+            .collect();
+        s.stats.bytes_sent += u64::from(s.staged);
+        s.stats.data_cdcs += 1;
+        if let Some(st) = &s.stat {
+            let at = st.start.elapsed().as_nanos().max(1) as u64;
+            st.area
+                .set_live_once(st.slot, crate::stats::conn::live::FIRST_WRITE, at);
+        }
+        s.staged = 0;
+        s.inflight += 1;
+        s.publish();
+        let writes = DataWrites {
+            sndbuf: &self.sndbuf,
+            pieces: &pieces,
+            peer: lg.peer_rmb(&mut s.peer, path),
+            slack: plan.slack,
+        };
+        if lg.post_data(path, &writes, slot, &plan.cdc, self.token)? {
+            s.inflight -= 1;
+        }
+        Ok(())
+    }
+
+    /// The path this connection posts on now, holding `slot` (a SEND slot the caller took
+    /// first, so the answer is still true when it posts). After a failover (a new epoch), the
+    /// connection first moves there (under its lock, before anything else of it is posted
+    /// there): Linux's validation CDC, every byte the peer has not consumed written again,
+    /// then a CDC with the current cursors (see [`ConnCore::failover`]). A CDC of ours that
+    /// announced bytes lost with the failed link can then never arrive before those bytes. A
+    /// failed connection moves too (its abort or close CDC announces the same cursors); a
+    /// released one posts nothing (its buffers may serve another connection). On an error
+    /// `slot` is given back and the connection has failed.
+    pub(crate) fn route(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        slot: usize,
+        poller: bool,
+    ) -> io::Result<usize> {
+        let (epoch, path) = lg.route();
+        if s.epoch == epoch {
+            return Ok(path);
+        }
+        if s.released {
+            lg.put_back(slot);
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the connection is gone",
+            ));
+        }
+        if s.core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            // The peer aborted: its RMB may already serve another of its connections, so
+            // nothing is written again (Linux re-points such connections without a rewrite).
+            s.epoch = epoch;
+            return Ok(path);
+        }
+        let moved = (|| -> io::Result<()> {
+            let second = lg.take_slot(poller)?;
+            let third = match lg.take_slot(poller) {
+                Ok(x) => x,
+                Err(e) => {
+                    lg.put_back(second);
+                    return Err(e);
+                }
+            };
+            let f = s.core.failover();
+            if let Err(e) = lg.post_cdc(path, second, &f.validation, 0) {
+                lg.put_back(third);
+                return Err(e);
+            }
+            let pieces: Vec<(u32, u32)> = f.pieces.into_iter().filter(|p| p.1 > 0).collect();
+            let writes = DataWrites {
+                sndbuf: &self.sndbuf,
+                pieces: &pieces,
+                peer: lg.peer_rmb(&mut s.peer, path),
+                slack: 0,
+            };
+            if !lg.post_data(path, &writes, third, &f.cdc, self.token)? {
+                s.inflight += 1;
+            }
+            Ok(())
+        })();
+        match moved {
+            Ok(()) => {
+                // Moved: only now may its other messages go to this path.
+                s.epoch = epoch;
+                s.stats.failovers += 1;
+                Ok(path)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                lg.put_back(slot);
+                Err(e)
+            }
+            Err(e) => {
+                lg.put_back(slot);
+                s.failed
+                    .get_or_insert_with(|| ConnFailure::Move(e.to_string()));
+                s.publish();
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a CDC of this connection (`m`, made under the same lock) on its path.
+    pub(crate) fn send_ctl(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        m: &CdcMessage,
+        poller: bool,
+    ) -> io::Result<()> {
+        let slot = lg.take_slot(poller)?;
+        let path = self.route(s, lg, slot, poller)?;
+        lg.post_cdc(path, slot, m, 0).map(drop)
+    }
+
+    /// Same-host links: writes `buf` straight into the peer's RMB where the next staged bytes
+    /// would go (the peer reads nothing past the producer cursor we announced, and `buf` fits
+    /// the free space) and announces it, with no copy through the send buffer. Returns false
+    /// (nothing announced) when that cannot be done: bytes already staged or a CDC in flight
+    /// (order), or a link on UDP.
+    pub(crate) fn write_direct(
+        &self,
+        s: &mut ConnState,
+        lg: &LinkGroup,
+        buf: &[u8],
+        pending: u32,
+    ) -> io::Result<bool> {
+        if s.staged != 0 || s.inflight != 0 || !lg.same_host() {
+            return Ok(false);
+        }
+        let n = buf.len() as u32;
+        let mut at = 0usize;
+        for (off, len) in s.core.stage_pieces(0, n) {
+            if len == 0 {
+                continue;
+            }
+            let piece = &buf[at..at + len as usize];
+            // Same-host groups have one path.
+            if !lg.paths[0]
+                .qp
+                .write_direct(piece, s.peer.vaddr + u64::from(off), s.peer.rkey)
+            {
+                return Ok(false);
+            }
+            at += len as usize;
+        }
+        s.staged = n;
+        self.flush_staged(s, lg, pending, false, true)?;
+        Ok(true)
+    }
+
+    /// A data CDC of ours completed: when none is left in flight, post what was corked.
+    pub(super) fn on_sent(&self, lg: &LinkGroup) {
+        let mut s = self.core.lock();
+        s.inflight = s.inflight.saturating_sub(1);
+        if s.inflight == 0 && s.staged > 0 {
+            drop(s);
+            self.flush_corked(lg);
+        }
+    }
+
+    pub(super) fn flush_corked(&self, lg: &LinkGroup) {
+        let mut s = self.core.lock();
+        if s.failed.is_some() || s.inflight > 0 {
+            return;
+        }
+        let pending = s.staged;
+        match self.flush_locked(&mut s, lg, pending, true) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                lg.st.lock().g.conns.defer_flush(self.token);
+            }
+            Err(e) => {
+                s.failed.get_or_insert(ConnFailure::Post(e.to_string()));
+                s.publish();
+                drop(s);
+                self.wake();
+            }
+        }
+    }
+
+    /// Ends the connection because of the peer (bad cursors, urgent data): an abort CDC tells
+    /// it, our application gets `ConnectionReset` with `why`.
+    pub(crate) fn abort(&self, s: &mut ConnState, lg: &LinkGroup, why: ConnFailure) {
+        s.failed = Some(why);
+        let cdc = s.core.close_flags(ConnStateFlags::PEER_CONN_ABORT);
+        s.publish();
+        let _ = self.send_ctl(s, lg, &cdc, true);
+    }
+
+    pub(super) fn on_cdc(&self, lg: &LinkGroup, m: &CdcMessage) {
+        let mut s = self.core.lock();
+        if s.failed.is_some() {
+            return;
+        }
+        if m.prod_flags
+            .intersects(ProducerFlags::URG_DATA_PENDING | ProducerFlags::URG_DATA_PRESENT)
+        {
+            // Delivering the urgent byte inline would corrupt the stream for a program that
+            // asked for it out of band: refuse clearly instead.
+            self.abort(&mut s, lg, ConnFailure::UrgentData);
+            drop(s);
+            self.wake();
+            return;
+        }
+        let before = s.core.readable();
+        match s.core.on_cdc(m) {
+            Ok(u) => {
+                if s.core.readable() > before {
+                    s.arrivals = s.arrivals.wrapping_add(1);
+                }
+                if u.update_requested {
+                    let cdc = s.core.control_cdc();
+                    // The poller must not wait; a missed update is re-requested by the peer.
+                    let _ = self.send_ctl(&mut s, lg, &cdc, true);
+                }
+            }
+            Err(e) => {
+                self.abort(&mut s, lg, ConnFailure::Protocol(e));
+            }
+        }
+        s.publish();
+        let peer = s.core.peer_flags();
+        let both_closed = s.local_closed
+            && (peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
+                || peer.contains(ConnStateFlags::PEER_CONN_ABORT));
+        drop(s);
+        self.wake();
+        if both_closed {
+            self.release(lg);
+        }
+    }
+
+    pub(super) fn fail(&self, reason: &GroupDown) {
+        let mut s = self.core.lock();
+        s.failed
+            .get_or_insert_with(|| ConnFailure::Group(reason.clone()));
+        s.publish();
+        drop(s);
+        self.wake();
+    }
+
+    /// Tells the readiness sink the current state if it changed (caller holds the lock).
+    pub(crate) fn report(&self, s: &mut ConnState) {
+        let Some(sink) = self.readiness.get() else {
+            return;
+        };
+        let pf = s.core.peer_flags();
+        let gone = s.failed.is_some() || pf.contains(ConnStateFlags::PEER_CONN_ABORT);
+        let peer_done = gone
+            || s.shut_rd
+            || pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED);
+        let now = ReadyState {
+            readable: s.core.readable() > 0 || peer_done,
+            writable: s.core.space() > s.staged
+                || gone
+                || s.local_closed
+                || pf.contains(ConnStateFlags::PEER_CONN_CLOSED),
+            rdhup: peer_done,
+            hup: gone || (peer_done && s.shut_wr),
+            error: gone && !s.reset_reported,
+            arrivals: s.arrivals,
+        };
+        if s.reported != Some(now) {
+            s.reported = Some(now);
+            sink.update(now);
+        }
+    }
+
+    /// Wakes blocked readers and writers and signals the readiness fds.
+    pub(crate) fn wake(&self) {
+        self.wakes.fetch_add(1, Ordering::AcqRel);
+        if let Some(lg) = self.lg.upgrade() {
+            lg.kick_blocking_driver();
+        }
+        if self.readiness.get().is_some() {
+            let mut s = self.core.lock();
+            self.report(&mut s);
+        }
+        self.cond.notify_all();
+        for fd in self.events.iter().filter_map(std::sync::OnceLock::get) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes from a valid buffer to our eventfd; a full counter
+            // (EAGAIN) already means "readable".
+            unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    /// The readiness eventfd, created on first use (non-blocking, close-on-exec). It starts
+    /// readable, so a first poll always tries the operation.
+    pub(crate) fn readiness_fd(&self, write: bool) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::{AsFd, FromRawFd};
+        let slot = &self.events[usize::from(write)];
+        if slot.get().is_none() {
+            // SAFETY: eventfd has no memory preconditions; the result is checked.
+            let fd = unsafe { libc::eventfd(1, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a new fd nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // A concurrent caller may have won; its fd is kept, ours dropped.
+            let _ = slot.set(fd);
+        }
+        Ok(slot.get().expect("set above").as_fd())
+    }
+
+    /// Frees the RMB budget and detaches from the link group (once).
+    pub(crate) fn release(&self, lg: &LinkGroup) {
+        let mut s = self.core.lock();
+        if s.released {
+            return;
+        }
+        s.released = true;
+        drop(s);
+        lg.detach(self.token);
+        lg.recycle(&self.rmb, &self.sndbuf);
+    }
+}

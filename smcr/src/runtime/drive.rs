@@ -1,0 +1,424 @@
+//! A link group's driver, part 3: who handles completions and when — the poller thread,
+//! holds (an application thread driving the group instead of the poller), sleeping and
+//! waking, and `handle`, which feeds completions to `GroupCore` and the connections.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl LinkGroup {
+    pub(super) fn poll_loop(self: Arc<Self>) {
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        loop {
+            let wait = {
+                let next = self.next_timer(&self.st.lock());
+                // Nothing is due: sleep until something arrives (an idle program uses no
+                // CPU); the cap only bounds what a missed wake-up could cost.
+                let wait = next.map_or(IDLE_WAIT, |t| {
+                    t.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
+                });
+                self.check_hold(wait)
+            };
+            // Sleep without taking completions: an application thread may take and handle
+            // them first (`progress`), always under the driver lock, so they stay in order.
+            if let Err(e) = self.cq.wait_ready(Some(wait)) {
+                self.fail(GroupDown::CompletionQueue(e.to_string()));
+                self.release_hold();
+                return;
+            }
+            // While an application thread drives the group, what arrives is its to take (it is
+            // signalled, and sleeps until then): only the timers are ours. Woken with none due
+            // (a kick: a holder came back), only the wait is recomputed, without the driver
+            // lock: a driver's `progress` must not find it taken for nothing.
+            if self.cq.driven() && !self.timers_due(Instant::now()) {
+                continue;
+            }
+            let driver = self.driver.lock();
+            let n = if self.cq.driven() {
+                0
+            } else {
+                self.cq.poll(&mut wcs)
+            };
+            if self.handle(&wcs[..n]) {
+                drop(driver);
+                self.release_hold();
+                self.finish();
+                return;
+            }
+        }
+    }
+
+    /// Whether one of the poller's timers (the link's, the linger) is due at `now`.
+    pub(super) fn timers_due(&self, now: Instant) -> bool {
+        self.next_timer(&self.st.lock()).is_some_and(|t| t <= now)
+    }
+
+    /// The earliest of the links' timers, the linger and the next try to add a link.
+    pub(super) fn next_timer(&self, st: &LgState) -> Option<Instant> {
+        st.g.poll_timeout()
+    }
+
+    /// The poller stops (the group failed or was deleted): nobody will take the hold back, so
+    /// it ends now; the device socket goes back to the engine thread for the other groups.
+    pub(super) fn release_hold(&self) {
+        let mut h = self.hold.lock();
+        if std::mem::take(&mut h.rx) {
+            self.cq.delegate_rx(false);
+        }
+        if std::mem::take(&mut h.held) {
+            drop(h);
+            self.cq.end_drive();
+        }
+    }
+
+    /// The completion queue's driver descriptor (see [`crate::Driver`]).
+    pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.cq.driver_fd()
+    }
+
+    /// The device socket the group's packets arrive on, unless it uses shared memory only
+    /// (see [`crate::Driver::rx_fd`]).
+    pub(crate) fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // Without the hold the socket stays with the engine thread: a watcher would only race
+        // it for packets.
+        if self.hold_for.is_zero() {
+            return None;
+        }
+        self.cq.rx_fd()
+    }
+
+    /// Receives what waits on the device socket, then handles the group's completions (see
+    /// [`crate::Driver::receive`]).
+    pub(crate) fn receive(self: &Arc<Self>) {
+        // (A group on shared memory has nothing on the socket: no system call for nothing.)
+        if !self.same_host() {
+            self.cq.receive();
+        }
+        self.progress();
+    }
+
+    /// For a thread about to sleep in its own wait on [`Self::event_fd`] (an epoll set):
+    /// starts a drive and says it sleeps. `false`: something is there already — it was
+    /// handled and the drive ended; check readiness without sleeping. Either way the group
+    /// stays held for the thread's next wait (see [`Hold`]).
+    ///
+    /// `rx`: the caller's wait also watches [`Self::rx_fd`] (edge-triggered) and calls
+    /// [`Self::receive`] when it fires; then the group's packets wake it directly.
+    pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
+        self.cq.begin_drive();
+        if !self.hold_for.is_zero() {
+            let mut h = self.hold.lock();
+            // A group that is down has no poller left to take a hold back (`release_hold`);
+            // read under the hold's lock, which `release_hold` takes after the group went down.
+            if !self.down.load(Ordering::Acquire) {
+                if !h.held {
+                    h.held = true;
+                    self.cq.begin_drive();
+                }
+                if rx && !h.rx && !self.same_host() {
+                    h.rx = true;
+                    self.cq.delegate_rx(true);
+                }
+            }
+            h.sleeping += 1;
+            h.last = Instant::now();
+        }
+        if self.cq.drive_spin() || self.cq.drive_sleep(true) {
+            self.hold_woke();
+            self.cq.end_drive();
+            self.progress();
+            return false;
+        }
+        true
+    }
+
+    /// Ends what [`Self::sleep_begin`] started (after the wait returned).
+    pub(crate) fn sleep_end(&self, slept: Duration, woken: bool) {
+        self.cq.drive_sleep(false);
+        if woken {
+            self.cq.drive_woke_after(slept);
+        }
+        self.hold_woke();
+        self.cq.end_drive();
+    }
+
+    /// A holder's sleep ended: the poller, if it went to its long timer meanwhile, must watch
+    /// the hold again.
+    pub(super) fn hold_woke(&self) {
+        if self.hold_for.is_zero() {
+            return;
+        }
+        let mut h = self.hold.lock();
+        h.sleeping = h.sleeping.saturating_sub(1);
+        let now = Instant::now();
+        h.last = now;
+        // Under the hold lock: `check_hold` sets `poller_until` under it too.
+        if h.poller_until.is_some_and(|t| t > now + self.hold_for) {
+            h.poller_until = None;
+            self.cq.kick();
+        }
+    }
+
+    /// The poller's look at the hold before it sleeps for at most `wait`: takes the group back
+    /// from holders away longer than `hold_for`; returns how long to sleep (shorter while
+    /// holders are awake; while they sleep they are signalled themselves, and the first to wake
+    /// kicks the poller, see `hold_woke`).
+    pub(super) fn check_hold(&self, wait: Duration) -> Duration {
+        if self.hold_for.is_zero() {
+            return wait;
+        }
+        let mut h = self.hold.lock();
+        let now = Instant::now();
+        let since = now.saturating_duration_since(h.last);
+        let wait = if !h.held {
+            wait
+        } else if h.sleeping > 0 {
+            if since >= HOLD_IDLE {
+                wait
+            } else {
+                wait.min(HOLD_IDLE - since)
+            }
+        } else if since >= self.hold_for {
+            h.held = false;
+            if std::mem::take(&mut h.rx) {
+                self.cq.delegate_rx(false);
+            }
+            // What arrived meanwhile is signalled to the poller (us) now.
+            self.cq.end_drive();
+            wait
+        } else {
+            wait.min(self.hold_for - since)
+        };
+        h.poller_until = Some(now + wait);
+        wait
+    }
+
+    /// A thread blocked in a read or write (until `deadline`) waits for the group's next
+    /// completions and handles them itself, so the message it waits for costs one wake-up (its
+    /// own) instead of two (the poller's, then its own). Returns false if another thread is
+    /// the blocking driver already (then wait on the condition variable: it handles ours too).
+    ///
+    /// `changed` says whether the caller's condition may have changed since it checked it
+    /// (another thread handled something for it meanwhile): then it does not sleep.
+    ///
+    /// Call it only after [`Self::claim_blocking_driver`] returned true (it gives the claim
+    /// back): the claim is taken while the caller still holds its connection's lock, so a
+    /// thread that does not get it waits on its condition variable without a gap in which a
+    /// wake-up could pass unseen.
+    pub(crate) fn drive_blocked(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+        changed: impl Fn() -> bool,
+    ) {
+        /// Ends the drive and gives the role back however this function is left (a panic in
+        /// `handle` must not leave the group driven: the poller would never take completions).
+        struct Drive<'a>(&'a LinkGroup);
+        impl Drop for Drive<'_> {
+            fn drop(&mut self) {
+                self.0.cq.end_drive();
+                self.0.blocking_driver.store(false, Ordering::Release);
+                DRIVING.with(|d| d.set(false));
+            }
+        }
+        DRIVING.with(|d| d.set(true));
+        self.cq.begin_drive();
+        let _drive = Drive(self);
+        // The poller takes no new batch now; waiting for the driver lock lets it finish the
+        // one it may be handling, so `changed` sees its effect.
+        self.handle_queued();
+        if !changed() {
+            // Capped: a wake-up lost to a bug would cost a second, not the connection.
+            let cap = Duration::from_secs(1);
+            let timeout = deadline.map_or(cap, |d| {
+                d.saturating_duration_since(Instant::now()).min(cap)
+            });
+            // An error of the CQ wait is the poller's to report; this thread just goes on.
+            let _ = self.cq.drive_wait(Some(timeout));
+            self.handle_queued();
+        }
+    }
+
+    /// Wakes the blocking driver, if there is one and it is not this thread's own handling
+    /// (its sleep ends; it re-checks its condition).
+    /// Wakes whoever sleeps on the group's driver descriptor (see [`crate::Driver::kick`]).
+    pub(crate) fn kick_drivers(&self) {
+        self.cq.kick_driver();
+    }
+
+    pub(crate) fn kick_blocking_driver(&self) {
+        if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
+            self.cq.kick_driver();
+        }
+    }
+
+    /// Claims the group's blocking driver role (see [`Self::drive_blocked`]); false if another
+    /// thread has it or the group is down.
+    pub(crate) fn claim_blocking_driver(&self) -> bool {
+        !self.down.load(Ordering::Acquire) && !self.blocking_driver.swap(true, Ordering::AcqRel)
+    }
+
+    /// Takes and handles what the completion queue holds, under the driver lock.
+    pub(super) fn handle_queued(self: &Arc<Self>) {
+        let _driver = self.driver.lock();
+        self.handle_batches(usize::MAX);
+    }
+
+    /// Takes and handles up to `batches` batches of completions (the driver lock held);
+    /// stops early when the queue is empty or the group failed.
+    pub(super) fn handle_batches(self: &Arc<Self>, batches: usize) {
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        for _ in 0..batches {
+            let n = self.cq.poll(&mut wcs);
+            if n == 0 || self.handle(&wcs[..n]) {
+                return;
+            }
+        }
+    }
+
+    /// Handles what an application thread finds in the completion queue, if no other thread
+    /// is doing so (never blocks): the CDC that makes its socket readable is then handled
+    /// on its own thread, without waiting for the poller to wake.
+    pub(crate) fn progress(self: &Arc<Self>) {
+        if !self.hold_for.is_zero() {
+            // A loop came by (an `epoll_wait` that does not sleep, too): the hold stays.
+            let mut h = self.hold.lock();
+            if h.held {
+                h.last = Instant::now();
+            }
+        }
+        let Some(_driver) = self.driver.try_lock() else {
+            return;
+        };
+        self.handle_batches(16);
+    }
+
+    /// Handles completions (CDCs, LLC messages, SEND completions), runs the link's timers and
+    /// wakes connections. Called with the driver lock held. Returns true once the group failed.
+    pub(super) fn handle(self: &Arc<Self>, wcs: &[WorkCompletion]) -> bool {
+        if !self.shown_shm.load(Ordering::Relaxed) && self.same_host() {
+            // The switch to shared memory happens once the first UDP exchanges are
+            // acknowledged: show it (whichever thread handles completions then).
+            self.shown_shm.store(true, Ordering::Relaxed);
+            let up = self.st.lock().g.is_up();
+            self.publish(if up {
+                crate::stats::lg::LINK_ACTIVE
+            } else {
+                crate::stats::lg::LINK_ACTIVATING
+            });
+        }
+        let now = Instant::now();
+        let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
+        // Connections whose data CDC's SEND completed (with its sequence number) or was
+        // flushed by a failed link (none).
+        let mut sent: Vec<(Arc<ConnShared>, Option<u16>)> = Vec::new();
+        let unmoved = {
+            let mut guard = self.st.lock();
+            let st = &mut *guard;
+            for wc in wcs {
+                let path = self.path_of(wc.qp_num);
+                if wc.status != WcStatus::Success {
+                    if st.g.is_live(path) {
+                        st.g.transport_failed(path, &self.failure_cause(path, wc.status));
+                    }
+                    // A SEND flushed by a failed link frees its slot (and its connection's
+                    // count of CDCs in flight); a surviving link carries on.
+                    if wc.opcode == WcOpcode::Send && (wc.wr_id as usize) < SEND_SLOTS {
+                        if let Some(c) = st.g.conns.complete(wc.wr_id as usize) {
+                            sent.push((c, None));
+                        }
+                        self.cond.notify_all();
+                    }
+                    continue;
+                }
+                match wc.opcode {
+                    WcOpcode::Recv => {
+                        let slot = wc.wr_id as usize;
+                        let p = &self.paths[path];
+                        let len = (wc.byte_len as usize).min(SLOT);
+                        let mut b = [0u8; SLOT];
+                        self.recv_mr.read(slot * SLOT, &mut b[..len]);
+                        // An LLC message longer than a slot (ADD LINK with many rkeys).
+                        let long = match &p.big {
+                            Some(big) if wc.byte_len as usize > SLOT => {
+                                let n = (wc.byte_len as usize).min(LLC_MAX);
+                                let mut v = vec![0u8; n];
+                                v[..SLOT].copy_from_slice(&b);
+                                big.read(0, &mut v[SLOT..]);
+                                Some(v)
+                            }
+                            _ => None,
+                        };
+                        let _ = p.post_recv(&self.recv_mr, slot);
+                        if b[0] == cdc::CDC_TYPE {
+                            // CDCs count on any link (Linux accepts them on each).
+                            st.g.note_activity(path, now);
+                            match CdcMessage::parse(&b[..len]) {
+                                // Linux drops CDCs for unknown tokens too.
+                                Ok(m) => {
+                                    if let Route::Conn(c) = st.g.conns.route(m) {
+                                        cdcs.push((c, m));
+                                    }
+                                }
+                                Err(_) => st.g.bad_cdc(now),
+                            }
+                        } else {
+                            st.g.handle_llc(path, long.as_deref().unwrap_or(&b[..len]), now);
+                        }
+                    }
+                    WcOpcode::Send => {
+                        let slot = wc.wr_id as usize;
+                        if let Some(c) = st.g.conns.complete(slot) {
+                            // A data CDC: its sequence number is what a failover validates
+                            // (groups that can fail over only).
+                            let seq = (self.paths.len() > 1).then(|| {
+                                let mut b = [0u8; cdc::CDC_LEN];
+                                self.send_mr.read(slot * SLOT, &mut b);
+                                CdcMessage::parse(&b).ok().map(|m| m.seq)
+                            });
+                            sent.push((c, seq.flatten()));
+                        }
+                        self.cond.notify_all();
+                    }
+                    _ => {}
+                }
+            }
+            // (The linger timer too: the group's state machine deletes an idle group.)
+            self.run_links(st, now);
+            st.g.take_unmoved()
+        };
+        for (c, m) in cdcs {
+            c.on_cdc(self, &m);
+        }
+        let retry: Vec<Arc<ConnShared>> = { self.st.lock().g.conns.take_deferred() };
+        for (c, seq) in sent {
+            if let Some(seq) = seq {
+                c.core.lock().core.cdc_done(seq);
+            }
+            c.on_sent(self);
+        }
+        for c in retry {
+            c.flush_corked(self);
+        }
+        if unmoved {
+            // A link failed: its requests were flushed into the completion queue. Take them
+            // first (their SEND slots, the connections' counts, what completed before), then
+            // move every connection to the surviving link.
+            let mut more = [WorkCompletion::EMPTY; 64];
+            loop {
+                let n = self.cq.poll(&mut more);
+                if n == 0 {
+                    break;
+                }
+                if self.handle(&more[..n]) {
+                    return true;
+                }
+            }
+            self.move_conns();
+        }
+        let down = self.st.lock().g.down().cloned();
+        if let Some(r) = down {
+            self.fail(r);
+            return true;
+        }
+        false
+    }
+}

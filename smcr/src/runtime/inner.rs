@@ -1,0 +1,249 @@
+//! The shared runtime state (`Inner`): devices by address, link groups, tokens, the RMB
+//! budget, handshake serialisation, fallback rows.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl Drop for Inner {
+    /// The last handle is gone: delete the link groups (their pollers then stop).
+    fn drop(&mut self) {
+        for g in self.groups.get_mut().drain(..) {
+            g.terminate();
+        }
+    }
+}
+
+impl Inner {
+    /// Records why a connection could not have SMC-R here (see [`Runtime::problem`]).
+    pub(crate) fn note(&self, why: String) {
+        *self.problem.lock() = Some(why);
+    }
+
+    /// The RMB size connections use.
+    pub(crate) fn rmb_size(&self) -> clc::RmbSize {
+        clc::RmbSize::round_up(self.cfg.rmb_size.clamp(16 * 1024, 512 * 1024))
+    }
+
+    /// The RMB size for a connection with `peer`: the configured one, or larger (the
+    /// same-host or remote size) while large RMBs hold at most a quarter of the budget — a
+    /// few busy connections get room for bulk, many get Linux's size, and the budget is not
+    /// spent on the first ones.
+    pub(crate) fn rmb_size_for(&self, peer: Ipv4Addr) -> clc::RmbSize {
+        let base = self.rmb_size();
+        let want = if self.cfg.same_host && self.is_local(peer) {
+            self.cfg.same_host_rmb_size
+        } else {
+            self.cfg.remote_rmb_size
+        };
+        let Some(want) = want else {
+            return base;
+        };
+        let large = clc::RmbSize::round_up(want.clamp(16 * 1024, 512 * 1024));
+        if large.bytes() <= base.bytes() {
+            return base;
+        }
+        let used = *self.rmb_in_use.lock();
+        if used + u64::from(large.bytes()) > self.cfg.rmb_budget / 4 {
+            return base;
+        }
+        large
+    }
+
+    /// Whether `ip` is an address of this host in our network namespace (it can be bound).
+    pub(super) fn is_local(&self, ip: Ipv4Addr) -> bool {
+        if let Some(&v) = self.local_addrs.lock().get(&ip) {
+            return v;
+        }
+        // A raw socket call: inside the preload, libc's would be our own hook.
+        let v = (|| -> io::Result<()> {
+            use rustix::net::{AddressFamily, SocketFlags, SocketType};
+            let s = rustix::net::socket_with(
+                AddressFamily::INET,
+                SocketType::DGRAM,
+                SocketFlags::CLOEXEC,
+                None,
+            )?;
+            rustix::net::bind(&s, &std::net::SocketAddr::from((ip, 0)))?;
+            Ok(())
+        })()
+        .is_ok();
+        self.local_addrs.lock().insert(ip, v);
+        v
+    }
+
+    pub(crate) fn device(&self, ip: Ipv4Addr) -> io::Result<Arc<Dev>> {
+        let mut devs = self.devices.lock();
+        if let Some(d) = devs.get(&ip) {
+            return Ok(d.clone());
+        }
+        if self.cfg.roce_port == crate::steer::ROCE_PORT {
+            // Root in its own network namespace: steer there, so that this process and the
+            // others on the address all reach their peers (else the device finds out itself:
+            // steered, owner of 4791, or local-only).
+            let dir = match &self.cfg.negotiation {
+                Negotiation::TcpOption { dir } => dir.as_path(),
+                Negotiation::Assume => std::path::Path::new(crate::option::DEFAULT_DIR),
+            };
+            crate::steer::runtime_attach(self.cfg.steer_attach, dir, ip);
+        }
+        let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
+        dcfg.faults = self.cfg.faults;
+        // Multi-homed: the second link of a group is a second queue pair of this device,
+        // sending from an alternate address (same memory regions, same CQ). Each device gets
+        // its own (the first configured one no other device has or is; none for a loopback
+        // address, whose peers are on this host).
+        let alt = (!ip.is_loopback())
+            .then(|| {
+                self.cfg
+                    .alt_addrs
+                    .iter()
+                    .copied()
+                    .find(|&a| a != ip && !devs.values().any(|d| d.ip == a || d.alt == Some(a)))
+            })
+            .flatten();
+        dcfg.extra_addrs = alt.into_iter().collect();
+        // The engine counts into our stats area, where smc-stat reads it.
+        let counters = self.stats.as_ref().and_then(|area| {
+            let slot = area.claim_dev()?;
+            Some(Arc::new(DevCounters {
+                area: area.clone(),
+                slot,
+            }))
+        });
+        dcfg.counters = counters
+            .clone()
+            .map(|c| rdma::SharedCounters(c as Arc<dyn rdma::CounterWords>));
+        let (device, alt) = match Device::open(dcfg.clone()) {
+            Ok(d) => (d, alt),
+            // The alternate address cannot be had (not on this host, or another process has
+            // its port): this address still runs SMC-R, on one link per group.
+            Err(_) if alt.is_some() => {
+                dcfg.extra_addrs.clear();
+                (Device::open(dcfg)?, None)
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(c) = &counters {
+            let mode = match device.mode() {
+                rdma::transport::steer::PortMode::Steered => 1,
+                rdma::transport::steer::PortMode::Owner => 2,
+                rdma::transport::steer::PortMode::LocalOnly => 3,
+                rdma::transport::steer::PortMode::Fixed => 4,
+            };
+            c.area
+                .set_dev(c.slot, device.local_addr(), mode, device.qpn_range());
+        }
+        let o = ip.octets();
+        let d = Arc::new(Dev {
+            ip,
+            alt,
+            device,
+            // Locally administered, derived from the address: our "port" has no real MAC.
+            mac: Mac([0x02, 0x00, o[0], o[1], o[2], o[3]]),
+        });
+        devs.insert(ip, d.clone());
+        Ok(d)
+    }
+
+    /// The lock serialising handshakes of `role` with `peer`.
+    pub(crate) fn pending(&self, server: bool, peer: Ipv4Addr) -> PendingLock {
+        self.pending
+            .lock()
+            .entry((server, peer))
+            .or_default()
+            .clone()
+    }
+
+    pub(crate) fn token(&self) -> u32 {
+        loop {
+            let t = self.next_token.fetch_add(1, Ordering::Relaxed);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+
+    /// Reserves RMB memory against the budget.
+    pub(crate) fn reserve_rmb(&self, bytes: u32) -> bool {
+        let mut used = self.rmb_in_use.lock();
+        if *used + u64::from(bytes) > self.cfg.rmb_budget {
+            return false;
+        }
+        *used += u64::from(bytes);
+        true
+    }
+
+    pub(crate) fn release_rmb(&self, bytes: u32) {
+        let mut used = self.rmb_in_use.lock();
+        *used = used.saturating_sub(u64::from(bytes));
+    }
+
+    /// A live link group to the peer system `peer_id` at `peer_gid` where we have `role`,
+    /// with room for a connection (client: the server's QPN must match the Accept).
+    pub(crate) fn find_group(
+        &self,
+        local: Ipv4Addr,
+        peer_gid: Gid,
+        role: link::Role,
+        peer_id: PeerId,
+        peer_qpn: Option<u32>,
+    ) -> Option<Arc<LinkGroup>> {
+        let groups = self.groups.lock();
+        groups
+            .iter()
+            .find(|g| {
+                g.role == role
+                    && g.dev.ip == local
+                    && g.peer_id == peer_id
+                    // A client finds the group by the link the server's Accept names (any
+                    // of its links, as Linux's `smcr_lgr_match`); a server by the client's GID.
+                    && match peer_qpn {
+                        Some(q) => g.has_peer_link(peer_gid, q),
+                        None => g.peer_gid == peer_gid,
+                    }
+                    && g.is_up()
+                    && g.has_room()
+            })
+            .cloned()
+    }
+
+    /// A handshake failed with no fallback (the connection was reset).
+    pub(crate) fn handshake_failed(&self) {
+        if let Some(a) = &self.stats {
+            a.count(crate::stats::total::FAILED);
+        }
+        crate::metrics::handshake_failed();
+    }
+
+    /// Keeps a fallback socket's record until its descriptor is closed. Records whose
+    /// descriptor is gone (closed, or the number now holds another file) are freed by a
+    /// sweep of a few entries per call (`smc-stat` hides them meanwhile).
+    pub(crate) fn keep_fallback_row(&self, st: crate::stream::StatSlot, fd: i32, ino: u64) {
+        let mut f = self.fallback_rows.lock();
+        let gone = |&(_, fd, ino): &(crate::stream::StatSlot, i32, u64)| {
+            crate::stream::socket_inode(fd) != Some(ino)
+        };
+        let n = f.rows.len();
+        if n > 0 {
+            let mut i = f.next % n;
+            for _ in 0..n.min(16) {
+                if i >= f.rows.len() {
+                    i = 0;
+                }
+                if gone(&f.rows[i]) {
+                    f.rows.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            f.next = i;
+        }
+        f.rows.push((st, fd, ino));
+    }
+
+    pub(crate) fn add_group(&self, g: Arc<LinkGroup>) {
+        let mut groups = self.groups.lock();
+        groups.retain(|g| !g.is_down());
+        groups.push(g);
+    }
+}

@@ -1,0 +1,268 @@
+//! A link group's driver, part 2: posting — CDCs, data writes (with their CDC), SENDs from
+//! slots, long LLC messages, and the LLC queue of the group's state machine.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl LinkGroup {
+    /// Sends CDC `m` from `slot`; `owner` (a connection token, 0 for none) hears of its
+    /// completion (autocorking waits for it). Returns `true` when the SEND completed at once
+    /// (same-host link): the slot is free again and no completion will follow, so the caller
+    /// counts it as done.
+    pub(crate) fn post_cdc(
+        &self,
+        path: usize,
+        slot: usize,
+        m: &CdcMessage,
+        owner: u32,
+    ) -> io::Result<bool> {
+        self.post_cdc_after(path, &[], slot, m, owner)
+    }
+
+    /// [`Self::post_cdc`], with `before` (RDMA WRITEs) posted ahead of it in the same post.
+    pub(super) fn post_cdc_after(
+        &self,
+        path: usize,
+        before: &[SendWr<'_>],
+        slot: usize,
+        m: &CdcMessage,
+        owner: u32,
+    ) -> io::Result<bool> {
+        let mut b = [0u8; cdc::CDC_LEN];
+        m.emit(&mut b);
+        self.post_owned(path, before, slot, &b, owner)
+    }
+
+    /// Posts `bytes` from `slot` for connection `owner` (0: none), after `before`; the slot
+    /// is freed here if the SEND completed at once or was never posted.
+    pub(super) fn post_owned(
+        &self,
+        path: usize,
+        before: &[SendWr<'_>],
+        slot: usize,
+        bytes: &[u8],
+        owner: u32,
+    ) -> io::Result<bool> {
+        // The owner first: on UDP the completion may be handled before post_send returns.
+        self.st.lock().g.conns.set_owner(slot, owner);
+        let done = self.post_send_slot_with(path, before, slot, bytes, SendFlags::empty());
+        if !matches!(done, Ok(false)) {
+            // Completed at once, or never posted: the slot is free again.
+            self.put_back(slot);
+        }
+        done
+    }
+
+    /// Posts `bytes` as a SEND of no connection (feature `hostile`: tests of what the peer
+    /// makes of messages we would never send).
+    #[cfg(feature = "hostile")]
+    pub(crate) fn post_raw_send(&self, bytes: &[u8]) -> io::Result<()> {
+        if bytes.len() > SLOT {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let slot = self.take_slot(false)?;
+        self.post_owned(self.active(), &[], slot, bytes, 0)
+            .map(drop)
+    }
+
+    /// Why the QP failed, as the link's down reason: a flush caused by a request of the peer
+    /// that our responder refused says so (the peer misbehaved), rather than only `WR_FLUSH_ERR`.
+    pub(super) fn failure_cause(&self, path: usize, status: WcStatus) -> String {
+        let r = self.paths[path].qp.responder_stats();
+        match status {
+            WcStatus::WrFlushErr if r.access_errors > 0 => {
+                "the peer's RDMA request was refused (remote access error: rkey, range or \
+                 rights; WR_FLUSH_ERR)"
+                    .into()
+            }
+            WcStatus::WrFlushErr if r.invalid > 0 => {
+                "the peer's RDMA request was refused (invalid request; WR_FLUSH_ERR)".into()
+            }
+            s => s.name().into(),
+        }
+    }
+
+    /// Returns a slot that carries nothing in flight.
+    pub(crate) fn put_back(&self, slot: usize) {
+        self.st.lock().g.conns.put_back(slot);
+        self.cond.notify_all();
+    }
+
+    /// Whether the link moves data through shared memory (sticky once seen).
+    pub(super) fn same_host(&self) -> bool {
+        if self.same_host.load(Ordering::Relaxed) {
+            return true;
+        }
+        // A same-host group has one path.
+        let yes = self.paths[0].qp.is_same_host();
+        if yes {
+            self.same_host.store(true, Ordering::Relaxed);
+        }
+        yes
+    }
+
+    /// Posts a SEND of `bytes` from `slot` on `path`, with `extra` flags. Returns `true` if it
+    /// completed at once (same-host link: the payload was copied into the peer's ring; the
+    /// slot may be reused). `before`: requests posted ahead of the SEND in the same post (then
+    /// `true` means they all ran too).
+    pub(super) fn post_send_slot_with(
+        &self,
+        path: usize,
+        before: &[SendWr<'_>],
+        slot: usize,
+        bytes: &[u8],
+        extra: SendFlags,
+    ) -> io::Result<bool> {
+        let same_host = self.same_host();
+        self.send_mr.write(slot * SLOT, bytes);
+        let sge = [self.send_mr.sge(slot * SLOT, bytes.len())];
+        let send = SendWr {
+            wr_id: slot as u64,
+            opcode: WrOpcode::Send,
+            sg_list: &sge,
+            // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c). On a
+            // same-host link a SEND that ran when posted is done: a completion would only
+            // wake our own poller. One that had to wait for ring space completes later,
+            // like a SEND on the wire (so slots and autocorking still hold writers back).
+            flags: extra
+                | if same_host {
+                    SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
+                } else {
+                    SendFlags::SIGNALED | SendFlags::SOLICITED
+                },
+        };
+        let qp = &self.paths[path].qp;
+        let ran = if before.is_empty() {
+            qp.post_send_report(&[send])
+        } else {
+            let mut wrs = before.to_vec();
+            wrs.push(send);
+            qp.post_send_report(&wrs)
+        }
+        .map_err(post_error)?;
+        Ok(same_host && ran == before.len() + 1)
+    }
+
+    /// Posts a connection's data: the RDMA WRITEs of `w`, then the CDC `m` announcing them
+    /// from `slot`, like [`Self::post_cdc`].
+    pub(crate) fn post_data(
+        &self,
+        path: usize,
+        w: &DataWrites<'_>,
+        slot: usize,
+        m: &CdcMessage,
+        owner: u32,
+    ) -> io::Result<bool> {
+        let DataWrites {
+            sndbuf,
+            pieces,
+            peer,
+            slack,
+        } = *w;
+        let same_host = self.same_host();
+        let zero_len = match pieces.last() {
+            Some(&(_, len)) if self.write_pad && !same_host && len < GSO_WRITE_MIN => {
+                (GSO_WRITE_MIN - len).min(slack)
+            }
+            _ => 0,
+        };
+        let sges: Vec<[rdma::Sge; 2]> = pieces
+            .iter()
+            .map(|&(off, len)| {
+                [
+                    sndbuf.sge(off as usize, len as usize),
+                    self.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize),
+                ]
+            })
+            .collect();
+        let last = pieces.len().saturating_sub(1);
+        let wrs: Vec<SendWr<'_>> = pieces
+            .iter()
+            .zip(&sges)
+            .enumerate()
+            .map(|(i, (&(off, _), sg))| SendWr {
+                wr_id: u64::MAX,
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: peer.0 + u64::from(off),
+                    rkey: peer.1,
+                },
+                sg_list: if i == last && zero_len > 0 {
+                    &sg[..]
+                } else {
+                    &sg[..1]
+                },
+                // Unsignaled: the CDC after them is signaled and completes later.
+                flags: SendFlags::empty(),
+            })
+            .collect();
+        if same_host {
+            // The shared-memory transport copies WRITEs as they are posted, and reports
+            // whether the SEND ran at once on its own.
+            if let Err(e) = self.paths[path].qp.post_send(&wrs) {
+                self.put_back(slot);
+                return Err(post_error(e));
+            }
+            return self.post_cdc(path, slot, m, owner);
+        }
+        // On UDP, WRITEs and SEND in one post: they are transmitted in one pass (one GSO
+        // datagram when their sizes allow), not one system call each.
+        self.post_cdc_after(path, &wrs, slot, m, owner)
+    }
+
+    /// Sends an LLC message longer than a slot: its first [`SLOT`] bytes from `slot`, the rest
+    /// from a region registered for it (the request keeps it alive until it completes).
+    pub(super) fn post_long_llc(&self, path: usize, slot: usize, b: &[u8]) -> io::Result<()> {
+        if b.len() > LLC_MAX || self.paths.len() < 2 {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let tail = self.pd.reg_mr(b.len() - SLOT, Access::LOCAL_WRITE)?;
+        tail.write(0, &b[SLOT..]);
+        self.send_mr.write(slot * SLOT, &b[..SLOT]);
+        let sge = [
+            self.send_mr.sge(slot * SLOT, SLOT),
+            tail.sge(0, b.len() - SLOT),
+        ];
+        self.paths[path]
+            .qp
+            .post_send(&[SendWr {
+                wr_id: slot as u64,
+                opcode: WrOpcode::Send,
+                sg_list: &sge,
+                flags: SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::EXPEDITE,
+            }])
+            .map_err(post_error)
+    }
+
+    pub(super) fn flush_llc(&self, st: &mut LgState) {
+        while st.g.has_transmit() {
+            let Slot::Got(slot) = st.g.conns.take_slot(true) else {
+                return;
+            };
+            let (path, m) = st.g.poll_transmit().expect("non-empty");
+            let mut b = vec![0u8; m.buffer_len()];
+            m.emit(&mut b);
+            if b.len() > SLOT {
+                // Only two-link groups make longer ones (ADD LINK).
+                if self.post_long_llc(path, slot, &b).is_err() {
+                    st.g.conns.put_back(slot);
+                }
+                continue;
+            }
+            // LLC requests and answers go ahead of connection data that has not started to
+            // leave (a CONFIRM RKEY answer behind megabytes of data on a slow path outlived
+            // the peer's LLC_WAIT); DELETE LINK stays behind it: what was posted before it
+            // must arrive first.
+            let flags = if matches!(m.body, llc::Llc::DeleteLink(_)) {
+                SendFlags::empty()
+            } else {
+                SendFlags::EXPEDITE
+            };
+            if !matches!(
+                self.post_send_slot_with(path, &[], slot, &b, flags),
+                Ok(false)
+            ) {
+                st.g.conns.put_back(slot);
+            }
+        }
+    }
+}

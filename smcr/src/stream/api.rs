@@ -1,0 +1,732 @@
+//! The public `SmcStream`: making one (connect, accepted sockets, fallbacks), reading,
+//! writing, shutdown, close, timeouts, and what the preload asks of it.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl SmcStream {
+    /// The connection and its link group, when SMC-R.
+    #[cfg(feature = "hostile")]
+    pub(crate) fn smc_parts(&self) -> Option<(&Arc<ConnShared>, &Arc<LinkGroup>)> {
+        self.smc.as_ref().map(|s| (&s.conn, &s.lg))
+    }
+
+    /// Connects to `addr` (the first address that accepts a TCP connection), then negotiates
+    /// SMC-R; falls back to TCP as Linux would.
+    pub fn connect(rt: &Runtime, addr: impl ToSocketAddrs) -> io::Result<Self> {
+        let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to");
+        for a in addr.to_socket_addrs()? {
+            match Self::connect_one(rt, a) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    pub(super) fn connect_one(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        let marked = v4_of(addr).is_some() && mark(rt, &sock, true);
+        sock.connect(&addr.into())?;
+        Self::from_connected(rt, sock.into(), marked)
+    }
+
+    /// Negotiates on a TCP connection the caller connected (`marked`: the socket was marked
+    /// with [`Runtime::mark`] before `connect`). Used by the preload shim, whose application
+    /// creates and connects the socket itself.
+    pub fn from_connected(rt: &Runtime, tcp: TcpStream, marked: bool) -> io::Result<Self> {
+        let ipv4 = v4_of(tcp.peer_addr()?).is_some();
+        let mut s = Self::plain(tcp, Mode::Tcp(FallbackReason::PeerNoSmc));
+        let verdict = verdict(rt, &s.tcp, marked, ipv4);
+        s.timeline.mark(T_OPTION);
+        match verdict {
+            Err(reason) => s.mode = Mode::Tcp(reason),
+            Ok(()) => {
+                if let Err(e) = s.client_handshake(rt) {
+                    rt.inner.handshake_failed();
+                    return Err(e);
+                }
+            }
+        }
+        s.record(rt, false);
+        Ok(s)
+    }
+
+    /// Negotiates, as the server, on a TCP connection accepted from a listener that was
+    /// marked with [`Runtime::mark`] before `listen`. Blocks for the handshake.
+    pub fn from_accepted(rt: &Runtime, tcp: TcpStream) -> io::Result<Self> {
+        let peer = tcp.peer_addr()?;
+        Self::negotiate_server(rt, tcp, peer)
+    }
+
+    /// For an acceptor, before any handshake: when the accepted connection (from a listener
+    /// marked with [`Runtime::mark`]) cannot negotiate — its peer sent no SMC-R option, it is
+    /// not IPv4, the option program is unusable — the TCP-mode stream at once (recorded and
+    /// counted like any fallback). Otherwise `tcp` comes back for [`SmcStream::from_accepted`],
+    /// which blocks for the CLC handshake. Lets an acceptor serve plain peers inline, without
+    /// a thread per connection.
+    pub fn accept_fallback(rt: &Runtime, tcp: TcpStream) -> Result<Self, TcpStream> {
+        let Ok(peer) = tcp.peer_addr() else {
+            return Err(tcp);
+        };
+        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok();
+        // A native IPv6 peer that offered SMC-R goes to the handshake too (to be declined).
+        match option_verdict(rt, &tcp, marked) {
+            Ok(()) => Err(tcp),
+            Err(r) => {
+                let r = if v4_of(peer).is_some() {
+                    r
+                } else {
+                    FallbackReason::NotIpv4
+                };
+                let mut s = Self::plain(tcp, Mode::Tcp(r));
+                s.timeline.mark(T_OPTION);
+                s.record(rt, true);
+                Ok(s)
+            }
+        }
+    }
+
+    /// For an acceptor that leaves each accepted socket where `accept` put it (the preload:
+    /// at the application's new descriptor `fd`): `Ok` when the peer may negotiate (then
+    /// hand the socket to [`SmcStream::from_accepted`]); otherwise the fallback is recorded
+    /// and counted as [`SmcStream::hand_over`] records one (the row stays with `fd`) and its
+    /// reason comes back. The socket is not touched either way. `fd` must be an accepted IPv4
+    /// TCP socket of a listener marked with [`Runtime::mark`].
+    /// `addrs` (local, peer), when the caller knows them, spare two system calls.
+    pub fn accept_verdict(
+        rt: &Runtime,
+        fd: std::os::fd::BorrowedFd<'_>,
+        addrs: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<(), FallbackReason> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let marked = matches!(rt.inner.cfg.negotiation, Negotiation::TcpOption { .. })
+            && rt.inner.option.is_ok();
+        // The option decides: a native IPv6 peer that offered SMC-R still needs our Decline
+        // (the caller's handshake, with `NotIpv4`); one that did not is plain TCP at once.
+        let reason = match option_verdict(rt, &tcp, marked) {
+            Ok(()) => return Ok(()),
+            Err(r) => {
+                let peer = addrs.map_or_else(|| tcp.peer_addr(), |(_, p)| Ok(p));
+                if peer.is_ok_and(|p| v4_of(p).is_none()) {
+                    FallbackReason::NotIpv4
+                } else {
+                    r
+                }
+            }
+        };
+        let mut timeline = Timeline::new();
+        timeline.mark(T_OPTION);
+        let mode = Mode::Tcp(reason.clone());
+        let addrs = || {
+            addrs.map_or_else(
+                || (tcp.local_addr(), tcp.peer_addr()),
+                |(l, p)| (Ok(l), Ok(p)),
+            )
+        };
+        if let Some(st) = record_row(rt, addrs, &mode, &timeline, None, true) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
+        Err(reason)
+    }
+
+    /// For a caller that cannot give a connection SMC-R resources (the preload when the
+    /// process has no descriptor left: [`FallbackReason::NoDescriptors`]): settles it as a
+    /// fallback on the TCP connection `fd` itself (the application's socket, borrowed for the
+    /// call) — without a CLC byte when the peer did not offer SMC-R (that verdict is recorded
+    /// instead), else with a Decline (`MEM` on the wire, Linux's code for a shortage of
+    /// resources; a server reads the client's Proposal first). The row is recorded with the
+    /// local reason and stays with `row_at` (the application's number of the same socket) as
+    /// [`SmcStream::hand_over`] leaves it. Returns the reason recorded; an error when the
+    /// handshake failed (the connection is unusable).
+    pub fn decline_local(
+        rt: &Runtime,
+        fd: std::os::fd::BorrowedFd<'_>,
+        row_at: std::os::fd::RawFd,
+        marked: bool,
+        server: bool,
+        reason: FallbackReason,
+    ) -> io::Result<FallbackReason> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let mut timeline = Timeline::new();
+        let recorded = decline_exchange(
+            rt,
+            &tcp,
+            marked,
+            server,
+            reason,
+            DeclineReason::MEM,
+            &mut timeline,
+        )?;
+        let mode = Mode::Tcp(recorded.clone());
+        if let Some(st) = record_row(
+            rt,
+            || (tcp.local_addr(), tcp.peer_addr()),
+            &mode,
+            &timeline,
+            None,
+            server,
+        ) {
+            keep_row(rt, st, row_at);
+        }
+        Ok(recorded)
+    }
+
+    /// Records a connection that stays TCP for a local `reason` decided before any CLC byte
+    /// (the peer never offered SMC-R, or was never marked): its row stays with `fd` as
+    /// [`SmcStream::hand_over`] leaves it. For the preload's own decisions (native IPv6 peers, `NoDescriptors`
+    /// before marking).
+    pub fn record_local(
+        rt: &Runtime,
+        fd: std::os::fd::BorrowedFd<'_>,
+        server: bool,
+        reason: FallbackReason,
+    ) {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let mut timeline = Timeline::new();
+        timeline.mark(T_OPTION);
+        if let Some(st) = record_row(
+            rt,
+            || (tcp.local_addr(), tcp.peer_addr()),
+            &Mode::Tcp(reason),
+            &timeline,
+            None,
+            server,
+        ) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
+    }
+
+    /// Shows a connection that another process holding it too settled as TCP (this process
+    /// inherited it): its row, reason [`FallbackReason::Shared`], stays with `fd` as
+    /// [`SmcStream::hand_over`] leaves it; not counted in the totals (the settling process
+    /// counted it).
+    pub fn record_follower(rt: &Runtime, fd: std::os::fd::BorrowedFd<'_>, server: bool) {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a view of the caller's socket for this call only; never dropped (closed).
+        let tcp = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd.as_raw_fd()) });
+        let timeline = Timeline::new();
+        if let Some(st) = record_row_counted(
+            rt,
+            || (tcp.local_addr(), tcp.peer_addr()),
+            &Mode::Tcp(FallbackReason::Shared),
+            &timeline,
+            None,
+            server,
+            false,
+        ) {
+            keep_row(rt, st, fd.as_raw_fd());
+        }
+    }
+
+    /// The TCP connection underneath (for addresses and socket options; after SMC-R is
+    /// established no data goes over it).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Installs the sink that is told this connection's poll readiness at every change (the
+    /// preload's application-facing socket); it is told the current state at once. Only the
+    /// first call installs a sink.
+    pub fn set_readiness(&self, sink: Box<dyn crate::runtime::Readiness>) {
+        if let Some(smc) = &self.smc
+            && smc.conn.readiness.set(sink).is_ok()
+        {
+            let mut s = smc.conn.core.lock();
+            smc.conn.report(&mut s);
+        }
+    }
+
+    /// Bytes that a read would return now (FIONREAD).
+    pub fn readable_bytes(&self) -> usize {
+        match &self.smc {
+            Some(smc) => smc.conn.core.lock().core.readable() as usize,
+            None => 0,
+        }
+    }
+
+    pub(super) fn plain(tcp: TcpStream, mode: Mode) -> Self {
+        Self {
+            tcp: Arc::new(tcp),
+            smc: None,
+            mode,
+            stat: None,
+            timeline: Box::new(Timeline::new()),
+            read_timeout: None,
+            write_timeout: None,
+            nonblocking: false,
+        }
+    }
+
+    /// Puts the negotiated connection into the runtime's stats area, counts it, and feeds
+    /// the `metrics` facade.
+    pub(super) fn record(&mut self, rt: &Runtime, server: bool) {
+        self.stat = record_row(
+            rt,
+            || (self.tcp.local_addr(), self.tcp.peer_addr()),
+            &self.mode,
+            &self.timeline,
+            self.smc.as_ref(),
+            server,
+        );
+    }
+
+    /// The application keeps this connection's TCP socket at descriptor `fd` (a fallback: the
+    /// stream's own duplicate closes now). Its row in the stats area stays, with the
+    /// descriptor and the socket's inode, until that descriptor is found closed (`smc-stat`
+    /// reads the socket's byte counts from the kernel). For the preload shim.
+    pub fn hand_over(mut self, rt: &Runtime, fd: std::os::fd::RawFd) {
+        if let Some(st) = self.stat.take() {
+            keep_row(rt, st, fd);
+        }
+    }
+
+    /// Counts bytes moved in the stats area (cursors are published under the connection's
+    /// lock where they change: reads, writes, CDCs).
+    pub(super) fn counted(&self, r: io::Result<usize>, sent: bool) -> io::Result<usize> {
+        if let (Ok(n), Some(st)) = (&r, &self.stat) {
+            let n = *n as u64;
+            if sent {
+                st.area.add_bytes(st.slot, n, 0);
+            } else {
+                st.area.add_bytes(st.slot, 0, n);
+            }
+        }
+        r
+    }
+
+    /// SMC-R or TCP, with the fallback reason.
+    pub fn mode(&self) -> &Mode {
+        &self.mode
+    }
+
+    /// The id of the link group this connection runs on (`None` for TCP): what
+    /// [`Driver::id`] would say, without making one.
+    pub fn group_id(&self) -> Option<u64> {
+        self.smc.as_ref().map(|smc| u64::from(smc.lg.id))
+    }
+
+    /// What an application thread needs to do this connection's link-group work itself
+    /// (`None` for a plain TCP connection). See [`Driver`].
+    pub fn driver(&self) -> Option<Driver> {
+        let smc = self.smc.as_ref()?;
+        use std::os::fd::AsRawFd;
+        Some(Driver {
+            fd: smc.lg.event_fd().as_raw_fd(),
+            id: u64::from(smc.lg.id),
+            lg: Arc::downgrade(&smc.lg),
+        })
+    }
+
+    /// Counters of an SMC-R stream (`None` for TCP).
+    pub fn stats(&self) -> Option<ConnStats> {
+        self.smc.as_ref().map(|smc| smc.conn.core.lock().stats)
+    }
+
+    /// A file descriptor for poll/epoll, for readers (`write` false) or writers: it becomes
+    /// readable whenever the stream's state may have changed (data arrived, space freed,
+    /// closed, failed). Read it (8 bytes) to re-arm, then retry the operation in non-blocking
+    /// mode. For a TCP-mode stream this is the TCP socket itself (wait for POLLIN or POLLOUT).
+    pub fn readiness_fd(&self, write: bool) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        match &self.smc {
+            Some(smc) => smc.conn.readiness_fd(write),
+            None => Ok(self.tcp.as_fd()),
+        }
+    }
+
+    /// The TCP stream of a connection that fell back (the same socket, under a duplicated
+    /// descriptor), or the stream itself when it is SMC-R.
+    pub fn into_tcp(self) -> Result<TcpStream, Self> {
+        if self.smc.is_some() {
+            return Err(self);
+        }
+        match self.tcp.try_clone() {
+            Ok(tcp) => Ok(tcp),
+            Err(_) => Err(self),
+        }
+    }
+
+    /// The peer's address (of the TCP connection).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.peer_addr()
+    }
+
+    /// Our address (of the TCP connection).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Read timeout (None: block).
+    pub fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.read_timeout = t;
+        self.tcp.set_read_timeout(t)
+    }
+
+    /// Write timeout (None: block).
+    pub fn set_write_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.write_timeout = t;
+        self.tcp.set_write_timeout(t)
+    }
+
+    /// Non-blocking mode: reads and writes that would wait fail with `WouldBlock`.
+    pub fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
+        self.nonblocking = on;
+        self.tcp.set_nonblocking(on)
+    }
+
+    /// Shuts down reading, writing or both. Writing: the peer reads EOF after our data.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let Some(smc) = &self.smc else {
+            return self.tcp.shutdown(how);
+        };
+        if matches!(how, Shutdown::Read | Shutdown::Both) {
+            let mut s = smc.conn.core.lock();
+            s.shut_rd = true;
+            smc.conn.report(&mut s);
+            drop(s);
+            smc.conn.wake();
+        }
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            let mut s = smc.conn.core.lock();
+            if s.shut_wr {
+                return Ok(());
+            }
+            let staged = s.staged;
+            smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
+            let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
+            s.publish();
+            s.shut_wr = true;
+            smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false)?;
+            smc.conn.report(&mut s);
+        }
+        Ok(())
+    }
+
+    /// Ends the connection at once: the peer is told (an abort CDC, which it reports as
+    /// `ConnectionReset`), and our own reads and writes fail with `ConnectionReset` carrying
+    /// `why`. For callers that can no longer trust the connection (the preload after a panic
+    /// in a call on it). A TCP-mode stream is shut down both ways.
+    pub fn abort(&self, why: &str) {
+        let Some(smc) = &self.smc else {
+            let _ = self.tcp.shutdown(Shutdown::Both);
+            return;
+        };
+        let mut s = smc.conn.core.lock();
+        if s.failed.is_none() {
+            smc.conn
+                .abort(&mut s, &smc.lg, ConnFailure::Aborted(why.to_owned()));
+            smc.conn.report(&mut s);
+        }
+        drop(s);
+        smc.conn.wake();
+    }
+
+    /// The reset to report, once: the peer aborted or the connection failed, and the
+    /// application has not been told yet (later calls see EOF / EPIPE, as TCP after its
+    /// error was collected).
+    pub(super) fn pending_reset(s: &mut crate::runtime::ConnState) -> Option<io::Error> {
+        if s.reset_reported {
+            return None;
+        }
+        let why = if let Some(f) = &s.failed {
+            f.to_string()
+        } else if s
+            .core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            "peer aborted the connection".to_owned()
+        } else {
+            return None;
+        };
+        s.reset_reported = true;
+        Some(io::Error::new(io::ErrorKind::ConnectionReset, why))
+    }
+
+    /// Takes a reset not yet reported (for SO_ERROR, which reports it once): `true` if there
+    /// was one. A TCP-mode stream: `false` (the socket keeps its own error).
+    pub fn take_reset(&self) -> bool {
+        let Some(smc) = &self.smc else {
+            return false;
+        };
+        let mut s = smc.conn.core.lock();
+        let taken = Self::pending_reset(&mut s).is_some();
+        if taken {
+            smc.conn.report(&mut s);
+        }
+        taken
+    }
+
+    pub(super) fn deadline(t: Option<Duration>) -> Option<Instant> {
+        t.map(|t| Instant::now() + t)
+    }
+
+    /// Reads from an SMC-R stream with per-call blocking (the preload passes the
+    /// application's O_NONBLOCK and SO_RCVTIMEO); `peek` leaves the data in place (MSG_PEEK).
+    /// On a TCP-mode stream this reads the TCP socket.
+    pub fn recv(&self, buf: &mut [u8], peek: bool, how: Blocking) -> io::Result<usize> {
+        let r = if self.smc.is_none() {
+            (&*self.tcp).read(buf)
+        } else {
+            self.smc_read(buf, peek, how)
+        };
+        if peek { r } else { self.counted(r, false) }
+    }
+
+    /// Writes to an SMC-R stream with per-call blocking; on a TCP-mode stream, to the socket.
+    pub fn send(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
+        let r = if self.smc.is_none() {
+            (&*self.tcp).write(buf)
+        } else {
+            self.smc_write(buf, how)
+        };
+        self.counted(r, true)
+    }
+
+    pub(super) fn how(&self, timeout: Option<Duration>) -> Blocking {
+        if self.nonblocking {
+            Blocking::No
+        } else {
+            Blocking::Yes(timeout)
+        }
+    }
+
+    pub(super) fn smc_read(&self, buf: &mut [u8], peek: bool, how: Blocking) -> io::Result<usize> {
+        let smc = self.smc.as_ref().expect("SMC-R mode");
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let (nonblocking, deadline) = match how {
+            Blocking::No => (true, None),
+            Blocking::Yes(t) => (false, Self::deadline(t)),
+        };
+        let mut s = smc.conn.core.lock();
+        loop {
+            let readable = s.core.readable();
+            if readable > 0 {
+                let n = readable.min(buf.len().min(u32::MAX as usize) as u32);
+                let mut at = 0usize;
+                for (off, len) in s.core.read_pieces(n) {
+                    let len = len as usize;
+                    if len > 0 {
+                        smc.conn.rmb.read(off as usize, &mut buf[at..at + len]);
+                        at += len;
+                    }
+                }
+                s.stats.bytes_received += u64::from(n);
+                if peek {
+                    return Ok(n as usize);
+                }
+                if let Some(cdc) = s.core.consume(n) {
+                    // The bytes are in `buf` and consumed: they are returned even if the
+                    // update cannot go (a peer that closed and deleted the link group before
+                    // we read its last bytes); a dead link shows on the next call.
+                    let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
+                }
+                s.publish();
+                smc.conn.report(&mut s);
+                return Ok(n as usize);
+            }
+            let pf = s.core.peer_flags();
+            if s.shut_rd {
+                return Ok(0);
+            }
+            // A peer that finished cleanly gives EOF even if the link goes away afterwards
+            // (its process exits and deletes the link group right after closing): checked
+            // before a local failure, which would otherwise turn the clean end into a reset.
+            // So does a reset already reported.
+            if s.reset_reported
+                || (pf.intersects(
+                    ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED,
+                ) && !pf.contains(ConnStateFlags::PEER_CONN_ABORT))
+            {
+                return Ok(0);
+            }
+            if let Some(e) = Self::pending_reset(&mut s) {
+                return Err(e);
+            }
+            wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
+        }
+    }
+
+    pub(super) fn smc_write(&self, buf: &[u8], how: Blocking) -> io::Result<usize> {
+        let smc = self.smc.as_ref().expect("SMC-R mode");
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let (nonblocking, deadline) = match how {
+            Blocking::No => (true, None),
+            Blocking::Yes(t) => (false, Self::deadline(t)),
+        };
+        let mut s = smc.conn.core.lock();
+        loop {
+            if let Some(e) = Self::pending_reset(&mut s) {
+                return Err(e);
+            }
+            let pf = s.core.peer_flags();
+            if pf.intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+                || s.local_closed
+                || s.shut_wr
+                || s.reset_reported
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    format!(
+                        "the connection is closed (token {:#x}, peer flags {:?}, local close {})",
+                        smc.conn.token, pf, s.local_closed
+                    ),
+                ));
+            }
+            let avail = s.core.space().saturating_sub(s.staged);
+            if avail > 0 {
+                let want = buf.len().min(u32::MAX as usize) as u32;
+                let n = want.min(avail);
+                // On one host, straight into the peer's RMB when nothing waits before it.
+                if smc
+                    .conn
+                    .write_direct(&mut s, &smc.lg, &buf[..n as usize], want)?
+                {
+                    s.stats.writes += 1;
+                    smc.conn.report(&mut s);
+                    return Ok(n as usize);
+                }
+                let mut at = 0usize;
+                for (off, len) in s.core.stage_pieces(s.staged, n) {
+                    if len > 0 {
+                        smc.conn
+                            .sndbuf
+                            .write(off as usize, &buf[at..at + len as usize]);
+                        at += len as usize;
+                    }
+                }
+                s.staged += n;
+                s.stats.writes += 1;
+                // Autocorking as Linux: while a CDC of ours is in flight, small writes wait in
+                // the send buffer and go out together when it completes; a lone write (nothing
+                // in flight) goes at once.
+                let cork = s.inflight > 0 && s.staged <= smc.conn.cork_limit();
+                if !cork {
+                    let pending = s.staged + (want - n);
+                    smc.conn.flush_locked(&mut s, &smc.lg, pending, false)?;
+                }
+                smc.conn.report(&mut s);
+                return Ok(n as usize);
+            }
+            wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
+        }
+    }
+}
+
+pub(super) fn wait(
+    conn: &ConnShared,
+    lg: &Arc<LinkGroup>,
+    s: &mut parking_lot::MutexGuard<'_, ConnState>,
+    nonblocking: bool,
+    deadline: Option<Instant>,
+) -> io::Result<()> {
+    if nonblocking {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    if lg.claim_blocking_driver() {
+        let seen = conn.wakes.load(std::sync::atomic::Ordering::Acquire);
+        let changed = || conn.wakes.load(std::sync::atomic::Ordering::Acquire) != seen;
+        parking_lot::MutexGuard::unlocked(s, || lg.drive_blocked(deadline, changed));
+        // Woken by the group's next completions, handled on this thread; the caller checks
+        // its condition again (a deadline passed with nothing new is a time-out).
+        if !changed() && deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
+        }
+        return Ok(());
+    }
+    match deadline {
+        Some(d) => {
+            if conn.cond.wait_until(s, d).timed_out() {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
+            }
+        }
+        None => conn.cond.wait(s),
+    }
+    Ok(())
+}
+
+/// Whether an operation may wait, and how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocking {
+    /// Fail with `WouldBlock` instead of waiting.
+    No,
+    /// Wait, at most this long (`None`: as long as it takes).
+    Yes(Option<Duration>),
+}
+
+impl Read for SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let r = if self.smc.is_some() {
+            self.smc_read(buf, false, self.how(self.read_timeout))
+        } else {
+            (&*self.tcp).read(buf)
+        };
+        self.counted(r, false)
+    }
+}
+
+impl Write for SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let r = if self.smc.is_some() {
+            self.smc_write(buf, self.how(self.write_timeout))
+        } else {
+            (&*self.tcp).write(buf)
+        };
+        self.counted(r, true)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // Posts what autocorking holds back.
+        if let Some(smc) = &self.smc {
+            let mut s = smc.conn.core.lock();
+            let staged = s.staged;
+            smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SmcStream {
+    fn drop(&mut self) {
+        let Some(smc) = self.smc.take() else {
+            return;
+        };
+        let mut s = smc.conn.core.lock();
+        // Our stats record is freed after this body (field drop): no update may follow.
+        s.stat = None;
+        if !s.local_closed {
+            s.local_closed = true;
+            let staged = s.staged;
+            let _ = smc.conn.flush_locked(&mut s, &smc.lg, staged, false);
+            // As Linux's smc_close_final (and TCP's RST): closing with unread data aborts;
+            // so does SO_LINGER {on, 0}, as for TCP.
+            let flag = if s.core.readable() > 0 || linger_zero(&self.tcp) {
+                ConnStateFlags::PEER_CONN_ABORT
+            } else {
+                ConnStateFlags::PEER_CONN_CLOSED
+            };
+            let cdc = s.core.close_flags(flag);
+            let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
+        }
+        let peer_gone = s
+            .core
+            .peer_flags()
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+            || s.failed.is_some();
+        drop(s);
+        if peer_gone {
+            smc.conn.release(&smc.lg);
+        }
+    }
+}

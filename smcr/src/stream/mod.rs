@@ -1,0 +1,607 @@
+//! The socket API: [`SmcStream`] and [`SmcListener`], blocking `Read`/`Write` over SMC-R, or
+//! over the TCP connection itself when SMC-R is not possible ([`Mode::Tcp`] with the reason).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cdc::ConnStateFlags;
+use clc::{DeclineReason, Gid, RmbSize};
+use socket2::{Domain, Socket, Type};
+
+use crate::conn::ConnCore;
+use crate::error::ConnFailure;
+use crate::handshake::{self, Endpoint, Event};
+use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
+use crate::option::Capability;
+use crate::runtime::{ConnShared, ConnState, LinkGroup, Negotiation, Runtime, roce_mtu};
+
+mod api;
+mod listener;
+mod negotiate;
+mod records;
+
+pub use api::Blocking;
+// The parts' helpers, for one another (each part imports `super::*`).
+#[allow(unused_imports)]
+use {api::*, listener::*, negotiate::*, records::*};
+
+/// Why a connection is plain TCP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The peer did not send the SMC-R TCP option (Linux: `PEERNOSMC`); no CLC byte was sent.
+    PeerNoSmc,
+    /// One side declined during the CLC handshake; both agreed to continue over TCP.
+    Declined {
+        /// The decline code (the peer's diagnosis if it declined, else ours).
+        reason: DeclineReason,
+        /// Whether the peer declined.
+        by_peer: bool,
+    },
+    /// Local: the TCP option program is not usable here (not installed, no permission).
+    NoBpf(String),
+    /// Local: we marked the socket but the option program never saw its handshake.
+    OptionNotObserved,
+    /// Local: not IPv4 (SMC-Rv2 is IPv4 only); a dual-stack socket's IPv4 peer (v4-mapped) is
+    /// IPv4.
+    NotIpv4,
+    /// Local: the process had no descriptor left for SMC-R within its `RLIMIT_NOFILE`
+    /// (`rdma::fdzone`). The peer is declined (`MEM`) when it had offered SMC-R.
+    NoDescriptors,
+    /// Local: the connection was held by more than one process (inherited through `fork`)
+    /// when it was first used; one SMC-R connection cannot be served to several processes.
+    Shared,
+}
+
+/// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
+impl FallbackReason {
+    /// Local code: the option program is not usable.
+    pub const CODE_NO_BPF: u32 = 0x7f00_0001;
+    /// Local code: marked, but the program did not see the handshake.
+    pub const CODE_OPTION_NOT_OBSERVED: u32 = 0x7f00_0002;
+    /// Local code: not an IPv4 connection.
+    pub const CODE_NOT_IPV4: u32 = 0x7f00_0003;
+    /// Local code: kept off SMC-R by the user's policy (`SMCR_INCLUDE`/`SMCR_EXCLUDE`, see
+    /// [`crate::policy`]); the preload applies it before the TCP handshake.
+    pub const CODE_EXCLUDED: u32 = 0x7f00_0004;
+    /// Local code: no descriptor left for SMC-R in the process's limit.
+    pub const CODE_NO_FD: u32 = 0x7f00_0005;
+    /// Local code: the connection was shared by several processes at its first use.
+    pub const CODE_SHARED: u32 = 0x7f00_0006;
+
+    /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
+    pub fn code(&self) -> u32 {
+        match self {
+            Self::PeerNoSmc => DeclineReason::PEERNOSMC.0,
+            Self::Declined { reason, .. } => reason.0,
+            Self::NoBpf(_) => Self::CODE_NO_BPF,
+            Self::OptionNotObserved => Self::CODE_OPTION_NOT_OBSERVED,
+            Self::NotIpv4 => Self::CODE_NOT_IPV4,
+            Self::NoDescriptors => Self::CODE_NO_FD,
+            Self::Shared => Self::CODE_SHARED,
+        }
+    }
+}
+
+impl std::fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::PeerNoSmc => write!(
+                f,
+                "peer did not offer SMC-R (PEERNOSMC {:#010x})",
+                self.code()
+            ),
+            Self::Declined { reason, by_peer } => write!(
+                f,
+                "{} declined: {} ({:#010x})",
+                if *by_peer { "peer" } else { "we" },
+                reason.name().unwrap_or("unknown"),
+                reason.0
+            ),
+            Self::NoBpf(why) => write!(f, "TCP option program unusable: {why}"),
+            Self::OptionNotObserved => {
+                write!(f, "TCP option program did not see the handshake")
+            }
+            Self::NotIpv4 => write!(f, "not IPv4"),
+            Self::NoDescriptors => write!(
+                f,
+                "no descriptor left for SMC-R within RLIMIT_NOFILE (NOFD {:#010x})",
+                self.code()
+            ),
+            Self::Shared => write!(
+                f,
+                "used by several processes (SHARED {:#010x})",
+                self.code()
+            ),
+        }
+    }
+}
+
+/// Counters of an SMC-R stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Bytes written into the peer's RMB and announced.
+    pub bytes_sent: u64,
+    /// Bytes read by the application.
+    pub bytes_received: u64,
+    /// CDCs that announced data (fewer than writes when autocorking coalesced them).
+    pub data_cdcs: u64,
+    /// `write` calls that moved bytes.
+    pub writes: u64,
+    /// Times the connection moved to another link of its group (a link failed).
+    pub failovers: u64,
+}
+
+/// What a stream runs over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// SMC-R: data goes by RDMA WRITE into the peer's RMB.
+    SmcR {
+        /// This connection created the link group (CONFIRM LINK was exchanged).
+        first_contact: bool,
+    },
+    /// Plain TCP, and why.
+    Tcp(FallbackReason),
+}
+
+/// A connected stream: SMC-R when both ends could, TCP otherwise.
+pub struct SmcStream {
+    /// Shared with the link group's hang-up watch (`tcpwatch`), which needs the socket open
+    /// as long as the connection is attached: one descriptor per connection, not two.
+    tcp: Arc<TcpStream>,
+    smc: Option<Smc>,
+    mode: Mode,
+    /// This connection's record in the runtime's stats area.
+    stat: Option<StatSlot>,
+    /// Negotiation stage times.
+    timeline: Box<Timeline>,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+    nonblocking: bool,
+}
+
+struct Smc {
+    conn: Arc<ConnShared>,
+    lg: Arc<LinkGroup>,
+}
+
+/// Lets an application thread do a link group's work (take and handle its completions) when
+/// the group's event descriptor fires, instead of waiting for the group's poller thread to
+/// wake and hand each message over: one wake-up per message instead of two. The descriptor is
+/// the group's completion-queue *driver* eventfd; it fires, instead of the poller's, when
+/// something arrives while a thread sleeps between [`Driver::sleep_begin`] and
+/// [`Driver::sleep_end`]. Holding a `Driver` does not keep the group alive.
+#[derive(Clone)]
+pub struct Driver {
+    fd: std::os::fd::RawFd,
+    id: u64,
+    lg: std::sync::Weak<LinkGroup>,
+}
+
+impl Driver {
+    /// The descriptor to watch for readability (edge-triggered, exclusive: it is not drained
+    /// by everyone). Bracket each wait on it with [`Self::sleep_begin`] and
+    /// [`Self::sleep_end`]: only then is it signalled.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    /// The calling thread is about to sleep on [`Self::fd`]: while it sleeps, the group's
+    /// completions wake it (and not the group's poller). `Some(false)`: something had arrived
+    /// already and was handled here — do not sleep (no `sleep_end` needed). `None`: the group
+    /// is gone.
+    ///
+    /// `rx`: the same wait also watches [`Self::rx_fd`] (registered edge-triggered) and calls
+    /// [`Self::receive`] when it fires. Then, while the thread holds the group, the device's
+    /// engine thread leaves the socket to it, and a packet wakes it directly (one wake-up,
+    /// not two).
+    pub fn sleep_begin(&self, rx: bool) -> Option<bool> {
+        self.lg.upgrade().map(|lg| lg.sleep_begin(rx))
+    }
+
+    /// The socket the group's packets arrive on (UDP), to watch along with [`Self::fd`];
+    /// `None` if the group is gone, uses shared memory only, or is never held (`app_hold`
+    /// zero: the engine thread keeps the socket). Several groups may share it. A wait that
+    /// does not sleep calls [`Self::receive`] rather than [`Self::progress`]: while the
+    /// group is held, nobody else drains the socket.
+    pub fn rx_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.lg
+            .upgrade()
+            .and_then(|lg| lg.rx_fd().map(|fd| fd.as_raw_fd()))
+    }
+
+    /// [`Self::rx_fd`] fired: receives what waits there (for every group on the socket) and
+    /// handles this group's completions, on the calling thread; never blocks. Returns false
+    /// once the group is gone.
+    pub fn receive(&self) -> bool {
+        match self.lg.upgrade() {
+            Some(lg) => {
+                lg.receive();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The wait that followed `sleep_begin() == Some(true)` returned after `slept`; `woken`:
+    /// [`Self::fd`] fired (this tunes the spinning before sleeps).
+    pub fn sleep_end(&self, slept: std::time::Duration, woken: bool) {
+        if let Some(lg) = self.lg.upgrade() {
+            lg.sleep_end(slept, woken);
+        }
+    }
+
+    /// The link group's id within this process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Makes [`Self::fd`] readable: a thread waiting on it (with the group's other
+    /// descriptors of its call) wakes and looks again, for a change no completion brought.
+    pub fn kick(&self) {
+        if let Some(lg) = self.lg.upgrade() {
+            lg.kick_drivers();
+        }
+    }
+
+    /// Handles what the link group has received, on the calling thread, unless another thread
+    /// is doing so; never blocks. Returns false once the group is gone.
+    pub fn progress(&self) -> bool {
+        match self.lg.upgrade() {
+            Some(lg) => {
+                lg.progress();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A claimed record in the stats area, freed with the stream (or, for a socket handed back
+/// to the application as plain TCP, when its descriptor is found closed).
+pub(crate) struct StatSlot {
+    pub(crate) area: Arc<crate::stats::Area>,
+    pub(crate) slot: usize,
+}
+
+/// A listening socket's row in the stats area (`smc-stat -l`), removed when dropped.
+pub struct ListenerRecord {
+    _slot: StatSlot,
+}
+
+impl Runtime {
+    /// The TCP option program's per-socket map, when negotiation uses it and it could be
+    /// opened (for claims of connections several processes hold: [`crate::option::Claim`]).
+    pub fn option_map(&self) -> Option<&crate::option::OptionMap> {
+        match (&self.inner.cfg.negotiation, &self.inner.option) {
+            (Negotiation::TcpOption { .. }, Ok(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Records a listening socket on `local` in the stats area (`None` without an area or a
+    /// free slot). Keep it while the socket listens.
+    pub fn listener_record(&self, local: SocketAddr) -> Option<ListenerRecord> {
+        use crate::stats::conn;
+        let area = self.inner.stats.as_ref()?;
+        let mut rec = crate::stats::ConnRecord::default();
+        rec.words[conn::IN_USE] = 1;
+        put_addr(&mut rec, Some(local), false);
+        rec.words[conn::STATE] = conn::STATE_LISTEN | 1 << 8;
+        rec.words[conn::SINCE] = Timeline::new().unix_ns;
+        let slot = area.claim_conn()?;
+        area.write_conn(slot, &rec);
+        Some(ListenerRecord {
+            _slot: StatSlot {
+                area: area.clone(),
+                slot,
+            },
+        })
+    }
+}
+
+impl Drop for StatSlot {
+    fn drop(&mut self) {
+        self.area.release_conn(self.slot);
+    }
+}
+
+/// The handshake roles' shared driver methods.
+trait Handshake {
+    fn wants(&self) -> usize;
+    fn handle_data(&mut self, data: &[u8]) -> usize;
+    fn handle_eof(&mut self);
+    fn handle_timeout(&mut self, now: Instant);
+    fn poll_timeout(&self) -> Option<Instant>;
+    fn poll_transmit(&mut self) -> Option<Vec<u8>>;
+    fn poll_event(&mut self) -> Option<Event>;
+}
+
+macro_rules! impl_handshake {
+    ($t:ty) => {
+        impl Handshake for $t {
+            fn wants(&self) -> usize {
+                <$t>::wants(self)
+            }
+            fn handle_data(&mut self, data: &[u8]) -> usize {
+                <$t>::handle_data(self, data)
+            }
+            fn handle_eof(&mut self) {
+                <$t>::handle_eof(self)
+            }
+            fn handle_timeout(&mut self, now: Instant) {
+                <$t>::handle_timeout(self, now)
+            }
+            fn poll_timeout(&self) -> Option<Instant> {
+                <$t>::poll_timeout(self)
+            }
+            fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+                <$t>::poll_transmit(self)
+            }
+            fn poll_event(&mut self) -> Option<Event> {
+                <$t>::poll_event(self)
+            }
+        }
+    };
+}
+impl_handshake!(handshake::Client);
+impl_handshake!(handshake::Server);
+
+/// Runs the handshake over `tcp` until it has an event; never reads past a CLC message.
+/// When each stage of a connection's negotiation happened (ns after `start`, 0: not yet),
+/// indexed like the stats record's `T_*` words from `T_OPTION`.
+#[derive(Debug, Clone, Copy)]
+struct Timeline {
+    start: Instant,
+    /// Unix time of `start`, ns.
+    unix_ns: u64,
+    at: [u64; 5],
+}
+
+const T_OPTION: usize = 0;
+const T_PROPOSAL: usize = 1;
+const T_ACCEPT: usize = 2;
+const T_CONFIRM: usize = 3;
+const T_LINK: usize = 4;
+
+impl Timeline {
+    pub(super) fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            at: [0; 5],
+        }
+    }
+
+    /// Records a stage the first time it is reached.
+    pub(super) fn mark(&mut self, stage: usize) {
+        if self.at[stage] == 0 {
+            self.at[stage] = self.start.elapsed().as_nanos().max(1) as u64;
+        }
+    }
+
+    /// A CLC message of ours went out (its type is byte 4).
+    pub(super) fn sent(&mut self, clc: &[u8]) {
+        match clc.get(4) {
+            Some(1) => self.mark(T_PROPOSAL),
+            Some(2) => self.mark(T_ACCEPT),
+            Some(3) => self.mark(T_CONFIRM),
+            _ => {}
+        }
+    }
+
+    /// The handshake reported that a peer's message arrived.
+    pub(super) fn event(&mut self, ev: &Event) {
+        match ev {
+            Event::Proposed { .. } => self.mark(T_PROPOSAL),
+            Event::Accepted { .. } => self.mark(T_ACCEPT),
+            Event::Established { .. } => self.mark(T_CONFIRM),
+            _ => {}
+        }
+    }
+}
+
+fn drive(tcp: &TcpStream, hs: &mut impl Handshake, tl: &mut Timeline) -> io::Result<Event> {
+    let mut tcp = tcp;
+    // The socket may be non-blocking (the preload negotiates on the application's own
+    // socket): wait in poll, never by spinning on EAGAIN.
+    let mut buf = [0u8; 1024];
+    loop {
+        while let Some(b) = hs.poll_transmit() {
+            let mut at = 0;
+            while at < b.len() {
+                match tcp.write(&b[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        wait_fd(tcp, libc::POLLOUT, None)?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            tl.sent(&b);
+        }
+        if let Some(ev) = hs.poll_event() {
+            tl.event(&ev);
+            return Ok(ev);
+        }
+        let want = hs.wants().min(buf.len());
+        if want == 0 {
+            return Err(io::Error::other("CLC handshake stalled"));
+        }
+        let left = hs
+            .poll_timeout()
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|l| l.is_zero()) || !wait_fd(tcp, libc::POLLIN, left)? {
+            hs.handle_timeout(Instant::now());
+            continue;
+        }
+        match tcp.read(&mut buf[..want]) {
+            Ok(0) => hs.handle_eof(),
+            Ok(n) => {
+                hs.handle_data(&buf[..n]);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// SO_LINGER is on with a zero timeout (close must reset, not finish).
+fn linger_zero(tcp: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: reading SO_LINGER into a linger struct of the right size.
+    let r = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+/// Waits until `tcp` is ready for `events` (or has an error or hang-up); `false` on timeout.
+fn wait_fd(tcp: &TcpStream, events: libc::c_short, timeout: Option<Duration>) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let ms = timeout.map_or(-1, |t| {
+        // Rounded up: a sub-millisecond remainder must not become a zero-timeout spin.
+        i32::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
+    });
+    let mut p = libc::pollfd {
+        fd: tcp.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+fn failed(e: handshake::Error) -> io::Error {
+    let kind = match e {
+        handshake::Error::Timeout { .. } => io::ErrorKind::TimedOut,
+        handshake::Error::PeerClosed => io::ErrorKind::ConnectionReset,
+        _ => io::ErrorKind::InvalidData,
+    };
+    io::Error::new(kind, e)
+}
+
+/// The inode of the socket at `fd` (as `/proc/PID/fd/N` shows it: `socket:[inode]`).
+/// The first link of a new group did not come up: the group ends, its never-used
+/// connection goes, and the handshake (already told `link_failed`) settles the fallback on the
+/// TCP connection — the peer's Decline, or ours with `TIMEOUT_CL` — as Linux does.
+fn link_not_up(
+    s: &mut SmcStream,
+    lg: &LinkGroup,
+    conn: &ConnShared,
+    hs: &mut impl Handshake,
+) -> io::Result<FallbackReason> {
+    lg.detach(conn.token);
+    lg.give_back(conn.rmb.clone());
+    lg.abandon();
+    match drive(&s.tcp, hs, &mut s.timeline)? {
+        Event::Fallback {
+            reason, by_peer, ..
+        } => Ok(FallbackReason::Declined { reason, by_peer }),
+        Event::Failed(e) => Err(failed(e)),
+        other => Err(io::Error::other(format!("unexpected {other:?}"))),
+    }
+}
+
+pub(crate) fn socket_inode(fd: std::os::fd::RawFd) -> Option<u64> {
+    // SAFETY: fstat into a zeroed stat struct; an invalid fd is an error, not UB.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return None;
+    }
+    Some(st.st_ino)
+}
+
+/// Path MTU of a connected TCP socket (IP_MTU).
+fn path_mtu(tcp: &TcpStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid socket fd, and v/len describe a c_int buffer.
+    let r = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && v > 0 { v as u32 } else { 1500 }
+}
+
+fn local_v4(tcp: &TcpStream) -> Option<SocketAddrV4> {
+    v4_of(tcp.local_addr().ok()?)
+}
+
+/// The IPv4 address of `a`: itself, or the IPv4 address a dual-stack (AF_INET6) socket's
+/// v4-mapped address (`::ffff:a.b.c.d`) stands for. Native IPv6 addresses have none.
+pub fn v4_of(a: SocketAddr) -> Option<SocketAddrV4> {
+    match a {
+        SocketAddr::V4(a) => Some(a),
+        SocketAddr::V6(a) => a
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddrV4::new(ip, a.port())),
+    }
+}
+
+fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32) -> Endpoint {
+    let (gid, mac, qpn, psn, mtu) = lg.local_endpoint();
+    Endpoint {
+        gid,
+        mac,
+        qpn,
+        initial_psn: psn,
+        mtu,
+        rmb_rkey: rmb.rkey(),
+        rmb_vaddr: rmb.addr(),
+        rmb_size: size,
+        token,
+    }
+}
+
+/// A listening socket whose accepted connections negotiate SMC-R.
+///
+/// Like Linux's SMC listener, negotiation happens off the accepting thread: a background
+/// thread takes TCP connections and runs each handshake on a thread of its own, and
+/// [`SmcListener::accept`] returns connections whose negotiation has finished (SMC-R or TCP).
+/// A connection whose handshake fails (timeout, protocol error) is closed and never returned.
+pub struct SmcListener {
+    local: SocketAddr,
+    /// A duplicate of the listening socket, to wake the acceptor with shutdown() on drop.
+    wake: TcpListener,
+    ready: parking_lot::Mutex<std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>>,
+    nonblocking: bool,
+    _stat: Option<ListenerRecord>,
+}
