@@ -11,11 +11,17 @@ struct Seg {
     len: usize,
 }
 
+/// Segments held inline: SMC-R's requests have one or two (a slot and a long-message buffer;
+/// data and a zero pad), so posting allocates nothing.
+const INLINE: usize = 2;
+
 /// A scatter/gather list whose regions were checked when the request was posted. It keeps the
 /// regions alive until the request completes.
 #[derive(Clone, Default)]
 pub(crate) struct SgList {
-    segs: Vec<Seg>,
+    inline: [Option<Seg>; INLINE],
+    /// Segments beyond [`INLINE`] (none for SMC-R; no allocation while empty).
+    more: Vec<Seg>,
     len: usize,
 }
 
@@ -34,7 +40,8 @@ impl SgList {
                 max: max_sge,
             });
         }
-        let mut segs = Vec::with_capacity(sges.len());
+        let mut list = Self::default();
+        let mut n = 0;
         let mut len = 0usize;
         for (index, sge) in sges.iter().enumerate() {
             if sge.length == 0 {
@@ -44,16 +51,26 @@ impl SgList {
                 .check(sge.lkey, pd, sge.addr, u64::from(sge.length), need)
                 .map_err(|error| PostError::BadSge { index, error })?;
             len += sge.length as usize;
-            segs.push(Seg {
+            let seg = Seg {
                 mr,
                 offset,
                 len: sge.length as usize,
-            });
+            };
+            match list.inline.get_mut(n) {
+                Some(slot) => *slot = Some(seg),
+                None => list.more.push(seg),
+            }
+            n += 1;
         }
         if len > i32::MAX as usize {
             return Err(PostError::MessageTooLong);
         }
-        Ok(Self { segs, len })
+        list.len = len;
+        Ok(list)
+    }
+
+    fn segs(&self) -> impl Iterator<Item = &Seg> {
+        self.inline.iter().flatten().chain(&self.more)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -63,7 +80,7 @@ impl SgList {
     /// Visits the pieces of `[at, at + n)` as (region, offset in region, length).
     fn pieces(&self, mut at: usize, mut n: usize, mut f: impl FnMut(&Region, usize, usize, usize)) {
         let mut done = 0;
-        for s in &self.segs {
+        for s in self.segs() {
             if n == 0 {
                 break;
             }

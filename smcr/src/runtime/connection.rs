@@ -156,11 +156,7 @@ impl ConnShared {
         let slot = lg.take_slot(poller)?;
         let path = self.route(s, lg, slot, poller)?;
         let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
-        let pieces: Vec<(u32, u32)> = plan
-            .pieces
-            .into_iter()
-            .filter(|p| p.1 > 0 && !written)
-            .collect();
+        let (pieces, n) = nonempty(plan.pieces, !written);
         s.stats.bytes_sent += u64::from(s.staged);
         s.stats.data_cdcs += 1;
         if let Some(st) = &s.stat {
@@ -173,7 +169,7 @@ impl ConnShared {
         s.publish();
         let writes = DataWrites {
             sndbuf: &self.sndbuf,
-            pieces: &pieces,
+            pieces: &pieces[..n],
             peer: lg.peer_rmb(&mut s.peer, path),
             slack: plan.slack,
         };
@@ -233,10 +229,10 @@ impl ConnShared {
                 lg.put_back(third);
                 return Err(e);
             }
-            let pieces: Vec<(u32, u32)> = f.pieces.into_iter().filter(|p| p.1 > 0).collect();
+            let (pieces, n) = nonempty(f.pieces, true);
             let writes = DataWrites {
                 sndbuf: &self.sndbuf,
-                pieces: &pieces,
+                pieces: &pieces[..n],
                 peer: lg.peer_rmb(&mut s.peer, path),
                 slack: 0,
             };
@@ -482,4 +478,18 @@ impl ConnShared {
         lg.detach(self.token);
         lg.recycle(&self.rmb, &self.sndbuf);
     }
+}
+
+/// The non-empty pieces of a write (at most two: the ring wraps once), in order, on the
+/// stack (no allocation per write); none unless `any`.
+fn nonempty(pieces: [(u32, u32); 2], any: bool) -> ([(u32, u32); 2], usize) {
+    let mut out = [(0, 0); 2];
+    let mut n = 0;
+    for p in pieces {
+        if any && p.1 > 0 {
+            out[n] = p;
+            n += 1;
+        }
+    }
+    (out, n)
 }

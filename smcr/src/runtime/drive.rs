@@ -306,10 +306,10 @@ impl LinkGroup {
             });
         }
         let now = Instant::now();
-        let mut cdcs: Vec<(Arc<ConnShared>, CdcMessage)> = Vec::new();
+        // The thread's scratch lists (kept between calls: no allocation per batch).
+        let (mut cdcs, mut sent) = SCRATCH.take();
         // Connections whose data CDC's SEND completed (with its sequence number) or was
         // flushed by a failed link (none).
-        let mut sent: Vec<(Arc<ConnShared>, Option<u16>)> = Vec::new();
         let unmoved = {
             let mut guard = self.st.lock();
             let st = &mut *guard;
@@ -385,16 +385,17 @@ impl LinkGroup {
             self.run_links(st, now);
             st.g.take_unmoved()
         };
-        for (c, m) in cdcs {
+        for (c, m) in cdcs.drain(..) {
             c.on_cdc(self, &m);
         }
         let retry: Vec<Arc<ConnShared>> = { self.st.lock().g.conns.take_deferred() };
-        for (c, seq) in sent {
+        for (c, seq) in sent.drain(..) {
             if let Some(seq) = seq {
                 c.core.lock().core.cdc_done(seq);
             }
             c.on_sent(self);
         }
+        SCRATCH.set((cdcs, sent));
         for c in retry {
             c.flush_corked(self);
         }
@@ -421,4 +422,16 @@ impl LinkGroup {
         }
         false
     }
+}
+
+/// CDCs received and SENDs completed in one batch, by connection.
+type Batch = (
+    Vec<(Arc<ConnShared>, CdcMessage)>,
+    Vec<(Arc<ConnShared>, Option<u16>)>,
+);
+
+thread_local! {
+    /// `handle`'s lists, reused by each thread that handles completions (emptied before they
+    /// are put back, so they hold no connection).
+    static SCRATCH: std::cell::Cell<Batch> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }

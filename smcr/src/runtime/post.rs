@@ -132,8 +132,13 @@ impl LinkGroup {
                 },
         };
         let qp = &self.paths[path].qp;
-        let ran = if before.is_empty() {
-            qp.post_send_report(&[send])
+        // The data WRITEs before it (at most two) and the SEND, on the stack.
+        let n = before.len();
+        let ran = if n <= 2 {
+            let mut wrs = [send; 3];
+            wrs[..n].copy_from_slice(before);
+            wrs[n] = send;
+            qp.post_send_report(&wrs[..=n])
         } else {
             let mut wrs = before.to_vec();
             wrs.push(send);
@@ -166,39 +171,40 @@ impl LinkGroup {
             }
             _ => 0,
         };
-        let sges: Vec<[rdma::Sge; 2]> = pieces
-            .iter()
-            .map(|&(off, len)| {
-                [
-                    sndbuf.sge(off as usize, len as usize),
-                    self.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize),
-                ]
-            })
-            .collect();
+        // At most two pieces (the ring wraps once): scatter lists and requests on the stack.
+        if pieces.len() > 2 {
+            self.put_back(slot);
+            return Err(io::Error::other("a write of more than two pieces"));
+        }
+        let zero = self.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize);
+        let mut sges = [[zero; 2]; 2];
+        for (sg, &(off, len)) in sges.iter_mut().zip(pieces) {
+            sg[0] = sndbuf.sge(off as usize, len as usize);
+        }
         let last = pieces.len().saturating_sub(1);
-        let wrs: Vec<SendWr<'_>> = pieces
-            .iter()
-            .zip(&sges)
-            .enumerate()
-            .map(|(i, (&(off, _), sg))| SendWr {
-                wr_id: u64::MAX,
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: peer.0 + u64::from(off),
-                    rkey: peer.1,
-                },
-                sg_list: if i == last && zero_len > 0 {
-                    &sg[..]
-                } else {
-                    &sg[..1]
-                },
-                // Unsignaled: the CDC after them is signaled and completes later.
-                flags: SendFlags::empty(),
-            })
-            .collect();
+        let write = |i: usize, off: u32| SendWr {
+            wr_id: u64::MAX,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: peer.0 + u64::from(off),
+                rkey: peer.1,
+            },
+            sg_list: if i == last && zero_len > 0 {
+                &sges[i][..]
+            } else {
+                &sges[i][..1]
+            },
+            // Unsignaled: the CDC after them is signaled and completes later.
+            flags: SendFlags::empty(),
+        };
+        let mut wrs = [write(0, pieces.first().map_or(0, |p| p.0)); 2];
+        for (i, &(off, _)) in pieces.iter().enumerate().skip(1) {
+            wrs[i] = write(i, off);
+        }
+        let wrs = &wrs[..pieces.len()];
         if same_host {
             // The shared-memory transport copies WRITEs as they are posted, and reports
             // whether the SEND ran at once on its own.
-            if let Err(e) = self.paths[path].qp.post_send(&wrs) {
+            if let Err(e) = self.paths[path].qp.post_send(wrs) {
                 self.put_back(slot);
                 return Err(post_error(e));
             }
@@ -206,7 +212,7 @@ impl LinkGroup {
         }
         // On UDP, WRITEs and SEND in one post: they are transmitted in one pass (one GSO
         // datagram when their sizes allow), not one system call each.
-        self.post_cdc_after(path, &wrs, slot, m, owner)
+        self.post_cdc_after(path, wrs, slot, m, owner)
     }
 
     /// Sends an LLC message longer than a slot: its first [`SLOT`] bytes from `slot`, the rest
