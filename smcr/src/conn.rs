@@ -117,6 +117,36 @@ pub struct ConnCore {
     peer_wants_update: bool,
     local_flags: ConnStateFlags,
     peer_flags: ConnStateFlags,
+    /// Bytes copied into the send buffer, not yet written to the peer (the next flush writes
+    /// and announces them).
+    pub staged: u32,
+    /// Our data CDCs whose SEND has not completed (autocorking holds small writes while one
+    /// is in flight).
+    pub inflight: u32,
+    /// Our application closed the connection (the close or abort CDC is out).
+    local_closed: bool,
+    /// We shut down writing (PEER_DONE_WRITING sent).
+    shut_wr: bool,
+    /// Our application shut down reading.
+    shut_rd: bool,
+}
+
+/// Readiness of a connection as poll/epoll report it for sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadyState {
+    /// POLLIN: a read would not block.
+    pub readable: bool,
+    /// POLLOUT: a write would not block.
+    pub writable: bool,
+    /// POLLRDHUP: the peer will send no more.
+    pub rdhup: bool,
+    /// POLLHUP: both directions are finished (or the connection failed).
+    pub hup: bool,
+    /// POLLERR: the connection was reset (the peer aborted it, or it failed).
+    pub error: bool,
+    /// Counts arrivals of data (wrapping): a change while `readable` stays true is a new
+    /// arrival, which edge-triggered epoll reports again for a socket.
+    pub arrivals: u32,
 }
 
 /// Linux's SMC socket state (`enum smc_state`, net/smc/smc.h), as `smcss` shows it; the
@@ -195,7 +225,8 @@ impl ConnCore {
     /// Linux's SMC state of this connection now, from both sides' close flags; `failed`: the
     /// connection failed locally, `local_closed`: our application closed it (Linux's
     /// `smc_close_active`/`smc_close_passive_work` transitions, seen from their results).
-    pub fn linux_state(&self, failed: bool, local_closed: bool) -> SmcState {
+    pub fn linux_state(&self, failed: bool) -> SmcState {
+        let local_closed = self.local_closed;
         let (local, peer) = (self.local_flags, self.peer_flags);
         let closed = ConnStateFlags::PEER_CONN_CLOSED;
         let done = ConnStateFlags::PEER_DONE_WRITING | closed;
@@ -243,6 +274,105 @@ impl ConnCore {
             peer_wants_update: false,
             local_flags: ConnStateFlags::empty(),
             peer_flags: ConnStateFlags::empty(),
+            staged: 0,
+            inflight: 0,
+            local_closed: false,
+            shut_wr: false,
+            shut_rd: false,
+        }
+    }
+
+    /// Our application closed the connection.
+    pub fn local_closed(&self) -> bool {
+        self.local_closed
+    }
+
+    /// We shut down writing.
+    pub fn shut_wr(&self) -> bool {
+        self.shut_wr
+    }
+
+    /// Our application shut down reading.
+    pub fn shut_rd(&self) -> bool {
+        self.shut_rd
+    }
+
+    /// Our application shuts down reading (nothing is sent: SMC-R has no flag for it).
+    pub fn shutdown_read(&mut self) {
+        self.shut_rd = true;
+    }
+
+    /// Our application shuts down writing (after the staged bytes were flushed): the CDC
+    /// with PEER_DONE_WRITING to send, or `None` if it already did.
+    pub fn shutdown_write(&mut self) -> Option<CdcMessage> {
+        if self.shut_wr {
+            return None;
+        }
+        self.shut_wr = true;
+        Some(self.close_flags(ConnStateFlags::PEER_DONE_WRITING))
+    }
+
+    /// Our application closes the connection (after the staged bytes were flushed): the CDC
+    /// to send, or `None` if it already closed. Closing with unread data aborts, as Linux's
+    /// `smc_close_final` (and TCP's RST); so does SO_LINGER {on, 0} (`linger_zero`).
+    pub fn close(&mut self, linger_zero: bool) -> Option<CdcMessage> {
+        if self.local_closed {
+            return None;
+        }
+        self.local_closed = true;
+        let flag = if self.readable() > 0 || linger_zero {
+            ConnStateFlags::PEER_CONN_ABORT
+        } else {
+            ConnStateFlags::PEER_CONN_CLOSED
+        };
+        Some(self.close_flags(flag))
+    }
+
+    /// Whether a write of the staged bytes waits (autocorking, as Linux: while a CDC of ours
+    /// is in flight, at most `limit` bytes are held back).
+    pub fn corked(&self, limit: u32) -> bool {
+        self.inflight > 0 && self.staged <= limit
+    }
+
+    /// The staged bytes go out now (their CDC is in flight): how many.
+    pub fn take_staged(&mut self) -> u32 {
+        self.inflight += 1;
+        std::mem::take(&mut self.staged)
+    }
+
+    /// A data CDC of ours completed (or was flushed): whether corked bytes should go now.
+    pub fn cdc_completed(&mut self) -> bool {
+        self.inflight = self.inflight.saturating_sub(1);
+        self.inflight == 0 && self.staged > 0
+    }
+
+    /// Both sides are done with the connection: we closed and the peer closed or aborted.
+    pub fn both_closed(&self) -> bool {
+        self.local_closed
+            && self
+                .peer_flags
+                .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+    }
+
+    /// What poll/epoll report now. `failed`: the connection failed locally; `error_reported`:
+    /// the application was told already (POLLERR once, as TCP's SO_ERROR); `arrivals`: the
+    /// data-arrival count.
+    pub fn readiness(&self, failed: bool, error_reported: bool, arrivals: u32) -> ReadyState {
+        let pf = self.peer_flags;
+        let gone = failed || pf.contains(ConnStateFlags::PEER_CONN_ABORT);
+        let peer_done = gone
+            || self.shut_rd
+            || pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED);
+        ReadyState {
+            readable: self.readable() > 0 || peer_done,
+            writable: self.space() > self.staged
+                || gone
+                || self.local_closed
+                || pf.contains(ConnStateFlags::PEER_CONN_CLOSED),
+            rdhup: peer_done,
+            hup: gone || (peer_done && self.shut_wr),
+            error: gone && !error_reported,
+            arrivals,
         }
     }
 

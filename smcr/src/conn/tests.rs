@@ -507,14 +507,15 @@ fn a_failover_cdc_says_again_that_the_writer_is_blocked() {
 fn linux_state_follows_both_sides_close_flags() {
     use cdc::ConnStateFlags as F;
     let mut c = ConnCore::new(1, 65536, 65536);
-    assert_eq!(c.linux_state(false, false), SmcState::Active);
-    assert_eq!(c.linux_state(true, false), SmcState::ProcessAbort);
-    assert_eq!(c.linux_state(true, true), SmcState::Closed);
+    assert_eq!(c.linux_state(false), SmcState::Active);
+    assert_eq!(c.linux_state(true), SmcState::ProcessAbort);
     // We shut down writing, then closed.
-    let _ = c.close_flags(F::PEER_DONE_WRITING);
-    assert_eq!(c.linux_state(false, false), SmcState::PeerCloseWait1);
-    let _ = c.close_flags(F::PEER_CONN_CLOSED);
-    assert_eq!(c.linux_state(false, true), SmcState::PeerCloseWait2);
+    let _ = c.shutdown_write();
+    assert_eq!(c.linux_state(false), SmcState::PeerCloseWait1);
+    let _ = c.close(false);
+    assert_eq!(c.linux_state(false), SmcState::PeerCloseWait2);
+    // Failed after our close: CLOSED.
+    assert_eq!(c.linux_state(true), SmcState::Closed);
     // Numbers and names are Linux's and smcss's.
     assert_eq!(SmcState::PeerCloseWait2 as u8, 21);
     assert_eq!(SmcState::from_code(21), Some(SmcState::PeerCloseWait2));
@@ -522,5 +523,90 @@ fn linux_state_follows_both_sides_close_flags() {
     assert_eq!(SmcState::AppFinCloseWait.name(), "APPFINCLW");
     let mut d = ConnCore::new(1, 65536, 65536);
     let _ = d.close_flags(F::PEER_CONN_ABORT);
-    assert_eq!(d.linux_state(false, false), SmcState::PeerAbortWait);
+    assert_eq!(d.linux_state(false), SmcState::PeerAbortWait);
+}
+
+#[test]
+fn close_aborts_with_unread_data_or_linger_zero_and_only_once() {
+    use cdc::ConnStateFlags as F;
+    let mut a = ConnCore::new(1, 65536, 65536);
+    let cdc = a.close(false).expect("first close");
+    assert!(cdc.conn_flags.contains(F::PEER_CONN_CLOSED));
+    assert!(!cdc.conn_flags.contains(F::PEER_CONN_ABORT));
+    assert!(a.local_closed());
+    assert_eq!(a.close(false), None, "closed once");
+    // SO_LINGER {on, 0}: an abort, as TCP's RST.
+    let mut b = ConnCore::new(1, 65536, 65536);
+    assert!(
+        b.close(true)
+            .unwrap()
+            .conn_flags
+            .contains(F::PEER_CONN_ABORT)
+    );
+    // Unread data: an abort too (Linux's smc_close_final).
+    let (mut tx, mut rx) = (
+        ConnCore::new(2, 65536, 65536),
+        ConnCore::new(1, 65536, 65536),
+    );
+    let plan = tx.prepare_write(10, 10);
+    rx.on_cdc(&plan.cdc).unwrap();
+    assert_eq!(rx.readable(), 10);
+    assert!(
+        rx.close(false)
+            .unwrap()
+            .conn_flags
+            .contains(F::PEER_CONN_ABORT)
+    );
+}
+
+#[test]
+fn shutdown_write_once_then_close_and_readiness() {
+    use cdc::ConnStateFlags as F;
+    let (mut a, mut b) = (
+        ConnCore::new(2, 65536, 65536),
+        ConnCore::new(1, 65536, 65536),
+    );
+    let r = b.readiness(false, false, 0);
+    assert!(!r.readable && r.writable && !r.rdhup && !r.hup && !r.error);
+    let fin = a.shutdown_write().expect("first shutdown");
+    assert!(fin.conn_flags.contains(F::PEER_DONE_WRITING));
+    assert_eq!(a.shutdown_write(), None);
+    b.on_cdc(&fin).unwrap();
+    // The peer will send no more: readable (EOF) and RDHUP, not HUP while we may write.
+    let r = b.readiness(false, false, 0);
+    assert!(r.readable && r.rdhup && !r.hup && r.writable);
+    b.shutdown_read();
+    assert!(b.shut_rd());
+    let _ = b.shutdown_write();
+    assert!(b.readiness(false, false, 0).hup);
+    // A failure: everything ready, the error once.
+    let c = ConnCore::new(1, 65536, 65536);
+    let r = c.readiness(true, false, 3);
+    assert!(r.readable && r.writable && r.hup && r.error && r.arrivals == 3);
+    assert!(!c.readiness(true, true, 3).error, "reported once");
+    // Both closed: ours and the peer's.
+    let mut d = ConnCore::new(1, 65536, 65536);
+    let mut e = ConnCore::new(2, 65536, 65536);
+    let _ = d.close(false);
+    assert!(!d.both_closed());
+    d.on_cdc(&e.close(false).unwrap()).unwrap();
+    assert!(d.both_closed());
+    assert_eq!(d.linux_state(false), SmcState::Closed);
+}
+
+#[test]
+fn autocorking_holds_small_writes_while_a_cdc_is_in_flight() {
+    let mut c = ConnCore::new(1, 65536, 65536);
+    c.staged = 100;
+    assert!(!c.corked(1000), "nothing in flight: goes at once");
+    assert_eq!(c.take_staged(), 100);
+    assert_eq!((c.staged, c.inflight), (0, 1));
+    c.staged = 100;
+    assert!(c.corked(1000));
+    assert!(!c.corked(99), "more than the limit goes");
+    assert!(c.cdc_completed(), "completion: the corked bytes go");
+    assert_eq!(c.inflight, 0);
+    c.staged = 0;
+    c.inflight = 1;
+    assert!(!c.cdc_completed(), "nothing corked");
 }

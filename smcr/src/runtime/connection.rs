@@ -38,41 +38,16 @@ pub trait Readiness: Send + Sync {
     fn update(&self, state: ReadyState);
 }
 
-/// Readiness of a connection as poll/epoll report it for sockets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReadyState {
-    /// POLLIN: a read would not block.
-    pub readable: bool,
-    /// POLLOUT: a write would not block.
-    pub writable: bool,
-    /// POLLRDHUP: the peer will send no more.
-    pub rdhup: bool,
-    /// POLLHUP: both directions are finished (or the connection failed).
-    pub hup: bool,
-    /// POLLERR: the connection was reset (the peer aborted it, or it failed).
-    pub error: bool,
-    /// Counts arrivals of data (wrapping): a change while `readable` stays true is a new
-    /// arrival, which edge-triggered epoll reports again for a socket.
-    pub arrivals: u32,
-}
+pub use crate::conn::ReadyState;
 
 pub(crate) struct ConnState {
     pub(crate) core: ConnCore,
     pub(crate) failed: Option<ConnFailure>,
-    pub(crate) local_closed: bool,
     pub(crate) released: bool,
     /// The peer's RMB as the path we last wrote on reaches it (see [`crate::rtokens`]).
     pub(crate) peer: crate::rtokens::PeerRmb,
-    /// Bytes copied into the send buffer but not yet written and announced (autocorking).
-    pub(crate) staged: u32,
-    /// Data CDCs posted whose SEND has not completed.
-    pub(crate) inflight: u32,
     /// Counters.
     pub(crate) stats: crate::ConnStats,
-    /// We shut down writing (shutdown or close).
-    pub(crate) shut_wr: bool,
-    /// We shut down reading: reads give EOF once the queued data is read.
-    pub(crate) shut_rd: bool,
     /// A reset (peer abort or failure) was reported to the application once; later reads
     /// give EOF and writes EPIPE, as for a TCP socket whose error was collected.
     pub(crate) reset_reported: bool,
@@ -98,8 +73,7 @@ pub(crate) struct StatRef {
 impl ConnState {
     /// Linux's SMC state for this connection now (`enum smc_state`).
     pub(crate) fn linux_state(&self) -> u64 {
-        self.core
-            .linux_state(self.failed.is_some(), self.local_closed) as u64
+        self.core.linux_state(self.failed.is_some()) as u64
     }
 
     /// Publishes cursors, flags and state to the stats area (cheap relaxed stores).
@@ -149,23 +123,23 @@ impl ConnShared {
         poller: bool,
         written: bool,
     ) -> io::Result<()> {
-        if s.staged == 0 {
+        let staged = s.core.staged;
+        if staged == 0 {
             return Ok(());
         }
         // The slot first: once the cursor has advanced, the CDC must go out.
         let slot = lg.take_slot(poller)?;
         let path = self.route(s, lg, slot, poller)?;
-        let plan = s.core.prepare_write(s.staged, pending.max(s.staged));
+        let plan = s.core.prepare_write(staged, pending.max(staged));
         let (pieces, n) = nonempty(plan.pieces, !written);
-        s.stats.bytes_sent += u64::from(s.staged);
+        s.stats.bytes_sent += u64::from(staged);
         s.stats.data_cdcs += 1;
         if let Some(st) = &s.stat {
             let at = st.start.elapsed().as_nanos().max(1) as u64;
             st.area
                 .set_live_once(st.slot, crate::stats::conn::live::FIRST_WRITE, at);
         }
-        s.staged = 0;
-        s.inflight += 1;
+        s.core.take_staged();
         s.publish();
         let writes = DataWrites {
             sndbuf: &self.sndbuf,
@@ -174,7 +148,7 @@ impl ConnShared {
             slack: plan.slack,
         };
         if lg.post_data(path, &writes, slot, &plan.cdc, self.token)? {
-            s.inflight -= 1;
+            s.core.inflight -= 1;
         }
         Ok(())
     }
@@ -237,7 +211,7 @@ impl ConnShared {
                 slack: 0,
             };
             if !lg.post_data(path, &writes, third, &f.cdc, self.token)? {
-                s.inflight += 1;
+                s.core.inflight += 1;
             }
             Ok(())
         })();
@@ -287,7 +261,7 @@ impl ConnShared {
         buf: &[u8],
         pending: u32,
     ) -> io::Result<bool> {
-        if s.staged != 0 || s.inflight != 0 || !lg.same_host() {
+        if s.core.staged != 0 || s.core.inflight != 0 || !lg.same_host() {
             return Ok(false);
         }
         let n = buf.len() as u32;
@@ -306,7 +280,7 @@ impl ConnShared {
             }
             at += len as usize;
         }
-        s.staged = n;
+        s.core.staged = n;
         self.flush_staged(s, lg, pending, false, true)?;
         Ok(true)
     }
@@ -314,8 +288,7 @@ impl ConnShared {
     /// A data CDC of ours completed: when none is left in flight, post what was corked.
     pub(super) fn on_sent(&self, lg: &LinkGroup) {
         let mut s = self.core.lock();
-        s.inflight = s.inflight.saturating_sub(1);
-        if s.inflight == 0 && s.staged > 0 {
+        if s.core.cdc_completed() {
             drop(s);
             self.flush_corked(lg);
         }
@@ -323,10 +296,10 @@ impl ConnShared {
 
     pub(super) fn flush_corked(&self, lg: &LinkGroup) {
         let mut s = self.core.lock();
-        if s.failed.is_some() || s.inflight > 0 {
+        if s.failed.is_some() || s.core.inflight > 0 {
             return;
         }
-        let pending = s.staged;
+        let pending = s.core.staged;
         match self.flush_locked(&mut s, lg, pending, true) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -382,10 +355,7 @@ impl ConnShared {
             }
         }
         s.publish();
-        let peer = s.core.peer_flags();
-        let both_closed = s.local_closed
-            && (peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
-                || peer.contains(ConnStateFlags::PEER_CONN_ABORT));
+        let both_closed = s.core.both_closed();
         drop(s);
         self.wake();
         if both_closed {
@@ -407,22 +377,9 @@ impl ConnShared {
         let Some(sink) = self.readiness.get() else {
             return;
         };
-        let pf = s.core.peer_flags();
-        let gone = s.failed.is_some() || pf.contains(ConnStateFlags::PEER_CONN_ABORT);
-        let peer_done = gone
-            || s.shut_rd
-            || pf.intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED);
-        let now = ReadyState {
-            readable: s.core.readable() > 0 || peer_done,
-            writable: s.core.space() > s.staged
-                || gone
-                || s.local_closed
-                || pf.contains(ConnStateFlags::PEER_CONN_CLOSED),
-            rdhup: peer_done,
-            hup: gone || (peer_done && s.shut_wr),
-            error: gone && !s.reset_reported,
-            arrivals: s.arrivals,
-        };
+        let now = s
+            .core
+            .readiness(s.failed.is_some(), s.reset_reported, s.arrivals);
         if s.reported != Some(now) {
             s.reported = Some(now);
             sink.update(now);

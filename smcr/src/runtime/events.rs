@@ -397,7 +397,7 @@ impl LinkGroup {
             // A connection its application already closed waits for the peer's close to be
             // released; that will not come now: release it here, or its RMB's share of the
             // budget would stay counted for good (the stream is gone, nobody else will).
-            let closed = c.core.lock().local_closed;
+            let closed = c.core.lock().core.local_closed();
             if closed {
                 c.release(self);
             }
@@ -449,7 +449,7 @@ impl LinkGroup {
         let conns = self.st.lock().g.conns.conns();
         conns.iter().all(|c| {
             let s = c.core.lock();
-            s.staged == 0 && s.inflight == 0
+            s.core.staged == 0 && s.core.inflight == 0
         }) && self.sends_done()
     }
 

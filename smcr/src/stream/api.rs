@@ -388,22 +388,22 @@ impl SmcStream {
         };
         if matches!(how, Shutdown::Read | Shutdown::Both) {
             let mut s = smc.conn.core.lock();
-            s.shut_rd = true;
+            s.core.shutdown_read();
             smc.conn.report(&mut s);
             drop(s);
             smc.conn.wake();
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
             let mut s = smc.conn.core.lock();
-            if s.shut_wr {
+            if s.core.shut_wr() {
                 return Ok(());
             }
-            let staged = s.staged;
+            let staged = s.core.staged;
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
-            let cdc = s.core.close_flags(ConnStateFlags::PEER_DONE_WRITING);
-            s.publish();
-            s.shut_wr = true;
-            smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false)?;
+            if let Some(cdc) = s.core.shutdown_write() {
+                s.publish();
+                smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false)?;
+            }
             smc.conn.report(&mut s);
         }
         Ok(())
@@ -535,7 +535,7 @@ impl SmcStream {
                 return Ok(n as usize);
             }
             let pf = s.core.peer_flags();
-            if s.shut_rd {
+            if s.core.shut_rd() {
                 return Ok(0);
             }
             // A peer that finished cleanly gives EOF even if the link goes away afterwards
@@ -572,19 +572,21 @@ impl SmcStream {
             }
             let pf = s.core.peer_flags();
             if pf.intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
-                || s.local_closed
-                || s.shut_wr
+                || s.core.local_closed()
+                || s.core.shut_wr()
                 || s.reset_reported
             {
                 return Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
                     format!(
                         "the connection is closed (token {:#x}, peer flags {:?}, local close {})",
-                        smc.conn.token, pf, s.local_closed
+                        smc.conn.token,
+                        pf,
+                        s.core.local_closed()
                     ),
                 ));
             }
-            let avail = s.core.space().saturating_sub(s.staged);
+            let avail = s.core.space().saturating_sub(s.core.staged);
             if avail > 0 {
                 let want = buf.len().min(u32::MAX as usize) as u32;
                 let n = want.min(avail);
@@ -598,7 +600,7 @@ impl SmcStream {
                     return Ok(n as usize);
                 }
                 let mut at = 0usize;
-                for (off, len) in s.core.stage_pieces(s.staged, n) {
+                for (off, len) in s.core.stage_pieces(s.core.staged, n) {
                     if len > 0 {
                         smc.conn
                             .sndbuf
@@ -606,14 +608,13 @@ impl SmcStream {
                         at += len as usize;
                     }
                 }
-                s.staged += n;
+                s.core.staged += n;
                 s.stats.writes += 1;
                 // Autocorking as Linux: while a CDC of ours is in flight, small writes wait in
                 // the send buffer and go out together when it completes; a lone write (nothing
                 // in flight) goes at once.
-                let cork = s.inflight > 0 && s.staged <= smc.conn.cork_limit();
-                if !cork {
-                    let pending = s.staged + (want - n);
+                if !s.core.corked(smc.conn.cork_limit()) {
+                    let pending = s.core.staged + (want - n);
                     smc.conn.flush_locked(&mut s, &smc.lg, pending, false)?;
                 }
                 smc.conn.report(&mut s);
@@ -690,7 +691,7 @@ impl Write for SmcStream {
         // Posts what autocorking holds back.
         if let Some(smc) = &self.smc {
             let mut s = smc.conn.core.lock();
-            let staged = s.staged;
+            let staged = s.core.staged;
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
         }
         Ok(())
@@ -705,19 +706,15 @@ impl Drop for SmcStream {
         let mut s = smc.conn.core.lock();
         // Our stats record is freed after this body (field drop): no update may follow.
         s.stat = None;
-        if !s.local_closed {
-            s.local_closed = true;
-            let staged = s.staged;
+        if !s.core.local_closed() {
+            let staged = s.core.staged;
             let _ = smc.conn.flush_locked(&mut s, &smc.lg, staged, false);
-            // As Linux's smc_close_final (and TCP's RST): closing with unread data aborts;
-            // so does SO_LINGER {on, 0}, as for TCP.
-            let flag = if s.core.readable() > 0 || linger_zero(&self.tcp) {
-                ConnStateFlags::PEER_CONN_ABORT
-            } else {
-                ConnStateFlags::PEER_CONN_CLOSED
-            };
-            let cdc = s.core.close_flags(flag);
-            let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
+            // Close or abort: `ConnCore::close` decides (unread data, or SO_LINGER {on, 0},
+            // which is only asked for when it matters).
+            let linger_zero = s.core.readable() == 0 && linger_zero(&self.tcp);
+            if let Some(cdc) = s.core.close(linger_zero) {
+                let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
+            }
         }
         let peer_gone = s
             .core
