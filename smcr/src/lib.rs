@@ -27,6 +27,7 @@ pub mod runtime;
 pub mod stats;
 pub mod steer;
 mod stream;
+mod sys;
 mod tcpwatch;
 #[cfg(feature = "tokio")]
 pub mod tokio;

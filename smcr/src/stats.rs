@@ -163,6 +163,19 @@ pub mod conn {
     }
 }
 
+/// A claimed connection record in an area, freed with the stream (or, for a socket handed
+/// back to the application as plain TCP, when its descriptor is found closed).
+pub(crate) struct StatSlot {
+    pub(crate) area: std::sync::Arc<Area>,
+    pub(crate) slot: usize,
+}
+
+impl Drop for StatSlot {
+    fn drop(&mut self) {
+        self.area.release_conn(self.slot);
+    }
+}
+
 /// Linux's SMC socket states (`enum smc_state`) by number, with `smcss`'s short names.
 pub fn state_name(state: u64) -> &'static str {
     crate::conn::SmcState::from_code(state).map_or("UNKNOWN", crate::conn::SmcState::name)

@@ -560,57 +560,6 @@ pub fn local_only_diagnosis(ip: Ipv4Addr) -> String {
     )
 }
 
-impl crate::Runtime {
-    /// How the device on local address `ip` receives (opening it as a handshake would): see
-    /// [`PortMode`].
-    pub fn device_mode(&self, ip: Ipv4Addr) -> io::Result<PortMode> {
-        Ok(self.inner.device(ip)?.mode())
-    }
-
-    /// Whether the device on `local` (opened if needed) can run a link with a peer at
-    /// `peer`; `Err` with the reason when it is local-only and the peer is elsewhere (what a
-    /// handshake declines with `NOSMCRDEV`; see `Dev::reaches`).
-    pub fn device_reaches(
-        &self,
-        local: Ipv4Addr,
-        peer: Ipv4Addr,
-    ) -> io::Result<Result<(), String>> {
-        Ok(self
-            .inner
-            .device(local)?
-            .reaches(peer, self.inner.cfg.same_host))
-    }
-}
-
-impl crate::runtime::Dev {
-    /// How the device receives (see [`PortMode`]).
-    pub(crate) fn mode(&self) -> PortMode {
-        self.device.mode()
-    }
-
-    /// Whether the device can run a link with a peer at `peer`: always when peers elsewhere
-    /// reach it; when it is local-only, only with a peer on this host (in this network
-    /// namespace) through shared memory (`same_host`: [`crate::RuntimeConfig::same_host`]).
-    /// `Err`: why not, for the log and the fallback record (decline with `NOSMCRDEV`).
-    pub(crate) fn reaches(&self, peer: Ipv4Addr, same_host: bool) -> Result<(), String> {
-        if self.reaches_remote() || (same_host && on_this_host(peer)) {
-            Ok(())
-        } else if same_host {
-            Err(local_only_diagnosis(self.ip))
-        } else {
-            Err(format!(
-                "{} (and the same-host transport is off: SMCR_SAME_HOST=off)",
-                local_only_diagnosis(self.ip)
-            ))
-        }
-    }
-
-    /// Whether peers on other hosts reach the device (false when it is local-only).
-    pub(crate) fn reaches_remote(&self) -> bool {
-        self.device.reaches_remote()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

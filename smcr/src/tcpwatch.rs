@@ -14,7 +14,12 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use crate::runtime::LinkGroup;
+/// Who is told of a hang-up (the link group: it probes its link). A trait, so this module
+/// depends on nothing above it.
+pub(crate) trait HangUp: Send + Sync {
+    /// The TCP socket of connection `token` hung up.
+    fn tcp_hung_up(&self, token: u32);
+}
 
 /// A watched TCP socket; dropping it ends the watch (and lets the socket close once the
 /// stream is gone too).
@@ -28,7 +33,7 @@ struct Watcher {
     pid: u32,
     ep: Arc<OwnedFd>,
     /// Registrations by key: the group, the connection's token and the descriptor.
-    regs: HashMap<u64, (Weak<LinkGroup>, u32, RawFd)>,
+    regs: HashMap<u64, (Weak<dyn HangUp>, u32, RawFd)>,
 }
 
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
@@ -37,7 +42,7 @@ static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 /// Watches `fd`, the TCP socket of connection `token` of `lg`, for a hang-up. If the watch
 /// cannot be set up (no epoll set, no thread), the socket is kept without one: the link's own
 /// keepalive still finds a dead peer.
-pub(crate) fn watch(lg: &Arc<LinkGroup>, token: u32, fd: Arc<TcpStream>) -> Watched {
+pub(crate) fn watch<G: HangUp + 'static>(lg: &Arc<G>, token: u32, fd: Arc<TcpStream>) -> Watched {
     let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let mut w = WATCHER.lock();
@@ -62,8 +67,8 @@ pub(crate) fn watch(lg: &Arc<LinkGroup>, token: u32, fd: Arc<TcpStream>) -> Watc
             )
         };
         if r == 0 {
-            w.regs
-                .insert(key, (Arc::downgrade(lg), token, fd.as_raw_fd()));
+            let lg: Weak<dyn HangUp> = Arc::downgrade(lg) as Weak<dyn HangUp>;
+            w.regs.insert(key, (lg, token, fd.as_raw_fd()));
         }
     }
     Watched { fd, key }

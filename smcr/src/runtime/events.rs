@@ -476,22 +476,6 @@ impl LinkGroup {
         self.publish_conns(&st);
     }
 
-    /// The TCP connection under `token` hung up (seen by `tcpwatch`): unless the connection
-    /// closed meanwhile, the link is probed (TEST LINK): a peer whose process died does not
-    /// answer, and the group fails.
-    pub(crate) fn tcp_hung_up(&self, token: u32) {
-        let mut guard = self.st.lock();
-        let st = &mut *guard;
-        if st.watch.remove(&token).is_none() {
-            return;
-        }
-        st.g.probe(Instant::now());
-        self.flush_llc(st);
-        drop(guard);
-        // The poller, asleep on its long timer, learns the probe's deadline.
-        self.cq.kick();
-    }
-
     /// Gives up a new group whose first link did not come up. A client's fails here and now,
     /// its RMBs freed: the server never confirmed it (Linux: `smc_lgr_cleanup_early`). A
     /// server's is deleted (DELETE LINK): the client's link may be up while ours is not (its
@@ -512,5 +496,23 @@ impl LinkGroup {
         // No new connection may pick this group from now on.
         st.g.terminate();
         self.flush_llc(st);
+    }
+}
+
+impl crate::tcpwatch::HangUp for LinkGroup {
+    /// The TCP connection under `token` hung up (seen by `tcpwatch`): unless the connection
+    /// closed meanwhile, the link is probed (TEST LINK): a peer whose process died does not
+    /// answer, and the group fails.
+    fn tcp_hung_up(&self, token: u32) {
+        let mut guard = self.st.lock();
+        let st = &mut *guard;
+        if st.watch.remove(&token).is_none() {
+            return;
+        }
+        st.g.probe(Instant::now());
+        self.flush_llc(st);
+        drop(guard);
+        // The poller, asleep on its long timer, learns the probe's deadline.
+        self.cq.kick();
     }
 }

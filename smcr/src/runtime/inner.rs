@@ -218,10 +218,10 @@ impl Inner {
     /// Keeps a fallback socket's record until its descriptor is closed. Records whose
     /// descriptor is gone (closed, or the number now holds another file) are freed by a
     /// sweep of a few entries per call (`smc-stat` hides them meanwhile).
-    pub(crate) fn keep_fallback_row(&self, st: crate::stream::StatSlot, fd: i32, ino: u64) {
+    pub(crate) fn keep_fallback_row(&self, st: crate::stats::StatSlot, fd: i32, ino: u64) {
         let mut f = self.fallback_rows.lock();
-        let gone = |&(_, fd, ino): &(crate::stream::StatSlot, i32, u64)| {
-            crate::stream::socket_inode(fd) != Some(ino)
+        let gone = |&(_, fd, ino): &(crate::stats::StatSlot, i32, u64)| {
+            crate::sys::socket_inode(fd) != Some(ino)
         };
         let n = f.rows.len();
         if n > 0 {
@@ -245,5 +245,56 @@ impl Inner {
         let mut groups = self.groups.lock();
         groups.retain(|g| !g.is_down());
         groups.push(g);
+    }
+}
+
+impl Runtime {
+    /// How the device on local address `ip` receives (opening it as a handshake would): see
+    /// [`crate::steer::PortMode`].
+    pub fn device_mode(&self, ip: Ipv4Addr) -> io::Result<crate::steer::PortMode> {
+        Ok(self.inner.device(ip)?.mode())
+    }
+
+    /// Whether the device on `local` (opened if needed) can run a link with a peer at
+    /// `peer`; `Err` with the reason when it is local-only and the peer is elsewhere (what a
+    /// handshake declines with `NOSMCRDEV`; see `Dev::reaches`).
+    pub fn device_reaches(
+        &self,
+        local: Ipv4Addr,
+        peer: Ipv4Addr,
+    ) -> io::Result<Result<(), String>> {
+        Ok(self
+            .inner
+            .device(local)?
+            .reaches(peer, self.inner.cfg.same_host))
+    }
+}
+
+impl Dev {
+    /// How the device receives (see [`crate::steer::PortMode`]).
+    pub(crate) fn mode(&self) -> crate::steer::PortMode {
+        self.device.mode()
+    }
+
+    /// Whether the device can run a link with a peer at `peer`: always when peers elsewhere
+    /// reach it; when it is local-only, only with a peer on this host (in this network
+    /// namespace) through shared memory (`same_host`: [`crate::RuntimeConfig::same_host`]).
+    /// `Err`: why not, for the log and the fallback record (decline with `NOSMCRDEV`).
+    pub(crate) fn reaches(&self, peer: Ipv4Addr, same_host: bool) -> Result<(), String> {
+        if self.reaches_remote() || (same_host && crate::steer::on_this_host(peer)) {
+            Ok(())
+        } else if same_host {
+            Err(crate::steer::local_only_diagnosis(self.ip))
+        } else {
+            Err(format!(
+                "{} (and the same-host transport is off: SMCR_SAME_HOST=off)",
+                crate::steer::local_only_diagnosis(self.ip)
+            ))
+        }
+    }
+
+    /// Whether peers on other hosts reach the device (false when it is local-only).
+    pub(crate) fn reaches_remote(&self) -> bool {
+        self.device.reaches_remote()
     }
 }

@@ -114,7 +114,7 @@ pub(crate) struct Inner {
 
 #[derive(Default)]
 struct FallbackRows {
-    rows: Vec<(crate::stream::StatSlot, i32, u64)>,
+    rows: Vec<(crate::stats::StatSlot, i32, u64)>,
     /// Where the next partial sweep starts.
     next: usize,
 }

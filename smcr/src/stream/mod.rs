@@ -17,6 +17,7 @@ use crate::handshake::{self, Endpoint, Event};
 use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
 use crate::option::Capability;
 use crate::runtime::{ConnShared, ConnState, LinkGroup, Negotiation, Runtime, roce_mtu};
+use crate::stats::StatSlot;
 
 mod api;
 mod listener;
@@ -260,13 +261,6 @@ impl Driver {
     }
 }
 
-/// A claimed record in the stats area, freed with the stream (or, for a socket handed back
-/// to the application as plain TCP, when its descriptor is found closed).
-pub(crate) struct StatSlot {
-    pub(crate) area: Arc<crate::stats::Area>,
-    pub(crate) slot: usize,
-}
-
 /// A listening socket's row in the stats area (`smc-stat -l`), removed when dropped.
 pub struct ListenerRecord {
     _slot: StatSlot,
@@ -300,12 +294,6 @@ impl Runtime {
                 slot,
             },
         })
-    }
-}
-
-impl Drop for StatSlot {
-    fn drop(&mut self) {
-        self.area.release_conn(self.slot);
     }
 }
 
@@ -511,7 +499,6 @@ fn failed(e: handshake::Error) -> io::Error {
     io::Error::new(kind, e)
 }
 
-/// The inode of the socket at `fd` (as `/proc/PID/fd/N` shows it: `socket:[inode]`).
 /// The first link of a new group did not come up: the group ends, its never-used
 /// connection goes, and the handshake (already told `link_failed`) settles the fallback on the
 /// TCP connection — the peer's Decline, or ours with `TIMEOUT_CL` — as Linux does.
@@ -531,15 +518,6 @@ fn link_not_up(
         Event::Failed(e) => Err(failed(e)),
         other => Err(io::Error::other(format!("unexpected {other:?}"))),
     }
-}
-
-pub(crate) fn socket_inode(fd: std::os::fd::RawFd) -> Option<u64> {
-    // SAFETY: fstat into a zeroed stat struct; an invalid fd is an error, not UB.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return None;
-    }
-    Some(st.st_ino)
 }
 
 /// Path MTU of a connected TCP socket (IP_MTU).

@@ -5,7 +5,8 @@ use super::*;
 
 /// Leaves a fallback's stats row with the socket at `fd` (see [`SmcStream::hand_over`]).
 pub(super) fn keep_row(rt: &Runtime, st: StatSlot, fd: std::os::fd::RawFd) {
-    let (Some(ino), Ok(Some(mut rec))) = (socket_inode(fd), st.area.read_conn(st.slot)) else {
+    let (Some(ino), Ok(Some(mut rec))) = (crate::sys::socket_inode(fd), st.area.read_conn(st.slot))
+    else {
         return;
     };
     rec.words[crate::stats::conn::FD] = fd as u64 + 1;
