@@ -1,5 +1,7 @@
-//! Why an SMC-R connection failed, typed: what its application is told (once, as TCP reports
-//! a reset) and what a caller can match on. The group's own reasons are [`GroupDown`].
+//! The drivers' errors, typed: why an SMC-R connection failed ([`ConnFailure`]: what its
+//! application is told, once, as TCP reports a reset) and why setting one up or running a
+//! group's control flow failed ([`SetupError`]). Each maps to an `io::Error` kind in one place
+//! (`to_io`, `From`); the group's own reasons are [`GroupDown`].
 
 use std::io;
 
@@ -38,6 +40,63 @@ impl ConnFailure {
     }
 }
 
+/// Why setting a connection up (the CLC driver, the link, an rkey flow) or a group's control
+/// flow failed. The texts are those the drivers always gave.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The CLC handshake failed (timeout, the peer closed, a malformed or unexpected message).
+    #[error(transparent)]
+    Handshake(#[from] crate::handshake::Error),
+    /// A handshake step was called out of order (a bug).
+    #[error(transparent)]
+    State(#[from] crate::handshake::StateError),
+    /// The handshake produced an event this step cannot use (a bug, or a peer out of order).
+    #[error("unexpected {0}")]
+    Unexpected(String),
+    /// The handshake neither wants bytes nor has an event.
+    #[error("CLC handshake stalled")]
+    Stalled,
+    /// Setting a queue pair up failed (`what`: the step).
+    #[error("{0}")]
+    QueuePair(String),
+    /// The peer's GID is not an IPv4-mapped address (RoCE v2 over IPv4 only).
+    #[error("peer GID is not IPv4-mapped")]
+    PeerGidNotIpv4,
+    /// The group has no link yet.
+    #[error("link not started")]
+    LinkNotStarted,
+    /// The first link was not confirmed in time.
+    #[error("link not confirmed in time")]
+    LinkTimeout,
+    /// The peer closed or declined on the TCP connection while the first link came up.
+    #[error("the peer closed or declined on the TCP connection while the link came up")]
+    PeerGaveUp,
+    /// The peer refused our CONFIRM RKEY, or the link gave up waiting for its answer.
+    #[error("CONFIRM RKEY refused or unanswered")]
+    RkeyRefused,
+    /// Our CONFIRM RKEY waited behind others past its bound.
+    #[error("CONFIRM RKEY unanswered")]
+    RkeyTimeout,
+    /// The group went down meanwhile.
+    #[error(transparent)]
+    Group(#[from] GroupDown),
+}
+
+impl From<SetupError> for io::Error {
+    fn from(e: SetupError) -> Self {
+        use crate::handshake::Error as H;
+        let kind = match &e {
+            SetupError::Handshake(H::Timeout { .. }) => io::ErrorKind::TimedOut,
+            SetupError::Handshake(H::PeerClosed) => io::ErrorKind::ConnectionReset,
+            SetupError::Handshake(_) => io::ErrorKind::InvalidData,
+            SetupError::LinkTimeout | SetupError::RkeyTimeout => io::ErrorKind::TimedOut,
+            SetupError::PeerGaveUp | SetupError::Group(_) => io::ErrorKind::ConnectionAborted,
+            _ => io::ErrorKind::Other,
+        };
+        Self::new(kind, e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +114,30 @@ mod tests {
             ConnFailure::Move("no SEND slot".into()).to_string(),
             "moving to another link: no SEND slot"
         );
+    }
+
+    #[test]
+    fn setup_errors_map_to_one_kind_each() {
+        let e = |s: SetupError| io::Error::from(s).kind();
+        assert_eq!(e(SetupError::LinkTimeout), io::ErrorKind::TimedOut);
+        assert_eq!(e(SetupError::PeerGaveUp), io::ErrorKind::ConnectionAborted);
+        assert_eq!(
+            e(SetupError::Handshake(crate::handshake::Error::PeerClosed)),
+            io::ErrorKind::ConnectionReset
+        );
+        assert_eq!(
+            e(SetupError::Group(GroupDown::FirstLinkNotUp)),
+            io::ErrorKind::ConnectionAborted
+        );
+        assert_eq!(e(SetupError::Stalled), io::ErrorKind::Other);
+        let typed = io::Error::from(SetupError::RkeyRefused);
+        assert!(
+            typed
+                .get_ref()
+                .unwrap()
+                .downcast_ref::<SetupError>()
+                .is_some()
+        );
+        assert_eq!(typed.to_string(), "CONFIRM RKEY refused or unanswered");
     }
 }

@@ -295,13 +295,8 @@ impl LinkGroup {
         // out in the queue and deleted a healthy group.)
         let (id, backlog) = match st.g.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now()) {
             Ok(started) => started,
-            Err(RkeyError::NoLink) => return Err(io::Error::other("link not started")),
-            Err(RkeyError::Down(why)) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    why.to_string(),
-                ));
-            }
+            Err(RkeyError::NoLink) => return Err(SetupError::LinkNotStarted.into()),
+            Err(RkeyError::Down(why)) => return Err(SetupError::Group(why).into()),
         };
         self.count_rkey_request();
         self.flush_llc(st);
@@ -314,21 +309,15 @@ impl LinkGroup {
                     }
                     Ok(())
                 } else {
-                    Err(io::Error::other("CONFIRM RKEY refused or unanswered"))
+                    Err(SetupError::RkeyRefused.into())
                 };
             }
             if let Some(r) = guard.g.down() {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    r.to_string(),
-                ));
+                return Err(SetupError::Group(r.clone()).into());
             }
             if self.cond.wait_until(&mut guard, deadline).timed_out() {
                 guard.g.forget_rkey(id);
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "CONFIRM RKEY unanswered",
-                ));
+                return Err(SetupError::RkeyTimeout.into());
             }
         }
     }

@@ -18,10 +18,10 @@ impl Path {
         self.qp
             .modify(&QpAttr::state(QpState::Reset))
             .and_then(|()| self.qp.modify(&QpAttr::state(QpState::Init)))
-            .map_err(|e| io::Error::other(format!("QP to INIT: {e:?}")))?;
+            .map_err(|e| SetupError::QueuePair(format!("QP to INIT: {e:?}")))?;
         for i in self.base..self.base + RECV_SLOTS {
             self.post_recv(recv_mr, i)
-                .map_err(|e| io::Error::other(format!("post_recv: {e:?}")))?;
+                .map_err(|e| SetupError::QueuePair(format!("post_recv: {e:?}")))?;
         }
         Ok(())
     }
@@ -67,13 +67,13 @@ impl Path {
                 src: pin.then_some(self.src),
                 ..QpAttr::state(QpState::Rtr)
             })
-            .map_err(|e| io::Error::other(format!("QP to RTR: {e:?}")))?;
+            .map_err(|e| SetupError::QueuePair(format!("QP to RTR: {e:?}")))?;
         self.qp
             .modify(&QpAttr {
                 sq_psn: Some(Psn::new(self.psn.load(Ordering::Relaxed))),
                 ..QpAttr::state(QpState::Rts)
             })
-            .map_err(|e| io::Error::other(format!("QP to RTS: {e:?}")))
+            .map_err(|e| SetupError::QueuePair(format!("QP to RTS: {e:?}")).into())
     }
 }
 
@@ -344,10 +344,7 @@ impl LinkGroup {
     ) -> io::Result<()> {
         let (peer_qpn, peer_psn) = (peer.qpn, peer.initial_psn);
         let (max_links, max_conns) = (negotiated.max_links, negotiated.max_conns);
-        let peer_ip = self
-            .peer_gid
-            .to_ipv4()
-            .ok_or_else(|| io::Error::other("peer GID is not IPv4-mapped"))?;
+        let peer_ip = self.peer_gid.to_ipv4().ok_or(SetupError::PeerGidNotIpv4)?;
         self.paths[0].connect(
             peer_ip,
             peer_qpn,
@@ -408,30 +405,21 @@ impl LinkGroup {
         let mut st = self.st.lock();
         loop {
             if let Some(r) = st.g.down() {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    r.to_string(),
-                ));
+                return Err(SetupError::Group(r.clone()).into());
             }
             if st.g.is_up() {
                 return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "link not confirmed in time",
-                ));
+                return Err(SetupError::LinkTimeout.into());
             }
             let _ = self.cond.wait_until(&mut st, deadline.min(now + SLICE));
             if !st.g.is_up()
                 && st.g.down().is_none()
                 && parking_lot::MutexGuard::unlocked(&mut st, || tcp_has_input(tcp))
             {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    "the peer closed or declined on the TCP connection while the link came up",
-                ));
+                return Err(SetupError::PeerGaveUp.into());
             }
         }
     }

@@ -31,7 +31,7 @@ use rdma::{
 };
 
 use crate::conn::ConnCore;
-use crate::error::ConnFailure;
+use crate::error::{ConnFailure, SetupError};
 use crate::group::{GroupCore, GroupDown, GroupEvent, PathIds, RkeyError};
 use crate::handshake;
 use crate::lgr::{LgrCore, Route, Slot};

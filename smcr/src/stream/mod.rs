@@ -12,7 +12,7 @@ use clc::{DeclineReason, Gid, RmbSize};
 use socket2::{Domain, Socket, Type};
 
 use crate::conn::ConnCore;
-use crate::error::ConnFailure;
+use crate::error::{ConnFailure, SetupError};
 use crate::handshake::{self, Endpoint, Event};
 use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
 use crate::option::Capability;
@@ -420,7 +420,7 @@ fn drive(tcp: &TcpStream, hs: &mut impl Handshake, tl: &mut Timeline) -> io::Res
         }
         let want = hs.wants().min(buf.len());
         if want == 0 {
-            return Err(io::Error::other("CLC handshake stalled"));
+            return Err(SetupError::Stalled.into());
         }
         let left = hs
             .poll_timeout()
@@ -491,12 +491,7 @@ fn wait_fd(tcp: &TcpStream, events: libc::c_short, timeout: Option<Duration>) ->
 }
 
 fn failed(e: handshake::Error) -> io::Error {
-    let kind = match e {
-        handshake::Error::Timeout { .. } => io::ErrorKind::TimedOut,
-        handshake::Error::PeerClosed => io::ErrorKind::ConnectionReset,
-        _ => io::ErrorKind::InvalidData,
-    };
-    io::Error::new(kind, e)
+    SetupError::Handshake(e).into()
 }
 
 /// The first link of a new group did not come up: the group ends, its never-used
@@ -516,7 +511,7 @@ fn link_not_up(
             reason, by_peer, ..
         } => Ok(FallbackReason::Declined { reason, by_peer }),
         Event::Failed(e) => Err(failed(e)),
-        other => Err(io::Error::other(format!("unexpected {other:?}"))),
+        other => Err(SetupError::Unexpected(format!("{other:?}")).into()),
     }
 }
 

@@ -122,7 +122,7 @@ impl SmcStream {
                 return Ok(());
             }
             Event::Failed(e) => return Err(failed(e)),
-            other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+            other => return Err(SetupError::Unexpected(format!("{other:?}")).into()),
         };
         let peer = server.endpoint;
         let size = match peer.gid.to_ipv4() {
@@ -191,7 +191,7 @@ impl SmcStream {
         let (lg, rmb) = match setup() {
             Ok(x) => x,
             Err(reason) => {
-                hs.decline(reason).map_err(io::Error::other)?;
+                hs.decline(reason).map_err(SetupError::from)?;
                 let ev = drive(&self.tcp, &mut hs, &mut self.timeline)?;
                 if let Event::Fallback {
                     reason, by_peer, ..
@@ -204,7 +204,7 @@ impl SmcStream {
                     });
                     return Ok(());
                 }
-                return Err(io::Error::other(format!("unexpected {ev:?}")));
+                return Err(SetupError::Unexpected(format!("{ev:?}")).into());
             }
         };
         let token = rt.inner.token();
@@ -212,11 +212,11 @@ impl SmcStream {
         let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
         let finish = |s: &mut Self, hs: &mut handshake::Client| -> io::Result<()> {
             hs.confirm(&local_ep, &[], Instant::now())
-                .map_err(io::Error::other)?;
+                .map_err(SetupError::from)?;
             match drive(&s.tcp, hs, &mut s.timeline)? {
                 Event::Confirmed => Ok(()),
                 Event::Failed(e) => Err(failed(e)),
-                other => Err(io::Error::other(format!("unexpected {other:?}"))),
+                other => Err(SetupError::Unexpected(format!("{other:?}")).into()),
             }
         };
         if let Err(e) = finish(self, &mut hs) {
@@ -230,7 +230,7 @@ impl SmcStream {
                 .wait_up(CLIENT_CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
                 .is_err()
             {
-                hs.link_failed(Instant::now()).map_err(io::Error::other)?;
+                hs.link_failed(Instant::now()).map_err(SetupError::from)?;
                 self.mode = Mode::Tcp(link_not_up(self, &lg, &conn, &mut hs)?);
                 return Ok(());
             }
@@ -330,7 +330,7 @@ pub(super) fn decline_exchange(
         let mut hs = handshake::Server::new(cfg, Instant::now());
         match drive(tcp, &mut hs, timeline)? {
             Event::Proposed { .. } => {
-                hs.decline(wire).map_err(io::Error::other)?;
+                hs.decline(wire).map_err(SetupError::from)?;
                 drive(tcp, &mut hs, timeline)?
             }
             other => other,
@@ -355,7 +355,7 @@ pub(super) fn decline_exchange(
         }
         other => {
             rt.inner.handshake_failed();
-            Err(io::Error::other(format!("unexpected {other:?}")))
+            Err(SetupError::Unexpected(format!("{other:?}")).into())
         }
     }
 }
@@ -433,7 +433,7 @@ impl SmcStream {
         let mtu = roce_mtu(path_mtu(&self.tcp));
         let mut hs = handshake::Server::new(rt.inner.cfg.handshake.clone(), Instant::now());
         let decline = |s: &mut Self, hs: &mut handshake::Server, reason| -> io::Result<()> {
-            hs.decline(reason).map_err(io::Error::other)?;
+            hs.decline(reason).map_err(SetupError::from)?;
             match drive(&s.tcp, hs, &mut s.timeline)? {
                 Event::Fallback {
                     reason, by_peer, ..
@@ -441,7 +441,7 @@ impl SmcStream {
                     s.mode = Mode::Tcp(FallbackReason::Declined { reason, by_peer });
                     Ok(())
                 }
-                ev => Err(io::Error::other(format!("unexpected {ev:?}"))),
+                ev => Err(SetupError::Unexpected(format!("{ev:?}")).into()),
             }
         };
         // No descriptor left for the device or the group: MEM on the wire, NOFD recorded.
@@ -468,7 +468,7 @@ impl SmcStream {
                 return Ok(());
             }
             Event::Failed(e) => return Err(failed(e)),
-            other => return Err(io::Error::other(format!("unexpected {other:?}"))),
+            other => return Err(SetupError::Unexpected(format!("{other:?}")).into()),
         };
         // One handshake per client while it may create a link group (Linux's
         // smc_server_lgr_pending): concurrent first contacts would create two. A handshake that
@@ -553,7 +553,7 @@ impl SmcStream {
         // (`Reserved`'s drop).
         let local_ep = endpoint(&lg, res.rmb(), size, token);
         hs.accept(&local_ep, first_contact, Instant::now())
-            .map_err(io::Error::other)?;
+            .map_err(SetupError::from)?;
         let (negotiated, client) = match drive(&self.tcp, &mut hs, &mut self.timeline) {
             Ok(Event::Established { negotiated, client }) => (negotiated, client),
             other => {
@@ -574,7 +574,7 @@ impl SmcStream {
                         Ok(())
                     }
                     Ok(Event::Failed(e)) => Err(failed(e)),
-                    Ok(ev) => Err(io::Error::other(format!("unexpected {ev:?}"))),
+                    Ok(ev) => Err(SetupError::Unexpected(format!("{ev:?}")).into()),
                     Err(e) => Err(e),
                 };
             }
@@ -596,7 +596,7 @@ impl SmcStream {
                 .wait_up(CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
                 .is_err()
             {
-                hs.link_failed(Instant::now()).map_err(io::Error::other)?;
+                hs.link_failed(Instant::now()).map_err(SetupError::from)?;
                 self.mode = Mode::Tcp(link_not_up(self, &lg, &conn, &mut hs)?);
                 return Ok(());
             }
