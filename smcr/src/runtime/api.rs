@@ -117,7 +117,8 @@ impl Runtime {
         self.end_within(self.inner.cfg.exit_drain);
     }
 
-    /// [`Self::end`] with another bound.
+    /// [`Self::end`] with another bound (plus at most [`DELETE_LINK_GRACE`] for the DELETE
+    /// LINKs when the drain used it all).
     pub fn end_within(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         let groups: Vec<Arc<LinkGroup>> = self.inner.groups.lock().clone();
@@ -127,6 +128,10 @@ impl Runtime {
         // The groups go; the stats area stays (unlike `shutdown`), so that what the process
         // did can still be read after it ended, until smc-stat finds the area stale.
         self.delete_groups();
+        // The DELETE LINKs get a moment to leave even when the drain used the whole budget
+        // (one behind a full send window waits for ACKs the engine must still receive);
+        // otherwise the peer keeps the group until its TEST LINK gives up.
+        let deadline = deadline.max(Instant::now() + DELETE_LINK_GRACE);
         for g in &groups {
             g.wait(deadline, |g| g.sends_done());
         }
@@ -222,3 +227,6 @@ impl Runtime {
         self.inner.rkey_requests.load(Ordering::Relaxed)
     }
 }
+
+/// How long [`Runtime::end_within`] waits at least for the DELETE LINKs to be acknowledged.
+const DELETE_LINK_GRACE: Duration = Duration::from_millis(200);
