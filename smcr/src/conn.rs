@@ -303,7 +303,8 @@ impl ConnCore {
     }
 
     /// Our application shuts down writing (after the staged bytes were flushed): the CDC
-    /// with PEER_DONE_WRITING to send, or `None` if it already did.
+    /// with PEER_DONE_WRITING to send, or `None` if it already did (Linux:
+    /// `smc_close_shutdown_write`, net/smc/smc_close.c).
     pub fn shutdown_write(&mut self) -> Option<CdcMessage> {
         if self.shut_wr {
             return None;
@@ -328,8 +329,9 @@ impl ConnCore {
         Some(self.close_flags(flag))
     }
 
-    /// Whether a write of the staged bytes waits (autocorking, as Linux: while a CDC of ours
-    /// is in flight, at most `limit` bytes are held back).
+    /// Whether a write of the staged bytes waits (autocorking, as Linux's `smc_should_autocork`
+    /// in net/smc/smc_tx.c: while a CDC of ours is in flight, at most `limit` bytes are held
+    /// back).
     pub fn corked(&self, limit: u32) -> bool {
         self.inflight > 0 && self.staged <= limit
     }
@@ -354,7 +356,8 @@ impl ConnCore {
                 .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
     }
 
-    /// What poll/epoll report now. `failed`: the connection failed locally; `error_reported`:
+    /// What poll/epoll report now, as Linux's `smc_poll` (net/smc/af_smc.c) and TCP's for the
+    /// same states. `failed`: the connection failed locally; `error_reported`:
     /// the application was told already (POLLERR once, as TCP's SO_ERROR); `arrivals`: the
     /// data-arrival count.
     pub fn readiness(&self, failed: bool, error_reported: bool, arrivals: u32) -> ReadyState {
