@@ -29,6 +29,8 @@ static ON_LOAD: extern "C" fn() = {
     extern "C" fn on_load() {
         guard::guarded((), || {
             smcr::env::snapshot();
+            log::init();
+            shim::init_settings();
             shim::adopt();
         });
         // Registered first, so run after the program's own handlers (which may still use

@@ -10,6 +10,13 @@ fn path() -> Option<&'static str> {
         .as_deref()
 }
 
+/// Reads `SMCR_LOG` now, at load, before the program has threads: were a thread of ours
+/// first to log while another forks, the child would find the lazy initialisation still
+/// running, for ever (seen: a forked child's first log line never returned).
+pub(crate) fn init() {
+    let _ = path();
+}
+
 /// Whether logging was asked for (to skip work done only for a line).
 pub(crate) fn enabled() -> bool {
     path().is_some()

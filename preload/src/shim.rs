@@ -355,6 +355,10 @@ pub(crate) fn enabled() -> bool {
 /// SMC-R. A list that does not parse turns SMC-R off for the process (said once in the log):
 /// the user asked to keep some traffic off SMC-R and we cannot tell which.
 pub(crate) fn policy_allows(a: std::net::SocketAddrV4) -> bool {
+    policy().is_some_and(|p| p.allows(a))
+}
+
+fn policy() -> Option<&'static smcr::policy::Policy> {
     static P: OnceLock<Option<smcr::policy::Policy>> = OnceLock::new();
     P.get_or_init(|| {
         let _b = Bypass::new();
@@ -367,7 +371,18 @@ pub(crate) fn policy_allows(a: std::net::SocketAddrV4) -> bool {
         }
     })
     .as_ref()
-    .is_some_and(|p| p.allows(a))
+}
+
+/// Reads the process's settings now, at load, before the program has threads. Each is
+/// initialised lazily behind a `OnceLock`; were a thread of ours the first to read one while
+/// the program forks, the child would find that initialisation running for ever.
+pub(crate) fn init_settings() {
+    let _ = enabled();
+    let _ = policy();
+    let _ = lazy();
+    let _ = RT.get_or_init(|| Mutex::new(None));
+    let _ = crate::epoll::app_drive();
+    let _ = crate::vepoll::on();
 }
 
 /// The application set an option SMC-R cannot honour before connecting: plain TCP, as Linux's

@@ -465,6 +465,8 @@ fn blocking_connects_to_a_busy_iterative_server_return_at_once() {
 fn a_child_forked_while_its_parent_negotiates_follows_the_parents_outcome() {
     let run = Run::new("forksettle");
     let p = port();
+    // Its own process group: a child that hangs is killed with it (it holds the pipe).
+    use std::os::unix::process::CommandExt;
     let mut server = run
         .cmd(
             true,
@@ -475,6 +477,7 @@ fn a_child_forked_while_its_parent_negotiates_follows_the_parents_outcome() {
             ],
         )
         .stdout(Stdio::piped())
+        .process_group(0)
         .spawn()
         .unwrap();
     let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
@@ -506,7 +509,9 @@ fn a_child_forked_while_its_parent_negotiates_follows_the_parents_outcome() {
             break Some(st);
         }
         if start.elapsed() > std::time::Duration::from_secs(30) {
-            let _ = server.kill();
+            // SAFETY: signalling the process group we made for the server.
+            unsafe { libc::kill(-(server.id() as i32), libc::SIGKILL) };
+            let _ = server.wait();
             break None;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
