@@ -73,26 +73,6 @@ pub(crate) fn guarded<T>(fail: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// As [`guarded`], for a call on a connection: after a panic its state cannot be trusted, so
-/// the connection is ended (the peer sees a reset, later calls fail with ECONNRESET).
-pub(crate) fn guarded_on<T>(s: &crate::shim::Sock, fail: T, f: impl FnOnce() -> T) -> T {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(v) => v,
-        Err(_) => {
-            crate::log::line(format_args!(
-                "panic inside a hook; the call fails with EIO and the connection is aborted"
-            ));
-            if let crate::shim::Sock::Smc(c) = s {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    c.stream.abort("aborted after a panic inside smcr")
-                }));
-            }
-            set_errno(libc::EIO);
-            fail
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,9 +81,6 @@ mod tests {
     fn a_panic_becomes_eio_and_the_fallback_value() {
         set_errno(0);
         let r = guarded(-1, || -> i32 { panic!("inside a hook") });
-        assert_eq!((r, errno()), (-1, libc::EIO));
-        set_errno(0);
-        let r = guarded_on(&crate::shim::Sock::Inet, -1isize, || panic!("on a socket"));
         assert_eq!((r, errno()), (-1, libc::EIO));
         assert_eq!(guarded(0, || 7), 7);
     }

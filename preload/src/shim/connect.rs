@@ -1,0 +1,130 @@
+//! The connect path: the plan made before the kernel's connect (our duplicate, the mark, or
+//! plain TCP), and the worker that waits for the TCP handshake and negotiates SMC-R.
+
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use smcr::{FallbackReason, Mode, SmcStream};
+
+use super::fds::{borrowed, hide, is_nonblocking, sock_addr};
+use super::numbers::{manage_cloexec, untrack};
+use super::outcome::{Outcome, tcp_of};
+use super::runtime::{claim, describe, runtime};
+use super::settling::{Role, Settling};
+use super::sock::Sock;
+use crate::guard::Bypass;
+use crate::{log, table};
+
+/// What `connect` does with a socket of ours, decided before the kernel's connect.
+pub(crate) enum ConnectPlan {
+    /// Marked for the TCP option, with our duplicate of the socket ready.
+    Smc { dup: OwnedFd, marked: bool },
+    /// Plain TCP from the SYN on, for a reason recorded once connected.
+    Tcp(FallbackReason),
+}
+
+/// Before the application's `connect` to `dest`: takes our duplicate (none: NOFD) and marks
+/// the socket, or decides plain TCP (a native IPv6 peer).
+pub(crate) fn plan_connect(fd: i32, dest: SocketAddr) -> ConnectPlan {
+    let _b = Bypass::new();
+    if smcr::v4_of(dest).is_none() {
+        return ConnectPlan::Tcp(FallbackReason::NotIpv4);
+    }
+    let rt = runtime();
+    let Ok(dup) = hide(fd) else {
+        return ConnectPlan::Tcp(FallbackReason::NoDescriptors);
+    };
+    let marked = rt.mark_connecting(borrowed(fd));
+    ConnectPlan::Smc { dup, marked }
+}
+
+/// A connection that stays TCP for `reason` decided before the TCP handshake (never marked):
+/// recorded for smc-stat and the log.
+pub(crate) fn plain_connect(fd: i32, reason: FallbackReason) {
+    let _b = Bypass::new();
+    untrack(fd);
+    let rt = runtime();
+    log::line(format_args!(
+        "fd {fd} connect {:?}: {}",
+        sock_addr(fd, true),
+        describe(&Mode::Tcp(reason.clone()))
+    ));
+    SmcStream::record_local(&rt, borrowed(fd), false, reason);
+}
+
+/// The application's non-blocking `connect` returned EINPROGRESS (or succeeded at once), or
+/// it connected to a listener of its own (`connected`): the number stays the TCP socket,
+/// shown not writable through our hooks until TCP is connected, and a worker negotiates.
+pub(crate) fn connect_async(fd: i32, dup: OwnedFd, marked: bool, connected: bool) {
+    let _b = Bypass::new();
+    let s = Settling::new(
+        Role::Client {
+            local: sock_addr(fd, false),
+        },
+        connected,
+        is_nonblocking(fd),
+    );
+    table::insert(fd, Arc::new(Sock::Pending(s.clone())));
+    manage_cloexec(fd);
+    crate::workers::run(move || finish_connect(fd, marked, dup, &s));
+}
+
+fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {
+    // Wait for the kernel's TCP handshake.
+    let mut p = libc::pollfd {
+        fd: dup.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // As long as the kernel tries (its SYN retries end it with an error).
+    loop {
+        // SAFETY: polling our own descriptor.
+        if unsafe { libc::poll(&mut p, 1, -1) } >= 0 || crate::guard::errno() != libc::EINTR {
+            break;
+        }
+    }
+    if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 || p.revents & libc::POLLOUT == 0 {
+        // Failed (or timed out): the socket is the application's again, its error unread
+        // (SO_ERROR reports it).
+        log::line(format_args!(
+            "fd {fd} connect: TCP connect failed (poll revents {:#x})",
+            p.revents
+        ));
+        return s.finish(fd, Outcome::Plain(None));
+    }
+    // Connected: writable for the application (its writes are staged meanwhile).
+    s.connected();
+    let rt = runtime();
+    let tcp = TcpStream::from(dup);
+    let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
+    let outcome = match SmcStream::from_connected(&rt, tcp, marked) {
+        Ok(st) => {
+            log::line(format_args!(
+                "fd {fd} connect {peer:?}: {}",
+                describe(st.mode())
+            ));
+            let smc = matches!(st.mode(), Mode::SmcR { .. });
+            claim(&rt, borrowed(tcp_of(&st)), smc);
+            if smc {
+                Outcome::Smc(st)
+            } else {
+                Outcome::Fallback(st)
+            }
+        }
+        Err(e) => {
+            if table::numbers_with_pair(&s.pair).is_empty() {
+                // The application closed it meanwhile (and so, often, did the peer).
+                log::line(format_args!(
+                    "fd {fd} connect {peer:?}: closed before it was settled ({e})"
+                ));
+            } else {
+                log::line(format_args!(
+                    "fd {fd} connect {peer:?}: handshake failed: {e}"
+                ));
+            }
+            Outcome::Failed
+        }
+    };
+    s.finish(fd, outcome);
+}

@@ -1,0 +1,82 @@
+//! Descriptor helpers: O_NONBLOCK, socket addresses, inodes, and our own duplicates kept out
+//! of the application's numbers (`smcr::fdzone`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::real;
+
+pub(super) fn is_nonblocking(fd: i32) -> bool {
+    // SAFETY: fcntl F_GETFL on any descriptor is harmless.
+    let fl = unsafe { real::fcntl()(fd, libc::F_GETFL, 0) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// Whether `fd` is in non-blocking mode.
+pub(crate) fn nonblocking(fd: i32) -> bool {
+    is_nonblocking(fd)
+}
+
+/// A socket's own address (IPv4, or IPv6 for a dual-stack socket).
+pub(super) fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: an all-zero sockaddr_storage is valid; the kernel fills at most `len` bytes.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let f = if peer {
+        real::getpeername()
+    } else {
+        real::getsockname()
+    };
+    // SAFETY: as above.
+    let r = unsafe { f(fd, (&raw mut ss).cast(), &mut len) };
+    (r == 0).then(|| sockaddr_of(&ss, len)).flatten()
+}
+
+/// A socket address from what the kernel filled.
+pub(crate) fn sockaddr_of(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    match i32::from(ss.ss_family) {
+        libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: an AF_INET address of full length.
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::from((
+                std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: an AF_INET6 address of full length.
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                std::net::Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+pub(super) fn borrowed(fd: i32) -> BorrowedFd<'static> {
+    // SAFETY: used only for the duration of a call while the application holds `fd` open.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+/// Our own duplicate of a socket, out of the application's numbers (close-on-exec).
+pub(super) fn hide(fd: i32) -> io::Result<OwnedFd> {
+    smcr::fdzone::place_copy(borrowed(fd))
+}
+
+/// [`hide`] for a new descriptor of ours: moved out of the application's range.
+pub(crate) fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    smcr::fdzone::place(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The inode of the socket at `fd`.
+pub(super) fn inode(fd: i32) -> Option<u64> {
+    // SAFETY: fstat into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)
+}

@@ -1,0 +1,165 @@
+//! The process's runtime (made on first use, again in a forked child), the end of the process
+//! (`at_exit`), the settings that turn SMC-R on or off (`SMCR_DISABLE`, `SMCR_INCLUDE`/
+//! `SMCR_EXCLUDE`), and what each settled connection leaves behind: its log line
+//! (`describe`) and its claim on the socket (`claim`).
+
+use std::os::fd::BorrowedFd;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use smcr::{FallbackReason, Mode, Runtime, RuntimeConfig};
+
+use crate::guard::Bypass;
+use crate::{log, table};
+
+/// The process's runtime, created on first use, and again in a forked child (whose engine and
+/// poller threads did not survive the fork).
+/// This process's runtime with its pid (a forked child makes its own).
+static RT: OnceLock<Mutex<Option<(u32, Runtime)>>> = OnceLock::new();
+
+pub(crate) fn runtime() -> Runtime {
+    let cell = RT.get_or_init(|| Mutex::new(None));
+    let mut g = cell.lock();
+    let pid = table::pid();
+    match &*g {
+        Some((p, rt)) if *p == pid => rt.clone(),
+        _ => {
+            let _b = Bypass::new();
+            smcr::fdzone::enable();
+            let rt = Runtime::new(RuntimeConfig::from_env());
+            if let Some(why) = rt.negotiation_problem() {
+                log::line(format_args!(
+                    "SMC-R unavailable, all connections stay TCP: {why}"
+                ));
+            }
+            // A parent's runtime inherited through fork belongs to the parent: dropping it here
+            // could send DELETE LINK on the parent's links. Leak it instead.
+            if let Some(old) = g.replace((pid, rt.clone())) {
+                std::mem::forget(old);
+            }
+            rt
+        }
+    }
+}
+
+/// Negotiations running in this process (connects being settled, accepted connections whose
+/// server side runs): the end of the process lets them finish first.
+pub(super) static NEGOTIATING: AtomicUsize = AtomicUsize::new(0);
+
+/// How long the end of the process waits for [`NEGOTIATING`] to reach 0 (same host: well
+/// under a millisecond each; a kernel peer over TCG: ~50 ms).
+const EXIT_NEGOTIATION_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// At `exit`: the kernel would now close the process's sockets; close our SMC-R connections
+/// the same way (what they hold is written, then the close goes to the peer), then end the
+/// runtime: wait (bounded) for it all to be acknowledged and delete the link groups (DELETE
+/// LINK), so that peers neither lose data nor wait out TEST LINK. Only the process that made
+/// the runtime: a forked child's copy of its parent's connections is not the child's to close.
+pub(crate) fn at_exit() {
+    let Some(rt) = RT.get().and_then(|c| {
+        let g = c.try_lock()?;
+        g.as_ref()
+            .filter(|(p, _)| *p == table::pid())
+            .map(|(_, rt)| rt.clone())
+    }) else {
+        return;
+    };
+    // Negotiations under way finish first (briefly: one whose server side nobody uses would
+    // not): the program's own closes at its end may just have set them going, and deleting
+    // the groups under them would turn connections about to be SMC-R into errors.
+    let until = std::time::Instant::now() + rt.config().exit_drain.min(EXIT_NEGOTIATION_WAIT);
+    while NEGOTIATING.load(Ordering::Acquire) > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    for fd in table::own_smc_numbers() {
+        if let Some(s) = table::remove(fd) {
+            drop(s);
+        }
+    }
+    rt.end();
+}
+
+/// Whether the shim is on (`SMCR_DISABLE=1` turns it off).
+pub(crate) fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let on = smcr::env::var("SMCR_DISABLE").is_none_or(|v| v != "1");
+        if on {
+            // Our descriptors stay out of the application's numbers from the first one.
+            smcr::fdzone::enable();
+        }
+        on
+    })
+}
+
+/// Whether `SMCR_INCLUDE`/`SMCR_EXCLUDE` let a connection to (or a listener on) `a` use
+/// SMC-R. A list that does not parse turns SMC-R off for the process (said once in the log):
+/// the user asked to keep some traffic off SMC-R and we cannot tell which.
+pub(crate) fn policy_allows(a: std::net::SocketAddrV4) -> bool {
+    policy().is_some_and(|p| p.allows(a))
+}
+
+fn policy() -> Option<&'static smcr::policy::Policy> {
+    static P: OnceLock<Option<smcr::policy::Policy>> = OnceLock::new();
+    P.get_or_init(|| {
+        let _b = Bypass::new();
+        match smcr::policy::Policy::from_env() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::line(format_args!("{e}; SMC-R is off for this process"));
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// Reads the process's settings now, at load, before the program has threads. Each is
+/// initialised lazily behind a `OnceLock`; were a thread of ours the first to read one while
+/// the program forks, the child would find that initialisation running for ever.
+pub(crate) fn init_settings() {
+    let _ = enabled();
+    let _ = policy();
+    let _ = super::pair::lazy();
+    let _ = RT.get_or_init(|| Mutex::new(None));
+    let _ = crate::epoll::app_drive();
+    let _ = crate::vepoll::on();
+}
+
+/// How a connection was negotiated, for the log (formatted only when a line is written).
+pub(super) fn describe(m: &Mode) -> impl std::fmt::Display + '_ {
+    struct D<'a>(&'a Mode);
+    impl std::fmt::Display for D<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self.0 {
+                Mode::SmcR {
+                    first_contact: true,
+                } => f.write_str("SMC-R (new link group)"),
+                Mode::SmcR { .. } => f.write_str("SMC-R (link group reused)"),
+                Mode::Tcp(r) => {
+                    write!(f, "TCP: {r} [{:#010x}]", r.code())?;
+                    // A decline of ours for a local condition: say which.
+                    if let FallbackReason::Declined {
+                        reason,
+                        by_peer: false,
+                    } = r
+                        && *reason == smcr::DeclineReason::NOSMCRDEV
+                        && let Some(why) = runtime().problem()
+                    {
+                        write!(f, " ({why})")?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
+    D(m)
+}
+
+/// Records who settled the connection on the socket itself (see the module docs).
+pub(super) fn claim(rt: &Runtime, fd: BorrowedFd<'_>, smc: bool) {
+    if let Some(m) = rt.option_map() {
+        let _ = m.claim(fd, smc, table::pid());
+    }
+}
