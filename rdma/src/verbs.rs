@@ -222,7 +222,6 @@ impl ProtectionDomain {
             recv_cq.shared.shm_qps.lock().push(Arc::downgrade(&qp));
         }
         Ok(QueuePair {
-            same_host: std::sync::atomic::AtomicBool::new(false),
             qp,
             guard: self.guard.clone(),
         })
@@ -474,9 +473,6 @@ impl CompletionQueue {
 pub struct QueuePair {
     qp: Arc<QpShared>,
     guard: Arc<EngineGuard>,
-    /// Set once requests are seen going through shared memory (it stays so): lets
-    /// [`QueuePair::same_host_seen`] answer without the QP's lock.
-    same_host: std::sync::atomic::AtomicBool,
 }
 
 impl QueuePair {
@@ -571,10 +567,6 @@ impl QueuePair {
             shm.settle(rc, *av, now, &shared.mrs);
         }
         let same_host = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
-        if same_host {
-            self.same_host
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         let mut ran = 0;
         match shm {
             Some(shm) if !same_host && shm.awaiting(now) && rc.state() == QpState::Rts => {
@@ -619,20 +611,7 @@ impl QueuePair {
         let mut core = self.qp.core.lock();
         self.settle_held(&mut core);
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
-        let yes = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
-        if yes {
-            self.same_host
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        yes
-    }
-
-    /// Whether a post or [`QueuePair::is_same_host`] already saw requests go through shared
-    /// memory — without taking the QP's lock (a hot path's check). It may lag by one post
-    /// after the switch: a caller that asks then treats that request as one sent over UDP,
-    /// which is also correct (its completion comes as for UDP).
-    pub fn same_host_seen(&self) -> bool {
-        self.same_host.load(std::sync::atomic::Ordering::Relaxed)
+        shm.as_mut().is_some_and(|s| s.ready(rc, *av))
     }
 
     /// Requests held for the peer's offer run before anything else (a drive settles them,

@@ -93,11 +93,8 @@ impl LinkGroup {
         if self.same_host.load(Ordering::Relaxed) {
             return true;
         }
-        // A same-host group has one path. Asked without the QP's lock (a write asks up to
-        // three times): the engine notes the switch at the first post through shared memory,
-        // and a post that still sees UDP here is also handled correctly (see
-        // `QueuePair::same_host_seen`).
-        let yes = self.paths[0].qp.same_host_seen();
+        // A same-host group has one path.
+        let yes = self.paths[0].qp.is_same_host();
         if yes {
             self.same_host.store(true, Ordering::Relaxed);
         }
