@@ -307,7 +307,9 @@ impl LinkGroup {
         }
         let now = Instant::now();
         // The thread's scratch lists (kept between calls: no allocation per batch).
-        let (mut cdcs, mut sent) = SCRATCH.take();
+        // (Not there during the thread's exit, e.g. the program's `exit()` ending our groups on
+        // its main thread after its thread-locals went: then fresh ones.)
+        let (mut cdcs, mut sent) = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
         // Connections whose data CDC's SEND completed (with its sequence number) or was
         // flushed by a failed link (none).
         let unmoved = {
@@ -395,7 +397,7 @@ impl LinkGroup {
             }
             c.on_sent(self);
         }
-        SCRATCH.set((cdcs, sent));
+        let _ = SCRATCH.try_with(|s| s.set((cdcs, sent)));
         for c in retry {
             c.flush_corked(self);
         }
