@@ -14,6 +14,8 @@
 //!   injection, pcap capture).
 #![warn(missing_docs)]
 
+mod access;
+mod arena;
 mod device;
 pub mod env;
 pub mod fdzone;

@@ -6,62 +6,14 @@
 //! touched. Regions are reference counted, so deregistering one while a packet is being placed
 //! into it cannot free memory under the engine.
 
-use bitflags::bitflags;
 use parking_lot::RwLock;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-bitflags! {
-    /// Access rights of a memory region (`IBV_ACCESS_*`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct Access: u32 {
-        /// The local side may write (receive buffers, RDMA READ targets).
-        const LOCAL_WRITE = 1;
-        /// Peers may RDMA WRITE into the region.
-        const REMOTE_WRITE = 2;
-        /// Peers may RDMA READ from the region.
-        const REMOTE_READ = 4;
-        /// Peers may run atomics on the region.
-        const REMOTE_ATOMIC = 8;
-    }
-}
-
-/// Why an access to registered memory was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccessError {
-    /// No region has this key (or the key byte does not match).
-    BadKey(u32),
-    /// The region belongs to another protection domain.
-    WrongPd,
-    /// The region lacks the access right the operation needs.
-    NotPermitted {
-        /// The right that was needed.
-        need: Access,
-    },
-    /// The address range is not inside the region.
-    OutOfBounds {
-        /// Start address of the access.
-        addr: u64,
-        /// Length of the access.
-        len: u64,
-    },
-}
-
-impl core::fmt::Display for AccessError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match *self {
-            Self::BadKey(k) => write!(f, "no memory region has key {k:#010x}"),
-            Self::WrongPd => f.write_str("memory region belongs to another protection domain"),
-            Self::NotPermitted { need } => write!(f, "memory region lacks {need:?} access"),
-            Self::OutOfBounds { addr, len } => {
-                write!(f, "range {addr:#x}+{len} is outside the memory region")
-            }
-        }
-    }
-}
-
-impl std::error::Error for AccessError {}
+// Defined in a leaf module so that the same-host arenas (`crate::arena`), in which this table
+// places the regions of shared protection domains, use them without depending on this module.
+pub use crate::access::{Access, AccessError};
 
 /// Page-aligned, zeroed anonymous memory owned by a region.
 struct Mapping {
@@ -109,7 +61,7 @@ enum Memory {
     Alias(Arc<Region>),
     /// A slice of a protection domain's shared arena (same-host peers map it).
     Arena {
-        arena: Arc<crate::samehost::Arena>,
+        arena: Arc<crate::arena::Arena>,
         key: u32,
         ptr: NonNull<u8>,
         off: usize,
@@ -307,7 +259,7 @@ impl MrTable {
         pd: u32,
         len: usize,
         access: Access,
-        arena: Option<&Arc<crate::samehost::Arena>>,
+        arena: Option<&Arc<crate::arena::Arena>>,
     ) -> std::io::Result<Arc<Region>> {
         self.insert_with(|key, iova| {
             let mem = match arena {

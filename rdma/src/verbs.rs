@@ -113,7 +113,7 @@ impl Device {
         Ok(ProtectionDomain {
             guard: self.guard.clone(),
             id,
-            arena: Some(crate::samehost::Arena::create()?),
+            arena: Some(crate::arena::Arena::create()?),
         })
     }
 
@@ -150,7 +150,7 @@ impl std::fmt::Debug for Device {
 pub struct ProtectionDomain {
     guard: Arc<EngineGuard>,
     id: u32,
-    arena: Option<Arc<crate::samehost::Arena>>,
+    arena: Option<Arc<crate::arena::Arena>>,
 }
 
 impl ProtectionDomain {

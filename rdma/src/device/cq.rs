@@ -1,0 +1,398 @@
+//! The completion-queue side: a CQ's state shared by its handle and the engine, and the
+//! threads that wait for completions — pollers and `ibv_req_notify_cq` users
+//! ([`Shared::wait_cq`]) and *drivers*, application threads that handle completions themselves
+//! while they wait ([`Shared::drive_wait`]). A waiter receives from the socket itself when no
+//! one else does.
+
+use super::{Shared, drain_eventfd, timespec, wait_readable};
+use crate::rc::WorkCompletion;
+use parking_lot::Mutex;
+use rustix::event::EventfdFlags;
+use rustix::fd::OwnedFd;
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Completion queue state shared by the application handle and the engine.
+///
+/// Two kinds of sleepers wait for completions, each on its own descriptor so that a
+/// completion wakes one of them, not both: *drivers* (application threads that handle
+/// completions themselves while they wait, [`crate::CompletionQueue::begin_drive`]) on
+/// `event_driver`, and everyone else (a poller thread, `ibv_req_notify_cq` users) on `event`.
+/// While a driver is at work the others are not signalled: the driver covers the queue.
+pub(crate) struct CqShared {
+    pub(crate) queue: Mutex<VecDeque<WorkCompletion>>,
+    pub(crate) event: OwnedFd,
+    pub(crate) armed: AtomicBool,
+    pub(crate) event_driver: OwnedFd,
+    pub(crate) armed_driver: AtomicBool,
+    /// Threads between `begin_drive` and `end_drive`.
+    pub(crate) drivers: AtomicU32,
+    /// When the last drive ended (device nanoseconds; 0: never).
+    pub(crate) drive_ended: AtomicU64,
+    /// Driver spins in a row that caught nothing (each halves the next one).
+    pub(crate) spin_fails: AtomicU32,
+    /// Who sleeps, for the waiting words of the same-host rings.
+    pub(crate) sleepers: Mutex<Sleepers>,
+    /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
+    /// turns their ring entries into completions.
+    pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<super::QpShared>>>,
+    /// Set by `CompletionQueue::kick`: a poller in `wait_ready` returns to recompute its
+    /// timers rather than sleeping on to its old deadline.
+    pub(crate) kicked: AtomicBool,
+}
+
+/// Sleepers of a CQ (see [`CqShared`]).
+#[derive(Default)]
+pub(crate) struct Sleepers {
+    /// Threads asleep on `event` (a poller).
+    pub(crate) event: u32,
+    /// An `ibv_req_notify_cq` user armed `event`.
+    pub(crate) notify: bool,
+    /// Drivers asleep on `event_driver`.
+    pub(crate) drivers: u32,
+}
+
+impl Sleepers {
+    fn event_woke(&mut self) {
+        self.event = self.event.saturating_sub(1);
+    }
+
+    fn driver_woke(&mut self) {
+        self.drivers = self.drivers.saturating_sub(1);
+    }
+}
+
+impl CqShared {
+    pub(crate) fn new() -> io::Result<Self> {
+        let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
+        Ok(Self {
+            queue: Mutex::new(VecDeque::new()),
+            event: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
+            armed: AtomicBool::new(false),
+            event_driver: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
+            armed_driver: AtomicBool::new(false),
+            drivers: AtomicU32::new(0),
+            drive_ended: AtomicU64::new(0),
+            spin_fails: AtomicU32::new(0),
+            sleepers: Mutex::new(Sleepers::default()),
+            shm_qps: Mutex::new(Vec::new()),
+            kicked: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn push(&self, wc: WorkCompletion) {
+        self.queue.lock().push_back(wc);
+        // A driver at work covers the queue: only it is signalled (if it sleeps). Ordering:
+        // `end_drive` lowers `drivers` before it looks at the queue, under the queue's lock,
+        // so either it sees this completion or we see `drivers` at 0.
+        if self.drivers.load(Ordering::SeqCst) > 0 {
+            if self.armed_driver.swap(false, Ordering::AcqRel) {
+                let _ = rustix::io::write(&self.event_driver, &1u64.to_ne_bytes());
+            }
+        } else if self.armed.swap(false, Ordering::AcqRel) {
+            let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// The waiting word the same-host producers see (`samehost::WAIT_*` bits).
+    pub(super) fn waiting_word(&self, s: &Sleepers) -> u32 {
+        let mut w = 0;
+        if s.drivers > 0 {
+            w |= crate::samehost::WAIT_DRIVER;
+        }
+        if (s.event > 0 || s.notify) && self.drivers.load(Ordering::SeqCst) == 0 {
+            w |= crate::samehost::WAIT_EVENT;
+        }
+        w
+    }
+}
+
+impl Shared {
+    /// Blocks the calling thread until `cq` has a completion or `timeout` passes. If no other
+    /// thread is receiving, the caller receives and handles packets itself, so the packet that
+    /// completes its request costs one wake-up (its own), not two (engine, then caller).
+    ///
+    /// While drivers work on the CQ (or did within [`RECENTLY_DRIVEN`]) this sleeper leaves the
+    /// socket to them and is not signalled (they cover the queue); it wakes for its timeout.
+    pub(crate) fn wait_cq(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
+        let driven = cq.drivers.load(Ordering::SeqCst) > 0;
+        let recent = !driven && self.recently_driven(cq);
+        let timeout = if recent {
+            Some(timeout.map_or(RECENTLY_DRIVEN, |t| t.min(RECENTLY_DRIVEN)))
+        } else {
+            timeout
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        // A CQ fed by shared memory only has nothing to receive from the socket: taking it
+        // would only cost the engine's interest twice (two epoll_ctl) per wake-up.
+        // Nor while an event loop watches the socket (it hands our completions over): a
+        // poller taking it too would be woken for the loop's packets.
+        let rx =
+            if driven || recent || self.delegated.load(Ordering::SeqCst) > 0 || self.shm_only(cq) {
+                None
+            } else {
+                self.rx_try()
+            };
+        let Some(mut rx) = rx else {
+            cq.armed.store(true, Ordering::SeqCst);
+            let pending = self.shm_sleepers(cq, |s| s.event += 1);
+            // Driven: what is there is the driver's; we are signalled if it is left behind.
+            let driven = cq.drivers.load(Ordering::SeqCst) > 0;
+            let slept = if driven || (!pending && cq.queue.lock().is_empty()) {
+                wait_readable(&cq.event, timeout)
+            } else {
+                Ok(false)
+            };
+            self.shm_sleepers(cq, Sleepers::event_woke);
+            if slept? {
+                drain_eventfd(&cq.event);
+            }
+            self.shm_poll(cq);
+            return Ok(());
+        };
+        self.engine_rx_interest(false);
+        let res = loop {
+            // Armed only while asleep: completions this thread produces itself need no signal.
+            cq.armed.store(true, Ordering::SeqCst);
+            // Same-host producers ring the CQ's eventfd only when told we sleep.
+            if self.shm_sleepers(cq, |s| s.event += 1) {
+                self.shm_sleepers(cq, Sleepers::event_woke);
+                self.shm_poll(cq);
+                if cq.queue.lock().is_empty() {
+                    // Part of a message arrived: set the flag again before sleeping.
+                    continue;
+                }
+                break Ok(());
+            }
+            if !cq.queue.lock().is_empty() {
+                self.shm_sleepers(cq, Sleepers::event_woke);
+                break Ok(());
+            }
+            // Sleep first: poll returns at once if a packet is already waiting, which saves
+            // a receive call that would find nothing.
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let mut fds = [
+                rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
+            ];
+            let ts = left.map(timespec);
+            let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => 0,
+                Err(e) => {
+                    self.shm_sleepers(cq, Sleepers::event_woke);
+                    break Err(e.into());
+                }
+            };
+            cq.armed.store(false, Ordering::Release);
+            self.shm_sleepers(cq, Sleepers::event_woke);
+            if fds[1].revents().contains(rustix::event::PollFlags::IN) {
+                drain_eventfd(&cq.event);
+            }
+            if fds[0].revents().contains(rustix::event::PollFlags::IN) {
+                self.rx_drain(&mut rx, 64);
+            }
+            self.shm_poll(cq);
+            if !cq.queue.lock().is_empty() {
+                break Ok(());
+            }
+            if self.delegated.load(Ordering::SeqCst) > 0 {
+                // An event loop watches the socket now: it is its (the caller waits again).
+                break Ok(());
+            }
+            if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+            if cq.drivers.load(Ordering::SeqCst) > 0 {
+                // A driver started: it is signalled, not us; let it have the socket.
+                break Ok(());
+            }
+        };
+        cq.armed.store(false, Ordering::Release);
+        // Hand receiving back to the engine thread (it wakes at once if data is waiting):
+        // release first, so that the engine never finds the socket readable and the state held.
+        drop(rx);
+        self.engine_rx_interest(true);
+        res
+    }
+
+    fn recently_driven(&self, cq: &CqShared) -> bool {
+        let e = cq.drive_ended.load(Ordering::Acquire);
+        e != 0 && self.nanos(Instant::now()).saturating_sub(e) < RECENTLY_DRIVEN.as_nanos() as u64
+    }
+
+    /// A thread starts driving `cq` (see [`crate::CompletionQueue::begin_drive`]).
+    pub(crate) fn begin_drive(&self, cq: &CqShared) {
+        if cq.drivers.fetch_add(1, Ordering::SeqCst) == 0 {
+            // The rings stop ringing the other sleepers.
+            self.shm_sleepers(cq, |_| {});
+        }
+    }
+
+    /// A thread stops driving `cq`: when it was the last, the other sleepers are signalled
+    /// again, and woken now if something came that no driver took.
+    pub(crate) fn end_drive(&self, cq: &CqShared) {
+        if cq.drivers.fetch_sub(1, Ordering::SeqCst) != 1 {
+            // Other drivers remain: if this one leaves completions behind (it could not take
+            // them, or took only some), the others must look.
+            if !cq.queue.lock().is_empty() || self.shm_pending(cq) {
+                let _ = rustix::io::write(&cq.event_driver, &1u64.to_ne_bytes());
+            }
+            return;
+        }
+        cq.drive_ended
+            .store(self.nanos(Instant::now()).max(1), Ordering::Release);
+        let pending = self.shm_sleepers(cq, |_| {});
+        if (pending || !cq.queue.lock().is_empty()) && cq.armed.swap(false, Ordering::AcqRel) {
+            let _ = rustix::io::write(&cq.event, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// A driver is about to sleep on `cq`'s driver descriptor (`on`), or woke: returns, when
+    /// going to sleep, whether something is already there (then do not sleep).
+    pub(crate) fn drive_sleep(&self, cq: &CqShared, on: bool) -> bool {
+        if on {
+            let pending = self.shm_sleepers(cq, |s| s.drivers += 1);
+            if pending || !cq.queue.lock().is_empty() {
+                self.shm_sleepers(cq, Sleepers::driver_woke);
+                return true;
+            }
+            false
+        } else {
+            self.shm_sleepers(cq, Sleepers::driver_woke);
+            false
+        }
+    }
+
+    /// A driver about to sleep spins on `cq`'s same-host rings first (adaptively, see
+    /// [`DeviceConfig::spin`](super::DeviceConfig::spin)); true if something arrived (it is in
+    /// the CQ).
+    pub(crate) fn drive_spin(&self, cq: &CqShared) -> bool {
+        let max = self.cfg.spin;
+        if max.is_zero() || !self.shm_only(cq) {
+            return false;
+        }
+        let fails = cq.spin_fails.load(Ordering::Relaxed);
+        let budget = max / (1u32 << fails.min(16));
+        if budget < Duration::from_micros(1) {
+            return false;
+        }
+        if self.shm_spin(cq, budget) {
+            cq.spin_fails.store(0, Ordering::Relaxed);
+            return true;
+        }
+        cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
+        false
+    }
+
+    /// A driver that slept woke after `slept`: had it arrived within a spin, spinning resumes.
+    pub(crate) fn drive_woke_after(&self, cq: &CqShared, slept: Duration) {
+        if slept < self.cfg.spin {
+            cq.spin_fails.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A driver's blocking wait: like [`Self::wait_cq`], but signalled on the driver
+    /// descriptor, and it takes over receiving from the socket when it can.
+    pub(crate) fn drive_wait(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
+        let shm_only = self.shm_only(cq);
+        if self.drive_spin(cq) {
+            return Ok(());
+        }
+        let slept = Instant::now();
+        let deadline = timeout.map(|t| slept + t);
+        // A CQ fed by shared memory only has nothing to receive from the socket.
+        // Nor while an event loop watches it (it hands our completions over).
+        let delegated = || self.delegated.load(Ordering::SeqCst) > 0;
+        let mut rx = if shm_only || delegated() {
+            None
+        } else {
+            self.rx_try()
+        };
+        if rx.is_some() {
+            self.engine_rx_interest(false);
+        }
+        let res = loop {
+            if self.drive_sleep(cq, true) {
+                self.shm_poll(cq);
+                if cq.queue.lock().is_empty() {
+                    continue; // part of a message
+                }
+                break Ok(());
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let ts = left.map(timespec);
+            let ev = rustix::event::PollFd::new(&cq.event_driver, rustix::event::PollFlags::IN);
+            let (r, sock_ready, ev_ready) = match &rx {
+                Some(_) => {
+                    let mut fds = [
+                        ev,
+                        rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
+                        rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
+                    ];
+                    let r = rustix::event::poll(&mut fds, ts.as_ref());
+                    let rd = |f: &rustix::event::PollFd<'_>| {
+                        f.revents().contains(rustix::event::PollFlags::IN)
+                    };
+                    (r, rd(&fds[1]), rd(&fds[0]))
+                }
+                None => {
+                    let mut fds = [ev];
+                    let r = rustix::event::poll(&mut fds, ts.as_ref());
+                    (
+                        r,
+                        false,
+                        fds[0].revents().contains(rustix::event::PollFlags::IN),
+                    )
+                }
+            };
+            self.drive_sleep(cq, false);
+            let ready = match r {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => 0,
+                Err(e) => break Err(e.into()),
+            };
+            if ev_ready {
+                drain_eventfd(&cq.event_driver);
+            }
+            if sock_ready && let Some(rx) = rx.as_mut() {
+                self.rx_drain(rx, 64);
+            }
+            if rx.is_some() && delegated() {
+                // An event loop watches the socket now: leave it to it.
+                rx = None;
+                self.engine_rx_interest(true);
+            }
+            self.shm_poll(cq);
+            if ev_ready {
+                self.drive_woke_after(cq, slept.elapsed());
+            }
+            // Signalled: even with the queue empty now (another driver took what came), the
+            // caller's condition may have changed.
+            if ev_ready || !cq.queue.lock().is_empty() {
+                break Ok(());
+            }
+            if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+            if rx.is_none() && !shm_only && !delegated() {
+                rx = self.rx_try();
+                if rx.is_some() {
+                    self.engine_rx_interest(false);
+                }
+            }
+        };
+        if rx.is_some() {
+            drop(rx);
+            self.engine_rx_interest(true);
+        }
+        res
+    }
+}
+
+/// How long after the last drive a CQ's other sleepers keep leaving the socket to drivers
+/// (an application thread between two waits comes back within it).
+const RECENTLY_DRIVEN: Duration = Duration::from_millis(10);

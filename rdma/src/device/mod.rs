@@ -1,0 +1,451 @@
+//! The device: one UDP socket, one engine thread, and the tables of queue pairs and memory
+//! regions. Application threads post work and transmit on their own; the engine thread
+//! receives packets, runs timers and delivers completions. It sleeps in `epoll_wait` when there
+//! is nothing to do (no busy polling), and is woken through an eventfd only when a new timer is
+//! earlier than the one it sleeps on.
+//!
+//! Split by responsibility: [`tx`] (the transmit path), [`rx`] (the receive path), [`ids`] (the
+//! receiver's ICRC check), [`cq`] (completion queues and the threads that wait on them),
+//! [`samehost`] (the engine's side of the same-host transport), [`engine`] (the engine thread
+//! and its timers) and [`counters`]; here the configuration, the device's shared state and its
+//! opening.
+
+mod counters;
+mod cq;
+mod engine;
+mod ids;
+mod rx;
+mod samehost;
+mod tx;
+
+pub use counters::{CounterWords, DeviceStats, SharedCounters};
+pub(crate) use cq::CqShared;
+pub(crate) use engine::{EngineGuard, run_engine};
+
+use counters::{Counters, RC_COUNTERS};
+use rx::RxState;
+use tx::TxScratch;
+
+use crate::mr::MrTable;
+use crate::rc::RcQp;
+use crate::transport::fault::{FaultConfig, FaultInjector, FaultStats, Release};
+use crate::transport::pcap::PcapWriter;
+use crate::transport::steer::{self, PortMode};
+use crate::transport::udp::{UdpOptions, UdpSocket};
+
+use parking_lot::{Mutex, RwLock};
+use rustix::event::{EventfdFlags, epoll};
+use rustix::fd::{AsFd, OwnedFd};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How a [`Device`](crate::Device) is set up.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The IPv4 address (the device's GID) and UDP port the engine uses. The address must be a
+    /// specific local address. Port 0 picks a free port; Linux rxe peers always send to 4791.
+    /// With port 4791 (and [`Self::steer`]) the device shares the port with other processes
+    /// (see [`crate::transport::steer`]); with any other port it binds that port, as peers
+    /// that are told the port expect.
+    pub addr: SocketAddrV4,
+    /// With `addr` on the RoCE port (4791): claim a QPN range and its own port and receive
+    /// through the steering program when it is attached, else own 4791 as before, else open
+    /// local-only ([`crate::transport::steer::PortMode`]). Default on; off binds 4791 itself
+    /// (and fails when it is taken).
+    pub steer: bool,
+    /// Send packets of one work request in one `sendmsg` with UDP GSO.
+    pub gso: bool,
+    /// Let the kernel coalesce received datagrams (UDP GRO).
+    pub gro: bool,
+    /// Further local addresses this device serves besides `addr` (multi-homed: a socket on each,
+    /// on `addr`'s port; a queue pair sends from one of them with [`crate::QpAttr::src`], so
+    /// that two links of an SMC-R link group can run over two paths on one device, sharing its
+    /// memory regions). Empty: `addr` alone.
+    pub extra_addrs: Vec<std::net::Ipv4Addr>,
+    /// Socket receive buffer in bytes (forced beyond `rmem_max` when the process may).
+    pub rcvbuf: usize,
+    /// Socket send buffer in bytes.
+    pub sndbuf: usize,
+    /// IPv4 TTL of RoCE packets (Linux SMC uses 1 for a directly attached peer).
+    pub ttl: u8,
+    /// Inject faults into outgoing packets (also `SMCR_RDMA_FAULTS`).
+    pub faults: Option<FaultConfig>,
+    /// Capture every packet sent and received into this pcap file (also `SMCR_RDMA_PCAP`).
+    pub pcap: Option<PathBuf>,
+    /// Keep the counters in these words instead of the device's own memory (see
+    /// [`CounterWords`]).
+    pub counters: Option<SharedCounters>,
+    /// How long a *driver* (an application thread waiting on a CQ it handles itself, see
+    /// [`crate::CompletionQueue::begin_drive`]) polls same-host rings before it sleeps (also
+    /// `SMCR_SPIN_US`; 0 turns it off). A message that comes within it costs no sleep and no
+    /// wake-up — a cross-CPU wake-up costs tens of microseconds on some machines. The spinning
+    /// yields the CPU at every turn (a peer on the same CPU runs meanwhile) and adapts: after
+    /// spins that caught nothing it gets shorter, down to none, until a wait ends quickly
+    /// again. Default 15 µs (longer spins cost bulk transfers: iperf3 on one host moved 33–38
+    /// Gbit/s with 50 µs, 47–51 with 10–15, at the same ping-pong latency).
+    pub spin: Duration,
+}
+
+impl DeviceConfig {
+    /// Defaults for a device on `addr`.
+    pub fn new(addr: SocketAddrV4) -> Self {
+        Self {
+            addr,
+            steer: true,
+            extra_addrs: Vec::new(),
+            gso: true,
+            gro: true,
+            rcvbuf: 8 << 20,
+            sndbuf: 8 << 20,
+            ttl: 64,
+            faults: None,
+            pcap: None,
+            counters: None,
+            spin: crate::env::var("SMCR_SPIN_US")
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(DEFAULT_SPIN, |us| Duration::from_micros(us.min(10_000))),
+        }
+    }
+}
+
+/// See [`DeviceConfig::spin`].
+const DEFAULT_SPIN: Duration = Duration::from_micros(15);
+
+/// A QP's state behind its lock.
+pub(crate) struct QpCore {
+    pub(crate) rc: RcQp,
+    pub(crate) av: Option<SocketAddrV4>,
+    /// Our source address on this QP's path (a multi-homed device's other address).
+    pub(crate) src: Option<Ipv4Addr>,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    timer_at: Option<Instant>,
+    /// Same-host transport state (QPs of a shared protection domain).
+    pub(crate) shm: Option<crate::samehost::ShmQp>,
+    /// The transport's counters as last added to the device's (see [`Shared::count_rc`]).
+    counted: [u64; RC_COUNTERS],
+}
+
+pub(crate) struct QpShared {
+    pub(crate) qpn: u32,
+    pub(crate) core: Mutex<QpCore>,
+}
+
+impl QpShared {
+    pub(crate) fn new(
+        rc: RcQp,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        shm: Option<crate::samehost::ShmQp>,
+    ) -> Self {
+        Self {
+            qpn: rc.qp_num(),
+            core: Mutex::new(QpCore {
+                rc,
+                av: None,
+                src: None,
+                send_cq,
+                recv_cq,
+                timer_at: None,
+                shm,
+                counted: [0; RC_COUNTERS],
+            }),
+        }
+    }
+}
+
+struct Middleware {
+    faults: Option<FaultInjector>,
+    pcap: Option<PcapWriter<BufWriter<File>>>,
+    released: Vec<Release>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) cfg: DeviceConfig,
+    pub(crate) sock: UdpSocket,
+    /// The address peers send to: our IPv4 address and the RoCE port (or the configured or
+    /// private port, see [`PortMode`]).
+    pub(crate) local: SocketAddrV4,
+    /// How packets reach us.
+    pub(crate) mode: PortMode,
+    /// Our QPN range: every QPN of the device is `range << 12 | index`.
+    pub(crate) range: u32,
+    /// The destination port peers' packets carry (the ICRC covers it): the RoCE port unless
+    /// the configuration named another. A packet that fails the ICRC with it is checked with
+    /// the receiving socket's own port (a peer that addressed that port directly).
+    addressed: u16,
+    /// A socket on each further address (see [`DeviceConfig::extra_addrs`]), on the same
+    /// port: a queue pair whose path starts there sends through it, and what it receives is
+    /// addressed to it. Only the engine thread receives on them (with `alt_rx`); the main
+    /// socket's receiving may be handed to application threads.
+    alt: Vec<(Ipv4Addr, UdpSocket)>,
+    /// [`PortMode::Owner`]: our range's port on every address, receive only (packets steered
+    /// to us once the steering program is attached). Engine thread only, as `alt`.
+    spare: Vec<(Ipv4Addr, UdpSocket)>,
+    alt_rx: Mutex<RxState>,
+    pub(crate) mrs: MrTable,
+    pub(crate) qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    /// The next QP index to try (round robin through the range, from a random start).
+    next_qpn: AtomicU32,
+    pub(crate) next_pd: AtomicU32,
+    timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
+    /// When the engine will wake by itself (ns since `base`); 0 while it is awake.
+    sleep_until: AtomicU64,
+    base: Instant,
+    kick: OwnedFd,
+    stop: AtomicBool,
+    mw: Option<Mutex<Middleware>>,
+    tx_bufs: Mutex<Vec<TxScratch>>,
+    rx: Mutex<RxState>,
+    /// A thread found the socket readable but the receive state taken (see
+    /// [`RxGuard`](rx::RxGuard)).
+    rx_wanted: AtomicBool,
+    /// The engine thread's epoll set (socket and kick eventfd).
+    epoll: OwnedFd,
+    /// Why the engine thread does not watch the socket now (see `engine_rx_interest`).
+    rx_away: Mutex<u32>,
+    /// Threads watching the socket from their own epoll sets ([`Self::delegate_rx`]).
+    delegated: AtomicU32,
+    /// Readable when delegation starts: a thread asleep in a receive of its own (holding the
+    /// receive state) lets go of it.
+    rx_yield: OwnedFd,
+    stats: Counters,
+    /// The same-host rendezvous (abstract Unix socket), if it could be bound.
+    rendezvous: Option<OwnedFd>,
+    /// Accepted rendezvous connections whose offer has not arrived yet, by descriptor number.
+    offers: Mutex<HashMap<i32, OwnedFd>>,
+}
+
+/// Engine epoll tags.
+const EV_SOCK: u64 = 0;
+const EV_KICK: u64 = 1;
+const EV_RENDEZVOUS: u64 = 2;
+/// `EV_OFFER | fd`: an accepted connection whose offer is awaited.
+const EV_OFFER: u64 = 3 << 32;
+/// `EV_PEER | qpn`: the connection a QP's peer offer came on.
+const EV_PEER: u64 = 4 << 32;
+/// Readable: further address `low 32 bits` of a multi-homed device.
+const EV_ALT: u64 = 5 << 32;
+/// Readable: spare socket `low 32 bits` (our range's port while we own the RoCE port).
+const EV_SPARE: u64 = 6 << 32;
+/// `EV_OFFERED | qpn`: the connection our QP's offer went on hung up before the peer's offer
+/// came (the peer refused it or is gone): its held requests go over UDP.
+const EV_OFFERED: u64 = 7 << 32;
+
+impl Shared {
+    pub(crate) fn open(mut cfg: DeviceConfig) -> io::Result<Arc<Self>> {
+        if cfg.addr.ip().is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an RDMA device binds to a specific local IPv4 address (its GID), not 0.0.0.0",
+            ));
+        }
+        if cfg.faults.is_none()
+            && let Some(f) = FaultConfig::from_env()
+        {
+            cfg.faults = Some(f.map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("SMCR_RDMA_FAULTS: {e}"),
+                )
+            })?);
+        }
+        if cfg.pcap.is_none() {
+            cfg.pcap = crate::env::var("SMCR_RDMA_PCAP")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from);
+        }
+        let faults = cfg
+            .faults
+            .filter(FaultConfig::is_active)
+            .map(FaultInjector::new);
+        let pcap = match &cfg.pcap {
+            Some(p) => Some(PcapWriter::create(p).map_err(|e| {
+                io::Error::new(e.kind(), format!("pcap file {}: {e}", p.display()))
+            })?),
+            None => None,
+        };
+        let stats = Counters::new(cfg.counters.as_ref());
+        let mw = (faults.is_some() || pcap.is_some()).then(|| {
+            Mutex::new(Middleware {
+                faults,
+                pcap,
+                released: Vec::new(),
+            })
+        });
+        let opts = UdpOptions {
+            rcvbuf: cfg.rcvbuf,
+            sndbuf: cfg.sndbuf,
+            gro: cfg.gro,
+            ttl: cfg.ttl,
+            pktinfo: false,
+        };
+        // One socket per address (not one on the wildcard address): other processes keep the
+        // port on this host's other addresses.
+        let steer = cfg.steer && cfg.addr.port() == steer::ROCE_PORT;
+        let claim = steer::claim(cfg.addr, &cfg.extra_addrs, opts, steer)?;
+        let steer::Claim {
+            mode,
+            range,
+            main: sock,
+            alt,
+            spare,
+            rendezvous,
+            advertised,
+            addressed,
+        } = claim;
+        let local = SocketAddrV4::new(*cfg.addr.ip(), advertised);
+        let seed = (std::process::id() ^ range << 16 ^ steer::random_u32()) | 1;
+        let kick = crate::fdzone::place(rustix::event::eventfd(
+            0,
+            EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+        )?)?;
+        let ep = crate::fdzone::place(epoll::create(epoll::CreateFlags::CLOEXEC)?)?;
+        epoll::add(
+            &ep,
+            sock.fd().as_fd(),
+            epoll::EventData::new_u64(EV_SOCK),
+            epoll::EventFlags::IN,
+        )?;
+        epoll::add(
+            &ep,
+            kick.as_fd(),
+            epoll::EventData::new_u64(EV_KICK),
+            epoll::EventFlags::IN,
+        )?;
+        for (i, (_, s)) in alt.iter().enumerate() {
+            epoll::add(
+                &ep,
+                s.fd().as_fd(),
+                epoll::EventData::new_u64(EV_ALT | i as u64),
+                epoll::EventFlags::IN,
+            )?;
+        }
+        for (i, (_, s)) in spare.iter().enumerate() {
+            epoll::add(
+                &ep,
+                s.fd().as_fd(),
+                epoll::EventData::new_u64(EV_SPARE | i as u64),
+                epoll::EventFlags::IN,
+            )?;
+        }
+        // Not fatal: without it, peers on this host use UDP to reach us.
+        if let Some(r) = &rendezvous {
+            epoll::add(
+                &ep,
+                r.as_fd(),
+                epoll::EventData::new_u64(EV_RENDEZVOUS),
+                // Edge-triggered: a failed accept (EMFILE) must not make the engine spin.
+                epoll::EventFlags::IN | epoll::EventFlags::ET,
+            )?;
+        }
+        Ok(Arc::new(Self {
+            cfg,
+            sock,
+            local,
+            mode,
+            range,
+            addressed,
+            alt,
+            spare,
+            alt_rx: Mutex::new(RxState::new()),
+            mrs: MrTable::new(seed.wrapping_mul(0x9E37_79B9)),
+            qps: RwLock::new(HashMap::new()),
+            // A process that restarts on the same address should not reuse its predecessor's
+            // QPNs (a peer's stale QP would still send to them): a random range, and a random
+            // start in it.
+            next_qpn: AtomicU32::new(steer::random_u32() % steer::PROBE_INDEX),
+            next_pd: AtomicU32::new(1),
+            timers: Mutex::new(BinaryHeap::new()),
+            sleep_until: AtomicU64::new(0),
+            base: Instant::now(),
+            kick,
+            stop: AtomicBool::new(false),
+            mw,
+            tx_bufs: Mutex::new(Vec::new()),
+            rx_wanted: AtomicBool::new(false),
+            rx: Mutex::new(RxState::new()),
+            epoll: ep,
+            rx_away: Mutex::new(0),
+            delegated: AtomicU32::new(0),
+            rx_yield: crate::fdzone::place(rustix::event::eventfd(
+                0,
+                EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+            )?)?,
+            stats,
+            rendezvous,
+            offers: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub(crate) fn stats(&self) -> DeviceStats {
+        self.stats.load()
+    }
+
+    pub(crate) fn fault_stats(&self) -> Option<FaultStats> {
+        self.mw.as_ref()?.lock().faults.as_ref().map(|f| f.stats)
+    }
+
+    fn nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
+    /// A free QPN of our range, or `None` when all 4095 are in use.
+    pub(crate) fn alloc_qpn(&self) -> Option<u32> {
+        let qps = self.qps.read();
+        for _ in 0..steer::PROBE_INDEX {
+            let i = self.next_qpn.fetch_add(1, Ordering::Relaxed) % steer::PROBE_INDEX;
+            let qpn = steer::qpn_of(self.range, i);
+            if !qps.contains_key(&qpn) {
+                return Some(qpn);
+            }
+        }
+        None
+    }
+
+    pub(crate) fn lookup(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.qps.read().get(&qpn).cloned()
+    }
+}
+
+fn drain_eventfd(fd: &OwnedFd) {
+    let mut b = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut b);
+}
+
+fn timespec(d: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
+/// The GID of an IPv4 address (`::ffff:a.b.c.d`).
+pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
+    ip.to_ipv6_mapped().octets()
+}
+
+pub(crate) fn wait_readable(fd: &OwnedFd, timeout: Option<Duration>) -> io::Result<bool> {
+    let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+    let ts = timeout.map(|d| rustix::time::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
+    });
+    loop {
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

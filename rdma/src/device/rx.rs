@@ -1,0 +1,285 @@
+//! The receive path: the receive state (taken by the engine thread or by an application thread
+//! waiting for completions), draining a socket in batches, and handing each packet to its QP.
+
+use super::counters::bump;
+use super::ids::{GSO_IDS, IdCache, icrc_matches};
+use super::{EV_SOCK, QpShared, Shared, drain_eventfd};
+use crate::transport::steer;
+use crate::transport::udp::{RecvBatch, UdpSocket};
+use crate::wire::{IcrcHeaders, Packet, PacketRepr};
+use rustix::event::epoll;
+use rustix::fd::AsFd;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// The receive state, taken. A watcher of the socket woken edge-triggered
+/// ([`crate::CompletionQueue::receive`]) that finds it taken leaves what came to its holder:
+/// letting go, the holder receives again if such a watcher came by (else those packets would
+/// wait for the next one to arrive).
+pub(super) struct RxGuard<'a> {
+    shared: &'a Shared,
+    g: Option<parking_lot::MutexGuard<'a, RxState>>,
+}
+
+impl std::ops::Deref for RxGuard<'_> {
+    type Target = RxState;
+    fn deref(&self) -> &RxState {
+        self.g.as_ref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for RxGuard<'_> {
+    fn deref_mut(&mut self) -> &mut RxState {
+        self.g.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for RxGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.g.take());
+        self.shared.rx_recheck();
+    }
+}
+
+/// Receive state: whoever holds it (the engine thread, or an application thread waiting for
+/// completions) reads the socket.
+pub(crate) struct RxState {
+    batch: RecvBatch,
+    dirty: Vec<Arc<QpShared>>,
+    ids: IdCache,
+}
+
+impl RxState {
+    pub(super) fn new() -> Self {
+        Self {
+            batch: RecvBatch::new(RX_BATCH),
+            dirty: Vec::new(),
+            ids: IdCache::default(),
+        }
+    }
+}
+
+const RX_BATCH: usize = 8;
+
+impl Shared {
+    /// Reads and handles what waits on the socket, up to `rounds` recvmmsg calls; returns how
+    /// many datagrams were handled.
+    pub(super) fn rx_drain(&self, rx: &mut RxState, rounds: usize) -> usize {
+        self.rx_drain_from(&self.sock, *self.local.ip(), rx, rounds)
+    }
+
+    /// [`Self::rx_drain`] for socket `sock`, whose datagrams are addressed to `to`.
+    pub(super) fn rx_drain_from(
+        &self,
+        sock: &UdpSocket,
+        to: Ipv4Addr,
+        rx: &mut RxState,
+        rounds: usize,
+    ) -> usize {
+        let gro = sock.gro();
+        let own = sock.local_addr().port();
+        let mut total = 0;
+        for _ in 0..rounds {
+            let n = match rx.batch.recv(sock) {
+                Ok(n) if n > 0 => n,
+                _ => break,
+            };
+            total += n;
+            bump(&self.stats.rx_syscalls, 1);
+            let now = Instant::now();
+            let mut current: Option<Arc<QpShared>> = None;
+            let RxState { batch, dirty, ids } = rx;
+            for i in 0..n {
+                let d = batch.get(i, gro);
+                let seg = d.segment.unwrap_or(d.data.len()).max(1);
+                for (k, chunk) in d.data.chunks(seg).enumerate() {
+                    receive(
+                        self,
+                        now,
+                        d.from,
+                        (d.to.unwrap_or(to), own),
+                        chunk,
+                        k as u16,
+                        &mut current,
+                        dirty,
+                        ids,
+                    );
+                }
+            }
+            for qp in dirty.drain(..) {
+                let mut core = qp.core.lock();
+                self.drive(&mut core, now);
+            }
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        total
+    }
+
+    /// Turns the engine thread's interest in the socket on or off. An application thread that
+    /// receives for itself turns it off, so that the engine is not woken (on the other core) by
+    /// packets the application thread handles anyway.
+    ///
+    /// Counted: each `false` (a thread that receives, an event loop that holds a group and
+    /// watches the socket itself, see [`Self::delegate_rx`]) needs its `true`; the interest
+    /// is back when none is left.
+    pub(super) fn engine_rx_interest(&self, on: bool) {
+        let mut away = self.rx_away.lock();
+        if on {
+            *away = away.saturating_sub(1);
+            if *away > 0 {
+                return;
+            }
+        } else {
+            *away += 1;
+            if *away > 1 {
+                return;
+            }
+        }
+        let flags = if on {
+            epoll::EventFlags::IN
+        } else {
+            epoll::EventFlags::empty()
+        };
+        let _ = epoll::modify(
+            &self.epoll,
+            self.sock.fd().as_fd(),
+            epoll::EventData::new_u64(EV_SOCK),
+            flags,
+        );
+    }
+
+    /// See [`crate::CompletionQueue::delegate_rx`].
+    pub(crate) fn delegate_rx(&self, on: bool) {
+        if on {
+            if self.delegated.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = rustix::io::write(&self.rx_yield, &1u64.to_ne_bytes());
+            }
+        } else if self.delegated.fetch_sub(1, Ordering::SeqCst) == 1 {
+            drain_eventfd(&self.rx_yield);
+        }
+        self.engine_rx_interest(!on);
+    }
+
+    /// See [`crate::CompletionQueue::receive`]: drains the socket (the watcher is woken
+    /// edge-triggered, so what is left would wake nobody).
+    pub(crate) fn receive_now(&self) -> usize {
+        let mut total = 0;
+        loop {
+            self.rx_wanted.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            // Taken: its holder receives again once it lets go.
+            let Some(mut rx) = self.rx.try_lock() else {
+                return total;
+            };
+            self.rx_wanted.store(false, Ordering::SeqCst);
+            total += self.rx_drain(&mut rx, usize::MAX);
+            drop(rx);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.rx_wanted.load(Ordering::SeqCst) {
+                return total;
+            }
+        }
+    }
+
+    /// Takes the receive state if free (see [`RxGuard`]).
+    pub(super) fn rx_try(&self) -> Option<RxGuard<'_>> {
+        self.rx.try_lock().map(|g| RxGuard {
+            shared: self,
+            g: Some(g),
+        })
+    }
+
+    /// After letting go of the receive state: a thread that wanted it meanwhile (woken by
+    /// the socket, edge-triggered) left its packets to us.
+    fn rx_recheck(&self) -> usize {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // (Not while unwinding: a second panic would abort.)
+        if self.rx_wanted.load(Ordering::SeqCst) && !std::thread::panicking() {
+            self.receive_now()
+        } else {
+            0
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one packet and the receive loop's scratch state
+fn receive(
+    shared: &Shared,
+    now: Instant,
+    from: SocketAddrV4,
+    (to, own_port): (Ipv4Addr, u16),
+    bytes: &[u8],
+    ip_id: u16,
+    current: &mut Option<Arc<QpShared>>,
+    dirty: &mut Vec<Arc<QpShared>>,
+    ids: &mut IdCache,
+) {
+    let st = &shared.stats;
+    if steer::is_probe(bytes) {
+        return; // a device's steering probe (ours, late, or another's while we own 4791)
+    }
+    bump(&st.rx_packets, 1);
+    let h = IcrcHeaders {
+        src: *from.ip(),
+        dst: to,
+        ip_id,
+        df: true,
+        sport: from.port(),
+        // As addressed by the sender (before steering), not our socket's port.
+        dport: shared.addressed,
+    };
+    let capture = |id: Option<u16>| {
+        if let Some(mw) = &shared.mw
+            && let Some(p) = &mut mw.lock().pcap
+        {
+            // With the identification the ICRC was computed with, when it was found.
+            let h = IcrcHeaders {
+                ip_id: id.unwrap_or(h.ip_id),
+                ..h
+            };
+            let _ = p.write_packet(&h, shared.cfg.ttl, bytes);
+        }
+    };
+    let Ok(pkt) = Packet::new_checked(bytes) else {
+        capture(None);
+        bump(&st.rx_malformed, 1);
+        return;
+    };
+    let Some(id) = icrc_matches(h, [shared.addressed, own_port], bytes, ids) else {
+        capture(None);
+        bump(&st.rx_icrc_errors, 1);
+        return;
+    };
+    capture(Some(id));
+    if id >= GSO_IDS {
+        // Not a GSO segment index: a sender numbering its datagrams like Linux rxe does.
+        bump(&st.rx_foreign_ip_id, 1);
+    }
+    let Ok(repr) = PacketRepr::parse(&pkt) else {
+        bump(&st.rx_malformed, 1);
+        return;
+    };
+    let qpn = repr.bth.dest_qp;
+    if current.as_ref().is_none_or(|q| q.qpn != qpn) {
+        *current = shared.lookup(qpn);
+    }
+    let Some(qp) = current.as_ref() else {
+        bump(&st.rx_unknown_qp, 1);
+        return;
+    };
+    let mut core = qp.core.lock();
+    // rxe accepts a packet only from the QP's peer address (Linux peers vary the source port).
+    if core.av.is_none_or(|av| av.ip() != from.ip()) {
+        bump(&st.rx_wrong_source, 1);
+        return;
+    }
+    core.rc.handle_packet(now, &repr, &shared.mrs);
+    drop(core);
+    if !dirty.iter().any(|d| Arc::ptr_eq(d, qp)) {
+        dirty.push(qp.clone());
+    }
+}

@@ -1,0 +1,247 @@
+//! The transmit path: a QP's packets built into scratch buffers, their ICRCs computed per
+//! segment, and sent in GSO batches (or through the test middleware: capture, fault
+//! injection).
+
+use super::counters::bump;
+use super::engine::FAULT_TIMER;
+use super::{QpCore, Shared};
+use crate::transport::fault::FaultInjector;
+use crate::transport::udp::{MAX_DATAGRAM, MAX_GSO_SEGMENTS, UdpSocket};
+use crate::wire::IcrcHeaders;
+use std::cmp::Reverse;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Instant;
+
+/// Room after each packet's head in the scratch buffer for pad bytes and the ICRC.
+const TRAILER: usize = 8;
+
+struct Pending {
+    head: usize,
+    parts: crate::rc::TxParts,
+}
+
+/// Scratch space for one transmit pass: packet heads and trailers, and the iovecs of a batch.
+pub(super) struct TxScratch {
+    buf: Box<[u8]>,
+    used: usize,
+    bytes: usize,
+    pkts: Vec<Pending>,
+    iov: Vec<libc::iovec>,
+}
+
+// SAFETY: the raw pointers inside are only used while the owning thread holds the QP lock.
+unsafe impl Send for TxScratch {}
+
+impl TxScratch {
+    fn new() -> Self {
+        Self {
+            buf: vec![0u8; TX_BUF].into_boxed_slice(),
+            used: 0,
+            bytes: 0,
+            pkts: Vec::with_capacity(MAX_GSO_SEGMENTS),
+            iov: Vec::with_capacity(MAX_GSO_SEGMENTS * 7),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.used = 0;
+        self.bytes = 0;
+        self.pkts.clear();
+    }
+
+    /// Another packet (of at most 64 + 4096 bytes, and its head in the buffer) fits the batch.
+    fn has_room(&self) -> bool {
+        self.bytes + 4096 + 64 + TRAILER <= MAX_DATAGRAM
+            && self.pkts.len() < MAX_GSO_SEGMENTS
+            && self.used + 4096 + 64 + TRAILER <= self.buf.len()
+    }
+}
+
+/// Size of a transmit scratch buffer: a full GSO batch plus one packet.
+const TX_BUF: usize = MAX_DATAGRAM + 8192;
+
+impl Shared {
+    pub(super) fn transmit(&self, core: &mut QpCore, dst: SocketAddrV4, now: Instant) {
+        let src = core.src.unwrap_or(*self.local.ip());
+        let mut tx = self.tx_bufs.lock().pop().unwrap_or_else(TxScratch::new);
+        tx.reset();
+        let mut seg = 0;
+        // Requests first, so that an ACK closes their batch; but once a batch had to be sent
+        // full (bulk), what the responder has goes next instead of after the whole window.
+        let mut req_first = true;
+        loop {
+            if !tx.has_room() {
+                self.flush(&mut tx, seg, dst, src, now);
+                req_first = false;
+            }
+            let at = tx.used;
+            let Some(parts) = core
+                .rc
+                .poll_transmit_parts(now, &mut tx.buf[at..], req_first)
+            else {
+                break;
+            };
+            let len = parts.len();
+            if !tx.pkts.is_empty() && len > seg {
+                // A longer packet cannot follow in the same GSO batch: send the batch first.
+                self.flush(&mut tx, seg, dst, src, now);
+            }
+            tx.used = at + parts.head + TRAILER;
+            if tx.pkts.is_empty() {
+                seg = len;
+            }
+            tx.bytes += len;
+            tx.pkts.push(Pending { head: at, parts });
+            if len < seg || !self.cfg.gso {
+                // A shorter packet ends a GSO batch (without GSO, each packet is one).
+                self.flush(&mut tx, seg, dst, src, now);
+            }
+        }
+        if !tx.pkts.is_empty() {
+            self.flush(&mut tx, seg, dst, src, now);
+        }
+        self.tx_bufs.lock().push(tx);
+    }
+
+    fn icrc_headers(&self, src: Ipv4Addr, dst: SocketAddrV4, ip_id: u16) -> IcrcHeaders {
+        IcrcHeaders {
+            src,
+            dst: *dst.ip(),
+            ip_id,
+            df: true,
+            // The port we send from (the ICRC covers the real one), not the one we advertise.
+            sport: self.sock.local_addr().port(),
+            dport: dst.port(),
+        }
+    }
+
+    /// Sends the pending packets (all `seg` bytes long but the last) and empties the batch.
+    /// Must be called with the QP still locked: payloads point into its registered memory.
+    fn flush(
+        &self,
+        tx: &mut TxScratch,
+        seg: usize,
+        dst: SocketAddrV4,
+        src: Ipv4Addr,
+        now: Instant,
+    ) {
+        // Each address has its socket (see `alt`).
+        let pktinfo = (src != *self.local.ip()).then_some(src);
+        let count = tx.pkts.len();
+        let faults = self.mw.as_ref().is_some_and(|m| m.lock().faults.is_some());
+        let gso = self.cfg.gso && count > 1 && !faults;
+        tx.iov.clear();
+        let buf_ptr = tx.buf.as_mut_ptr();
+        for (i, p) in tx.pkts.iter().enumerate() {
+            // Linux numbers the identification of GSO segments 0, 1, 2, …; a lone datagram from
+            // our unconnected DF socket gets 0. The ICRC covers it, so compute it per segment.
+            let id = if gso { i as u16 } else { 0 };
+            let head_end = p.head + p.parts.head;
+            // SAFETY: head and trailer areas are disjoint parts of `tx.buf`; payload pieces point
+            // into registered memory kept alive by the (locked) QP's outstanding request.
+            let (head, trailer) = unsafe {
+                (
+                    std::slice::from_raw_parts(buf_ptr.add(p.head), p.parts.head),
+                    std::slice::from_raw_parts_mut(buf_ptr.add(head_end), TRAILER),
+                )
+            };
+            let mut parts: [&[u8]; 6] = [&[]; 6];
+            parts[0] = head;
+            let mut n = 1;
+            // SAFETY: as above.
+            for s in unsafe { p.parts.payload.slices() } {
+                parts[n] = s;
+                n += 1;
+            }
+            parts[n] = &[0u8; 3][..p.parts.pad];
+            let icrc =
+                crate::wire::compute_icrc_vectored(&self.icrc_headers(src, dst, id), &parts[..=n]);
+            trailer[..p.parts.pad].fill(0);
+            trailer[p.parts.pad..p.parts.pad + 4].copy_from_slice(&icrc.to_le_bytes());
+            parts[n] = &trailer[..p.parts.pad + 4];
+            for s in &parts[..=n] {
+                if !s.is_empty() {
+                    tx.iov.push(libc::iovec {
+                        iov_base: s.as_ptr() as *mut _,
+                        iov_len: s.len(),
+                    });
+                }
+            }
+        }
+        bump(&self.stats.tx_packets, count as u64);
+        if let Some(mw) = &self.mw {
+            // Capture and fault injection work on contiguous copies of each packet.
+            let mut flat = Vec::with_capacity(tx.bytes);
+            for v in &tx.iov {
+                // SAFETY: the iovecs were built above from live memory.
+                flat.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+            let mut mw = mw.lock();
+            let mw = &mut *mw;
+            let mut at = 0;
+            for (i, p) in tx.pkts.iter().enumerate() {
+                let pkt = &flat[at..at + p.parts.len()];
+                at += p.parts.len();
+                let id = if gso { i as u16 } else { 0 };
+                if let Some(pc) = &mut mw.pcap {
+                    let _ = pc.write_packet(&self.icrc_headers(src, dst, id), self.cfg.ttl, pkt);
+                }
+                if let Some(f) = &mut mw.faults {
+                    f.process(now, dst, pktinfo, pkt.to_vec(), &mut mw.released);
+                }
+            }
+            if mw.faults.is_some() {
+                for r in mw.released.drain(..) {
+                    self.send_raw(r.dst, r.src, &r.bytes, None);
+                }
+                if let Some(t) = mw.faults.as_ref().and_then(FaultInjector::next_due) {
+                    self.schedule(t, FAULT_TIMER);
+                }
+                tx.reset();
+                return;
+            }
+        }
+        bump(&self.stats.tx_syscalls, 1);
+        // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
+        if unsafe {
+            self.sock_for(pktinfo)
+                .send_iov(dst, None, &tx.iov, gso.then_some(seg as u16))
+        }
+        .is_err()
+        {
+            bump(&self.stats.tx_errors, 1);
+        }
+        tx.reset();
+    }
+
+    /// The socket of local address `src` (`None`: the device's own).
+    fn sock_for(&self, src: Option<Ipv4Addr>) -> &UdpSocket {
+        src.and_then(|a| self.alt.iter().find(|(x, _)| *x == a))
+            .map_or(&self.sock, |(_, s)| s)
+    }
+
+    fn send_raw(&self, dst: SocketAddrV4, src: Option<Ipv4Addr>, bytes: &[u8], gso: Option<u16>) {
+        bump(&self.stats.tx_syscalls, 1);
+        if self.sock_for(src).send(dst, None, bytes, gso).is_err() {
+            bump(&self.stats.tx_errors, 1);
+        }
+    }
+
+    pub(super) fn release_faulted(&self, now: Instant) {
+        let Some(mw) = &self.mw else { return };
+        let mut guard = mw.lock();
+        let mw = &mut *guard;
+        let Some(f) = &mut mw.faults else { return };
+        f.release(now, &mut mw.released);
+        let next = f.next_due();
+        for r in mw.released.drain(..) {
+            self.send_raw(r.dst, r.src, &r.bytes, None);
+        }
+        drop(guard);
+        if let Some(t) = next {
+            self.timers.lock().push(Reverse((t, FAULT_TIMER)));
+        }
+    }
+}
