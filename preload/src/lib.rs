@@ -8,6 +8,7 @@
 //! each rather than restating the man pages.
 #![allow(clippy::missing_safety_doc)]
 
+mod bypass;
 mod epoll;
 mod guard;
 mod hooks;

@@ -25,7 +25,7 @@ pub(crate) fn enabled() -> bool {
 /// Appends one line (with the pid) to the log file, if logging was asked for.
 pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(p) = path() else { return };
-    let _b = crate::guard::Bypass::new();
+    let _b = crate::bypass::Bypass::new();
     // std opens with O_CLOEXEC.
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .append(true)
