@@ -249,11 +249,6 @@ impl<C: Clone> GroupCore<C> {
         self.same_host = true;
     }
 
-    /// Our role.
-    pub fn role(&self) -> Role {
-        self.role
-    }
-
     /// The first link came up and the group is neither down nor deleted.
     pub fn is_up(&self) -> bool {
         self.up
@@ -520,7 +515,7 @@ impl<C: Clone> GroupCore<C> {
             && self.heal_at.is_some_and(|t| t <= now)
             && self.down.is_none()
         {
-            self.add_link(now);
+            self.add_link();
         }
     }
 
@@ -769,7 +764,7 @@ impl<C: Clone> GroupCore<C> {
     }
 
     /// Server: time to ask the client for a link over the other path.
-    fn add_link(&mut self, _now: Instant) {
+    fn add_link(&mut self) {
         self.heal_at = None;
         if !self.can_add_link() || self.spare.is_some() || !self.up {
             return;

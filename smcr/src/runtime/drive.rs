@@ -10,7 +10,7 @@ impl LinkGroup {
         let mut wcs = [WorkCompletion::EMPTY; 64];
         loop {
             let wait = {
-                let next = self.next_timer(&self.st.lock());
+                let next = self.st.lock().g.poll_timeout();
                 // Nothing is due: sleep until something arrives (an idle program uses no
                 // CPU); the cap only bounds what a missed wake-up could cost.
                 let wait = next.map_or(IDLE_WAIT, |t| {
@@ -49,12 +49,7 @@ impl LinkGroup {
 
     /// Whether one of the poller's timers (the link's, the linger) is due at `now`.
     pub(super) fn timers_due(&self, now: Instant) -> bool {
-        self.next_timer(&self.st.lock()).is_some_and(|t| t <= now)
-    }
-
-    /// The earliest of the links' timers, the linger and the next try to add a link.
-    pub(super) fn next_timer(&self, st: &LgState) -> Option<Instant> {
-        st.g.poll_timeout()
+        self.st.lock().g.poll_timeout().is_some_and(|t| t <= now)
     }
 
     /// The poller stops (the group failed or was deleted): nobody will take the hold back, so

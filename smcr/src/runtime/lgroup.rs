@@ -305,11 +305,7 @@ impl LinkGroup {
 
     /// Usable links (1, or 2 while the spare is confirmed; 0 once down).
     pub(crate) fn links(&self) -> usize {
-        let st = self.st.lock();
-        if !st.g.is_up() || st.g.down().is_some() {
-            return 0;
-        }
-        1 + usize::from(st.g.spare_up())
+        self.st.lock().g.links()
     }
 
     /// Whether the peer's QP `qpn` at `gid` is one of this group's live links.
