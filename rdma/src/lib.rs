@@ -9,7 +9,8 @@
 //! * [`wire`]: packet codecs, the ICRC and PSN arithmetic. Pure.
 //! * [`rc`]: the reliable-connection transport as sans-IO state machines (requester,
 //!   responder, completer): segmentation, ACK/NAK, go-back-N, timers, RNR, access checks.
-//! * [`verbs`] and the engine: the objects applications use, one engine thread per device that
+//! * the verbs and the engine: the objects applications use (and, apart, [`CqScheduler`]: which
+//!   thread takes a CQ's completions), one engine thread per device that
 //!   receives UDP and runs timers, and the UDP transport with its test middleware (fault
 //!   injection, pcap capture).
 #![warn(missing_docs)]
@@ -22,6 +23,7 @@ pub mod fdzone;
 pub mod mr;
 pub mod rc;
 mod samehost;
+mod sched;
 pub mod shm;
 pub mod thread;
 pub mod transport;
@@ -34,6 +36,7 @@ pub use rc::{
     ModifyError, Mtu, PostError, QpAttr, QpCaps, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode,
     WcStatus, WorkCompletion, WrOpcode,
 };
+pub use sched::CqScheduler;
 pub use transport::fault::{FaultConfig, FaultStats};
 pub use verbs::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair};
 pub use wire::Psn;

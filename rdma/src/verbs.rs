@@ -23,6 +23,7 @@ use crate::mr::{Access, Region};
 use crate::rc::{
     ModifyError, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWr, SendWr, Sge, WorkCompletion,
 };
+use crate::sched::CqScheduler;
 use crate::transport::fault::FaultStats;
 use crate::transport::steer::PortMode;
 use parking_lot::Mutex;
@@ -319,19 +320,6 @@ impl CompletionQueue {
         self.shared.event.as_fd()
     }
 
-    /// Makes [`Self::fd`] readable without a completion: wakes a thread waiting on it (a
-    /// poller in [`Self::wait_ready`], which then returns so that it looks again).
-    pub fn kick(&self) {
-        self.shared.kicked.store(true, Ordering::SeqCst);
-        let _ = rustix::io::write(&self.shared.event, &1u64.to_ne_bytes());
-    }
-
-    /// Makes [`Self::driver_fd`] readable without a completion: a sleeping driver wakes and
-    /// re-checks its condition.
-    pub fn kick_driver(&self) {
-        let _ = rustix::io::write(&self.shared.event_driver, &1u64.to_ne_bytes());
-    }
-
     /// Clears the notification fd after it fired (`ibv_get_cq_event` + `ibv_ack_cq_events`).
     pub fn ack_events(&self) {
         let mut b = [0u8; 8];
@@ -341,112 +329,12 @@ impl CompletionQueue {
             .shm_sleepers(&self.shared, |s| s.notify = false);
     }
 
-    /// Starts a *drive*: the calling thread will take and handle this CQ's completions itself
-    /// whenever it wakes ([`Self::drive_wait`], or its own poll on [`Self::driver_fd`] between
-    /// [`Self::drive_sleep`] calls) until [`Self::end_drive`]. Meanwhile completions signal
-    /// only the driver descriptor, so a thread sleeping on [`Self::fd`] (a poller) is not
-    /// woken for them: one wake-up per completion, the driver's. Drives nest and count.
-    pub fn begin_drive(&self) {
-        self.guard.shared.begin_drive(&self.shared);
-    }
-
-    /// Ends a drive; after the last one, [`Self::fd`] is signalled again (at once if a
-    /// completion is waiting).
-    pub fn end_drive(&self) {
-        self.guard.shared.end_drive(&self.shared);
-    }
-
-    /// The driver descriptor (an eventfd, readable after a completion arrived for a sleeping
-    /// driver; drain it or register it edge-triggered).
-    pub fn driver_fd(&self) -> BorrowedFd<'_> {
-        self.shared.event_driver.as_fd()
-    }
-
-    /// Within a drive: says the caller is about to sleep on [`Self::driver_fd`] (`true`) or
-    /// woke (`false`). Going to sleep, returns `true` if a completion is already there (then
-    /// poll instead of sleeping; the sleep is not counted).
-    pub fn drive_sleep(&self, on: bool) -> bool {
-        self.guard.shared.drive_sleep(&self.shared, on)
-    }
-
-    /// Within a drive: sleeps until a completion is there to poll or `timeout` passes, without
-    /// taking any; receives from the device's socket itself while it sleeps when no other thread
-    /// does.
-    pub fn drive_wait(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.guard.shared.drive_wait(&self.shared, timeout)
-    }
-
-    /// The device's UDP socket, for a driver that sleeps in its own wait (an epoll set) and
-    /// wants arriving packets to wake it directly rather than through the engine thread and
-    /// [`Self::driver_fd`]; `None` while every QP of this CQ uses shared memory. Register it
-    /// edge-triggered, call [`Self::delegate_rx`] while it is watched, and
-    /// [`Self::receive`] when it fires.
-    pub fn rx_fd(&self) -> Option<BorrowedFd<'_>> {
-        let shared = &self.guard.shared;
-        (!shared.shm_only(&self.shared)).then(|| shared.sock.fd().as_fd())
-    }
-
-    /// `true`: a thread watches [`Self::rx_fd`] itself (and receives when it fires), so the
-    /// engine thread stops watching the socket; `false` gives it back. Counted: every `true`
-    /// needs its `false`. While away from the engine, packets wait for the watcher; packets
-    /// for other CQs of the device too (they are handed to their CQs as usual).
-    pub fn delegate_rx(&self, on: bool) {
-        self.guard.shared.delegate_rx(on);
-    }
-
-    /// Receives and handles what waits on the device's socket (all of it, for every QP), on
-    /// the calling thread, unless another thread is receiving; never blocks. Returns how
-    /// many datagrams were handled.
-    pub fn receive(&self) -> usize {
-        self.guard.shared.receive_now()
-    }
-
-    /// Within a drive, before sleeping: polls the same-host rings for a short, adaptive while
-    /// (see [`crate::DeviceConfig::spin`]); true if a completion arrived meanwhile.
-    pub fn drive_spin(&self) -> bool {
-        self.guard.shared.drive_spin(&self.shared)
-    }
-
-    /// Within a drive: the sleep that followed a failed [`Self::drive_spin`] ended after
-    /// `slept` because something arrived (it tunes the spinning).
-    pub fn drive_woke_after(&self, slept: Duration) {
-        self.guard.shared.drive_woke_after(&self.shared, slept);
-    }
-
-    /// Whether a thread is driving this CQ.
-    pub fn driven(&self) -> bool {
-        self.shared.drivers.load(Ordering::SeqCst) > 0
-    }
-
-    /// Sleeps until a completion is there to poll (returns `true`) or `timeout` passes
-    /// (`false`), without taking any: for a thread that must take them under a lock of its
-    /// own. Receives for itself while it sleeps, as [`Self::wait`] does. While the CQ is
-    /// driven ([`Self::begin_drive`]) its completions are the driver's: this waits for the
-    /// timeout, the end of the drive (if something is left then), or a write to [`Self::fd`]
-    /// (a kick: the caller's view of the drive may have changed), and returns `false`.
-    pub fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if !self.driven() {
-                self.guard.shared.shm_poll(&self.shared);
-                if !self.shared.queue.lock().is_empty() {
-                    return Ok(true);
-                }
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Ok(false);
-            }
-            let driven = self.driven();
-            if self.shared.kicked.swap(false, Ordering::SeqCst) {
-                return Ok(false);
-            }
-            self.guard.shared.wait_cq(&self.shared, left)?;
-            // Driven before or now (a drive began while we slept, and the kick that woke us
-            // says so), or kicked: the caller decides anew.
-            if driven || self.driven() || self.shared.kicked.swap(false, Ordering::SeqCst) {
-                return Ok(false);
-            }
+    /// The scheduling of this CQ's completions among threads: smcr's extension, apart from
+    /// the verbs (see [`CqScheduler`]).
+    pub fn scheduler(&self) -> CqScheduler {
+        CqScheduler {
+            shared: self.shared.clone(),
+            guard: self.guard.clone(),
         }
     }
 
@@ -530,6 +418,7 @@ impl QueuePair {
                     shm.offered = core_ref.av.and_then(|av| {
                         crate::samehost::send_offer(
                             *av.ip(),
+                            crate::transport::steer::range_of(offer.to_qpn),
                             &offer,
                             [arena, ring, bell, bell_driver],
                         )
@@ -567,6 +456,9 @@ impl QueuePair {
             shm.settle(rc, *av, now, &shared.mrs);
         }
         let same_host = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
+        if same_host {
+            self.qp.same_host.store(true, Ordering::Relaxed);
+        }
         let mut ran = 0;
         match shm {
             Some(shm) if !same_host && shm.awaiting(now) && rc.state() == QpState::Rts => {
@@ -611,7 +503,19 @@ impl QueuePair {
         let mut core = self.qp.core.lock();
         self.settle_held(&mut core);
         let crate::device::QpCore { rc, shm, av, .. } = &mut *core;
-        shm.as_mut().is_some_and(|s| s.ready(rc, *av))
+        let yes = shm.as_mut().is_some_and(|s| s.ready(rc, *av));
+        if yes {
+            self.qp.same_host.store(true, Ordering::Relaxed);
+        }
+        yes
+    }
+
+    /// Whether a post (or [`Self::is_same_host`]) already saw requests go through shared
+    /// memory, without taking the QP's lock: a hot path's check. It lags the switch by at most
+    /// one post; a caller that asks then treats that request as one sent over UDP, which is
+    /// also correct (it is posted signaled, and its completion comes as on UDP).
+    pub fn same_host_seen(&self) -> bool {
+        self.qp.same_host.load(Ordering::Relaxed)
     }
 
     /// Requests held for the peer's offer run before anything else (a drive settles them,

@@ -574,21 +574,24 @@ fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
         }
         // Driven: a driver says it sleeps, a notification user armed the CQ too; only the
         // driver's descriptor fires.
-        b.cq.begin_drive();
-        assert!(b.cq.driven());
+        b.cq.scheduler().begin_drive();
+        assert!(b.cq.scheduler().driven());
         b.cq.req_notify();
-        assert!(!b.cq.drive_sleep(true), "nothing there yet ({shared})");
+        assert!(
+            !b.cq.scheduler().drive_sleep(true),
+            "nothing there yet ({shared})"
+        );
         send_one(&a, &src, 1);
         assert!(
-            readable(b.cq.driver_fd(), 5000),
+            readable(b.cq.scheduler().driver_fd(), 5000),
             "driver not woken ({shared})"
         );
-        b.cq.drive_sleep(false);
+        b.cq.scheduler().drive_sleep(false);
         assert!(
             !readable(b.cq.fd(), 50),
             "the other sleeper was woken ({shared})"
         );
-        drain(b.cq.driver_fd());
+        drain(b.cq.scheduler().driver_fd());
         let mut wc = [WorkCompletion::EMPTY; 4];
         assert_eq!(b.cq.poll(&mut wc), 1);
         // Something that comes while the driver is busy (not asleep) is left for it, not
@@ -597,8 +600,8 @@ fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
         // (Over UDP the engine thread receives it meanwhile.)
         std::thread::sleep(Duration::from_millis(100));
         assert!(!readable(b.cq.fd(), 0), "signalled while driven ({shared})");
-        b.cq.end_drive();
-        assert!(!b.cq.driven());
+        b.cq.scheduler().end_drive();
+        assert!(!b.cq.scheduler().driven());
         assert!(
             readable(b.cq.fd(), 5000),
             "left-over not handed on ({shared})"
@@ -616,7 +619,7 @@ fn a_driven_cq_wakes_its_driver_and_not_its_other_sleepers() {
         send_one(&a, &src, 3);
         assert!(readable(b.cq.fd(), 5000), "notification lost ({shared})");
         assert!(
-            !readable(b.cq.driver_fd(), 0),
+            !readable(b.cq.scheduler().driver_fd(), 0),
             "driver woken undriven ({shared})"
         );
     }
@@ -629,9 +632,11 @@ fn a_driver_wait_returns_with_the_message_and_ends_by_its_timeout() {
         let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         post_recv_64(&b, &rbuf, 9, 0);
-        b.cq.begin_drive();
+        b.cq.scheduler().begin_drive();
         let t = Instant::now();
-        b.cq.drive_wait(Some(Duration::from_millis(100))).unwrap();
+        b.cq.scheduler()
+            .drive_wait(Some(Duration::from_millis(100)))
+            .unwrap();
         assert!(
             t.elapsed() >= Duration::from_millis(90),
             "returned early ({shared})"
@@ -650,11 +655,13 @@ fn a_driver_wait_returns_with_the_message_and_ends_by_its_timeout() {
                 t.elapsed() < Duration::from_secs(5),
                 "no message ({shared})"
             );
-            b.cq.drive_wait(Some(Duration::from_secs(5))).unwrap();
+            b.cq.scheduler()
+                .drive_wait(Some(Duration::from_secs(5)))
+                .unwrap();
             n = b.cq.poll(&mut wc);
         }
         assert_eq!((wc[0].wr_id, wc[0].byte_len), (9, 8));
-        b.cq.end_drive();
+        b.cq.scheduler().end_drive();
         drop(sender.join().unwrap());
     }
 }
@@ -667,25 +674,28 @@ fn a_kick_ends_the_wait_of_a_sleeper_on_a_driven_cq() {
     for shared in [true, false] {
         let (a, b) = ready_pair(shared);
         let b = std::sync::Arc::new(b);
-        b.cq.begin_drive();
+        b.cq.scheduler().begin_drive();
         let sleeper = {
             let b = b.clone();
             std::thread::spawn(move || {
                 let t = Instant::now();
-                let got = b.cq.wait_ready(Some(Duration::from_secs(10))).unwrap();
+                let got =
+                    b.cq.scheduler()
+                        .wait_ready(Some(Duration::from_secs(10)))
+                        .unwrap();
                 (got, t.elapsed())
             })
         };
         std::thread::sleep(Duration::from_millis(50));
         assert!(!sleeper.is_finished(), "nothing woke it yet ({shared})");
-        b.cq.kick();
+        b.cq.scheduler().kick();
         let (got, took) = sleeper.join().unwrap();
         assert!(!got, "nothing to poll ({shared})");
         assert!(
             took < Duration::from_secs(5),
             "woke after {took:?} ({shared})"
         );
-        b.cq.end_drive();
+        b.cq.scheduler().end_drive();
         drop(a);
     }
 }

@@ -136,6 +136,9 @@ pub(crate) struct QpCore {
 pub(crate) struct QpShared {
     pub(crate) qpn: u32,
     pub(crate) core: Mutex<QpCore>,
+    /// Set (under `core`'s lock) once requests were seen going through shared memory; it stays
+    /// so. Lets a hot path ask without the lock ([`crate::QueuePair::same_host_seen`]).
+    pub(crate) same_host: std::sync::atomic::AtomicBool,
 }
 
 impl QpShared {
@@ -147,6 +150,7 @@ impl QpShared {
     ) -> Self {
         Self {
             qpn: rc.qp_num(),
+            same_host: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(QpCore {
                 rc,
                 av: None,
@@ -290,7 +294,13 @@ impl Shared {
         // One socket per address (not one on the wildcard address): other processes keep the
         // port on this host's other addresses.
         let steer = cfg.steer && cfg.addr.port() == steer::ROCE_PORT;
-        let claim = steer::claim(cfg.addr, &cfg.extra_addrs, opts, steer)?;
+        let claim = steer::claim(
+            cfg.addr,
+            &cfg.extra_addrs,
+            opts,
+            steer,
+            crate::samehost::listen,
+        )?;
         let steer::Claim {
             mode,
             range,

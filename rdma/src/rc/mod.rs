@@ -149,8 +149,9 @@ bitflags! {
         const SIGNALED = 1;
         /// Set the solicited-event bit on the last packet.
         const SOLICITED = 2;
-        /// Same-host transport only: produce a completion only if the request could not run
-        /// when posted (the peer's ring was full); see
+        /// Our extension: produce a completion only if the request could not run when posted.
+        /// Only the same-host transport runs requests when posted (when the peer's ring has
+        /// room); over UDP this is [`Self::SIGNALED`]. See
         /// [`QueuePair::post_send_report`](crate::QueuePair::post_send_report).
         const SIGNAL_IF_DEFERRED = 4;
         /// Our extension: the request goes ahead of requests posted before it that have not

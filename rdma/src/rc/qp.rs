@@ -330,7 +330,8 @@ impl RcQp {
             need,
         )?;
         let mut flags = wr.flags;
-        if self.sq_sig_all {
+        // Over the wire nothing runs when posted: a request signaled "if deferred" always is.
+        if self.sq_sig_all || flags.contains(SendFlags::SIGNAL_IF_DEFERRED) {
             flags |= SendFlags::SIGNALED;
         }
         req.push(wr.wr_id, wr.opcode, flags, sgl);
@@ -515,7 +516,7 @@ impl RcQp {
         )
     }
 
-    // Hooks of the same-host transport (`crate::samehost`): below the QP, shared memory
+    // Hooks of the same-host transport (the `samehost` module): below the QP, shared memory
     // instead of packets. The QP keeps its state, queues and completion rules.
 
     /// The protection domain.

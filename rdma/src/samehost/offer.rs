@@ -87,12 +87,13 @@ pub(crate) fn trusted(conn: BorrowedFd<'_>) -> bool {
     }
 }
 
-/// Connects to the rendezvous of the device at `peer` that owns QPN `offer.to_qpn` and sends
-/// `offer` with our arena, our inbound ring's segment and our doorbell. Returns the connection
-/// (kept open: closing it tells the peer we are gone), or `None` when the peer is not
-/// reachable this way.
+/// Connects to the rendezvous of the device at `peer` that owns QPN `offer.to_qpn` (its QPN
+/// range is `range`) and sends `offer` with our arena, our inbound ring's segment and our
+/// doorbell. Returns the connection (kept open: closing it tells the peer we are gone), or
+/// `None` when the peer is not reachable this way.
 pub(crate) fn send_offer(
     peer: Ipv4Addr,
+    range: u32,
     offer: &Offer,
     fds: [BorrowedFd<'_>; 4],
 ) -> Option<OwnedFd> {
@@ -105,7 +106,6 @@ pub(crate) fn send_offer(
     )
     .ok()
     .and_then(|fd| crate::fdzone::place(fd).ok())?;
-    let range = crate::transport::steer::range_of(offer.to_qpn);
     rustix::net::connect(&fd, &rendezvous_addr(peer, range)).ok()?;
     if !trusted(fd.as_fd()) {
         return None;

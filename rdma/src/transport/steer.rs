@@ -171,11 +171,14 @@ fn ranges_from(start: u32) -> impl Iterator<Item = u32> {
 
 /// Claims a range and binds the device's sockets (see the module documentation). `steer`:
 /// share the RoCE port (`addr`'s port is [`ROCE_PORT`] and the configuration allows it).
+/// `listen` binds the range's same-host rendezvous (the device passes the same-host
+/// transport's; EADDRINUSE: another device has the range).
 pub(crate) fn claim(
     addr: SocketAddrV4,
     extra: &[Ipv4Addr],
     o: UdpOptions,
     steer: bool,
+    listen: impl Fn(Ipv4Addr, u32) -> io::Result<OwnedFd>,
 ) -> io::Result<Claim> {
     let ip = *addr.ip();
     if !steer {
@@ -185,7 +188,7 @@ pub(crate) fn claim(
         let mut range = FIRST_RANGE + random_u32() % (LAST_RANGE - FIRST_RANGE + 1);
         let mut rendezvous = None;
         for r in ranges_from(range) {
-            match crate::samehost::listen(ip, r) {
+            match listen(ip, r) {
                 Ok(fd) => {
                     (range, rendezvous) = (r, Some(fd));
                     break;
@@ -218,7 +221,7 @@ pub(crate) fn claim(
             Err(e) if in_use(&e) => continue,
             Err(e) => return Err(e),
         };
-        match crate::samehost::listen(ip, r) {
+        match listen(ip, r) {
             Ok(fd) => {
                 got = Some((r, main, alt, Some(fd)));
                 break;

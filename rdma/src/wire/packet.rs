@@ -311,7 +311,7 @@ pub enum Syndrome {
     },
     /// Receiver not ready: no receive WQE was posted.
     RnrNak {
-        /// RNR timer code (5 bits), see [`rnr_timer_duration`](crate::rc::rnr_timer_duration).
+        /// RNR timer code (5 bits; its duration: `rc::rnr_timer_duration`).
         timer: u8,
     },
     /// Negative acknowledgement.

@@ -20,7 +20,7 @@ impl LinkGroup {
             };
             // Sleep without taking completions: an application thread may take and handle
             // them first (`progress`), always under the driver lock, so they stay in order.
-            if let Err(e) = self.cq.wait_ready(Some(wait)) {
+            if let Err(e) = self.sched.wait_ready(Some(wait)) {
                 self.fail(GroupDown::CompletionQueue(e.to_string()));
                 self.release_hold();
                 return;
@@ -29,11 +29,11 @@ impl LinkGroup {
             // signalled, and sleeps until then): only the timers are ours. Woken with none due
             // (a kick: a holder came back), only the wait is recomputed, without the driver
             // lock: a driver's `progress` must not find it taken for nothing.
-            if self.cq.driven() && !self.timers_due(Instant::now()) {
+            if self.sched.driven() && !self.timers_due(Instant::now()) {
                 continue;
             }
             let driver = self.driver.lock();
-            let n = if self.cq.driven() {
+            let n = if self.sched.driven() {
                 0
             } else {
                 self.cq.poll(&mut wcs)
@@ -57,17 +57,17 @@ impl LinkGroup {
     pub(super) fn release_hold(&self) {
         let mut h = self.hold.lock();
         if std::mem::take(&mut h.rx) {
-            self.cq.delegate_rx(false);
+            self.sched.delegate_rx(false);
         }
         if std::mem::take(&mut h.held) {
             drop(h);
-            self.cq.end_drive();
+            self.sched.end_drive();
         }
     }
 
     /// The completion queue's driver descriptor (see [`crate::Driver`]).
     pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.cq.driver_fd()
+        self.sched.driver_fd()
     }
 
     /// The device socket the group's packets arrive on, unless it uses shared memory only
@@ -78,7 +78,7 @@ impl LinkGroup {
         if self.hold_for.is_zero() {
             return None;
         }
-        self.cq.rx_fd()
+        self.sched.rx_fd()
     }
 
     /// Receives what waits on the device socket, then handles the group's completions (see
@@ -86,7 +86,7 @@ impl LinkGroup {
     pub(crate) fn receive(self: &Arc<Self>) {
         // (A group on shared memory has nothing on the socket: no system call for nothing.)
         if !self.same_host() {
-            self.cq.receive();
+            self.sched.receive();
         }
         self.progress();
     }
@@ -99,7 +99,7 @@ impl LinkGroup {
     /// `rx`: the caller's wait also watches [`Self::rx_fd`] (edge-triggered) and calls
     /// [`Self::receive`] when it fires; then the group's packets wake it directly.
     pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
-        self.cq.begin_drive();
+        self.sched.begin_drive();
         if !self.hold_for.is_zero() {
             let mut h = self.hold.lock();
             // A group that is down has no poller left to take a hold back (`release_hold`);
@@ -107,19 +107,19 @@ impl LinkGroup {
             if !self.down.load(Ordering::Acquire) {
                 if !h.held {
                     h.held = true;
-                    self.cq.begin_drive();
+                    self.sched.begin_drive();
                 }
                 if rx && !h.rx && !self.same_host() {
                     h.rx = true;
-                    self.cq.delegate_rx(true);
+                    self.sched.delegate_rx(true);
                 }
             }
             h.sleeping += 1;
             h.last = Instant::now();
         }
-        if self.cq.drive_spin() || self.cq.drive_sleep(true) {
+        if self.sched.drive_spin() || self.sched.drive_sleep(true) {
             self.hold_woke();
-            self.cq.end_drive();
+            self.sched.end_drive();
             self.progress();
             return false;
         }
@@ -128,12 +128,12 @@ impl LinkGroup {
 
     /// Ends what [`Self::sleep_begin`] started (after the wait returned).
     pub(crate) fn sleep_end(&self, slept: Duration, woken: bool) {
-        self.cq.drive_sleep(false);
+        self.sched.drive_sleep(false);
         if woken {
-            self.cq.drive_woke_after(slept);
+            self.sched.drive_woke_after(slept);
         }
         self.hold_woke();
-        self.cq.end_drive();
+        self.sched.end_drive();
     }
 
     /// A holder's sleep ended: the poller, if it went to its long timer meanwhile, must watch
@@ -149,7 +149,7 @@ impl LinkGroup {
         // Under the hold lock: `check_hold` sets `poller_until` under it too.
         if h.poller_until.is_some_and(|t| t > now + self.hold_for) {
             h.poller_until = None;
-            self.cq.kick();
+            self.sched.kick();
         }
     }
 
@@ -175,10 +175,10 @@ impl LinkGroup {
         } else if since >= self.hold_for {
             h.held = false;
             if std::mem::take(&mut h.rx) {
-                self.cq.delegate_rx(false);
+                self.sched.delegate_rx(false);
             }
             // What arrived meanwhile is signalled to the poller (us) now.
-            self.cq.end_drive();
+            self.sched.end_drive();
             wait
         } else {
             wait.min(self.hold_for - since)
@@ -209,13 +209,13 @@ impl LinkGroup {
         struct Drive<'a>(&'a LinkGroup);
         impl Drop for Drive<'_> {
             fn drop(&mut self) {
-                self.0.cq.end_drive();
+                self.0.sched.end_drive();
                 self.0.blocking_driver.store(false, Ordering::Release);
                 DRIVING.with(|d| d.set(false));
             }
         }
         DRIVING.with(|d| d.set(true));
-        self.cq.begin_drive();
+        self.sched.begin_drive();
         let _drive = Drive(self);
         // The poller takes no new batch now; waiting for the driver lock lets it finish the
         // one it may be handling, so `changed` sees its effect.
@@ -227,7 +227,7 @@ impl LinkGroup {
                 d.saturating_duration_since(Instant::now()).min(cap)
             });
             // An error of the CQ wait is the poller's to report; this thread just goes on.
-            let _ = self.cq.drive_wait(Some(timeout));
+            let _ = self.sched.drive_wait(Some(timeout));
             self.handle_queued();
         }
     }
@@ -236,12 +236,12 @@ impl LinkGroup {
     /// (its sleep ends; it re-checks its condition).
     /// Wakes whoever sleeps on the group's driver descriptor (see [`crate::Driver::kick`]).
     pub(crate) fn kick_drivers(&self) {
-        self.cq.kick_driver();
+        self.sched.kick_driver();
     }
 
     pub(crate) fn kick_blocking_driver(&self) {
         if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
-            self.cq.kick_driver();
+            self.sched.kick_driver();
         }
     }
 

@@ -415,7 +415,7 @@ impl LinkGroup {
             {
                 // The engine thread receives the ACKs, unless an event loop holding another
                 // group of this device watches the socket: then the ACKs would wait for it.
-                self.cq.receive();
+                self.sched.receive();
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -447,7 +447,7 @@ impl LinkGroup {
         while !done(self) && Instant::now() < deadline {
             // As `finish`: take what arrived, whoever else might (an event loop that holds
             // the group, the poller), then handle it.
-            self.cq.receive();
+            self.sched.receive();
             self.progress();
             if self.is_down() && self.sends_done() {
                 return;
@@ -502,6 +502,6 @@ impl crate::tcpwatch::HangUp for LinkGroup {
         self.flush_llc(st);
         drop(guard);
         // The poller, asleep on its long timer, learns the probe's deadline.
-        self.cq.kick();
+        self.sched.kick();
     }
 }

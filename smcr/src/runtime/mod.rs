@@ -219,6 +219,8 @@ pub(crate) struct LinkGroup {
     /// The active link's id (for the stats record).
     link_id: AtomicU32,
     cq: CompletionQueue,
+    /// Which thread takes `cq`'s completions and how it sleeps for them (drives, holds).
+    sched: rdma::CqScheduler,
     /// Held by whoever takes and handles completions (the poller, or an application thread in
     /// `progress`), so that they are handled one batch at a time, in order.
     driver: Mutex<()>,
@@ -235,8 +237,6 @@ pub(crate) struct LinkGroup {
     rkey_reuse: bool,
     /// `smc-stat` shows the link on shared memory.
     shown_shm: AtomicBool,
-    /// The QP sends through shared memory (sticky, see `same_host()`).
-    same_host: AtomicBool,
     /// The group's own protection domain: with a same-host peer its memory is shared with
     /// that peer (and only that peer), so RMBs of other peers are never in reach.
     pd: ProtectionDomain,
@@ -370,7 +370,7 @@ impl Drop for LinkGroup {
     fn drop(&mut self) {
         // The device socket goes back to the engine thread, for the other groups on it.
         if std::mem::take(&mut self.hold.get_mut().rx) {
-            self.cq.delegate_rx(false);
+            self.sched.delegate_rx(false);
         }
     }
 }

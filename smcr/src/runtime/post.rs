@@ -88,17 +88,11 @@ impl LinkGroup {
         self.cond.notify_all();
     }
 
-    /// Whether the link moves data through shared memory (sticky once seen).
+    /// Whether the link moves data through shared memory, as its queue pair last saw it
+    /// (sticky; no lock: it may lag the switch by one post, which then goes as on UDP — also
+    /// correct). A same-host group has one path.
     pub(super) fn same_host(&self) -> bool {
-        if self.same_host.load(Ordering::Relaxed) {
-            return true;
-        }
-        // A same-host group has one path.
-        let yes = self.paths[0].qp.is_same_host();
-        if yes {
-            self.same_host.store(true, Ordering::Relaxed);
-        }
-        yes
+        self.paths[0].qp.same_host_seen()
     }
 
     /// Posts a SEND of `bytes` from `slot` on `path`, with `extra` flags. Returns `true` if it
@@ -113,7 +107,6 @@ impl LinkGroup {
         bytes: &[u8],
         extra: SendFlags,
     ) -> io::Result<bool> {
-        let same_host = self.same_host();
         self.send_mr.write(slot * SLOT, bytes);
         let sge = [self.send_mr.sge(slot * SLOT, bytes.len())];
         let send = SendWr {
@@ -123,13 +116,9 @@ impl LinkGroup {
             // Linux posts every LLC/CDC SEND signaled and solicited (smc_wr.c). On a
             // same-host link a SEND that ran when posted is done: a completion would only
             // wake our own poller. One that had to wait for ring space completes later,
-            // like a SEND on the wire (so slots and autocorking still hold writers back).
-            flags: extra
-                | if same_host {
-                    SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED
-                } else {
-                    SendFlags::SIGNALED | SendFlags::SOLICITED
-                },
+            // like a SEND on the wire (so slots and autocorking still hold writers back); over
+            // UDP every SEND does (SIGNAL_IF_DEFERRED is SIGNALED there).
+            flags: extra | SendFlags::SIGNAL_IF_DEFERRED | SendFlags::SOLICITED,
         };
         let qp = &self.paths[path].qp;
         // The data WRITEs before it (at most two) and the SEND, on the stack.
@@ -145,7 +134,8 @@ impl LinkGroup {
             qp.post_send_report(&wrs)
         }
         .map_err(post_error)?;
-        Ok(same_host && ran == before.len() + 1)
+        // Only the same-host transport runs requests when posted.
+        Ok(ran == before.len() + 1)
     }
 
     /// Posts a connection's data: the RDMA WRITEs of `w`, then the CDC `m` announcing them
@@ -201,17 +191,9 @@ impl LinkGroup {
             wrs[i] = write(i, off);
         }
         let wrs = &wrs[..pieces.len()];
-        if same_host {
-            // The shared-memory transport copies WRITEs as they are posted, and reports
-            // whether the SEND ran at once on its own.
-            if let Err(e) = self.paths[path].qp.post_send(wrs) {
-                self.put_back(slot);
-                return Err(post_error(e));
-            }
-            return self.post_cdc(path, slot, m, owner);
-        }
-        // On UDP, WRITEs and SEND in one post: they are transmitted in one pass (one GSO
-        // datagram when their sizes allow), not one system call each.
+        // WRITEs and SEND in one post (one lock of the QP). On UDP they are transmitted in
+        // one pass (one GSO datagram when their sizes allow), not one system call each; the
+        // shared-memory transport copies them as they are posted.
         self.post_cdc_after(path, wrs, slot, m, owner)
     }
 

@@ -1,0 +1,150 @@
+//! Who takes a completion queue's completions, and who sleeps for them: smcr's scheduling,
+//! apart from the verbs (which keep libibverbs' shape: [`CompletionQueue::poll`](crate::CompletionQueue::poll),
+//! [`CompletionQueue::req_notify`](crate::CompletionQueue::req_notify), [`CompletionQueue::fd`](crate::CompletionQueue::fd), [`CompletionQueue::wait`](crate::CompletionQueue::wait)).
+//!
+//! A *drive* lets the thread that wants a completion (a writer waiting for a slot, a reader
+//! waiting for data) take it and handle it itself instead of the engine thread handing it
+//! over: one wake-up per completion, on the thread that needs it. While a CQ is driven its
+//! completions signal only [`CqScheduler::driver_fd`]; a driver may also receive the device's
+//! packets itself ([`CqScheduler::delegate_rx`], [`CqScheduler::receive`]), and spin briefly
+//! on same-host rings before sleeping ([`CqScheduler::drive_spin`]). docs/architecture.md
+//! ("Threads, locks and wake-ups") shows who sleeps where.
+
+use crate::device::{CqShared, EngineGuard};
+use rustix::fd::{AsFd, BorrowedFd};
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The scheduling side of a [`CompletionQueue`](crate::CompletionQueue) ([`CompletionQueue::scheduler`](crate::CompletionQueue::scheduler)(crate::CompletionQueue::scheduler)): cheap to
+/// clone, shares the CQ.
+#[derive(Clone)]
+pub struct CqScheduler {
+    pub(crate) shared: Arc<CqShared>,
+    pub(crate) guard: Arc<EngineGuard>,
+}
+
+impl CqScheduler {
+    /// Makes [`CompletionQueue::fd`](crate::CompletionQueue::fd) readable without a completion: wakes a thread waiting on it (a
+    /// poller in [`Self::wait_ready`], which then returns so that it looks again).
+    pub fn kick(&self) {
+        self.shared.kicked.store(true, Ordering::SeqCst);
+        let _ = rustix::io::write(&self.shared.event, &1u64.to_ne_bytes());
+    }
+
+    /// Makes [`Self::driver_fd`] readable without a completion: a sleeping driver wakes and
+    /// re-checks its condition.
+    pub fn kick_driver(&self) {
+        let _ = rustix::io::write(&self.shared.event_driver, &1u64.to_ne_bytes());
+    }
+
+    /// Starts a *drive*: the calling thread will take and handle this CQ's completions itself
+    /// whenever it wakes ([`Self::drive_wait`], or its own poll on [`Self::driver_fd`] between
+    /// [`Self::drive_sleep`] calls) until [`Self::end_drive`]. Meanwhile completions signal
+    /// only the driver descriptor, so a thread sleeping on [`CompletionQueue::fd`](crate::CompletionQueue::fd) (a poller) is not
+    /// woken for them: one wake-up per completion, the driver's. Drives nest and count.
+    pub fn begin_drive(&self) {
+        self.guard.shared.begin_drive(&self.shared);
+    }
+
+    /// Ends a drive; after the last one, [`CompletionQueue::fd`](crate::CompletionQueue::fd) is signalled again (at once if a
+    /// completion is waiting).
+    pub fn end_drive(&self) {
+        self.guard.shared.end_drive(&self.shared);
+    }
+
+    /// The driver descriptor (an eventfd, readable after a completion arrived for a sleeping
+    /// driver; drain it or register it edge-triggered).
+    pub fn driver_fd(&self) -> BorrowedFd<'_> {
+        self.shared.event_driver.as_fd()
+    }
+
+    /// Within a drive: says the caller is about to sleep on [`Self::driver_fd`] (`true`) or
+    /// woke (`false`). Going to sleep, returns `true` if a completion is already there (then
+    /// poll instead of sleeping; the sleep is not counted).
+    pub fn drive_sleep(&self, on: bool) -> bool {
+        self.guard.shared.drive_sleep(&self.shared, on)
+    }
+
+    /// Within a drive: sleeps until a completion is there to poll or `timeout` passes, without
+    /// taking any; receives from the device's socket itself while it sleeps when no other thread
+    /// does.
+    pub fn drive_wait(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.guard.shared.drive_wait(&self.shared, timeout)
+    }
+
+    /// The device's UDP socket, for a driver that sleeps in its own wait (an epoll set) and
+    /// wants arriving packets to wake it directly rather than through the engine thread and
+    /// [`Self::driver_fd`]; `None` while every QP of this CQ uses shared memory. Register it
+    /// edge-triggered, call [`Self::delegate_rx`] while it is watched, and
+    /// [`Self::receive`] when it fires.
+    pub fn rx_fd(&self) -> Option<BorrowedFd<'_>> {
+        let shared = &self.guard.shared;
+        (!shared.shm_only(&self.shared)).then(|| shared.sock.fd().as_fd())
+    }
+
+    /// `true`: a thread watches [`Self::rx_fd`] itself (and receives when it fires), so the
+    /// engine thread stops watching the socket; `false` gives it back. Counted: every `true`
+    /// needs its `false`. While away from the engine, packets wait for the watcher; packets
+    /// for other CQs of the device too (they are handed to their CQs as usual).
+    pub fn delegate_rx(&self, on: bool) {
+        self.guard.shared.delegate_rx(on);
+    }
+
+    /// Receives and handles what waits on the device's socket (all of it, for every QP), on
+    /// the calling thread, unless another thread is receiving; never blocks. Returns how
+    /// many datagrams were handled.
+    pub fn receive(&self) -> usize {
+        self.guard.shared.receive_now()
+    }
+
+    /// Within a drive, before sleeping: polls the same-host rings for a short, adaptive while
+    /// (see [`crate::DeviceConfig::spin`]); true if a completion arrived meanwhile.
+    pub fn drive_spin(&self) -> bool {
+        self.guard.shared.drive_spin(&self.shared)
+    }
+
+    /// Within a drive: the sleep that followed a failed [`Self::drive_spin`] ended after
+    /// `slept` because something arrived (it tunes the spinning).
+    pub fn drive_woke_after(&self, slept: Duration) {
+        self.guard.shared.drive_woke_after(&self.shared, slept);
+    }
+
+    /// Whether a thread is driving this CQ.
+    pub fn driven(&self) -> bool {
+        self.shared.drivers.load(Ordering::SeqCst) > 0
+    }
+
+    /// Sleeps until a completion is there to poll (returns `true`) or `timeout` passes
+    /// (`false`), without taking any: for a thread that must take them under a lock of its
+    /// own. Receives for itself while it sleeps, as [`CompletionQueue::wait`](crate::CompletionQueue::wait) does. While the CQ is
+    /// driven ([`Self::begin_drive`]) its completions are the driver's: this waits for the
+    /// timeout, the end of the drive (if something is left then), or a write to [`CompletionQueue::fd`](crate::CompletionQueue::fd)
+    /// (a kick: the caller's view of the drive may have changed), and returns `false`.
+    pub fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if !self.driven() {
+                self.guard.shared.shm_poll(&self.shared);
+                if !self.shared.queue.lock().is_empty() {
+                    return Ok(true);
+                }
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(false);
+            }
+            let driven = self.driven();
+            if self.shared.kicked.swap(false, Ordering::SeqCst) {
+                return Ok(false);
+            }
+            self.guard.shared.wait_cq(&self.shared, left)?;
+            // Driven before or now (a drive began while we slept, and the kick that woke us
+            // says so), or kicked: the caller decides anew.
+            if driven || self.driven() || self.shared.kicked.swap(false, Ordering::SeqCst) {
+                return Ok(false);
+            }
+        }
+    }
+}
