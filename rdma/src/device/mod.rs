@@ -83,7 +83,7 @@ pub struct DeviceConfig {
     /// [`CounterWords`]).
     pub counters: Option<SharedCounters>,
     /// How long a *driver* (an application thread waiting on a CQ it handles itself, see
-    /// [`crate::CompletionQueue::begin_drive`]) polls same-host rings before it sleeps (also
+    /// [`crate::CqScheduler::begin_drive`]) polls same-host rings before it sleeps (also
     /// `SMCR_SPIN_US`; 0 turns it off). A message that comes within it costs no sleep and no
     /// wake-up — a cross-CPU wake-up costs tens of microseconds on some machines. The spinning
     /// yields the CPU at every turn (a peer on the same CPU runs meanwhile) and adapts: after

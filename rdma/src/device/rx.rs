@@ -152,7 +152,7 @@ impl Shared {
         );
     }
 
-    /// See [`crate::CompletionQueue::delegate_rx`].
+    /// See [`crate::CqScheduler::delegate_rx`].
     pub(crate) fn delegate_rx(&self, on: bool) {
         if on {
             if self.delegated.fetch_add(1, Ordering::SeqCst) == 0 {

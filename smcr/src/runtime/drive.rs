@@ -232,13 +232,13 @@ impl LinkGroup {
         }
     }
 
-    /// Wakes the blocking driver, if there is one and it is not this thread's own handling
-    /// (its sleep ends; it re-checks its condition).
     /// Wakes whoever sleeps on the group's driver descriptor (see [`crate::Driver::kick`]).
     pub(crate) fn kick_drivers(&self) {
         self.sched.kick_driver();
     }
 
+    /// Wakes the blocking driver, if there is one and it is not this thread's own handling
+    /// (its sleep ends; it re-checks its condition).
     pub(crate) fn kick_blocking_driver(&self) {
         if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
             self.sched.kick_driver();

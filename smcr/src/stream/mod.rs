@@ -306,6 +306,7 @@ trait Handshake {
     fn poll_timeout(&self) -> Option<Instant>;
     fn poll_transmit(&mut self) -> Option<Vec<u8>>;
     fn poll_event(&mut self) -> Option<Event>;
+    fn link_failed(&mut self, now: Instant) -> Result<(), handshake::StateError>;
 }
 
 macro_rules! impl_handshake {
@@ -331,6 +332,9 @@ macro_rules! impl_handshake {
             }
             fn poll_event(&mut self) -> Option<Event> {
                 <$t>::poll_event(self)
+            }
+            fn link_failed(&mut self, now: Instant) -> Result<(), handshake::StateError> {
+                <$t>::link_failed(self, now)
             }
         }
     };
@@ -497,6 +501,25 @@ fn failed(e: handshake::Error) -> io::Error {
 /// The first link of a new group did not come up: the group ends, its never-used
 /// connection goes, and the handshake (already told `link_failed`) settles the fallback on the
 /// TCP connection — the peer's Decline, or ours with `TIMEOUT_CL` — as Linux does.
+/// A first contact waits for its new link (CONFIRM LINK, both ways) before the connection is
+/// used: `true` once it is up. Otherwise the handshake is told (it declines) and the stream
+/// falls back to TCP with the reason (`false`).
+fn await_first_link(
+    s: &mut SmcStream,
+    lg: &LinkGroup,
+    conn: &ConnShared,
+    hs: &mut impl Handshake,
+    wait: Duration,
+) -> io::Result<bool> {
+    if lg.wait_up(wait, &s.tcp).is_ok() {
+        s.timeline.mark(T_LINK);
+        return Ok(true);
+    }
+    hs.link_failed(Instant::now()).map_err(SetupError::from)?;
+    s.mode = Mode::Tcp(link_not_up(s, lg, conn, hs)?);
+    Ok(false)
+}
+
 fn link_not_up(
     s: &mut SmcStream,
     lg: &LinkGroup,

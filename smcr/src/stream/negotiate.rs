@@ -225,16 +225,9 @@ impl SmcStream {
             lg.give_back(conn.rmb.clone());
             return Err(e);
         }
-        if server.first_contact {
-            if lg
-                .wait_up(CLIENT_CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
-                .is_err()
-            {
-                hs.link_failed(Instant::now()).map_err(SetupError::from)?;
-                self.mode = Mode::Tcp(link_not_up(self, &lg, &conn, &mut hs)?);
-                return Ok(());
-            }
-            self.timeline.mark(T_LINK);
+        let wait = CLIENT_CONFIRM_WAIT + Duration::from_secs(1);
+        if server.first_contact && !await_first_link(self, &lg, &conn, &mut hs, wait)? {
+            return Ok(());
         }
         self.mode = Mode::SmcR {
             first_contact: server.first_contact,
@@ -591,16 +584,9 @@ impl SmcStream {
             rt.inner.add_group(lg.clone());
         }
         let conn = res.into_conn(&peer, &self.tcp)?;
-        if first_contact {
-            if lg
-                .wait_up(CONFIRM_WAIT + Duration::from_secs(1), &self.tcp)
-                .is_err()
-            {
-                hs.link_failed(Instant::now()).map_err(SetupError::from)?;
-                self.mode = Mode::Tcp(link_not_up(self, &lg, &conn, &mut hs)?);
-                return Ok(());
-            }
-            self.timeline.mark(T_LINK);
+        let wait = CONFIRM_WAIT + Duration::from_secs(1);
+        if first_contact && !await_first_link(self, &lg, &conn, &mut hs, wait)? {
+            return Ok(());
         }
         // A first contact's link is up: later handshakes of this client may reuse the group.
         drop(one_at_a_time);
