@@ -1,0 +1,299 @@
+//! The shared-memory stats area (issue 6, first step): each process running the runtime keeps
+//! its connections, link groups and fallback counters in a file under `/dev/shm/smcr/`,
+//! mapped shared, that `smc-stat` maps read-only while the program runs (or hangs).
+//!
+//! The area is an array of 64-bit atomics, so no reader can tear a counter and nothing in it
+//! is a pointer. Records are fixed-size slots; a slot's fields change under a per-slot
+//! sequence lock (odd while written), which readers retry on and writers never wait for —
+//! the application is never blocked by a reader. Hot counters (bytes) are plain atomic adds
+//! outside the sequence lock. A file whose process is gone (no such pid, or a pid reused by
+//! a process with another start time) is stale and removed by [`clean_stale`].
+//!
+//! Layout (in 64-bit words; see the `H_*`, `C_*` constants): a 128-word header (magic,
+//! version, pid, start time, command name, slot counts, reset epoch, fallback counters as
+//! (code, count) pairs), then `conn_slots` connection records of [`CONN_WORDS`] words, then
+//! `lg_slots` link-group records of [`LG_WORDS`] words, then [`DEV_SLOTS`] RoCE device records
+//! of [`DEV_WORDS`] words (the engine's counters, which it bumps there itself).
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+/// `SMCRSTA1`, little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SMCRSTA1");
+/// Layout version.
+pub const VERSION: u64 = 3;
+/// Where the areas live.
+pub const DEFAULT_DIR: &str = "/dev/shm/smcr";
+
+const HEADER_WORDS: usize = 128;
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 1;
+const H_PID: usize = 2;
+const H_START: usize = 3;
+const H_COMM: usize = 4; // 2 words, 16 bytes
+const H_CONN_SLOTS: usize = 6;
+const H_LG_SLOTS: usize = 7;
+const H_RESET_EPOCH: usize = 8;
+const H_UNAVAILABLE: usize = 9; // fallback code why SMC-R is off for the whole process (0: on)
+const H_TOTALS: usize = 16; // [`total`] counters, up to H_FALLBACKS
+const H_FALLBACKS: usize = 32; // (code, count) pairs up to the header's end
+/// How many distinct fallback codes the header counts.
+pub const FALLBACK_CODES: usize = (HEADER_WORDS - H_FALLBACKS) / 2;
+
+/// Process-wide counters in the header (indices for [`Area::count`] and [`Area::totals`]).
+/// `reset` zeroes them, with the fallback counters.
+pub mod total {
+    /// Connections that went SMC-R.
+    pub const SMCR: usize = 0;
+    /// Connections that stayed on or fell back to TCP.
+    pub const TCP: usize = 1;
+    /// Connections that created a link group (first contact).
+    pub const FIRST_CONTACT: usize = 2;
+    /// Handshakes that failed with no fallback possible (the connection was reset).
+    pub const FAILED: usize = 3;
+    /// Link groups created.
+    pub const LINK_GROUPS: usize = 4;
+    /// Bytes sent by connections that have closed (live ones are in their records).
+    pub const BYTES_SENT: usize = 5;
+    /// Bytes received by connections that have closed.
+    pub const BYTES_RECEIVED: usize = 6;
+    /// Links that failed while their group had another (its connections moved there).
+    pub const LINK_FAILOVERS: usize = 7;
+    /// How many there are.
+    pub const COUNT: usize = 8;
+    /// Their names, as `smc-stat` prints them.
+    pub const NAMES: [&str; COUNT] = [
+        "smcr_connections",
+        "tcp_connections",
+        "first_contacts",
+        "handshake_failures",
+        "link_groups_created",
+        "closed_bytes_sent",
+        "closed_bytes_received",
+        "link_failovers",
+    ];
+}
+
+/// How long a reader waits for a record that is being written before giving up on it.
+pub const READ_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Words per connection record.
+pub const CONN_WORDS: usize = 32;
+const C_FIELDS: usize = 1; // fields covered by the sequence lock: 1..C_BYTES_SENT
+const C_BYTES_SENT: usize = 24;
+const C_BYTES_RECEIVED: usize = 25;
+const C_LIVE: usize = 26; // [`conn::live`] words, stored without the lock
+
+/// What the words of [`ConnRecord::words`] hold (indices into `words`).
+pub mod conn {
+    /// Non-zero while the slot is in use.
+    pub const IN_USE: usize = 0;
+    /// Local IPv4 address and port: `ip << 16 | port`.
+    pub const LOCAL: usize = 1;
+    /// Peer IPv4 address and port: `ip << 16 | port` (0 for a listener).
+    pub const PEER: usize = 2;
+    /// Bits 0..8: Linux SMC state when recorded (the live one is in [`live::FLAGS`]); bit 8:
+    /// we are the server; bits 16..24: [`MODE_SMCR`] or [`MODE_TCP`].
+    pub const STATE: usize = 3;
+    /// Low 32 bits: the fallback code (ours or the peer's decline); high 32: the peer's
+    /// decline diagnosis when the peer declined.
+    pub const REASON: usize = 4;
+    /// Low 32 bits: RMB bytes; high 32: send buffer bytes.
+    pub const SIZES: usize = 5;
+    /// Low 32 bits: our connection token; high 32: the link group's id.
+    pub const IDS: usize = 6;
+    /// Unix time (ns) when negotiation began (the TCP connection was up); stage times are
+    /// offsets from it.
+    pub const SINCE: usize = 7;
+    /// The application's descriptor number + 1 (0: not known), for a socket handed back to
+    /// the application as plain TCP.
+    pub const FD: usize = 8;
+    /// That socket's inode (`socket:[N]`): `smc-stat` checks it is still open and reads its
+    /// byte counts from the kernel.
+    pub const INODE: usize = 9;
+    /// Stage times, ns after [`SINCE`] (0: not reached): TCP option checked, Proposal,
+    /// Accept, Confirm (sent or received), CONFIRM LINK done (first contact only). The first
+    /// RDMA WRITE is [`live::FIRST_WRITE`].
+    pub const T_OPTION: usize = 10;
+    /// See [`T_OPTION`].
+    pub const T_PROPOSAL: usize = 11;
+    /// See [`T_OPTION`].
+    pub const T_ACCEPT: usize = 12;
+    /// See [`T_OPTION`].
+    pub const T_CONFIRM: usize = 13;
+    /// See [`T_OPTION`].
+    pub const T_LINK: usize = 14;
+    /// Bit 0: the local address is a native IPv6 one (in [`LOCAL6`]; [`LOCAL`] keeps the
+    /// port); bit 1: the peer's (in [`PEER6`]). A dual-stack socket's IPv4 peer (v4-mapped)
+    /// is recorded as IPv4.
+    pub const FAMILY: usize = 15;
+    /// The local IPv6 address (2 words, big-endian halves) when [`FAMILY`] bit 0 is set.
+    pub const LOCAL6: usize = 16;
+    /// The peer's IPv6 address (2 words) when [`FAMILY`] bit 1 is set.
+    pub const PEER6: usize = 18;
+    /// Mode: SMC-R.
+    pub const MODE_SMCR: u64 = 1;
+    /// Mode: TCP (fallback).
+    pub const MODE_TCP: u64 = 2;
+    /// Linux's `SMC_ACTIVE`.
+    pub const STATE_ACTIVE: u64 = 1;
+    /// Linux's `SMC_LISTEN`.
+    pub const STATE_LISTEN: u64 = 10;
+
+    /// Words of [`super::ConnRecord::live`]: updated as the connection runs, each word on
+    /// its own (no lock).
+    pub mod live {
+        /// How far we wrote into the peer's RMB: `wrap << 32 | count`.
+        pub const TX_PROD: usize = 0;
+        /// How far the peer says it consumed of what we wrote.
+        pub const PEER_CONS: usize = 1;
+        /// How far the peer wrote into our RMB.
+        pub const RX_PROD: usize = 2;
+        /// How far our application read.
+        pub const RX_CONS: usize = 3;
+        /// Bits 0..8: our CDC connection-state flags; 8..16: the peer's; 16..24: the Linux
+        /// SMC state now.
+        pub const FLAGS: usize = 4;
+        /// ns after `SINCE` of the first RDMA WRITE (0: none yet).
+        pub const FIRST_WRITE: usize = 5;
+        /// How many.
+        pub const COUNT: usize = 6;
+    }
+}
+
+/// A claimed connection record in an area, freed with the stream (or, for a socket handed
+/// back to the application as plain TCP, when its descriptor is found closed).
+pub(crate) struct StatSlot {
+    pub(crate) area: std::sync::Arc<Area>,
+    pub(crate) slot: usize,
+}
+
+impl Drop for StatSlot {
+    fn drop(&mut self) {
+        self.area.release_conn(self.slot);
+    }
+}
+
+/// Linux's SMC socket states (`enum smc_state`) by number, with `smcss`'s short names.
+pub fn state_name(state: u64) -> &'static str {
+    crate::conn::SmcState::from_code(state).map_or("UNKNOWN", crate::conn::SmcState::name)
+}
+
+/// RoCE device records per area (a process has one device per local address it runs SMC-R
+/// on, plus its alternate addresses).
+pub const DEV_SLOTS: usize = 8;
+/// Words per device record.
+pub const DEV_WORDS: usize = 32;
+/// Where a device record's counters start ([`rdma::DeviceStats::NAMES`] order).
+const D_COUNTERS: usize = 8;
+const _: () = assert!(D_COUNTERS + rdma::DeviceStats::COUNT <= DEV_WORDS);
+
+/// What the words of a device record hold (word 0 is unused, 1 is in use).
+pub mod dev {
+    /// The device's IPv4 address and UDP port: `ip << 16 | port`.
+    pub const ADDR: usize = 2;
+    /// Bits 0..8: how packets reach it (1 steered, 2 owner, 3 local-only, 4 fixed); 8..24:
+    /// its queue pair range.
+    pub const MODE: usize = 3;
+    /// Mode names by code (see [`MODE`]).
+    pub const MODE_NAMES: [&str; 5] = ["?", "steered", "owner", "local-only", "fixed"];
+}
+
+/// A device's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevRecord {
+    /// The device's address.
+    pub addr: std::net::SocketAddrV4,
+    /// How packets reach it ([`dev::MODE_NAMES`]).
+    pub mode: &'static str,
+    /// Its queue pair range.
+    pub range: u32,
+    /// The engine's counters.
+    pub stats: rdma::DeviceStats,
+}
+
+/// Words per link-group record.
+pub const LG_WORDS: usize = 16;
+const L_CONNS: usize = 15; // live connection count, no lock
+
+/// What the words of [`LgRecord::words`] hold.
+pub mod lg {
+    /// Non-zero while the slot is in use.
+    pub const IN_USE: usize = 0;
+    /// Bits 0..32: link group id; 32..40: role ([`ROLE_CLIENT`]/[`ROLE_SERVER`]); 40..48:
+    /// link id; 48..56: link state ([`LINK_ACTIVATING`], [`LINK_ACTIVE`], [`LINK_INACTIVE`]).
+    pub const ID: usize = 1;
+    /// Our GID (16 bytes, big-endian halves).
+    pub const GID: usize = 2;
+    /// The peer's GID (2 words).
+    pub const PEER_GID: usize = 4;
+    /// Low 32 bits: our QPN; high 32: the peer's.
+    pub const QPNS: usize = 6;
+    /// The peer's system id (8 bytes, big-endian).
+    pub const PEER_SYSTEM: usize = 7;
+    /// Unix time (ns) of creation.
+    pub const SINCE: usize = 8;
+    /// Low 32 bits: path MTU bytes; high 32: the most connections the peer allows.
+    pub const MTU: usize = 9;
+    /// How the link moves data: [`TRANSPORT_UDP`] or [`TRANSPORT_SHM`] (0: not known).
+    pub const TRANSPORT: usize = 10;
+    /// RoCE v2 over UDP.
+    pub const TRANSPORT_UDP: u64 = 1;
+    /// Same-host shared memory.
+    pub const TRANSPORT_SHM: u64 = 2;
+    /// Role: we sent the Proposal.
+    pub const ROLE_CLIENT: u64 = 1;
+    /// Role: we answered it.
+    pub const ROLE_SERVER: u64 = 2;
+    /// Link state (Linux's names): created, waiting for CONFIRM LINK.
+    pub const LINK_ACTIVATING: u64 = 2;
+    /// Confirmed and usable.
+    pub const LINK_ACTIVE: u64 = 3;
+    /// Down (failed or ended).
+    pub const LINK_INACTIVE: u64 = 1;
+}
+
+/// Linux's link state names by number.
+pub fn link_state_name(state: u64) -> &'static str {
+    match state {
+        1 => "INACTIVE",
+        2 => "ACTIVATING",
+        3 => "ACTIVE",
+        _ => "UNUSED",
+    }
+}
+
+/// A connection's record: what the sequence lock protects (addresses, mode, reason, sizes,
+/// stage timestamps), as words, so that the layout is the format (see [`conn`]); index 0 is
+/// `in_use` (non-zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnRecord {
+    /// Words 1..24 of the slot.
+    pub words: [u64; C_BYTES_SENT - C_FIELDS],
+    /// Bytes sent (a running counter, outside the lock).
+    pub bytes_sent: u64,
+    /// Bytes received (a running counter, outside the lock).
+    pub bytes_received: u64,
+    /// Cursors, flags, first write ([`conn::live`]; outside the lock).
+    pub live: [u64; conn::live::COUNT],
+}
+
+/// A link group's record (see [`lg`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LgRecord {
+    /// Words 1..15 of the slot.
+    pub words: [u64; L_CONNS - 1],
+    /// Connections on the group now (outside the lock).
+    pub conns: u64,
+}
+
+mod area;
+mod codes;
+
+pub use area::{Area, clean_stale};
+pub use codes::{reason, remedy};
+
+#[cfg(test)]
+mod tests;
