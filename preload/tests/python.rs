@@ -33,6 +33,15 @@ struct Run {
     roce_port: u16,
 }
 
+impl Drop for Run {
+    /// The log goes when the test passed (kept for a look when it failed).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
 impl Run {
     fn new(tag: &str) -> Self {
         let log = std::env::temp_dir().join(format!("smcr-py-{}-{tag}.log", std::process::id()));

@@ -24,9 +24,33 @@ fn runtime() -> Runtime {
     Runtime::new(config())
 }
 
+/// A test's directory: removed when the test passes, kept for a look when it fails.
+struct TestDir(std::path::PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = std::path::PathBuf;
+    fn deref(&self) -> &std::path::PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TestDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// The directory of a test's stats areas.
-fn stats_dir(tag: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("smcr-stats-{tag}-{}", std::process::id()))
+fn stats_dir(tag: &str) -> TestDir {
+    TestDir(std::env::temp_dir().join(format!("smcr-stats-{tag}-{}", std::process::id())))
 }
 
 /// `smc-stat --dir DIR ARGS…`, which must succeed; its output.
@@ -708,7 +732,7 @@ fn smc_stat_watch_redraws() {
     let (l, addr) = listen(&rt);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smc-stat"))
         .arg("--dir")
-        .arg(&dir)
+        .arg(&*dir)
         .args(["-l", "--watch", "0.2"])
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -1,9 +1,33 @@
 use super::*;
 
-fn dir(tag: &str) -> PathBuf {
+/// A test's directory: removed when the test passes, kept for a look when it fails.
+struct TestDir(std::path::PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = std::path::PathBuf;
+    fn deref(&self) -> &std::path::PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TestDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn dir(tag: &str) -> TestDir {
     let d = std::env::temp_dir().join(format!("smcr-stats-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    d
+    TestDir(d)
 }
 
 /// A Linux server that shares none of our UEIDs declines NOSMCDEV (not NOUEID): the
