@@ -6,18 +6,21 @@
 //!
 //! * how much may be written now ([`ConnCore::space`]), where the bytes go in the peer RMB
 //!   (one or two RDMA WRITEs, split at the ring's end) and the CDC that follows them
-//!   ([`ConnCore::prepare_write`]), with "writing blocked" set when more data waits than fits;
+//!   ([`ConnCore::prepare_write`]), with "writing blocked" set when more data waits than fits
+//!   (smc_tx.c, `smc_tx_rdma_writes()`);
 //! * what a received CDC means ([`ConnCore::on_cdc`]): stale sequence numbers and backwards
-//!   cursors are ignored as Linux ignores them; a peer that claims to have written more than our
-//!   RMB holds, or to have consumed more than we wrote, is a protocol violation that ends the
-//!   connection;
+//!   cursors are ignored as Linux ignores them (smc_cdc.c, `smc_cdc_rx_handler()`; smc_cdc.h,
+//!   `smc_cdc_cursor_to_host()`); a peer that claims to have written more than our RMB holds,
+//!   or to have consumed more than we wrote, is a protocol violation that ends the connection
+//!   (our check: Linux takes the cursors as they come);
 //! * when reading must return a consumer-cursor update to the peer ([`ConnCore::consume`]):
 //!   only when the peer asked, or when enough was consumed (`rmbe_update_limit`) and the peer is
-//!   short of space or blocked — no CDC per read.
+//!   short of space or blocked — no CDC per read (smc_tx.c, `smc_tx_consumer_update()`).
 
 use cdc::{CdcMessage, ConnStateFlags, Cursor, ProducerFlags, seq_before};
 
-/// Linux's `SOCK_MIN_SNDBUF / 2` on x86-64, the floor of `rmbe_update_limit`.
+/// Linux's `SOCK_MIN_SNDBUF / 2` on x86-64, the floor of `rmbe_update_limit` (smc_core.c,
+/// `smc_rmb_wnd_update_limit()`).
 pub const MIN_UPDATE_LIMIT: u32 = 2304;
 
 /// Why a peer's CDC ends the connection.
@@ -59,17 +62,18 @@ pub struct WritePlan {
 }
 
 /// What moving a connection to another link of its group must redo (Linux's
-/// `smc_switch_conns`/`smc_switch_cursor`): WRITEs and CDCs in flight on the failed link may
-/// or may not have arrived. Our send buffer mirrors the peer's RMB and keeps every byte until
-/// the peer confirms consuming it, so everything past the peer's consumer cursor is written
-/// again (bytes the peer already has are rewritten with the same values, at the same places,
-/// before it may reuse them), then a CDC with the current cursors and close flags follows.
+/// `smc_switch_conns`/`smc_switch_cursor`, smc_core.c): WRITEs and CDCs in flight on the failed
+/// link may or may not have arrived. Our send buffer mirrors the peer's RMB and keeps every
+/// byte until the peer confirms consuming it, so everything past the peer's consumer cursor is
+/// written again (bytes the peer already has are rewritten with the same values, at the same
+/// places, before it may reuse them), then a CDC with the current cursors and close flags
+/// follows.
 /// Cursors are absolute and close flags sticky: that CDC carries whatever a lost one did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failover {
     /// Linux's validation CDC, first on the new link: only the `FAILOVER_VALIDATION` flag and
-    /// the sequence number before the last CDC known to have completed (as Linux sends it);
-    /// it takes no sequence number of its own.
+    /// the sequence number before the last CDC known to have completed (as Linux sends it:
+    /// smc_cdc.c, `smcr_cdc_msg_send_validation()`); it takes no sequence number of its own.
     pub validation: CdcMessage,
     /// (offset, length) pieces of the peer's RMB, which are also the send buffer's, to write
     /// again on the new link.
@@ -224,7 +228,10 @@ impl SmcState {
 impl ConnCore {
     /// Linux's SMC state of this connection now, from both sides' close flags; `failed`: the
     /// connection failed locally, `local_closed`: our application closed it (Linux's
-    /// `smc_close_active`/`smc_close_passive_work` transitions, seen from their results).
+    /// `smc_close_active`/`smc_close_passive_work` transitions, seen from their results). Linux
+    /// also goes by the order of events: after close() it shows PEERCLW1 where this shows
+    /// PEERCLW2, and after both shutdowns PEERCLW2 or APPCLW2 (by who went first) where this
+    /// shows APPFINCLW.
     pub fn linux_state(&self, failed: bool) -> SmcState {
         let local_closed = self.local_closed;
         let (local, peer) = (self.local_flags, self.peer_flags);
@@ -304,7 +311,7 @@ impl ConnCore {
 
     /// Our application shuts down writing (after the staged bytes were flushed): the CDC
     /// with PEER_DONE_WRITING to send, or `None` if it already did (Linux:
-    /// `smc_close_shutdown_write`, net/smc/smc_close.c).
+    /// `smc_close_shutdown_write` → `smc_close_wr`, net/smc/smc_close.c).
     pub fn shutdown_write(&mut self) -> Option<CdcMessage> {
         if self.shut_wr {
             return None;
@@ -315,7 +322,8 @@ impl ConnCore {
 
     /// Our application closes the connection (after the staged bytes were flushed): the CDC
     /// to send, or `None` if it already closed. Closing with unread data aborts, as Linux's
-    /// `smc_close_final` (and TCP's RST); so does SO_LINGER {on, 0} (`linger_zero`).
+    /// `smc_close_final` (smc_close.c; and TCP's RST). SO_LINGER {on, 0} (`linger_zero`)
+    /// aborts too, as TCP does; Linux's SMC then only skips waiting for unsent data.
     pub fn close(&mut self, linger_zero: bool) -> Option<CdcMessage> {
         if self.local_closed {
             return None;
@@ -342,7 +350,8 @@ impl ConnCore {
         std::mem::take(&mut self.staged)
     }
 
-    /// A data CDC of ours completed (or was flushed): whether corked bytes should go now.
+    /// A data CDC of ours completed (or was flushed): whether corked bytes should go now (as
+    /// smc_cdc.c, `smc_cdc_tx_handler()`: the last one out sends what autocorking held).
     pub fn cdc_completed(&mut self) -> bool {
         self.inflight = self.inflight.saturating_sub(1);
         self.inflight == 0 && self.staged > 0
@@ -379,7 +388,8 @@ impl ConnCore {
         }
     }
 
-    /// Linux's `rmbe_update_limit` for our RMB.
+    /// Linux's `rmbe_update_limit` for our RMB (smc_core.c, `smc_rmb_wnd_update_limit()`: a
+    /// tenth of the RMB, at least [`MIN_UPDATE_LIMIT`]).
     pub fn update_limit(&self) -> u32 {
         (self.rmb / 10).max(MIN_UPDATE_LIMIT)
     }
@@ -431,6 +441,8 @@ impl ConnCore {
     }
 
     fn next_cdc(&mut self, prod_flags: ProducerFlags) -> CdcMessage {
+        // Every CDC carries our consumer cursor and so answers an update request (smc_cdc.c,
+        // `smc_cdc_msg_send()`).
         self.seq_tx = self.seq_tx.wrapping_add(1);
         self.cons_sent = self.rx_cons;
         self.peer_wants_update = false;
@@ -459,6 +471,7 @@ impl ConnCore {
         };
         let slack = (space - len).min(self.peer_rmb - end);
         self.tx_prod = self.tx_prod.advance(len, self.peer_rmb);
+        // smc_tx.c, `smc_tx_rdma_writes()`: blocked when what waits fills the peer's space.
         self.blocked = pending >= space;
         let flags = if self.blocked {
             ProducerFlags::WRITE_BLOCKED
@@ -480,8 +493,9 @@ impl ConnCore {
         [(off, first), (0, n - first)]
     }
 
-    /// The application read `n` bytes; returns the CDC to send if Linux's rule says the peer
-    /// must hear about it now.
+    /// The application read `n` bytes; returns the CDC to send if Linux's rule (smc_tx.c,
+    /// `smc_tx_consumer_update()`, called from smc_rx.c, `smc_rx_update_consumer()`) says the
+    /// peer must hear about it now.
     pub fn consume(&mut self, n: u32) -> Option<CdcMessage> {
         let n = n.min(self.readable());
         self.rx_cons = self.rx_cons.advance(n, self.rmb);
@@ -518,8 +532,9 @@ impl ConnCore {
     /// The connection moves to another link (see [`Failover`]).
     pub fn failover(&mut self) -> Failover {
         let validation = CdcMessage {
-            // Linux records the sequence number before the increment: one less than the last
-            // completed CDC's; 0 when none completed.
+            // Linux records the sequence number before the increment (smc_cdc.c,
+            // `smc_cdc_add_pending_send()`): one less than the last completed CDC's; 0 when
+            // none completed.
             seq: self.seq_done.map_or(0, |d| d.wrapping_sub(1)),
             token: self.token_peer,
             prod: Cursor::default(),
@@ -549,7 +564,7 @@ impl ConnCore {
     pub fn on_cdc(&mut self, m: &CdcMessage) -> Result<RxUpdate, ConnError> {
         if m.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
             // The peer moved this connection to another link. Linux aborts when the number is
-            // newer than the last CDC it took (a CDC it never saw completed at the sender);
+            // newer than the last CDC it took (smc_cdc.c, `smc_cdc_msg_validate()`);
             // we need not: the peer's next CDC carries absolute cursors and sticky flags, so
             // nothing a lost CDC said is missing. Nothing else in it counts.
             return Ok(RxUpdate {
@@ -557,6 +572,7 @@ impl ConnCore {
                 ..Default::default()
             });
         }
+        // Older than the last one taken: dropped (smc_cdc.c, `smc_cdc_rx_handler()`).
         if let Some(last) = self.seq_rx
             && seq_before(m.seq, last)
         {
@@ -572,6 +588,7 @@ impl ConnCore {
             return Err(ConnError::CursorOutOfRange(m.cons));
         }
         let mut up = RxUpdate::default();
+        // A cursor that went back keeps its old value (smc_cdc.h, `smc_cdc_cursor_to_host()`).
         if !Cursor::moved_backwards(self.rx_prod, m.prod) {
             let new_data = Cursor::diff(self.rmb, self.rx_prod, m.prod);
             if self.readable() + new_data > self.rmb {

@@ -21,9 +21,11 @@
 //!
 //! Behaviour followed (RFC 7609 on link groups, adding links and failover; Linux's
 //! net/smc/smc_llc.c and smc_core.c, named per rule):
-//! * the server adds a link over the other path once the first one is up
-//!   (`smc_llc_srv_add_link`), and again after each loss, here after [`HEAL_RETRY`] doubling to
-//!   [`HEAL_MAX`] (Linux retries on a port event, which has no counterpart here);
+//! * the server adds a link over the other path once the first one is up (af_smc.c,
+//!   `smcr_serv_conf_first_link` → `smc_llc_srv_add_link`), and again after each loss, here
+//!   after [`HEAL_RETRY`] doubling to [`HEAL_MAX`] (Linux tries at once after a deletion,
+//!   `smc_llc_process_srv_delete_link`, on its one remaining device if need be, and on a port
+//!   event, `smcr_port_add`, which has no counterpart here);
 //! * the end that finds the active link dead moves its connections to the other one and sends
 //!   DELETE LINK (LOST_PATH) for it there (`smcr_link_down`, `smc_llc_srv_delete_link_local`);
 //!   the end that receives it moves too (`smc_llc_process_cli_delete_link`);
@@ -39,9 +41,11 @@ use llc::{AddLink, ConfirmRkey, DeleteLinkReason, LlcMessage, Rtoken};
 use crate::lgr::LgrCore;
 use crate::link::{self, AddLinkRefused, DownReason, LinkCore, LinkEvent, LinkParams, Role};
 
-/// How long a server waits after a link failed before it tries to add one again (Linux
-/// retries only on a port event, which has no counterpart here). Each try that fails (the
-/// path still down, the client refusing) doubles the wait, up to [`HEAL_MAX`].
+/// How long a server waits after a link failed before it tries to add one again. Linux tries
+/// at once (smc_llc.c, `smc_llc_process_srv_delete_link()`), building an asymmetric link on
+/// its remaining device if it must, then again on a port event (smc_core.c,
+/// `smcr_port_add()`); we build no asymmetric links and see no port events. Each try that
+/// fails (the path still down, the client refusing) doubles the wait, up to [`HEAL_MAX`].
 pub const HEAL_RETRY: Duration = Duration::from_secs(3);
 /// See [`HEAL_RETRY`].
 pub const HEAL_MAX: Duration = Duration::from_secs(30);
@@ -171,7 +175,9 @@ pub struct GroupCore<C> {
     epoch: u32,
     /// The LLC of the active path's link.
     link: Option<LinkCore>,
-    /// The LLC of the other path's link, while one is being added or stands by.
+    /// The LLC of the other path's link, while one is being added or stands by. Two links at
+    /// most, as Linux negotiates (`SMC_LINKS_ADD_LNK_MAX`, smc_core.h); its
+    /// `SMC_LINKS_PER_LGR_MAX` (3) also holds an asymmetric link, which we never build.
     spare: Option<LinkCore>,
     /// The spare link is confirmed: the active one may fail over to it.
     spare_up: bool,
@@ -359,7 +365,8 @@ impl<C: Clone> GroupCore<C> {
             .is_some_and(|l| l.state() != link::LinkState::Down)
     }
 
-    /// A work request on `path` failed (`cause`): its link is down.
+    /// A work request on `path` failed (`cause`): its link is down (as smc_wr.c,
+    /// `smc_wr_tx_process_cqe()` and `smc_wr_rx_process_cqes()` → `smcr_link_down_cond_sched()`).
     pub fn transport_failed(&mut self, path: usize, cause: &str) {
         if let Some(l) = self.link_on(path)
             && l.state() != link::LinkState::Down
@@ -376,7 +383,8 @@ impl<C: Clone> GroupCore<C> {
         self.collect();
     }
 
-    /// Deletes the group (DELETE LINK ALL, PROG_INIT_TERM): no new connection may pick it.
+    /// Deletes the group (DELETE LINK ALL, PROG_INIT_TERM): no new connection may pick it (as
+    /// smc_core.c, `smc_lgr_free_work()`).
     pub fn terminate(&mut self) {
         self.up = false;
         if let Some(l) = self.link.as_mut() {
@@ -392,8 +400,8 @@ impl<C: Clone> GroupCore<C> {
     }
 
     /// Announces an RMB (CONFIRM RKEY on the active link, with the spare's rtoken when it is
-    /// up). Returns the flow's key (see [`GroupCore::take_rkey_result`]) and how many flows
-    /// are ahead of it.
+    /// up, as smc_llc.c, `smc_llc_send_confirm_rkey()`). Returns the flow's key (see
+    /// [`GroupCore::take_rkey_result`]) and how many flows are ahead of it.
     pub fn confirm_rkey(
         &mut self,
         rkey: u32,
@@ -430,7 +438,8 @@ impl<C: Clone> GroupCore<C> {
         Ok((key, backlog))
     }
 
-    /// Withdraws an RMB's rkey (DELETE RKEY, not waited for). False without a link.
+    /// Withdraws an RMB's rkey (DELETE RKEY, not waited for; Linux waits, smc_core.c,
+    /// `smcr_buf_unuse()` → `smc_llc_do_delete_rkey()`). False without a link.
     pub fn delete_rkey(&mut self, rkey: u32, now: Instant) -> bool {
         let Some(l) = self.link.as_mut() else {
             return false;
@@ -490,7 +499,7 @@ impl<C: Clone> GroupCore<C> {
             && let Some(l) = self.link.as_mut()
         {
             // Nobody used the group for the linger time: delete it (Linux: the free-delay
-            // timer, DELETE LINK with PROG_INIT_TERM).
+            // timer, smc_core.c, `smc_lgr_free_work()`, DELETE LINK ALL with PROG_INIT_TERM).
             l.delete(DeleteLinkReason::PROG_INIT_TERM, true);
         }
         for l in [self.link.as_mut(), self.spare.as_mut()]
@@ -549,6 +558,8 @@ impl<C: Clone> GroupCore<C> {
                 self.events.push_back(GroupEvent::Up {
                     link_id: self.link_id(),
                 });
+                // Linux's server tries a second link right after the first (af_smc.c,
+                // `smcr_serv_conf_first_link()`).
                 if self.role == Role::Server && self.can_add_link() {
                     self.heal_at = Some(now);
                 }
@@ -560,6 +571,8 @@ impl<C: Clone> GroupCore<C> {
                         | DownReason::TestLinkTimeout(_)
                         | DownReason::PeerDeleted(DeleteLinkReason::LOST_PATH)
                 );
+                // smc_core.c, `smcr_link_down()`: connections move to a surviving link
+                // (`smc_switch_conns()`); without one the group ends (`smc_lgr_terminate_sched()`).
                 if lost && self.spare_up && !self.orderly {
                     self.switch(r.to_string(), false, now);
                 } else {
@@ -584,6 +597,7 @@ impl<C: Clone> GroupCore<C> {
                 });
             }
             LinkEvent::PeerAddLink(req) => {
+                // Client: smc_llc.c, `smc_llc_cli_add_link()`.
                 if self.can_add_link() && self.spare.is_none() && self.up {
                     self.events.push_back(GroupEvent::AnswerAddLink {
                         path: 1 - self.active,
@@ -638,7 +652,8 @@ impl<C: Clone> GroupCore<C> {
                 self.rkey_done(rkey_key(link_id, id), ok);
             }
             LinkEvent::PeerDeletedLink { .. } => {
-                // The peer lost the active link and tells us on this one (as Linux does).
+                // The peer lost the active link and tells us on this one (as Linux does:
+                // smc_core.c, `smcr_link_down()`; smc_llc.c, `smc_llc_process_cli_delete_link()`).
                 if self.spare_up {
                     self.switch("the peer lost the path".into(), true, now);
                 } else {
@@ -683,8 +698,9 @@ impl<C: Clone> GroupCore<C> {
     }
 
     /// The active link failed (`why`) and the spare is up: it becomes the active one, and
-    /// every connection moves to it. Unless the peer `told` us, DELETE LINK for the failed
-    /// link goes out on the new one.
+    /// every connection moves to it. Unless the peer `told` us, DELETE LINK (LOST_PATH) for the
+    /// failed link goes out on the new one (smc_core.c, `smcr_link_down()`; the server's via
+    /// smc_llc.c, `smc_llc_srv_delete_link_local()`).
     fn switch(&mut self, why: String, told: bool, now: Instant) {
         let old = self.active;
         // Nothing more arrives on the failed link, and what was posted on it is flushed.
@@ -754,7 +770,8 @@ impl<C: Clone> GroupCore<C> {
         self.heal_delay = (self.heal_delay * 2).min(HEAL_MAX);
     }
 
-    /// The id the next added link gets (not the active one's, never 0).
+    /// The id the next added link gets (not the active one's, never 0; smc_core.c,
+    /// `smcr_next_link_id()`).
     fn next_id(&self) -> u8 {
         let mut id = self.next_link_id;
         if id == self.link_id() || id == 0 {
@@ -776,7 +793,7 @@ impl<C: Clone> GroupCore<C> {
     }
 
     /// Server: our ADD LINK for [`GroupEvent::PrepareAddLink`] (the path is set up): it goes
-    /// out on the active link.
+    /// out on the active link (smc_llc.c, `smc_llc_srv_add_link()`).
     pub fn add_link_request(&mut self, req: AddLink, now: Instant) {
         self.next_link_id = req.link_id.wrapping_add(1).max(1);
         if !self.link.as_mut().is_some_and(|l| l.add_link(req, now)) {
@@ -798,6 +815,7 @@ impl<C: Clone> GroupCore<C> {
                 path: 1 - self.active,
                 resp,
             }),
+            // Linux's server drops the new link then (`smc_llc_srv_add_link()`).
             Err(_) => self.heal_later(now),
         }
     }
@@ -823,6 +841,8 @@ impl<C: Clone> GroupCore<C> {
                 self.confirming_spare(link_id);
             }
             _ => {
+                // As Linux's server when the new link does not come up (smc_llc.c,
+                // `smc_llc_srv_conf_link()`: DELETE LINK, LOST_PATH, on the old link).
                 if let Some(l) = self.link.as_mut() {
                     l.delete_other_link(link_id, DeleteLinkReason::LOST_PATH);
                 }
@@ -842,7 +862,8 @@ impl<C: Clone> GroupCore<C> {
     }
 
     /// Client: our answer to [`GroupEvent::AnswerAddLink`]: the response for our new link on
-    /// `path` (set up and connected), or `None` to reject the request.
+    /// `path` (set up and connected), or `None` to reject the request (smc_llc.c,
+    /// `smc_llc_cli_add_link()`).
     pub fn answer_add_link(&mut self, path: usize, resp: Option<AddLink>, now: Instant) {
         let params = resp
             .as_ref()

@@ -33,10 +33,12 @@ use clc::{
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Linux's `CLC_WAIT_TIME`: how long each side waits for the peer's next CLC message.
+/// Linux's `CLC_WAIT_TIME` (6 s, smc_clc.h): how long each side waits for the peer's next CLC
+/// message.
 pub const CLC_WAIT_TIME: Duration = Duration::from_secs(6);
-/// Linux's `CLC_WAIT_TIME_SHORT`: how long to listen for the peer's Decline after the first
-/// link failed to come up.
+/// Linux's `CLC_WAIT_TIME_SHORT` (1 s, smc_clc.h): how long to listen for the peer's Decline
+/// after the first link failed to come up (af_smc.c, `smcr_clnt_conf_first_link()`,
+/// `smcr_serv_conf_first_link()`).
 pub const CLC_WAIT_TIME_SHORT: Duration = Duration::from_secs(1);
 /// How long we wait in all, in rounds of the CLC wait while nothing of it has come, for the
 /// CLC message the peer owes (Linux fails after one round). Giving up early strands a peer
@@ -45,13 +47,15 @@ pub const CLC_WAIT_TIME_SHORT: Duration = Duration::from_secs(1);
 /// Heavy TCP loss delays a segment past 6 s, and even 12 s, now and then (10%-loss soaks saw
 /// both); a peer that is gone closes the TCP connection, which ends the wait at once.
 pub const OWED_WAIT_MAX: Duration = Duration::from_secs(30);
-/// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`).
+/// Fewest connections per link group a v2.1 peer may negotiate (`SMC_CONN_PER_LGR_MIN`,
+/// smc_core.h).
 pub const MIN_CONNS_PER_LGR: u8 = 16;
-/// Most links per link group (`SMC_LINKS_ADD_LNK_MAX`).
+/// Most links per link group (`SMC_LINKS_ADD_LNK_MAX`, smc_core.h).
 pub const MAX_LINKS_PER_LGR: u8 = 2;
-/// The SMC release we implement (v2.1).
+/// The SMC release we implement (v2.1; Linux's `SMC_RELEASE`, smc.h).
 pub const SMC_RELEASE: u8 = 1;
-/// OS type sent in first-contact extensions (2 = Linux: we interoperate as one).
+/// OS type sent in first-contact extensions (2 = Linux, `SMC_CLC_OS_LINUX` in smc_clc.h: we
+/// interoperate as one).
 pub const OS_TYPE_LINUX: u8 = 2;
 
 /// Local settings for the handshake.
@@ -66,7 +70,8 @@ pub struct Config {
     /// Connections per link group we support (16..=255).
     pub max_conns: u8,
     /// Links per link group we support (1..=2). We default to 1: with a single path, a Linux
-    /// peer then skips the ADD LINK exchange it would otherwise wait seconds for.
+    /// peer then skips the ADD LINK exchange it would otherwise wait seconds for (af_smc.c,
+    /// `smcr_clnt_conf_first_link()` waits for the server's ADD LINK when `max_links > 1`).
     pub max_links: u8,
     /// Feature mask offered.
     pub feature_mask: u16,
@@ -88,7 +93,9 @@ impl Config {
             peer_id,
             ueids,
             release: SMC_RELEASE,
+            // Linux's `SMC_CONN_PER_LGR_PREFER` (smc_core.h).
             max_conns: 255,
+            // Not Linux's `SMC_LINKS_PER_LGR_MAX_PREFER` (2): see `max_links`.
             max_links: 1,
             feature_mask: 0,
             hostname: Hostname::truncated(hostname),

@@ -14,9 +14,12 @@ use cdc::CdcMessage;
 pub enum Route<C> {
     /// To this connection.
     Conn(C),
-    /// Held for a connection whose handshake is finishing.
+    /// Held for a connection whose handshake is finishing. Linux registers the token before
+    /// its Accept goes out (smc_core.c, `smc_conn_create()`), so early CDCs find the
+    /// connection; we hold them until it attaches.
     Held,
-    /// Unknown token, or the hold queue is full: dropped (Linux drops these too).
+    /// Unknown token, or the hold queue is full: dropped (Linux drops these too: smc_cdc.c,
+    /// `smc_cdc_rx_handler()`).
     Dropped,
 }
 
@@ -25,7 +28,8 @@ pub enum Route<C> {
 pub enum Slot {
     /// This slot is now in use.
     Got(usize),
-    /// None free beyond the poller's reserve: an application thread waits for a completion.
+    /// None free beyond the poller's reserve: an application thread waits for a completion
+    /// (as process context waits in smc_wr.c, `smc_wr_tx_get_free_slot()`).
     Wait,
 }
 
@@ -47,8 +51,9 @@ pub struct LgrCore<C> {
 impl<C: Clone> LgrCore<C> {
     /// A group for up to `max_conns` connections with `slots` SEND slots (`reserve` of them
     /// only for the poller), holding at most `max_held` early CDCs per promised token, deleted
-    /// after `linger` without connections. It counts as idle from `now` until a connection
-    /// attaches.
+    /// after `linger` without connections (Linux: smc_core.c, `smc_lgr_schedule_free_work()`,
+    /// `SMC_LGR_FREE_DELAY_SERV` 600 s, the client's `SMC_LGR_FREE_DELAY_CLNT` 10 s more so the
+    /// server's group goes first). It counts as idle from `now` until a connection attaches.
     pub fn new(
         max_conns: usize,
         slots: usize,
@@ -81,7 +86,9 @@ impl<C: Clone> LgrCore<C> {
         self.conns.is_empty()
     }
 
-    /// Whether another connection may join (attached plus promised below `max_conns`).
+    /// Whether another connection may join (attached plus promised below `max_conns`; Linux's
+    /// server checks `max_conns` and `SMC_RMBS_PER_LGR_MAX`, 255, in smc_core.c,
+    /// `smc_conn_create()`, its client neither).
     pub fn has_room(&self) -> bool {
         self.conns.len() + self.held.len() < self.max_conns
     }
@@ -101,14 +108,16 @@ impl<C: Clone> LgrCore<C> {
         self.held.remove(&token);
     }
 
-    /// Attaches a connection; returns the CDCs held for it, in arrival order.
+    /// Attaches a connection (which stops the linger, as `smc_conn_create()` cancels the free
+    /// work); returns the CDCs held for it, in arrival order.
     pub fn attach(&mut self, token: u32, c: C) -> Vec<CdcMessage> {
         self.conns.insert(token, c);
         self.idle_since = None;
         self.held.remove(&token).unwrap_or_default()
     }
 
-    /// Detaches a connection; the group turns idle when it was the last.
+    /// Detaches a connection; the group turns idle when it was the last (smc_core.c,
+    /// `smc_conn_free()`).
     pub fn detach(&mut self, token: u32, now: Instant) -> Option<C> {
         let c = self.conns.remove(&token);
         if self.conns.is_empty() && self.idle_since.is_none() {
@@ -184,7 +193,8 @@ impl<C: Clone> LgrCore<C> {
         self.owner[slot] = token;
     }
 
-    /// A SEND completed: frees its slot and returns the connection whose data CDC it was.
+    /// A SEND completed: frees its slot and returns the connection whose data CDC it was (its
+    /// completion handler, smc_cdc.c, `smc_cdc_tx_handler()`).
     pub fn complete(&mut self, slot: usize) -> Option<C> {
         let owner = std::mem::take(self.owner.get_mut(slot)?);
         self.free.push(slot);
@@ -199,7 +209,8 @@ impl<C: Clone> LgrCore<C> {
         self.free.push(slot);
     }
 
-    /// A connection's corked data waits for a slot the poller could not get.
+    /// A connection's corked data waits for a slot the poller could not get (Linux queues the
+    /// connection's `tx_work` with `SMC_TX_WORK_DELAY`, 0: smc_tx.c, `smcr_tx_sndbuf_nonempty()`).
     pub fn defer_flush(&mut self, token: u32) {
         if !self.needs_flush.contains(&token) {
             self.needs_flush.push(token);

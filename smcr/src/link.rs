@@ -14,7 +14,8 @@
 //! as RDMA SENDs, and acts on [`LinkCore::poll_event`]. Time is a parameter.
 //!
 //! Linux's behaviour followed (net/smc/smc_llc.c, and the reference capture): the server sends
-//! the CONFIRM LINK request (flags 0x03) right after the CLC Confirm and the client answers with
+//! the CONFIRM LINK request (flags 0x03) right after the CLC Confirm (af_smc.c,
+//! `smcr_serv_conf_first_link()`) and the client answers (`smcr_clnt_conf_first_link()`) with
 //! its own MAC/GID/QPN and the server's link id, link uid and limits; both wait up to
 //! [`CONFIRM_WAIT`]. Responses echo the request (ADD LINK reject: request fields with flags
 //! 0xC0 and no v2 extension; CONFIRM RKEY: the rtokens; DELETE RKEY: the count, keys zeroed;
@@ -30,18 +31,23 @@ use llc::{
     RequestAddLink, TestLink, Version,
 };
 
-/// How long the server waits for the client's CONFIRM LINK response (`SMC_LLC_WAIT_TIME`).
+/// How long the server waits for the client's CONFIRM LINK response (`SMC_LLC_WAIT_TIME`, 2 s,
+/// smc_llc.h; af_smc.c, `smcr_serv_conf_first_link()`).
 pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
 /// How long the client waits for the server's CONFIRM LINK request: twice the server's wait, as
-/// current Linux does (`2 * SMC_LLC_WAIT_TIME`), so a server that gives up has declined on the
-/// TCP connection before the client looks there (the server decides; no crossed Declines).
+/// current Linux does (`2 * SMC_LLC_WAIT_TIME` in af_smc.c, `smcr_clnt_conf_first_link()`), so
+/// a server that gives up has declined on the TCP connection before the client looks there
+/// (the server decides; no crossed Declines).
 pub const CLIENT_CONFIRM_WAIT: Duration = Duration::from_secs(4);
-/// How long a TEST LINK request may go unanswered (`SMC_LLC_WAIT_TIME`).
+/// How long a TEST LINK request may go unanswered (`SMC_LLC_WAIT_TIME`: smc_llc.c,
+/// `smc_llc_testlink_work()`); also the wait for an ADD LINK or rkey answer.
 pub const LLC_WAIT: Duration = Duration::from_secs(2);
 /// How long both sides wait for CONFIRM LINK on a link added to a group
-/// (`SMC_LLC_WAIT_FIRST_TIME`).
+/// (`SMC_LLC_WAIT_FIRST_TIME`, 5 s: smc_llc.c, `smc_llc_srv_conf_link()`,
+/// `smc_llc_cli_conf_link()`).
 pub const ADDED_CONFIRM_WAIT: Duration = Duration::from_secs(5);
-/// Idle time before a TEST LINK keepalive (Linux's `net.smc.smcr_testlink_time` default).
+/// Idle time before a TEST LINK keepalive (Linux's `net.smc.smcr_testlink_time` default,
+/// `SMC_LLC_TESTLINK_DEFAULT_TIME`, 30 s, set in smc_sysctl.c).
 pub const TEST_LINK_TIME: Duration = Duration::from_secs(30);
 
 /// Which end of the link group we are.
@@ -159,7 +165,8 @@ pub enum LinkEvent {
 pub enum AddLinkRefused {
     /// The client rejected it (no alternate path).
     Rejected,
-    /// No response within [`LLC_WAIT`] (Linux drops the new link silently then).
+    /// No response within [`LLC_WAIT`] (Linux drops the new link silently then: smc_llc.c,
+    /// `smc_llc_srv_add_link()`).
     Timeout,
 }
 
@@ -194,8 +201,9 @@ pub struct LinkCore {
     tx: VecDeque<LlcMessage>,
     events: VecDeque<LinkEvent>,
     stats: LinkStats,
-    /// Our rkey requests: one on the wire at a time (Linux runs one LLC flow at a time), the
-    /// rest queued; responses carry no id, so they match in order.
+    /// Our rkey requests: one on the wire at a time (Linux runs one local LLC flow at a time:
+    /// smc_llc.c, `smc_llc_flow_initiate()`), the rest queued; responses carry no id, so they
+    /// match in order.
     rkey_queue: VecDeque<(u64, Llc)>,
     rkey_outstanding: Option<(u64, Instant, bool)>,
     next_rkey_id: u64,
@@ -321,7 +329,8 @@ impl LinkCore {
     }
 
     fn violation(&mut self, what: String) {
-        // Tell the peer why, as Linux does (DELETE LINK ALL, PROT_VIOL), then stop.
+        // Tell the peer why, as Linux does (DELETE LINK ALL, PROT_VIOL, not orderly), then stop.
+        // Linux: smc_llc.c, `smc_llc_protocol_violation()`; smc_core.c, `smc_lgr_cleanup()`.
         self.send(Llc::DeleteLink(DeleteLink {
             response: false,
             all: true,
@@ -333,8 +342,9 @@ impl LinkCore {
     }
 
     /// Announces a new RMB (`rkey`, `vaddr`) to the peer with CONFIRM RKEY, as Linux does for
-    /// every RMB of a connection on an existing link group; [`LinkEvent::RkeyDone`] with the
-    /// returned id follows.
+    /// every RMB of a connection on an existing link group (af_smc.c, `smcr_lgr_reg_rmbs()`;
+    /// smc_llc.c, `smc_llc_do_confirm_rkey()`); [`LinkEvent::RkeyDone`] with the returned id
+    /// follows.
     pub fn confirm_rkey(&mut self, rkey: u32, vaddr: u64, now: Instant) -> u64 {
         let tok = llc::Rtoken {
             link_id: 0,
@@ -406,7 +416,8 @@ impl LinkCore {
     }
 
     /// Announces a new RMB on a group with several links: `rkey`/`vaddr` for this link, and
-    /// `{link id, rkey, vaddr}` for each other active link (Linux: at most two more).
+    /// `{link id, rkey, vaddr}` for each other active link (Linux: at most two more; smc_llc.c,
+    /// `smc_llc_send_confirm_rkey()`).
     pub fn confirm_rkey_links(
         &mut self,
         rkey: u32,
@@ -437,7 +448,8 @@ impl LinkCore {
 
     /// Server: asks the client to add a link (`req`: our new QP's MAC, GID, QPN, link id, MTU,
     /// PSN, and the v2 extension with every RMB's rkeys); [`LinkEvent::AddLinkResult`] follows.
-    /// Refused (false) unless the link is active and no other ADD LINK is running.
+    /// Refused (false) unless the link is active and no other ADD LINK is running (one flow at
+    /// a time, as Linux: smc_llc.c, `smc_llc_flow_start()`).
     pub fn add_link(&mut self, req: AddLink, now: Instant) -> bool {
         if self.p.role != Role::Server
             || self.state != LinkState::Active
@@ -456,7 +468,9 @@ impl LinkCore {
     }
 
     /// Client: whether an ADD LINK request may be handed to the driver (it has an alternate
-    /// path); otherwise requests are rejected at once, as Linux's client without one does.
+    /// path); otherwise requests are rejected at once. Linux's client (smc_llc.c,
+    /// `smc_llc_cli_add_link()`) rejects only when neither side has a second device; with one
+    /// device of its own it builds an asymmetric link on it instead.
     pub fn set_accept_add_link(&mut self, on: bool) {
         self.accept_add_link = on;
     }
@@ -481,6 +495,9 @@ impl LinkCore {
     }
 
     fn reject_add_link(&mut self, req: AddLink) {
+        // The request sent back with the reject flag, as smc_llc.c,
+        // `smc_llc_cli_add_link_reject()`; Linux also sets reason NO_ALT_PATH (1), which only a
+        // v1 header keeps (v2 writes the length over it).
         self.stats.add_links_rejected += 1;
         self.send(Llc::AddLink(AddLink {
             response: true,
@@ -497,7 +514,7 @@ impl LinkCore {
     }
 
     /// Tells the peer that another link of the group (`link_id`) is gone (DELETE LINK, orderly,
-    /// not ALL, as Linux sends it on the surviving link).
+    /// not ALL, as Linux sends it on the surviving link: smc_core.c, `smcr_link_down()`).
     pub fn delete_other_link(&mut self, link_id: u8, reason: DeleteLinkReason) {
         self.group_links.retain(|&l| l != link_id);
         self.send(Llc::DeleteLink(DeleteLink {
@@ -510,7 +527,8 @@ impl LinkCore {
     }
 
     /// Any traffic from the peer on this link (CDC messages, completions of our sends) shows it
-    /// is alive and postpones the keepalive.
+    /// is alive and postpones the keepalive (Linux counts receives only: smc_wr.c,
+    /// `smc_wr_rx_process_cqes()` sets `wr_rx_tstamp`).
     pub fn note_activity(&mut self, now: Instant) {
         self.last_activity = now;
     }
@@ -539,6 +557,8 @@ impl LinkCore {
         let msg = match LlcMessage::parse(bytes) {
             Ok(m) => m,
             Err(llc::Error::UnknownType(_)) => {
+                // No handler for the type: Linux drops it too (smc_wr.c,
+                // `smc_wr_rx_demultiplex()`).
                 self.stats.dropped += 1;
                 return;
             }
@@ -554,6 +574,7 @@ impl LinkCore {
             return self.while_confirming(msg.body);
         }
         match msg.body {
+            // Echoed with the response flag (smc_llc.c, `smc_llc_event_handler()`).
             Llc::TestLink(t) if !t.response => self.send(Llc::TestLink(TestLink {
                 response: true,
                 user_data: t.user_data,
@@ -565,8 +586,9 @@ impl LinkCore {
             }
             Llc::AddLink(a) if !a.response => {
                 // Only a client with an alternate path takes it (Linux: the server runs ADD
-                // LINK, a client only suggests); an unusable MTU, a second request while one
-                // is open, or a link id in use are refused like a missing path.
+                // LINK, a client only suggests); an unusable MTU (as smc_llc.c,
+                // `smc_llc_cli_add_link()`), a second request while one is open, or a link id
+                // in use are refused like a missing path.
                 let usable = self.p.role == Role::Client
                     && self.accept_add_link
                     && self.p.max_links > 1
@@ -582,6 +604,7 @@ impl LinkCore {
                     self.reject_add_link(a);
                 }
             }
+            // The answer to ours: the reject flag ends the flow (smc_llc_srv_add_link()).
             Llc::AddLink(a) => match self.add_link_sent {
                 Some((id, _)) if a.link_id == id => {
                     self.add_link_sent = None;
@@ -593,6 +616,9 @@ impl LinkCore {
                 }
                 _ => self.stats.dropped += 1,
             },
+            // Our server adds links on its own schedule (a Linux server starts an ADD LINK
+            // flow on it, `smc_llc_event_handler()`); Linux's client only ends its request flow
+            // on the response.
             Llc::RequestAddLink(r) if !r.response => {
                 self.send(Llc::RequestAddLink(RequestAddLink {
                     response: true,
@@ -600,6 +626,7 @@ impl LinkCore {
                     gids: Vec::new(),
                 }))
             }
+            // The request goes back as the response (smc_llc.c, `smc_llc_rmt_conf_rkey()`).
             Llc::ConfirmRkey(c) if !c.response => {
                 self.send(Llc::ConfirmRkey(ConfirmRkey {
                     response: true,
@@ -608,6 +635,8 @@ impl LinkCore {
                 self.events.push_back(LinkEvent::PeerConfirmedRkey(c));
             }
             Llc::DeleteRkey(d) if !d.response => {
+                // The count kept, the keys zeroed, as Linux's v2 answer (smc_llc.c,
+                // `smc_llc_rmt_delete_rkey()`; its v1 answer echoes the keys).
                 let count = d.rkeys.len();
                 self.send(Llc::DeleteRkey(DeleteRkey {
                     response: true,
@@ -622,8 +651,9 @@ impl LinkCore {
             Llc::DeleteLink(d)
                 if !d.response && !d.all && self.group_links.contains(&d.link_id) =>
             {
-                // Another link of the group: confirmed (as Linux's client answers: reason 0);
-                // the driver moves its connections here.
+                // Another link of the group: confirmed (as Linux's client answers: reason 0,
+                // smc_llc.c, `smc_llc_process_cli_delete_link()`); the driver moves its
+                // connections here.
                 self.group_links.retain(|&l| l != d.link_id);
                 self.send(Llc::DeleteLink(DeleteLink {
                     response: true,
@@ -636,7 +666,8 @@ impl LinkCore {
                 });
             }
             Llc::DeleteLink(d) if !d.response && !d.all && d.link_id != self.p.link_id => {
-                // Not a link of ours (Linux: answered with NO_LINK, nothing deleted).
+                // Not a link of ours (Linux: answered with NO_LINK, nothing deleted;
+                // `smc_llc_process_cli_delete_link()`).
                 self.stats.dropped += 1;
                 self.send(Llc::DeleteLink(DeleteLink {
                     response: true,
@@ -648,7 +679,9 @@ impl LinkCore {
                 if d.all {
                     self.down(DownReason::PeerDeletedGroup(d.reason));
                 } else {
-                    // A single link: confirm its deletion (for the whole group Linux does not).
+                    // A single link: confirm its deletion. For the whole group Linux's client
+                    // sends nothing back (`smc_llc_process_cli_delete_link()`); its server
+                    // sends its own DELETE LINK ALL (`smc_llc_process_srv_delete_link()`).
                     self.send(Llc::DeleteLink(DeleteLink {
                         response: true,
                         ..d
@@ -667,6 +700,7 @@ impl LinkCore {
     fn while_confirming(&mut self, body: Llc) {
         match (self.p.role, body) {
             (Role::Client, Llc::ConfirmLink(c)) if !c.response => {
+                // The server assigns the link id (smc_llc.c, `smc_llc_eval_conf_link()`).
                 self.p.link_id = c.link_id;
                 self.p.link_uid = c.link_uid;
                 self.p.max_links = c.max_links;
@@ -709,7 +743,8 @@ impl LinkCore {
     }
 
     /// Deletes the link group (our last connection is gone and the linger time passed, or the
-    /// process is leaving): queues DELETE LINK (ALL) and goes down.
+    /// process is leaving): queues DELETE LINK (ALL, link id 0) and goes down, as smc_llc.c,
+    /// `smc_llc_send_link_delete_all()`.
     pub fn delete(&mut self, reason: DeleteLinkReason, orderly: bool) {
         self.send(Llc::DeleteLink(DeleteLink {
             response: false,
@@ -758,6 +793,8 @@ impl LinkCore {
     /// Runs timers: CONFIRM LINK deadline, keepalive, TEST LINK, rkey and ADD LINK answer
     /// deadlines.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // Linux's server waits SMC_LLC_WAIT_TIME for the ADD LINK answer
+        // (`smc_llc_srv_add_link()`).
         if self.state == LinkState::Active
             && let Some((_, sent)) = self.add_link_sent
             && now >= sent + LLC_WAIT
@@ -770,7 +807,8 @@ impl LinkCore {
             && let Some((id, sent, _)) = self.rkey_outstanding
             && now >= sent + LLC_WAIT
         {
-            // Linux gives up on the flow (and the connection setup) after SMC_LLC_WAIT_TIME.
+            // Linux gives up on the flow (and the connection setup) after SMC_LLC_WAIT_TIME
+            // (smc_llc.c, `smc_llc_do_confirm_rkey()`).
             self.rkey_outstanding = None;
             self.events.push_back(LinkEvent::RkeyDone { id, ok: false });
             self.next_rkey(now);
@@ -785,6 +823,8 @@ impl LinkCore {
             }
             LinkState::Active => match (self.test_sent, self.p.test_link_time) {
                 (Some(sent), _) => {
+                    // No answer within SMC_LLC_WAIT_TIME takes the link down, as smc_llc.c,
+                    // `smc_llc_testlink_work()`; unlike Linux, other traffic counts as one.
                     if now >= sent + LLC_WAIT {
                         if self.last_activity > sent {
                             // Other traffic arrived meanwhile: the link is alive.
