@@ -10,7 +10,7 @@ if [ "$(id -u)" -eq 0 ] || [ "${CI:-}" = "true" ]; then
 fi
 cargo fmt --all -- --check
 # Dependencies point down: no import cycles between the modules of these crates (issue 25).
-for c in smcr clc llc cdc rdma; do python3 scripts/module_cycles.py "$c/src" --enforce; done
+for c in smcr clc llc cdc rdma preload; do python3 scripts/module_cycles.py "$c/src" --enforce; done
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --profile ci --locked
 # Live interop with the Linux kernel's SMC-R: two qemu guests with Debian's 6.12 kernel (the

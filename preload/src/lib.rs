@@ -4,21 +4,31 @@
 //! `table` says (lock-free) which descriptors are ours, `real` finds libc's own functions, and
 //! `guard` keeps our own calls out of our hooks, sets errno and stops panics at the boundary.
 //!
+//! Dependencies point down (`scripts/module_cycles.py`): `hooks`; `poll` and `sendfile`; `shim`
+//! (what happens to our sockets); `epoll` (the application's epoll registrations, ours in
+//! `epoll::vepoll`, the kernel's view of a connection) and `workers`; `table`; the types it
+//! holds, `sock` (`Sock`, `SmcFd`, `Settling`) over `pair` (`Pair`, readiness); `wake` (how a
+//! pair wakes waiters: vepoll hands its kick in at load); `fds`, `guard`, `log`, `real`,
+//! `bypass`.
+//!
 //! The exports keep libc's signatures and contracts; their `# Safety` sections say so once
 //! each rather than restating the man pages.
 #![allow(clippy::missing_safety_doc)]
 
 mod bypass;
 mod epoll;
+mod fds;
 mod guard;
 mod hooks;
 mod log;
+mod pair;
 mod poll;
 mod real;
 mod sendfile;
 mod shim;
+mod sock;
 mod table;
-mod vepoll;
+mod wake;
 mod workers;
 
 /// Runs when the library is loaded, before the program's `main`: the `SMCR_*` settings are

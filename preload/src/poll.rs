@@ -1,7 +1,7 @@
 //! poll/ppoll/select/pselect on our sockets. They would work without us (the application's
 //! number is a socketpair end whose readiness we set), but then every message passes the
 //! device's engine thread and the group's poller before the waiting thread wakes. Here, as in
-//! `epoll_wait` (epoll.rs), the thread in the call watches its link groups' descriptors (and
+//! `epoll_wait` (epoll/mod.rs), the thread in the call watches its link groups' descriptors (and
 //! their UDP socket) along with the application's, and handles what arrives itself: one
 //! wake-up per message instead of two or three.
 
@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use libc::pollfd;
 
 use crate::epoll::{Asleep, app_drive, left};
-use crate::{guard, table};
+use crate::pair::Pair;
+use crate::sock::Sock;
+use crate::{guard, table, wake};
 
 thread_local! {
     /// The extended poll array, kept between calls (no allocation per wait). It has a
@@ -29,7 +31,7 @@ thread_local! {
 pub(crate) struct Ours {
     pub(crate) drivers: Vec<smcr::Driver>,
     /// Each socket, and whether the call answers for it (`polled`) or the kernel does.
-    socks: Vec<(std::sync::Arc<crate::shim::Pair>, bool)>,
+    socks: Vec<(std::sync::Arc<Pair>, bool)>,
     /// The call answers for sockets of ours (application driving), woken by this waker.
     pub(crate) virt: bool,
     pub(crate) waker: Option<i32>,
@@ -47,53 +49,6 @@ impl Drop for Ours {
     }
 }
 
-thread_local! {
-    /// This thread's waker: an eventfd its poll and select calls watch, written when a socket
-    /// they answer for becomes ready on another thread. Made on first use; closed with the
-    /// thread.
-    static WAKER: std::cell::OnceCell<Option<std::os::fd::OwnedFd>> =
-        const { std::cell::OnceCell::new() };
-}
-
-/// This thread's waker (see [`WAKER`]), if one could be made.
-fn waker() -> Option<i32> {
-    WAKER
-        .try_with(|w| {
-            w.get_or_init(|| {
-                let _b = guard::Bypass::new();
-                // SAFETY: a new eventfd of ours.
-                let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-                (k >= 0).then(|| crate::shim::hide_owned(k).ok()).flatten()
-            })
-            .as_ref()
-            .map(std::os::fd::AsRawFd::as_raw_fd)
-        })
-        .ok()
-        .flatten()
-}
-
-/// A socket became ready: wakes the poll and select calls answering for it (`wakers`), but
-/// this thread's own (it looks again before it sleeps).
-pub(crate) fn wake(wakers: &[i32]) {
-    let mine = if polling() { waker() } else { None };
-    let one = 1u64.to_ne_bytes();
-    for &w in wakers.iter().filter(|&&w| Some(w) != mine) {
-        // SAFETY: 8 bytes into a waker eventfd of ours.
-        unsafe { crate::real::write()(w, one.as_ptr().cast(), one.len()) };
-    }
-}
-
-thread_local! {
-    /// This thread is in a poll or select that answers for SMC-R sockets: what it makes ready
-    /// itself needs no kick. Const-initialised, no destructor.
-    static POLLING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether this thread is in such a poll or select.
-pub(crate) fn polling() -> bool {
-    POLLING.try_with(Cell::get).unwrap_or(false)
-}
-
 /// [`Ours`] for the descriptors `fds`; `None` if none is an SMC-R connection of this process.
 pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
     let drive = app_drive();
@@ -104,9 +59,9 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         waker: None,
     };
     for fd in fds {
-        if crate::vepoll::has(fd) {
+        if crate::epoll::vepoll::has(fd) {
             // An epoll set with registrations of ours, polled: the kernel must answer for it.
-            crate::vepoll::to_kernel(fd);
+            crate::epoll::vepoll::to_kernel(fd);
         }
         let Some(sock) = table::get(fd) else { continue };
         let Some(pair) = sock.pair().cloned() else {
@@ -115,21 +70,21 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         if !drive {
             // The kernel answers: an SMC-R connection shows its kernel pair (the others their
             // TCP socket, which the kernel answers for).
-            if let Some(p) = crate::shim::show_kernel(fd) {
+            if let Some(p) = crate::epoll::show_kernel(fd) {
                 p.observe(true);
                 out.socks.push((p, false));
             }
             continue;
         }
         match &*sock {
-            crate::shim::Sock::Smc(c) => {
+            Sock::Smc(c) => {
                 if let Some(d) = c.stream.driver()
                     && !out.drivers.iter().any(|o| o.id() == d.id())
                 {
                     out.drivers.push(d);
                 }
             }
-            crate::shim::Sock::Accepted(a) => {
+            Sock::Accepted(a) => {
                 // Waited on: negotiated now, on a worker of this process.
                 guard::guarded((), || {
                     a.start(fd);
@@ -138,7 +93,7 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
             _ => {}
         }
         if out.waker.is_none() {
-            out.waker = waker();
+            out.waker = wake::waker();
         }
         if let Some(w) = out.waker {
             pair.polled_by(w, true);
@@ -208,13 +163,13 @@ fn run(
     // Our sockets among the entries: with application driving, their events come from the
     // connections' state, and the kernel does not look at them (their entries go to it as
     // -1, which it skips).
-    let pairs: Vec<Option<std::sync::Arc<crate::shim::Pair>>> = if !ours_.virt {
+    let pairs: Vec<Option<std::sync::Arc<Pair>>> = if !ours_.virt {
         Vec::new()
     } else {
         fds.iter().map(|p| pair_of(p.fd)).collect()
     };
     let kick = ours_.waker.filter(|_| !pairs.is_empty());
-    let _polling = Polling::new();
+    let _polling = wake::Polling::new();
     loop {
         // A connection settled meanwhile (SMC-R now) is woken through its group from now on.
         for p in pairs.iter().flatten() {
@@ -360,30 +315,15 @@ fn run(
 
 /// The readiness of `fd` if it is a socket of ours this process answers for (an SMC-R
 /// connection, or one being settled).
-fn pair_of(fd: i32) -> Option<std::sync::Arc<crate::shim::Pair>> {
+fn pair_of(fd: i32) -> Option<std::sync::Arc<Pair>> {
     table::get(fd)?.pair().cloned()
 }
 
 /// The poll events of a socket in `state`'s pair, for a request of `events` (POLLERR and
 /// POLLHUP always): the epoll bits are poll's (POLLIN = EPOLLIN, and so on).
-fn revents_of(pair: &crate::shim::Pair, events: i16) -> i16 {
+fn revents_of(pair: &Pair, events: i16) -> i16 {
     let want = (events as u16 as u32) | (libc::POLLERR | libc::POLLHUP) as u32;
-    (crate::vepoll::events_of(pair.latest()) & want) as i16
-}
-
-/// Marks this thread as in a poll that answers for SMC-R sockets while it lives.
-struct Polling(bool);
-
-impl Polling {
-    fn new() -> Self {
-        Self(POLLING.try_with(|p| p.replace(true)).unwrap_or(false))
-    }
-}
-
-impl Drop for Polling {
-    fn drop(&mut self) {
-        let _ = POLLING.try_with(|p| p.set(self.0));
-    }
+    (crate::epoll::vepoll::events_of(pair.latest()) & want) as i16
 }
 
 /// Handles what woke the wait: the UDP sockets in `fired` are received from (once each, by

@@ -6,7 +6,7 @@ use std::io;
 
 use crate::guard::set_errno;
 use crate::real;
-use crate::shim::SmcFd;
+use crate::sock::SmcFd;
 
 /// One end of the copy.
 pub(crate) enum End<'a> {

@@ -1,6 +1,8 @@
 //! Which file descriptors are ours. The question is asked on every hooked call, so the answer
 //! for a descriptor that is not ours is one atomic load (a bit per fd), with no lock and no
-//! allocation (hooks may run in signal handlers).
+//! allocation (hooks may run in signal handlers). Also the close-on-exec flag the application
+//! sees on our numbers, and this process's id. Below everything but the types it holds (`sock`,
+//! `pair`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,7 +10,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use crate::shim::Sock;
+use crate::pair::Pair;
+use crate::real;
+use crate::sock::{Sock, cloexec_managed};
 
 /// Descriptors we track (higher ones are left to libc: the application's sockets live low).
 pub(crate) const MAX_FDS: usize = 1 << 16;
@@ -128,6 +132,16 @@ pub(crate) fn cloexec_view(fd: i32) -> bool {
     slot(fd).is_none_or(|(w, b)| INHERIT[w].load(Ordering::Acquire) & b == 0)
 }
 
+/// The close-on-exec flag as the application sees it.
+pub(crate) fn app_cloexec(fd: i32) -> bool {
+    if get_any(fd).is_some_and(|s| cloexec_managed(&s)) {
+        return cloexec_view(fd);
+    }
+    // SAFETY: reading descriptor flags.
+    let fl = unsafe { real::fcntl()(fd, libc::F_GETFD, 0) };
+    fl >= 0 && fl & libc::FD_CLOEXEC != 0
+}
+
 /// Whether some number of this process still shows `s` (after one was removed: dup'd
 /// numbers share the socket).
 pub(crate) fn shows(s: &Arc<Sock>) -> bool {
@@ -145,7 +159,7 @@ pub(crate) fn numbers_of(s: &Arc<Sock>) -> Vec<i32> {
 
 /// The numbers whose entry reports readiness through `pair` (a connection being settled:
 /// pending or accepted, whichever process made the entry).
-pub(crate) fn numbers_with_pair(pair: &Arc<crate::shim::Pair>) -> Vec<i32> {
+pub(crate) fn numbers_with_pair(pair: &Arc<Pair>) -> Vec<i32> {
     MAP.read()
         .iter()
         .filter(|(_, (_, t))| t.pair().is_some_and(|p| Arc::ptr_eq(p, pair)))

@@ -5,7 +5,8 @@ use libc::{c_int, c_ulong};
 
 use super::{Op, Target, as_smc, smc, target};
 use crate::guard::{bypassed, errno_of, guarded, set_errno};
-use crate::shim::{self, Sock};
+use crate::shim;
+use crate::sock::{Sock, cloexec_managed};
 use crate::{real, table};
 
 /// # Safety
@@ -118,7 +119,7 @@ fn fcntl_common(
     }
     // Decided on the file, even in a forked child (where the connection is the parent's):
     // what it execs must not inherit a pair nothing serves.
-    let pair = !bypassed() && table::get_any(fd).is_some_and(|s| shim::cloexec_managed(&s));
+    let pair = !bypassed() && table::get_any(fd).is_some_and(|s| cloexec_managed(&s));
     if pair {
         // Our pair stays close-on-exec; the application sees (and sets) its own flag.
         match cmd {
@@ -188,7 +189,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if (req == libc::FIOCLEX || req == libc::FIONCLEX)
         && !bypassed()
-        && table::get_any(fd).is_some_and(|s| shim::cloexec_managed(&s))
+        && table::get_any(fd).is_some_and(|s| cloexec_managed(&s))
     {
         // As F_SETFD: the pair stays close-on-exec, the application's flag is its view.
         // SAFETY: checking that the descriptor is open.
@@ -241,7 +242,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: forwarding.
     let r = unsafe { real::dup()(fd) };
     if r >= 0 && !bypassed() {
-        if table::get_any(fd).is_some_and(|s| shim::cloexec_managed(&s)) {
+        if table::get_any(fd).is_some_and(|s| cloexec_managed(&s)) {
             dup_pair(r, false);
         }
         if let Some(s) = table::get(fd) {
@@ -279,7 +280,7 @@ fn dup_to(old: c_int, new: c_int, cloexec: bool, real: impl FnOnce() -> c_int) -
 fn dup_onto(old: c_int, new: c_int, r: c_int, cloexec: bool) -> c_int {
     if r >= 0 && !bypassed() && old != new {
         // `new` is now what `old` is.
-        if table::get_any(old).is_some_and(|s| shim::cloexec_managed(&s)) {
+        if table::get_any(old).is_some_and(|s| cloexec_managed(&s)) {
             dup_pair(new, cloexec);
         }
         if let Some(s) = table::get(old) {

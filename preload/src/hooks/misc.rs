@@ -8,7 +8,7 @@ use libc::{c_int, size_t, ssize_t};
 
 use super::{Op, Target, as_smc, ret_len, target};
 use crate::guard::{bypassed, errno, guarded, set_errno};
-use crate::shim::Sock;
+use crate::sock::Sock;
 use crate::{real, shim};
 
 fn end(fd: c_int, s: &Option<Arc<Sock>>) -> io::Result<crate::sendfile::End<'_>> {

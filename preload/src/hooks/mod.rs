@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use libc::{c_int, socklen_t, ssize_t};
 
 use crate::guard::{bypassed, errno_of, guarded, set_errno};
-use crate::shim::{self, SmcFd, Sock};
+use crate::sock::{Settling, SmcFd, Sock};
 use crate::{real, table};
 
 /// The SMC-R connection at `fd`, unless the call must go to libc.
@@ -41,7 +41,7 @@ enum Target {
     /// An SMC-R connection (or one inherited from the parent: EIO).
     Smc(Arc<Sock>),
     /// A connection not settled yet: a write is staged there.
-    Stage(Arc<shim::Settling>),
+    Stage(Arc<Settling>),
     /// Fails with this errno (EAGAIN while a non-blocking read's connection is settled).
     Err(c_int),
     /// A read returns 0 (reading was shut down before the connection settled).

@@ -19,7 +19,13 @@ pub unsafe extern "C" fn epoll_ctl(
         // SAFETY: forwarding.
         return unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
     }
-    guarded(-1, || crate::epoll::ctl(epfd, op, fd, ev))
+    // An accepted connection a set of ours first holds starts negotiating (the socket
+    // machinery's, above the epoll module).
+    guarded(-1, || {
+        crate::epoll::ctl(epfd, op, fd, ev, |a| {
+            a.start(fd);
+        })
+    })
 }
 
 /// # Safety

@@ -9,7 +9,8 @@ use libc::{c_int, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use super::{Op, SETTLE_WAIT, Target, as_smc, ret_len, target, timeo};
 use crate::guard::{bypassed, errno, errno_of, guarded, set_errno};
-use crate::shim::{self, Sock};
+use crate::shim;
+use crate::sock::{Sock, Staged};
 use crate::{real, table};
 
 /// A write hook's dispatch: `bytes` (gathered only when staged), `smc` on an SMC-R
@@ -63,15 +64,15 @@ fn write_to(
                 // (SO_SNDTIMEO bounds it, else as long as it takes).
                 let wait = (flags & libc::MSG_DONTWAIT == 0 && !a.nonblock.load(Ordering::Relaxed))
                     .then(|| timeo(fd, libc::SO_SNDTIMEO).unwrap_or(std::time::Duration::MAX));
-                match guarded(shim::Staged::WouldBlock, || a.stage(b, wait)) {
-                    shim::Staged::Took(n) if wait.is_none() || n == b.len() => return n as ssize_t,
-                    shim::Staged::Took(n) => staged = n,
-                    shim::Staged::WouldBlock => {
+                match guarded(Staged::WouldBlock, || a.stage(b, wait)) {
+                    Staged::Took(n) if wait.is_none() || n == b.len() => return n as ssize_t,
+                    Staged::Took(n) => staged = n,
+                    Staged::WouldBlock => {
                         set_errno(libc::EAGAIN);
                         return -1;
                     }
-                    shim::Staged::Settled => {}
-                    shim::Staged::Shut => {
+                    Staged::Settled => {}
+                    Staged::Shut => {
                         if flags & libc::MSG_NOSIGNAL == 0 {
                             // SAFETY: raise has no preconditions (SIGPIPE, as TCP's write).
                             unsafe { libc::raise(libc::SIGPIPE) };
@@ -134,14 +135,14 @@ fn read_from(
 
 /// As [`guarded`], for a call on a connection: after a panic its state cannot be trusted, so
 /// the connection is ended (the peer sees a reset, later calls fail with ECONNRESET).
-fn guarded_on<T>(s: &crate::shim::Sock, fail: T, f: impl FnOnce() -> T) -> T {
+fn guarded_on<T>(s: &Sock, fail: T, f: impl FnOnce() -> T) -> T {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
             crate::log::line(format_args!(
                 "panic inside a hook; the call fails with EIO and the connection is aborted"
             ));
-            if let crate::shim::Sock::Smc(c) = s {
+            if let Sock::Smc(c) = s {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     c.stream.abort("aborted after a panic inside smcr")
                 }));
@@ -529,7 +530,7 @@ mod tests {
     #[test]
     fn a_panic_on_a_connection_becomes_eio_and_the_fallback_value() {
         set_errno(0);
-        let r = guarded_on(&crate::shim::Sock::Inet, -1isize, || panic!("on a socket"));
+        let r = guarded_on(&Sock::Inet, -1isize, || panic!("on a socket"));
         assert_eq!((r, errno()), (-1, libc::EIO));
     }
 }

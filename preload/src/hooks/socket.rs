@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use libc::{c_int, sockaddr, socklen_t};
 
+use crate::fds;
 use crate::guard::{bypassed, errno, guarded, set_errno};
-use crate::shim::{self, Sock};
+use crate::shim;
+use crate::sock::Sock;
 use crate::{real, table};
 
 /// # Safety
@@ -69,7 +71,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }
     guarded(-1, || {
         let plan = shim::plan_connect(fd, dest);
-        let nonblocking = shim::nonblocking(fd);
+        let nonblocking = fds::is_nonblocking(fd);
         // SAFETY: forwarding.
         let r = unsafe { real::connect()(fd, addr, len) };
         let e = errno();
@@ -130,7 +132,7 @@ unsafe fn sockaddr_in_any(addr: *const sockaddr, len: socklen_t) -> Option<std::
     let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
     // SAFETY: `addr` has `len` readable bytes (the caller's contract).
     unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), (&raw mut ss).cast::<u8>(), n) };
-    shim::sockaddr_of(&ss, len)
+    fds::sockaddr_of(&ss, len)
 }
 
 /// # Safety
@@ -147,7 +149,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
     // SAFETY: asking the kernel for the bound address into a sockaddr_storage.
     let named = unsafe { real::getsockname()(fd, (&raw mut ss).cast(), &mut sl) } == 0;
-    let bound = named.then(|| shim::sockaddr_of(&ss, sl)).flatten();
+    let bound = named.then(|| fds::sockaddr_of(&ss, sl)).flatten();
     // Which IPv4 address its peers reach it on: its own, or any for 0.0.0.0 and a dual-stack
     // [::]. A socket that cannot have IPv4 peers (IPv6-only, a native IPv6 address) stays TCP.
     let v4 = match bound {

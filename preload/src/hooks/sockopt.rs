@@ -9,7 +9,8 @@ use libc::{c_int, sockaddr, socklen_t};
 
 use super::{as_smc, smc};
 use crate::guard::{bypassed, guarded, set_errno};
-use crate::shim::{self, Sock};
+use crate::shim;
+use crate::sock::Sock;
 use crate::{real, table};
 
 /// The descriptor socket calls about `fd` should reach: the hidden TCP socket of an SMC-R fd.

@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use smcr::{FallbackReason, Mode, Runtime, SmcStream};
 
-use super::fds::{borrowed, hide, hide_owned, inode, sock_addr, sockaddr_of};
 use super::fork::{children_since, forks};
 use super::outcome::Outcome;
 use super::runtime::{NEGOTIATING, claim, describe, runtime};
-use super::settling::{Role, Settling, State};
-use super::sock::{Listener, Sock};
+use crate::fds::{borrowed, hide, hide_owned, inode, sock_addr, sockaddr_of};
 use crate::guard::Bypass;
+use crate::sock::{Listener, Role, Settling, Sock, State};
 use crate::{log, real, table};
 
 /// Marks `fd` for the TCP option (before `listen`).

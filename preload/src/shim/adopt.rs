@@ -6,11 +6,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use smcr::RuntimeConfig;
 
-use super::fds::{borrowed, inode, is_nonblocking, sock_addr};
 use super::runtime::enabled;
-use super::settling::{Role, Settling};
-use super::sock::{Listener, Sock};
+use crate::fds::{borrowed, inode, is_nonblocking, sock_addr};
 use crate::guard::Bypass;
+use crate::sock::{Listener, Role, Settling, Sock};
 use crate::{log, real, table};
 
 /// At start-up (a new program image): TCP sockets inherited from the program that exec'd us —

@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use smcr::{FallbackReason, Mode, SmcStream};
 
-use super::fds::{borrowed, hide, is_nonblocking, sock_addr};
 use super::numbers::{manage_cloexec, untrack};
 use super::outcome::{Outcome, tcp_of};
 use super::runtime::{claim, describe, runtime};
-use super::settling::{Role, Settling};
-use super::sock::Sock;
+use crate::fds::{borrowed, hide, is_nonblocking, sock_addr};
 use crate::guard::Bypass;
+use crate::sock::{Role, Settling, Sock};
 use crate::{log, table};
 
 /// What `connect` does with a socket of ours, decided before the kernel's connect.

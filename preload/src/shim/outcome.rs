@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use smcr::{Blocking, SmcStream};
 
-use super::fds::is_nonblocking;
-use super::numbers::{cloexec_managed, manage_cloexec, set_cloexec};
-use super::pair::{Pair, PairSink};
+use super::numbers::{manage_cloexec, set_cloexec};
 use super::runtime::{NEGOTIATING, runtime};
-use super::settling::{Settling, State};
-use super::sock::{Sock, smc_fd};
+use crate::fds::is_nonblocking;
+use crate::pair::{Pair, PairSink};
+use crate::sock::{Settling, Sock, State, cloexec_managed, smc_fd};
 use crate::{log, real, table};
 
 impl Settling {
@@ -129,7 +128,7 @@ impl Outcome {
                 let inherited = Arc::new(Sock::Inherited);
                 for &n in &numbers {
                     table::insert(n, inherited.clone());
-                    crate::vepoll::to_kernel_fd(n, pair);
+                    crate::epoll::vepoll::to_kernel_fd(n, pair);
                 }
                 pair.set(smcr::ReadyState {
                     readable: true,
@@ -176,7 +175,7 @@ impl Outcome {
                         set_cloexec(n, table::cloexec_view(n));
                     }
                     // Our registrations of it become the kernel's, on the TCP socket.
-                    crate::vepoll::to_kernel_fd(n, pair);
+                    crate::epoll::vepoll::to_kernel_fd(n, pair);
                     crate::epoll::forget(n);
                 }
                 // Whoever waits through our hooks looks again (now at the kernel's view).

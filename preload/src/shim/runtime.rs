@@ -117,14 +117,15 @@ fn policy() -> Option<&'static smcr::policy::Policy> {
 
 /// Reads the process's settings now, at load, before the program has threads. Each is
 /// initialised lazily behind a `OnceLock`; were a thread of ours the first to read one while
-/// the program forks, the child would find that initialisation running for ever.
+/// the program forks, the child would find that initialisation running for ever. (So is the
+/// epoll sets' kick handed to `wake`, see `vepoll::init`.)
 pub(crate) fn init_settings() {
     let _ = enabled();
     let _ = policy();
-    let _ = super::pair::lazy();
+    let _ = crate::pair::lazy();
     let _ = RT.get_or_init(|| Mutex::new(None));
     let _ = crate::epoll::app_drive();
-    let _ = crate::vepoll::on();
+    crate::epoll::vepoll::init();
 }
 
 /// How a connection was negotiated, for the log (formatted only when a line is written).

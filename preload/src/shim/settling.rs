@@ -1,104 +1,18 @@
-//! A connection whose SMC-R negotiation is not settled yet ([`Settling`]): its phase, what the
-//! application staged meanwhile, and the waits on it. The methods that settle it live with
-//! the paths that do: `start` and the server side in `accept`, `finish` in `outcome`.
+//! Making a connection being settled ([`Settling::new`], the type is `sock`'s): a connect's
+//! counts as a negotiation of this process ([`NEGOTIATING`]) from the start, an accepted one
+//! only once it starts (`accept`).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::pair::Pair;
 use super::runtime::NEGOTIATING;
-use super::sock::Sock;
+use crate::pair::Pair;
+use crate::sock::{Phase, Role, Settling, State};
 use crate::table;
 
-/// The most a connection being settled takes from writes before it is settled (as a new TCP
-/// connection's send buffer takes them before the peer acknowledges anything).
-const STAGE_MAX: usize = 64 * 1024;
-
-/// A connection whose SMC-R negotiation is not settled yet: a non-blocking connect finishing
-/// on a worker ([`Sock::Pending`]), or an accepted connection negotiated at its first use
-/// ([`Sock::Accepted`]). To the application it is a connected TCP socket (once the TCP
-/// handshake is done): writes are staged here (up to [`STAGE_MAX`]) and go out, in order,
-/// over whatever the connection settles on; reads wait for it (or say EAGAIN).
-pub(crate) struct Settling {
-    /// Readiness while settling: writable once TCP is connected and while the stage has room,
-    /// never readable; carried over to the SMC-R connection.
-    pub(crate) pair: Arc<Pair>,
-    pub(super) st: Mutex<Phase>,
-    pub(super) done: Condvar,
-    /// The application's O_NONBLOCK (kept by the fcntl and ioctl hooks).
-    pub(crate) nonblock: AtomicBool,
-    pub(super) role: Role,
-    /// The process whose worker settles it (once [`State::Running`]): a child that forked
-    /// meanwhile holds a copy saying Running with no worker of its own.
-    pub(super) runner: AtomicU32,
-}
-
-pub(super) struct Phase {
-    pub(super) state: State,
-    /// The application shut reading or writing down before the connection was settled: done
-    /// once it is (writing: after what was staged).
-    pub(super) shut_rd: bool,
-    pub(super) shut_wr: bool,
-    /// What the numbers showing the connection became (`None`: plain TCP, no entry): a number
-    /// that copied the settling entry meanwhile (`dup` racing the install) takes it on its next
-    /// call.
-    pub(super) settled: Option<Arc<Sock>>,
-    /// The TCP handshake is done.
-    connected: bool,
-    /// What the application wrote before the connection was settled.
-    pub(super) staged: Vec<u8>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum State {
-    /// Accepted, not used yet: nothing started.
-    Idle,
-    Running,
-    Done,
-}
-
-pub(super) enum Role {
-    Client {
-        /// Our address: a listener of this process that accepts the connection negotiates
-        /// its side at once (the program may wait on this end before using that one).
-        local: Option<SocketAddr>,
-    },
-    Server {
-        /// The process that accepted it, and how many forks it had made by then: a holder
-        /// whose pid differs, or that forked since, may share the socket with another
-        /// process.
-        pid: u32,
-        forks: u64,
-        /// A native IPv6 peer (dual-stack listener): declined, NOTIPV4.
-        native_v6: bool,
-    },
-}
-
-/// What a write to a connection being settled did.
-pub(crate) enum Staged {
-    /// Took this many bytes.
-    Took(usize),
-    /// Settled meanwhile: write where the connection is now.
-    Settled,
-    /// Full, and the call must not wait.
-    WouldBlock,
-    /// Writing was shut down (EPIPE).
-    Shut,
-}
-
 impl Settling {
-    /// The local address of a connect being settled (`None` for an accepted connection).
-    pub(crate) fn client_local(&self) -> Option<SocketAddr> {
-        match self.role {
-            Role::Client { local } => local,
-            Role::Server { .. } => None,
-        }
-    }
-
     pub(super) fn new(role: Role, connected: bool, nonblock: bool) -> Arc<Self> {
         if matches!(role, Role::Client { .. }) {
             NEGOTIATING.fetch_add(1, Ordering::AcqRel);
@@ -121,111 +35,5 @@ impl Settling {
             role,
             runner: AtomicU32::new(table::pid()),
         })
-    }
-
-    /// The application closes a number of this connection: `remove` runs under the lock that
-    /// settling takes (see [`Settling::finish`]).
-    pub(crate) fn closing(&self, remove: impl FnOnce()) {
-        let _st = self.st.lock();
-        remove();
-    }
-
-    /// Whether settled; then the entry a number that still shows this settling entry gets
-    /// (`None`: plain TCP, no entry).
-    pub(crate) fn outcome(&self) -> Option<Option<Arc<Sock>>> {
-        let st = self.st.lock();
-        (st.state == State::Done).then(|| st.settled.clone())
-    }
-
-    /// The application shuts the connection down before it is settled: recorded (done once it
-    /// is settled, writing after what was staged), `true`; `false` when it is settled already.
-    pub(crate) fn shutdown(&self, how: std::net::Shutdown) -> bool {
-        use std::net::Shutdown;
-        let mut st = self.st.lock();
-        if st.state == State::Done {
-            return false;
-        }
-        st.shut_rd |= matches!(how, Shutdown::Read | Shutdown::Both);
-        st.shut_wr |= matches!(how, Shutdown::Write | Shutdown::Both);
-        if st.shut_wr {
-            // No more writes: not writable (EPIPE) from now on, as TCP shows it.
-            drop(st);
-            self.pair.set(smcr::ReadyState {
-                writable: true,
-                ..Default::default()
-            });
-        }
-        true
-    }
-
-    /// Reading was shut down before the connection settled: reads say EOF.
-    pub(crate) fn read_shut(&self) -> bool {
-        self.st.lock().shut_rd
-    }
-
-    /// Waits until settled, at most `limit`; whether it is.
-    pub(crate) fn wait(&self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        let mut st = self.st.lock();
-        while st.state != State::Done {
-            if self.done.wait_until(&mut st, deadline).timed_out() {
-                return st.state == State::Done;
-            }
-        }
-        true
-    }
-
-    /// Whether the TCP handshake is done (a connect asked again says EISCONN).
-    pub(crate) fn tcp_connected(&self) -> bool {
-        let st = self.st.lock();
-        st.state == State::Done || st.connected
-    }
-
-    /// TCP is connected: writable while the stage has room.
-    pub(super) fn connected(&self) {
-        let mut st = self.st.lock();
-        st.connected = true;
-        if st.state != State::Done {
-            self.pair.set(smcr::ReadyState {
-                writable: st.staged.len() < STAGE_MAX,
-                ..Default::default()
-            });
-        }
-    }
-
-    /// The application writes `buf`: staged while there is room. `wait`: a blocking call,
-    /// which waits (at most that long: SO_SNDTIMEO) for the connection to settle when the
-    /// stage is full.
-    pub(crate) fn stage(&self, buf: &[u8], wait: Option<Duration>) -> Staged {
-        // (A wait that does not fit an Instant is one without end.)
-        let deadline = wait.map(|w| Instant::now().checked_add(w));
-        let mut st = self.st.lock();
-        loop {
-            if st.state == State::Done {
-                return Staged::Settled;
-            }
-            if st.shut_wr {
-                return Staged::Shut;
-            }
-            let room = STAGE_MAX.saturating_sub(st.staged.len());
-            if room > 0 && self.pair.latest() & 2 != 0 {
-                let n = room.min(buf.len());
-                st.staged.extend_from_slice(&buf[..n]);
-                if st.staged.len() >= STAGE_MAX {
-                    // Full: not writable until it settles.
-                    self.pair.set(smcr::ReadyState::default());
-                }
-                return Staged::Took(n);
-            }
-            match deadline {
-                None => return Staged::WouldBlock,
-                Some(None) => self.done.wait(&mut st),
-                Some(Some(d)) => {
-                    if self.done.wait_until(&mut st, d).timed_out() && st.state != State::Done {
-                        return Staged::WouldBlock;
-                    }
-                }
-            }
-        }
     }
 }

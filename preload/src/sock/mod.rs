@@ -1,7 +1,8 @@
 //! The entry a number of ours holds ([`Sock`]) and what it points to: an SMC-R connection
 //! ([`SmcFd`]: its stream, O_NONBLOCK, timeouts, and the preamble written before it was
-//! settled) and a marked listener ([`Listener`]). Leaf types: they know the readiness
-//! ([`Pair`]) and the connection being settled ([`Settling`]), none of the paths that make them.
+//! settled), a marked listener ([`Listener`]) and a connection not settled yet ([`Settling`],
+//! `settling`). Leaf types, below the table that holds them: they know the readiness
+//! ([`Pair`]), none of the paths that make them (`shim`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -13,9 +14,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use smcr::{Blocking, SmcStream};
 
-use super::pair::Pair;
-use super::settling::Settling;
+use crate::pair::Pair;
 use crate::real;
+
+mod settling;
+
+pub(crate) use settling::{Phase, Role, Settling, Staged, State};
 
 /// A socket the shim manages.
 pub(crate) enum Sock {
@@ -53,6 +57,14 @@ impl Sock {
             _ => None,
         }
     }
+}
+
+/// Whether the number's close-on-exec flag is the application's view only: an SMC-R
+/// connection, or a connect being negotiated (its worker would not survive the exec), is
+/// close-on-exec for real (an exec'd image could not serve it: it arrives closed rather than
+/// silent), whatever the program sets; one that settles as TCP gets the flag of the view.
+pub(crate) fn cloexec_managed(s: &Sock) -> bool {
+    matches!(s, Sock::Smc(_) | Sock::Pending(_))
 }
 
 /// An SMC-R connection at an application descriptor.
@@ -244,7 +256,7 @@ impl Until {
 }
 
 /// An SMC-R connection to show through `pair`.
-pub(super) fn smc_fd(
+pub(crate) fn smc_fd(
     stream: SmcStream,
     nonblock: bool,
     pair: Arc<Pair>,
@@ -289,7 +301,7 @@ pub(super) fn smc_fd(
 pub(crate) struct Listener {
     /// Its row in the stats area of the process that listened (`smc-stat -l`), until that
     /// process closes it.
-    pub(super) stat: Mutex<Option<smcr::ListenerRecord>>,
+    pub(crate) stat: Mutex<Option<smcr::ListenerRecord>>,
     /// The address it is bound to (`0.0.0.0`/`::` for every address).
     pub(crate) bound: Option<SocketAddr>,
 }

@@ -1,7 +1,8 @@
 //! Readiness: a connection's readiness as our poll, select and epoll hooks report it
 //! ([`Pair`]), with the kernel socketpair that shows it when the kernel must answer for the
 //! socket, and the sink through which `smcr` updates it ([`PairSink`]). A leaf: it wakes the
-//! waiters of `vepoll` and `poll`, and knows nothing of the sockets that hold it.
+//! waiters of our epoll sets and poll calls through `wake`, and knows nothing of the sockets
+//! that hold it.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -10,9 +11,9 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::fds::hide;
+use crate::fds::hide;
 use crate::guard::Bypass;
-use crate::real;
+use crate::{real, wake};
 
 /// A connection's readiness as our poll, select and epoll hooks report it: the latest state,
 /// packed, and how often each bit rose (edge-triggered registrations report again when one of
@@ -33,7 +34,7 @@ pub(crate) struct Pair {
     latest: AtomicU32,
     /// How often each of those bits rose (the readable one also at each new arrival).
     rises: [AtomicU32; 5],
-    /// Epoll sets that hold the socket as a registration of ours (vepoll.rs): a bit that
+    /// Epoll sets that hold the socket as a registration of ours (epoll/vepoll.rs): a bit that
     /// rises wakes their waiters.
     watched: Mutex<Vec<i32>>,
     /// poll/select calls in progress that answer for the socket themselves (poll.rs), by the
@@ -42,7 +43,7 @@ pub(crate) struct Pair {
     /// drain it before the waiting one looks).
     pollers: Mutex<Vec<i32>>,
     /// The connection's link group, to wake those calls (set when SMC-R is up).
-    pub(super) driver: OnceLock<smcr::Driver>,
+    pub(crate) driver: OnceLock<smcr::Driver>,
 }
 
 struct PairState {
@@ -98,7 +99,7 @@ impl Pair {
 
     /// Makes the kernel socketpair, showing the current state; returns the application's end
     /// for the caller to put at the application's number(s). `None` when it exists already.
-    pub(super) fn kernel_end(&self) -> io::Result<Option<OwnedFd>> {
+    pub(crate) fn kernel_end(&self) -> io::Result<Option<OwnedFd>> {
         let mut st = self.st.lock();
         if st.kernel.is_some() {
             return Ok(None);
@@ -183,11 +184,11 @@ impl Pair {
     fn wake(&self) {
         let sets = self.watched.lock().clone();
         if !sets.is_empty() {
-            crate::vepoll::kick(&sets);
+            wake::epoll_sets(&sets);
         }
         let pollers = self.pollers.lock();
         if !pollers.is_empty() {
-            crate::poll::wake(&pollers);
+            wake::pollers(&pollers);
         }
     }
     /// The packed latest state (see [`Pair::latest`]).
@@ -350,7 +351,7 @@ fn clear_so_error(fd: i32) {
 
 /// Whether kernel pairs are kept in step only while someone may look at them
 /// (`SMCR_LAZY_PAIR=off` keeps them in step at every change).
-pub(super) fn lazy() -> bool {
+pub(crate) fn lazy() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         !smcr::env::var("SMCR_LAZY_PAIR").is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
@@ -370,7 +371,7 @@ fn drain(fd: i32, buf: &mut [u8]) {
 }
 
 /// The connection's readiness, through the pair.
-pub(super) struct PairSink(pub(super) Arc<Pair>);
+pub(crate) struct PairSink(pub(crate) Arc<Pair>);
 
 impl smcr::Readiness for PairSink {
     fn update(&self, now: smcr::ReadyState) {

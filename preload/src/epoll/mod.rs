@@ -8,14 +8,30 @@
 //! file), never on the old file unrecorded. Registrations are kept only while the number is
 //! ours: a number handed back as plain TCP, or closed, has none left to be replayed later onto
 //! an unrelated socket that reuses the number.
+//!
+//! Also here: the kernel's view of a connection (`show_kernel`: its pair at the number, the
+//! registrations moved onto it), the link groups' descriptors in the application's sets
+//! (application driving), the application's `epoll_ctl` and `epoll_wait`, and the sets we
+//! answer ourselves (`vepoll`). Below the socket machinery (`shim`), which drops a number's
+//! registrations when it stops being ours and moves them when a connection settles; what a
+//! wait asks of the machinery (an accepted connection starts negotiating) is handed in by the
+//! hook (`ctl`'s `start`).
 
 use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::{real, table};
+use crate::guard::Bypass;
+use crate::pair::Pair;
+use crate::sock::{Settling, Sock};
+use crate::{log, real, table};
+
+pub(crate) mod vepoll;
 
 /// Link groups whose event descriptor an application's epoll set watches, by (epoll
 /// descriptor, group id): when it fires, the thread in `epoll_wait` handles what arrived
@@ -41,11 +57,18 @@ type Regs = Vec<(i32, libc::epoll_event)>;
 
 static REGS: Mutex<BTreeMap<i32, Regs>> = Mutex::new(BTreeMap::new());
 
-/// The application's `epoll_ctl` (not bypassed).
-pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i32 {
-    if op == libc::EPOLL_CTL_ADD && crate::vepoll::has(fd) {
+/// The application's `epoll_ctl` (not bypassed). `start`: what an accepted connection not
+/// negotiated yet does when a set of ours first holds it (it starts negotiating).
+pub(crate) fn ctl(
+    epfd: i32,
+    op: i32,
+    fd: i32,
+    ev: *mut libc::epoll_event,
+    start: impl FnOnce(&Arc<Settling>),
+) -> i32 {
+    if op == libc::EPOLL_CTL_ADD && vepoll::has(fd) {
         // An epoll set of ours nested in another: the kernel must answer for it.
-        crate::vepoll::to_kernel(fd);
+        vepoll::to_kernel(fd);
     }
     let Some(sock) = table::get(fd) else {
         // SAFETY: forwarding the application's arguments.
@@ -57,24 +80,24 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
             .lock()
             .get(&fd)
             .is_some_and(|r| r.iter().any(|(e, _)| *e == epfd));
-        if let Some(r) = crate::vepoll::ctl(epfd, op, fd, ev, pair, kernel_has) {
+        if let Some(r) = vepoll::ctl(epfd, op, fd, ev, pair, kernel_has) {
             if r != 0 || op == libc::EPOLL_CTL_DEL {
                 return r;
             }
             match &*sock {
-                crate::shim::Sock::Smc(c) => {
+                Sock::Smc(c) => {
                     if drive_stream(epfd, &c.stream) {
                         return r;
                     }
                     // Without the group's descriptor in the set nothing would wake it: the
                     // kernel keeps this one.
-                    let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, pair, false);
+                    let _ = vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, pair, false);
                 }
-                crate::shim::Sock::Accepted(a) => {
+                Sock::Accepted(a) => {
                     // Waited on: negotiated now, on a worker of this process (its settling
                     // wakes the set through our kick).
                     crate::guard::guarded((), || {
-                        a.start(fd);
+                        start(a);
                     });
                     return r;
                 }
@@ -82,12 +105,12 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
             }
         }
     }
-    let smc = matches!(&*sock, crate::shim::Sock::Smc(_));
+    let smc = matches!(&*sock, Sock::Smc(_));
     drop(sock);
     if smc && op != libc::EPOLL_CTL_DEL {
         // The kernel answers for this registration: the number shows the connection's
         // kernel pair from now on.
-        crate::shim::show_kernel(fd);
+        show_kernel(fd);
     }
     let mut m = REGS.lock();
     // SAFETY: as above.
@@ -104,7 +127,7 @@ pub(crate) fn ctl(epfd: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> i3
     drop(m);
     if r == 0 && op != libc::EPOLL_CTL_DEL {
         if let Some(s) = table::get(fd)
-            && let crate::shim::Sock::Smc(c) = &*s
+            && let Sock::Smc(c) = &*s
         {
             // The kernel reports the pair to this set from now on: keep it in step.
             c.pair.observe_epoll();
@@ -124,8 +147,8 @@ pub(crate) fn record(fd: i32, epfd: i32, ev: libc::epoll_event) {
 
 /// `fd` just became an SMC-R connection with readiness `pair`: the kernel registrations the
 /// application made for it (on the TCP socket, before it connected) become ours where they
-/// can (see vepoll.rs); for the rest the number gets the connection's kernel pair.
-pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
+/// can (see `vepoll`); for the rest the number gets the connection's kernel pair.
+pub(crate) fn virtualize(fd: i32, pair: &Arc<Pair>) {
     let mut m = REGS.lock();
     let Some(regs) = m.remove(&fd) else {
         return;
@@ -135,10 +158,10 @@ pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
         // SAFETY: taking the application's registration out of the kernel (it is re-made
         // as ours, or put back).
         unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
-        let ours = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_ADD, fd, &ev, pair, false) == Some(0)
+        let ours = vepoll::ctl(epfd, libc::EPOLL_CTL_ADD, fd, &ev, pair, false) == Some(0)
             && drive_with(epfd, fd);
         if !ours {
-            let _ = crate::vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, &ev, pair, false);
+            let _ = vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, &ev, pair, false);
             let mut e = ev;
             // SAFETY: putting the application's registration back.
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
@@ -149,7 +172,7 @@ pub(crate) fn virtualize(fd: i32, pair: &std::sync::Arc<crate::shim::Pair>) {
         m.insert(fd, kept);
         drop(m);
         // (Moves the registrations just recorded onto the pair.)
-        if let Some(p) = crate::shim::show_kernel(fd) {
+        if let Some(p) = show_kernel(fd) {
             p.observe_epoll();
         }
     }
@@ -173,7 +196,7 @@ pub(crate) fn drive_with(epfd: i32, fd: i32) -> bool {
     let Some(sock) = table::get(fd) else {
         return false;
     };
-    let crate::shim::Sock::Smc(c) = &*sock else {
+    let Sock::Smc(c) = &*sock else {
         return false;
     };
     drive_stream(epfd, &c.stream)
@@ -205,7 +228,7 @@ fn drive_stream(epfd: i32, stream: &smcr::SmcStream) -> bool {
     // SAFETY: registering a descriptor of ours in the application's epoll set.
     let r = unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, d.fd(), &mut ev) };
     if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
-        crate::log::line(format_args!(
+        log::line(format_args!(
             "epoll set {epfd} now wakes for link group {} (application-driven)",
             key.1
         ));
@@ -231,7 +254,7 @@ fn watch_rx(epfd: i32, sock: i32) -> bool {
     // SAFETY: registering a descriptor of ours in the application's epoll set.
     let r = unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, sock, &mut ev) };
     if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
-        crate::log::line(format_args!(
+        log::line(format_args!(
             "epoll set {epfd} now watches the RoCE socket (application-driven receive)"
         ));
         m.insert((epfd, sock), table::pid());
@@ -258,7 +281,7 @@ pub(crate) fn managed() -> bool {
 
 /// An epoll descriptor was closed: its group registrations went with it.
 pub(crate) fn closed_epfd(epfd: i32) {
-    crate::vepoll::closed_epfd(epfd);
+    vepoll::closed_epfd(epfd);
     if driven() {
         DRIVERS.lock().retain(|(e, _), _| *e != epfd);
         RXS.lock().retain(|(e, _), _| *e != epfd);
@@ -267,7 +290,7 @@ pub(crate) fn closed_epfd(epfd: i32) {
 
 /// The application's `epoll_wait` on `epfd` for at most `maxevents` events (`call(buffer,
 /// max, timeout)` runs the real one): events of our group descriptors are handled here and
-/// taken out of the result, and the set's registrations of ours (vepoll.rs) add theirs; if
+/// taken out of the result, and the set's registrations of ours (`vepoll`) add theirs; if
 /// only ours came and nothing is ready, the wait goes on for the rest of the timeout.
 pub(crate) fn wait(
     epfd: i32,
@@ -280,9 +303,9 @@ pub(crate) fn wait(
         (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
     let mut t = timeout_ms;
     let max = maxevents.max(0) as usize;
-    let _waiting = crate::vepoll::Waiting::new(epfd);
+    let _waiting = vepoll::Waiting::new(epfd);
     loop {
-        let virt = crate::vepoll::has(epfd);
+        let virt = vepoll::has(epfd);
         // The groups this set wakes for: while we sleep, their completions wake us (not their
         // pollers); what came before we got here is handled first, then we only look.
         let mut asleep = Asleep(Vec::new());
@@ -313,7 +336,7 @@ pub(crate) fn wait(
         // Our registrations that are ready already: no sleep, and room kept for them. (Looked
         // at once the groups are driven: what changes from now on wakes the set.)
         let pending = if virt && max > 0 {
-            crate::vepoll::ready(epfd, std::ptr::null_mut(), max, false)
+            vepoll::ready(epfd, std::ptr::null_mut(), max, false)
         } else {
             0
         };
@@ -349,8 +372,7 @@ pub(crate) fn wait(
         let mut ours = false;
         for i in 0..evs.len() {
             let data = evs[i].u64;
-            if data & 0xffff_ffff_0000_0000 == crate::vepoll::KICK_TAG && data as u32 as i32 == epfd
-            {
+            if data & 0xffff_ffff_0000_0000 == vepoll::KICK_TAG && data as u32 as i32 == epfd {
                 // A registration of ours became ready elsewhere: looked at below.
                 ours = true;
                 continue;
@@ -403,7 +425,7 @@ pub(crate) fn wait(
         // (A registration of ours may have appeared while we slept: a connect installed.)
         let nv = if virt || ours {
             // SAFETY: `events` has room for `maxevents`; `kept` of them are used.
-            crate::vepoll::ready(epfd, unsafe { events.add(kept) }, max - kept, true)
+            vepoll::ready(epfd, unsafe { events.add(kept) }, max - kept, true)
         } else {
             0
         };
@@ -518,7 +540,7 @@ pub(crate) fn left(deadline: Option<Instant>) -> Option<i32> {
 /// The application is closing `fd` (still open): with `unregister`, its registrations are
 /// taken off the file first (see the close hook); either way they are forgotten.
 pub(crate) fn closed(fd: i32, unregister: bool) {
-    crate::vepoll::forget_fd(fd);
+    vepoll::forget_fd(fd);
     let mut m = REGS.lock();
     if let Some(regs) = m.remove(&fd)
         && unregister
@@ -532,7 +554,7 @@ pub(crate) fn closed(fd: i32, unregister: bool) {
 
 /// `fd` is a new file or no longer ours: nothing recorded for it applies any more.
 pub(crate) fn forget(fd: i32) {
-    crate::vepoll::forget_fd(fd);
+    vepoll::forget_fd(fd);
     let mut m = REGS.lock();
     if !m.is_empty() {
         m.remove(&fd);
@@ -578,4 +600,46 @@ pub(crate) fn swap(
         drive_with(*ep, fd);
     }
     if r < 0 { Err(err) } else { Ok(()) }
+}
+
+/// The kernel must answer for the socket at `fd` (an epoll set of the kernel's, a poll of the
+/// kernel's): for an SMC-R connection, the number gets its kernel pair (made now if needed),
+/// kept in step from then on. Other sockets of ours show their TCP socket, whose readiness the
+/// kernel reports itself. Returns the socket's pair if the number shows one.
+pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
+    let sock = table::get(fd)?;
+    let Sock::Smc(c) = &*sock else {
+        return None;
+    };
+    let pair = c.pair.clone();
+    let _b = Bypass::new();
+    match pair.kernel_end() {
+        Ok(Some(app)) => {
+            // Every number showing this connection gets the pair (dup'd numbers share it).
+            for n in table::numbers_of(&sock) {
+                if let Err(e) = replace(n, app.as_raw_fd(), &sock, || {}) {
+                    log::line(format_args!("fd {n}: could not show readiness: {e}"));
+                }
+            }
+            Some(pair)
+        }
+        Ok(None) => Some(pair),
+        Err(e) => {
+            log::line(format_args!(
+                "fd {fd}: no socketpair for the kernel's view of the connection: {e}"
+            ));
+            None
+        }
+    }
+}
+
+/// Puts `file` at the application's number `fd`, moving the epoll registrations the
+/// application made for `fd` to the new file; `then` (the table update) runs before the
+/// application's next `epoll_ctl` on `fd` ([`swap`]). A pair (`ours`) is always
+/// close-on-exec, the flag the application set being kept as its view.
+fn replace(fd: i32, file: i32, sock: &Arc<Sock>, then: impl FnOnce()) -> io::Result<()> {
+    let cloexec = table::app_cloexec(fd);
+    table::set_cloexec_view(fd, cloexec);
+    let still = || table::get_any(fd).is_some_and(|s| Arc::ptr_eq(&s, sock));
+    swap(fd, file, libc::O_CLOEXEC, still, then)
 }

@@ -7,19 +7,15 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::real;
 
-pub(super) fn is_nonblocking(fd: i32) -> bool {
+/// Whether `fd` is in non-blocking mode.
+pub(crate) fn is_nonblocking(fd: i32) -> bool {
     // SAFETY: fcntl F_GETFL on any descriptor is harmless.
     let fl = unsafe { real::fcntl()(fd, libc::F_GETFL, 0) };
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-/// Whether `fd` is in non-blocking mode.
-pub(crate) fn nonblocking(fd: i32) -> bool {
-    is_nonblocking(fd)
-}
-
 /// A socket's own address (IPv4, or IPv6 for a dual-stack socket).
-pub(super) fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
+pub(crate) fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
     // SAFETY: an all-zero sockaddr_storage is valid; the kernel fills at most `len` bytes.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -58,13 +54,13 @@ pub(crate) fn sockaddr_of(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> 
     }
 }
 
-pub(super) fn borrowed(fd: i32) -> BorrowedFd<'static> {
+pub(crate) fn borrowed(fd: i32) -> BorrowedFd<'static> {
     // SAFETY: used only for the duration of a call while the application holds `fd` open.
     unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
 /// Our own duplicate of a socket, out of the application's numbers (close-on-exec).
-pub(super) fn hide(fd: i32) -> io::Result<OwnedFd> {
+pub(crate) fn hide(fd: i32) -> io::Result<OwnedFd> {
     smcr::fdzone::place_copy(borrowed(fd))
 }
 
@@ -75,7 +71,7 @@ pub(crate) fn hide_owned(fd: i32) -> io::Result<OwnedFd> {
 }
 
 /// The inode of the socket at `fd`.
-pub(super) fn inode(fd: i32) -> Option<u64> {
+pub(crate) fn inode(fd: i32) -> Option<u64> {
     // SAFETY: fstat into a zeroed struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)

@@ -1,6 +1,6 @@
 //! Epoll sets that we answer ourselves for SMC-R sockets ("virtual registrations").
 //!
-//! The kernel learns an SMC-R socket's readiness only through its pair (shim.rs), which costs
+//! The kernel learns an SMC-R socket's readiness only through its pair (pair.rs), which costs
 //! a system call at every change (a byte sent to make it readable, one drained when it is not).
 //! When an application registers an SMC-R socket in an epoll set, we keep the registration
 //! here instead of in the kernel: our `epoll_wait` hook computes the socket's events from the
@@ -9,7 +9,7 @@
 //! bit, per arrival for EPOLLIN), EPOLLONESHOT (silent until EPOLL_CTL_MOD), EPOLLERR and
 //! EPOLLHUP always — and merges them with what the kernel reports for the set's other files.
 //! The set still wakes a sleeping thread by itself: the link group's event descriptor is in
-//! it (epoll.rs), and a change made outside this set's `epoll_wait` (another thread's
+//! it (epoll/mod.rs), and a change made outside this set's `epoll_wait` (another thread's
 //! handling, a shutdown, a failure) writes the set's `kick` eventfd.
 //!
 //! A set that the kernel must be able to answer for — polled, selected or put in another epoll
@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::pair::Pair;
 use crate::real;
-use crate::shim::Pair;
 
 /// The event data of a set's kick eventfd (the low half is the set's descriptor).
 pub(crate) const KICK_TAG: u64 = 0xA5C3_5A19_0000_0000;
@@ -74,10 +74,17 @@ thread_local! {
 pub(crate) fn on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        crate::epoll::app_drive()
+        super::app_drive()
             && !smcr::env::var("SMCR_VIRTUAL_EPOLL")
                 .is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
     })
+}
+
+/// At load: reads the setting ([`on`]) and hands [`kick`] to `wake`, through which pairs
+/// wake the sets' waiters (a pair is below this module).
+pub(crate) fn init() {
+    let _ = on();
+    crate::wake::kick_with(kick);
 }
 
 /// Whether `epfd` holds virtual registrations (cheap when none exist anywhere).
@@ -193,12 +200,15 @@ impl Set {
 
 /// A set's kick eventfd, registered in it.
 fn new_set(epfd: i32) -> std::io::Result<Set> {
+    // Handed in at load already (see `init`): then only a check. Here too for a set made
+    // before our constructor ran.
+    crate::wake::kick_with(kick);
     // SAFETY: a new eventfd of ours.
     let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if k < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let kick = crate::shim::hide_owned(k)?;
+    let kick = crate::fds::hide_owned(k)?;
     let mut ev = libc::epoll_event {
         events: (libc::EPOLLIN | libc::EPOLLET) as u32,
         u64: KICK_TAG | epfd as u32 as u64,
@@ -341,7 +351,7 @@ pub(crate) fn to_kernel(epfd: i32) {
     for r in set.regs {
         // An SMC-R connection gets its kernel pair at the number (our other sockets show
         // their TCP socket, which the kernel answers for itself).
-        if let Some(p) = crate::shim::show_kernel(r.fd) {
+        if let Some(p) = super::show_kernel(r.fd) {
             p.observe_epoll();
         }
         let mut ev = libc::epoll_event {
@@ -354,7 +364,7 @@ pub(crate) fn to_kernel(epfd: i32) {
         }
         // SAFETY: the application's registration, now made in the kernel.
         if unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, r.fd, &mut ev) } == 0 {
-            crate::epoll::record(r.fd, epfd, ev);
+            super::record(r.fd, epfd, ev);
         }
         r.pair.watched_by(epfd, false);
         crate::log::line(format_args!(
@@ -398,7 +408,8 @@ pub(crate) fn to_kernel_fd(fd: i32, pair: &Arc<Pair>) {
 }
 
 /// A registered socket became ready (a bit rose) on this thread: wakes the threads in
-/// `epoll_wait` on `sets`, but the set this thread waits on (it looks when it returns).
+/// `epoll_wait` on `sets`, but the set this thread waits on (it looks when it returns). Pairs
+/// call it through `wake` (see [`init`]).
 pub(crate) fn kick(sets: &[i32]) {
     let mine = WAITING_ON.with(Cell::get);
     let _own = crate::guard::Bypass::new();
