@@ -13,6 +13,12 @@ cargo fmt --all -- --check
 for c in smcr clc llc cdc rdma preload; do python3 scripts/module_cycles.py "$c/src" --enforce; done
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --profile ci --locked
+# Model check (loom) of the wake-up handshakes between a sleeping thread and a completion or a
+# same-host ring entry (rdma/src/notify.rs, docs/architecture.md); its own target directory, so
+# the main build stays valid. ~1 min from scratch, seconds after.
+echo "== loom model check: rdma wake-up handshakes (notify::model)"
+RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+  cargo test -p rdma --release --locked --lib notify::model
 # Live interop with the Linux kernel's SMC-R: two qemu guests with Debian's 6.12 kernel (the
 # kernel-peer rig, ../shared/kernel-peer or $SMCR_KERNEL_PEER), both directions; ~2 min. Where
 # the rig is, it must pass; without it the suite says SKIP (SMCR_REQUIRE_KERNEL_PEER=1: fails).

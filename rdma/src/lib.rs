@@ -21,6 +21,7 @@ mod device;
 pub mod env;
 pub mod fdzone;
 pub mod mr;
+mod notify;
 pub mod rc;
 mod samehost;
 mod sched;

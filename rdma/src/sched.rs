@@ -14,7 +14,6 @@ use crate::device::{CqShared, EngineGuard};
 use rustix::fd::{AsFd, BorrowedFd};
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The scheduling side of a [`CompletionQueue`](crate::CompletionQueue) ([`CompletionQueue::scheduler`](crate::CompletionQueue::scheduler)(crate::CompletionQueue::scheduler)): cheap to
@@ -29,14 +28,14 @@ impl CqScheduler {
     /// Makes [`CompletionQueue::fd`](crate::CompletionQueue::fd) readable without a completion: wakes a thread waiting on it (a
     /// poller in [`Self::wait_ready`], which then returns so that it looks again).
     pub fn kick(&self) {
-        self.shared.kicked.store(true, Ordering::SeqCst);
-        let _ = rustix::io::write(&self.shared.event, &1u64.to_ne_bytes());
+        self.shared.notify.kick();
+        self.shared.signal(crate::notify::Wake::Event);
     }
 
     /// Makes [`Self::driver_fd`] readable without a completion: a sleeping driver wakes and
     /// re-checks its condition.
     pub fn kick_driver(&self) {
-        let _ = rustix::io::write(&self.shared.event_driver, &1u64.to_ne_bytes());
+        self.shared.signal(crate::notify::Wake::Driver);
     }
 
     /// Starts a *drive*: the calling thread will take and handle this CQ's completions itself
@@ -113,7 +112,7 @@ impl CqScheduler {
 
     /// Whether a thread is driving this CQ.
     pub fn driven(&self) -> bool {
-        self.shared.drivers.load(Ordering::SeqCst) > 0
+        self.shared.notify.driven()
     }
 
     /// Sleeps until a completion is there to poll (returns `true`) or `timeout` passes
@@ -136,13 +135,13 @@ impl CqScheduler {
                 return Ok(false);
             }
             let driven = self.driven();
-            if self.shared.kicked.swap(false, Ordering::SeqCst) {
+            if self.shared.notify.take_kick() {
                 return Ok(false);
             }
             self.guard.shared.wait_cq(&self.shared, left)?;
             // Driven before or now (a drive began while we slept, and the kick that woke us
             // says so), or kicked: the caller decides anew.
-            if driven || self.driven() || self.shared.kicked.swap(false, Ordering::SeqCst) {
+            if driven || self.driven() || self.shared.notify.take_kick() {
                 return Ok(false);
             }
         }

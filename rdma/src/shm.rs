@@ -20,7 +20,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Memory shared between processes: a memfd mapped read-write and shared.
@@ -445,14 +445,13 @@ impl Ring {
         let at = self.slot(tail);
         self.seg.write(at, &(msg.len() as u32).to_le_bytes());
         self.seg.write(at + SLOT_HDR, msg);
-        self.tail().store(tail.wrapping_add(1), Ordering::Release);
-        // Pairs with the consumer's fence in `wait`/`set_waiting`: either it sees the new
-        // tail, or we see its waiting flag.
-        fence(Ordering::SeqCst);
-        Ok(self
-            .seg
-            .u32_at(self.base + R_WAITING)
-            .load(Ordering::Relaxed))
+        // Either the consumer (`wait`/`set_waiting`) sees the new tail, or we see its waiting
+        // word: the doorbell handshake, model-checked in `crate::notify`.
+        Ok(crate::notify::ring_published(
+            self.tail(),
+            tail.wrapping_add(1),
+            self.seg.u32_at(self.base + R_WAITING),
+        ))
     }
 
     /// Consumer: says whether it is about to sleep (producers then wake it). After setting
@@ -464,10 +463,7 @@ impl Ring {
     /// Consumer: sets the waiting word (non-zero: someone sleeps; producers read it back from
     /// [`Ring::push_word`]). Check [`Ring::is_empty`] afterwards, as for `set_waiting`.
     pub fn set_waiting_word(&self, word: u32) {
-        self.seg
-            .u32_at(self.base + R_WAITING)
-            .store(word, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        crate::notify::ring_set_waiting(self.seg.u32_at(self.base + R_WAITING), word);
     }
 
     /// Consumer: copies the next message into `out` and returns its length, or `None` when
@@ -499,7 +495,7 @@ impl Ring {
 
     /// Whether a message is waiting.
     pub fn is_empty(&self) -> bool {
-        self.tail().load(Ordering::Acquire) == self.head().load(Ordering::Relaxed)
+        crate::notify::ring_is_empty(self.tail(), self.head())
     }
 
     /// Consumer: like [`Ring::wait`], but first polls for up to `spin` (a message that comes
@@ -529,8 +525,7 @@ impl Ring {
         let waiting = self.seg.u32_at(self.base + R_WAITING);
         let bell = self.seg.u32_at(self.base + R_DOORBELL);
         let seen = bell.load(Ordering::Acquire);
-        waiting.store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        crate::notify::ring_set_waiting(waiting, 1);
         if !self.is_empty() {
             waiting.store(0, Ordering::Relaxed);
             return Ok(());

@@ -308,7 +308,7 @@ impl CompletionQueue {
     /// Arms the notification: the next completion makes [`Self::fd`] readable
     /// (`ibv_req_notify_cq`).
     pub fn req_notify(&self) {
-        self.shared.armed.store(true, Ordering::SeqCst);
+        self.shared.notify.arm();
         // Same-host producers write the eventfd only for a consumer that says it sleeps.
         self.guard
             .shared

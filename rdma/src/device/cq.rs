@@ -5,13 +5,14 @@
 //! one else does.
 
 use super::{Shared, drain_eventfd, timespec, wait_readable};
+use crate::notify::{Notify, Sleepers, Wake};
 use crate::rc::WorkCompletion;
 use parking_lot::Mutex;
 use rustix::event::EventfdFlags;
 use rustix::fd::OwnedFd;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Completion queue state shared by the application handle and the engine.
@@ -21,47 +22,20 @@ use std::time::{Duration, Instant};
 /// completions themselves while they wait, [`crate::CompletionQueue::begin_drive`]) on
 /// `event_driver`, and everyone else (a poller thread, `ibv_req_notify_cq` users) on `event`.
 /// While a driver is at work the others are not signalled: the driver covers the queue.
+/// Who to signal when is decided in [`Notify`] (the model-checked handshakes).
 pub(crate) struct CqShared {
     pub(crate) queue: Mutex<VecDeque<WorkCompletion>>,
     pub(crate) event: OwnedFd,
-    pub(crate) armed: AtomicBool,
     pub(crate) event_driver: OwnedFd,
-    pub(crate) armed_driver: AtomicBool,
-    /// Threads between `begin_drive` and `end_drive`.
-    pub(crate) drivers: AtomicU32,
+    /// Armed descriptors, drives, sleepers, kicks.
+    pub(crate) notify: Notify,
     /// When the last drive ended (device nanoseconds; 0: never).
     pub(crate) drive_ended: AtomicU64,
     /// Driver spins in a row that caught nothing (each halves the next one).
     pub(crate) spin_fails: AtomicU32,
-    /// Who sleeps, for the waiting words of the same-host rings.
-    pub(crate) sleepers: Mutex<Sleepers>,
     /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
     /// turns their ring entries into completions.
     pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<super::QpShared>>>,
-    /// Set by `CompletionQueue::kick`: a poller in `wait_ready` returns to recompute its
-    /// timers rather than sleeping on to its old deadline.
-    pub(crate) kicked: AtomicBool,
-}
-
-/// Sleepers of a CQ (see [`CqShared`]).
-#[derive(Default)]
-pub(crate) struct Sleepers {
-    /// Threads asleep on `event` (a poller).
-    pub(crate) event: u32,
-    /// An `ibv_req_notify_cq` user armed `event`.
-    pub(crate) notify: bool,
-    /// Drivers asleep on `event_driver`.
-    pub(crate) drivers: u32,
-}
-
-impl Sleepers {
-    fn event_woke(&mut self) {
-        self.event = self.event.saturating_sub(1);
-    }
-
-    fn driver_woke(&mut self) {
-        self.drivers = self.drivers.saturating_sub(1);
-    }
 }
 
 impl CqShared {
@@ -70,42 +44,28 @@ impl CqShared {
         Ok(Self {
             queue: Mutex::new(VecDeque::new()),
             event: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
-            armed: AtomicBool::new(false),
             event_driver: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
-            armed_driver: AtomicBool::new(false),
-            drivers: AtomicU32::new(0),
+            notify: Notify::new(),
             drive_ended: AtomicU64::new(0),
             spin_fails: AtomicU32::new(0),
-            sleepers: Mutex::new(Sleepers::default()),
             shm_qps: Mutex::new(Vec::new()),
-            kicked: AtomicBool::new(false),
         })
     }
 
     pub(crate) fn push(&self, wc: WorkCompletion) {
         self.queue.lock().push_back(wc);
-        // A driver at work covers the queue: only it is signalled (if it sleeps). Ordering:
-        // `end_drive` lowers `drivers` before it looks at the queue, under the queue's lock,
-        // so either it sees this completion or we see `drivers` at 0.
-        if self.drivers.load(Ordering::SeqCst) > 0 {
-            if self.armed_driver.swap(false, Ordering::AcqRel) {
-                let _ = rustix::io::write(&self.event_driver, &1u64.to_ne_bytes());
-            }
-        } else if self.armed.swap(false, Ordering::AcqRel) {
-            let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+        if let Some(w) = self.notify.after_push() {
+            self.signal(w);
         }
     }
 
-    /// The waiting word the same-host producers see (`samehost::WAIT_*` bits).
-    pub(super) fn waiting_word(&self, s: &Sleepers) -> u32 {
-        let mut w = 0;
-        if s.drivers > 0 {
-            w |= crate::samehost::WAIT_DRIVER;
-        }
-        if (s.event > 0 || s.notify) && self.drivers.load(Ordering::SeqCst) == 0 {
-            w |= crate::samehost::WAIT_EVENT;
-        }
-        w
+    /// Writes the descriptor `w` names.
+    pub(crate) fn signal(&self, w: Wake) {
+        let fd = match w {
+            Wake::Event => &self.event,
+            Wake::Driver => &self.event_driver,
+        };
+        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
     }
 }
 
@@ -117,7 +77,7 @@ impl Shared {
     /// While drivers work on the CQ (or did within [`RECENTLY_DRIVEN`]) this sleeper leaves the
     /// socket to them and is not signalled (they cover the queue); it wakes for its timeout.
     pub(crate) fn wait_cq(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
-        let driven = cq.drivers.load(Ordering::SeqCst) > 0;
+        let driven = cq.notify.driven();
         let recent = !driven && self.recently_driven(cq);
         let timeout = if recent {
             Some(timeout.map_or(RECENTLY_DRIVEN, |t| t.min(RECENTLY_DRIVEN)))
@@ -136,11 +96,12 @@ impl Shared {
                 self.rx_try()
             };
         let Some(mut rx) = rx else {
-            cq.armed.store(true, Ordering::SeqCst);
-            let pending = self.shm_sleepers(cq, |s| s.event += 1);
             // Driven: what is there is the driver's; we are signalled if it is left behind.
-            let driven = cq.drivers.load(Ordering::SeqCst) > 0;
-            let slept = if driven || (!pending && cq.queue.lock().is_empty()) {
+            let sleep = cq.notify.event_sleep(
+                || self.shm_sleepers(cq, |s| s.event += 1),
+                || cq.queue.lock().is_empty(),
+            );
+            let slept = if sleep {
                 wait_readable(&cq.event, timeout)
             } else {
                 Ok(false)
@@ -155,7 +116,8 @@ impl Shared {
         self.engine_rx_interest(false);
         let res = loop {
             // Armed only while asleep: completions this thread produces itself need no signal.
-            cq.armed.store(true, Ordering::SeqCst);
+            // The order of `Notify::event_sleep`: arm, register, look.
+            cq.notify.arm();
             // Same-host producers ring the CQ's eventfd only when told we sleep.
             if self.shm_sleepers(cq, |s| s.event += 1) {
                 self.shm_sleepers(cq, Sleepers::event_woke);
@@ -187,7 +149,7 @@ impl Shared {
                     break Err(e.into());
                 }
             };
-            cq.armed.store(false, Ordering::Release);
+            cq.notify.disarm();
             self.shm_sleepers(cq, Sleepers::event_woke);
             if fds[1].revents().contains(rustix::event::PollFlags::IN) {
                 drain_eventfd(&cq.event);
@@ -206,12 +168,12 @@ impl Shared {
             if ready == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 break Ok(());
             }
-            if cq.drivers.load(Ordering::SeqCst) > 0 {
+            if cq.notify.driven() {
                 // A driver started: it is signalled, not us; let it have the socket.
                 break Ok(());
             }
         };
-        cq.armed.store(false, Ordering::Release);
+        cq.notify.disarm();
         // Hand receiving back to the engine thread (it wakes at once if data is waiting):
         // release first, so that the engine never finds the socket readable and the state held.
         drop(rx);
@@ -226,7 +188,7 @@ impl Shared {
 
     /// A thread starts driving `cq` (see [`crate::CompletionQueue::begin_drive`]).
     pub(crate) fn begin_drive(&self, cq: &CqShared) {
-        if cq.drivers.fetch_add(1, Ordering::SeqCst) == 0 {
+        if cq.notify.begin_drive() {
             // The rings stop ringing the other sleepers.
             self.shm_sleepers(cq, |_| {});
         }
@@ -235,19 +197,19 @@ impl Shared {
     /// A thread stops driving `cq`: when it was the last, the other sleepers are signalled
     /// again, and woken now if something came that no driver took.
     pub(crate) fn end_drive(&self, cq: &CqShared) {
-        if cq.drivers.fetch_sub(1, Ordering::SeqCst) != 1 {
-            // Other drivers remain: if this one leaves completions behind (it could not take
-            // them, or took only some), the others must look.
-            if !cq.queue.lock().is_empty() || self.shm_pending(cq) {
-                let _ = rustix::io::write(&cq.event_driver, &1u64.to_ne_bytes());
+        let wake = cq.notify.end_drive(|last| {
+            if !last {
+                // Other drivers remain: if this one leaves completions behind (it could not
+                // take them, or took only some), the others must look.
+                return !cq.queue.lock().is_empty() || self.shm_pending(cq);
             }
-            return;
-        }
-        cq.drive_ended
-            .store(self.nanos(Instant::now()).max(1), Ordering::Release);
-        let pending = self.shm_sleepers(cq, |_| {});
-        if (pending || !cq.queue.lock().is_empty()) && cq.armed.swap(false, Ordering::AcqRel) {
-            let _ = rustix::io::write(&cq.event, &1u64.to_ne_bytes());
+            cq.drive_ended
+                .store(self.nanos(Instant::now()).max(1), Ordering::Release);
+            let pending = self.shm_sleepers(cq, |_| {});
+            pending || !cq.queue.lock().is_empty()
+        });
+        if let Some(w) = wake {
+            cq.signal(w);
         }
     }
 
@@ -255,12 +217,14 @@ impl Shared {
     /// going to sleep, whether something is already there (then do not sleep).
     pub(crate) fn drive_sleep(&self, cq: &CqShared, on: bool) -> bool {
         if on {
-            let pending = self.shm_sleepers(cq, |s| s.drivers += 1);
-            if pending || !cq.queue.lock().is_empty() {
+            let sleep = cq.notify.driver_sleep(
+                || self.shm_sleepers(cq, |s| s.drivers += 1),
+                || cq.queue.lock().is_empty(),
+            );
+            if !sleep {
                 self.shm_sleepers(cq, Sleepers::driver_woke);
-                return true;
             }
-            false
+            !sleep
         } else {
             self.shm_sleepers(cq, Sleepers::driver_woke);
             false

@@ -3,12 +3,12 @@
 //! rings of a CQ's QPs polled by whoever waits on the CQ.
 
 use super::counters::bump;
-use super::cq::{CqShared, Sleepers};
+use super::cq::CqShared;
 use super::{EV_OFFER, EV_OFFERED, EV_PEER, QpCore, Shared};
+use crate::notify::Sleepers;
 use rustix::event::epoll;
 use rustix::fd::{AsFd, OwnedFd};
 use std::io;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 impl Shared {
@@ -198,19 +198,17 @@ impl Shared {
     /// Changes who sleeps on `cq` and tells the producers of its rings (their waiting words);
     /// returns whether something can be delivered already (then do not sleep).
     pub(crate) fn shm_sleepers(&self, cq: &CqShared, change: impl FnOnce(&mut Sleepers)) -> bool {
-        let mut s = cq.sleepers.lock();
-        change(&mut s);
-        cq.armed_driver.store(s.drivers > 0, Ordering::SeqCst);
-        let word = cq.waiting_word(&s);
-        let list = cq.shm_qps.lock();
-        let mut pending = false;
-        for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
-            let core = qp.core.lock();
-            if let Some(shm) = &core.shm {
-                shm.set_waiting(word);
-                pending |= word != 0 && shm.rx_pending(&core.rc);
+        cq.notify.sleepers(change, |word| {
+            let list = cq.shm_qps.lock();
+            let mut pending = false;
+            for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
+                let core = qp.core.lock();
+                if let Some(shm) = &core.shm {
+                    shm.set_waiting(word);
+                    pending |= word != 0 && shm.rx_pending(&core.rc);
+                }
             }
-        }
-        pending
+            pending
+        })
     }
 }

@@ -58,11 +58,9 @@ const F_LAST: u8 = 2;
 /// Payload bytes per entry.
 const E_DATA: usize = RING_SLOT - 4 - E_HDR;
 
-/// Waiting-word bit: the consumer's CQ notification descriptor has a sleeper (its poller).
-pub(crate) const WAIT_EVENT: u32 = 1;
-/// Waiting-word bit: a driver (an application thread handling completions itself) sleeps on
-/// the CQ's driver descriptor.
-pub(crate) const WAIT_DRIVER: u32 = 2;
+/// The waiting-word bits ([`crate::notify`]): the consumer's CQ notification descriptor has a
+/// sleeper (its poller), a driver sleeps on the CQ's driver descriptor.
+pub(crate) use crate::notify::{WAIT_DRIVER, WAIT_EVENT};
 
 /// What the peer offered: where our requests go.
 pub(crate) struct PeerTx {

@@ -1,0 +1,279 @@
+//! Model check (loom) of the wake-up handshakes: no lost wake-up in any interleaving (and any
+//! value the memory orderings let a load see). A CQ here is what `device::cq` has around
+//! [`Notify`]: the queue under a mutex, the two eventfds as counters, and one same-host ring of
+//! one entry whose doorbells are those eventfds. Every thread does what the production
+//! callers do, through the same functions.
+//!
+//! `RUSTFLAGS="--cfg loom" cargo test -p rdma --release --lib notify::model` explores up to
+//! [`PREEMPTIONS`] preemptions per execution (seconds; `LOOM_MAX_PREEMPTIONS=N` sets another
+//! bound: 100 is exhaustive, and takes minutes).
+
+use super::sync::Mutex;
+use super::*;
+use loom::cell::UnsafeCell;
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicU32 as Word32, AtomicU64};
+use loom::thread;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+
+/// The preemption bound without `LOOM_MAX_PREEMPTIONS`.
+const PREEMPTIONS: usize = 5;
+
+/// Runs `f` in every interleaving up to the preemption bound.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound.get_or_insert(PREEMPTIONS);
+    b.check(f);
+}
+
+struct Cq {
+    queue: Mutex<VecDeque<u32>>,
+    notify: Notify,
+    /// The notification eventfd (a counter: a write before the sleep still wakes it).
+    event: AtomicU64,
+    /// The driver eventfd.
+    event_driver: AtomicU64,
+    ring: Ring,
+}
+
+/// A same-host ring into the CQ's QP: counts, the consumer's waiting word, one entry.
+struct Ring {
+    tail: AtomicU64,
+    head: AtomicU64,
+    waiting: Word32,
+    slot: UnsafeCell<u32>,
+}
+
+impl Cq {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(VecDeque::new()),
+            notify: Notify::new(),
+            event: AtomicU64::new(0),
+            event_driver: AtomicU64::new(0),
+            ring: Ring {
+                tail: AtomicU64::new(0),
+                head: AtomicU64::new(0),
+                waiting: Word32::new(0),
+                slot: UnsafeCell::new(0),
+            },
+        })
+    }
+
+    /// `CqShared::push`.
+    fn push(&self, wc: u32) {
+        self.queue.lock().push_back(wc);
+        if let Some(w) = self.notify.after_push() {
+            self.signal(w);
+        }
+    }
+
+    /// `CqShared::signal`.
+    fn signal(&self, w: Wake) {
+        match w {
+            Wake::Event => self.event.fetch_add(1, Relaxed),
+            Wake::Driver => self.event_driver.fetch_add(1, Relaxed),
+        };
+    }
+
+    fn empty(&self) -> bool {
+        self.queue.lock().is_empty()
+    }
+
+    fn take(&self) -> bool {
+        self.queue.lock().pop_front().is_some()
+    }
+
+    /// `Shared::shm_sleepers`: who sleeps changes, the ring learns the waiting word; whether
+    /// the ring holds something deliverable.
+    fn sleepers(&self, change: impl FnOnce(&mut Sleepers)) -> bool {
+        self.notify.sleepers(change, |word| {
+            ring_set_waiting(&self.ring.waiting, word);
+            word != 0 && !ring_is_empty(&self.ring.tail, &self.ring.head)
+        })
+    }
+
+    /// `Shared::shm_pending`.
+    fn ring_pending(&self) -> bool {
+        !ring_is_empty(&self.ring.tail, &self.ring.head)
+    }
+
+    /// The same-host producer (`Ring::push_word`, then `ShmQp::ring_bell`): writes the entry,
+    /// publishes it, rings the doorbells the waiting word names.
+    fn produce(&self) {
+        self.ring.slot.with_mut(|p| unsafe { *p = 7 });
+        let word = ring_published(&self.ring.tail, 1, &self.ring.waiting);
+        if word & WAIT_EVENT != 0 {
+            self.signal(Wake::Event);
+        }
+        if word & WAIT_DRIVER != 0 {
+            self.signal(Wake::Driver);
+        }
+    }
+
+    /// The consumer takes the ring's entry if it is there (the entry must be complete).
+    fn consume(&self) -> bool {
+        if ring_is_empty(&self.ring.tail, &self.ring.head) {
+            return false;
+        }
+        assert_eq!(self.ring.slot.with(|p| unsafe { *p }), 7);
+        self.ring.head.store(1, Release);
+        true
+    }
+
+    /// `Shared::begin_drive`.
+    fn begin_drive(&self) {
+        if self.notify.begin_drive() {
+            self.sleepers(|_| {});
+        }
+    }
+
+    /// `Shared::end_drive`.
+    fn end_drive(&self) {
+        let wake = self.notify.end_drive(|last| {
+            if !last {
+                return !self.empty() || self.ring_pending();
+            }
+            let pending = self.sleepers(|_| {});
+            pending || !self.empty()
+        });
+        if let Some(w) = wake {
+            self.signal(w);
+        }
+    }
+
+    /// A poller about to sleep on the notification descriptor (`Shared::wait_cq`): whether
+    /// it sleeps.
+    fn poller_sleeps(&self) -> bool {
+        self.notify
+            .event_sleep(|| self.sleepers(|s| s.event += 1), || self.empty())
+    }
+
+    /// A driver about to sleep on the driver descriptor (`Shared::drive_sleep(true)`).
+    fn driver_sleeps(&self) -> bool {
+        self.notify
+            .driver_sleep(|| self.sleepers(|s| s.drivers += 1), || self.empty())
+    }
+
+    fn events(&self) -> (u64, u64) {
+        (self.event.load(Relaxed), self.event_driver.load(Relaxed))
+    }
+}
+
+/// (a) A poller arms, registers and looks at the queue while a completion is pushed (no
+/// drive): it sees the completion, or the notification descriptor is signalled.
+#[test]
+fn poller_sees_a_completion_or_is_signalled() {
+    model(|| {
+        let cq = Cq::new();
+        let c = cq.clone();
+        let pusher = thread::spawn(move || c.push(1));
+        let slept = cq.poller_sleeps();
+        pusher.join().unwrap();
+        let (event, driver) = cq.events();
+        assert!(!slept || event >= 1, "lost wake-up: the poller sleeps on");
+        assert_eq!(driver, 0, "no driver: its descriptor stays quiet");
+    });
+}
+
+/// (b) A drive begins and ends (taking what it finds in between) while a completion is
+/// pushed and a poller goes to sleep: the driver took the completion, or the poller saw it,
+/// or the poller is signalled (by the push, or by the end of the drive that left it).
+#[test]
+fn a_drive_takes_a_completion_or_hands_it_over() {
+    model(|| {
+        let cq = Cq::new();
+        let (c1, c2) = (cq.clone(), cq.clone());
+        let driver = thread::spawn(move || {
+            c1.begin_drive();
+            let took = c1.take();
+            c1.end_drive();
+            took
+        });
+        let pusher = thread::spawn(move || c2.push(1));
+        let slept = cq.poller_sleeps();
+        let took = driver.join().unwrap();
+        pusher.join().unwrap();
+        let (event, driver) = cq.events();
+        assert!(
+            took || !slept || event >= 1,
+            "lost wake-up: left behind by the drive"
+        );
+        assert_eq!(driver, 0, "no driver slept: its descriptor stays quiet");
+    });
+}
+
+/// (b) A driver about to sleep while a completion is pushed: it sees it, or its descriptor
+/// is signalled; the poller's is not (the driver covers the queue).
+#[test]
+fn a_driver_sees_a_completion_or_is_signalled() {
+    model(|| {
+        let cq = Cq::new();
+        cq.begin_drive();
+        let c = cq.clone();
+        let pusher = thread::spawn(move || c.push(1));
+        let slept = cq.driver_sleeps();
+        pusher.join().unwrap();
+        let (event, driver) = cq.events();
+        assert!(!slept || driver == 1, "lost wake-up: the driver sleeps on");
+        assert_eq!(event, 0, "driven: only the driver is signalled");
+    });
+}
+
+/// (c) The same-host doorbell: the consumer (a poller, or a driver) publishes its waiting
+/// word and looks at the ring while the producer writes an entry and reads the word: the
+/// consumer sees the entry (complete), or the producer rings that sleeper's doorbell.
+#[test]
+fn a_ring_consumer_sees_the_entry_or_is_rung() {
+    for as_driver in [false, true] {
+        model(move || {
+            let cq = Cq::new();
+            if as_driver {
+                cq.begin_drive();
+            }
+            let c = cq.clone();
+            let producer = thread::spawn(move || c.produce());
+            let pending = if as_driver {
+                cq.sleepers(|s| s.drivers += 1)
+            } else {
+                cq.sleepers(|s| s.event += 1)
+            };
+            let saw = pending && cq.consume();
+            producer.join().unwrap();
+            let (event, driver) = cq.events();
+            let rung = if as_driver { driver } else { event };
+            assert!(
+                saw || rung == 1,
+                "lost wake-up: the ring's consumer sleeps on"
+            );
+            assert!(
+                saw || cq.consume(),
+                "the entry is there once the producer is done"
+            );
+        });
+    }
+}
+
+/// (b) and (c) together: a poller goes to sleep while the CQ is driven, a ring entry arrives
+/// (its producer sees no poller in the waiting word: the drive covers it), and the drive ends
+/// without taking it: the end of the drive signals the poller, or the producer rang it, or the
+/// poller saw the entry.
+#[test]
+fn a_ring_entry_during_a_drive_is_handed_over() {
+    model(|| {
+        let cq = Cq::new();
+        cq.begin_drive();
+        let (c1, c2) = (cq.clone(), cq.clone());
+        let driver = thread::spawn(move || c1.end_drive());
+        let producer = thread::spawn(move || c2.produce());
+        let slept = cq.poller_sleeps();
+        driver.join().unwrap();
+        producer.join().unwrap();
+        let (event, _) = cq.events();
+        assert!(
+            !slept || event >= 1,
+            "lost wake-up: the ring entry waits unseen"
+        );
+    });
+}
