@@ -17,8 +17,11 @@ cargo test --workspace --all-features --profile ci --locked
 # same-host ring entry (rdma/src/notify.rs, docs/architecture.md); its own target directory, so
 # the main build stays valid. ~1 min from scratch, seconds after.
 echo "== loom model check: rdma wake-up handshakes (notify::model)"
-RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-  cargo test -p rdma --release --locked --lib notify::model
+loom_out=$(RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+  cargo test -p rdma --release --locked --lib notify::model 2>&1) || { echo "$loom_out"; exit 1; }
+echo "$loom_out" | grep -E "^test |test result"
+# A renamed module would match no test and pass: at least one model must have run.
+echo "$loom_out" | grep -Eq "test result: ok\. [1-9]" || { echo "loom: no model test ran" >&2; exit 1; }
 # Live interop with the Linux kernel's SMC-R: two qemu guests with Debian's 6.12 kernel (the
 # kernel-peer rig, ../shared/kernel-peer or $SMCR_KERNEL_PEER), both directions; ~2 min. Where
 # the rig is, it must pass; without it the suite says SKIP (SMCR_REQUIRE_KERNEL_PEER=1: fails).

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 ///
 /// Two kinds of sleepers wait for completions, each on its own descriptor so that a
 /// completion wakes one of them, not both: *drivers* (application threads that handle
-/// completions themselves while they wait, [`crate::CompletionQueue::begin_drive`]) on
+/// completions themselves while they wait, [`crate::CqScheduler::begin_drive`]) on
 /// `event_driver`, and everyone else (a poller thread, `ibv_req_notify_cq` users) on `event`.
 /// While a driver is at work the others are not signalled: the driver covers the queue.
 /// Who to signal when is decided in [`Notify`] (the model-checked handshakes).
@@ -186,7 +186,7 @@ impl Shared {
         e != 0 && self.nanos(Instant::now()).saturating_sub(e) < RECENTLY_DRIVEN.as_nanos() as u64
     }
 
-    /// A thread starts driving `cq` (see [`crate::CompletionQueue::begin_drive`]).
+    /// A thread starts driving `cq` (see [`crate::CqScheduler::begin_drive`]).
     pub(crate) fn begin_drive(&self, cq: &CqShared) {
         if cq.notify.begin_drive() {
             // The rings stop ringing the other sleepers.
