@@ -1,0 +1,115 @@
+//! The install step as a user takes it (issue 26): `scripts/install.sh` into a fresh prefix,
+//! then `LD_PRELOAD=libsmcr.so` by name (through `LD_LIBRARY_PATH`, as for any prefix the
+//! loader does not search) and the installed `smcr run` from another directory, both with
+//! redis over SMC-R; then `--uninstall` leaves nothing behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{Bg, have, lib, port, run_ok, smcr_bin, wait_listening};
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
+    if !have("redis-server") || !have("redis-cli") {
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let top = std::env::temp_dir().join(format!("smcr-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&top);
+    std::fs::create_dir_all(&top).unwrap();
+    let prefix = top.join("prefix");
+    let from = smcr_bin().parent().unwrap().to_path_buf();
+    run_ok(
+        Command::new("bash")
+            .arg(root.join("scripts/install.sh"))
+            .arg("--prefix")
+            .arg(&prefix)
+            .arg("--from")
+            .arg(&from)
+            .arg("--lib")
+            .arg(lib())
+            .arg("--no-ldconfig"),
+        "install.sh",
+    );
+    for f in ["lib/libsmcr.so", "bin/smcr", "bin/smc-stat"] {
+        assert!(prefix.join(f).is_file(), "{f} not installed");
+    }
+
+    // Both ends on 127.0.0.1, the library named as users name it.
+    let log = top.join("smcr.log");
+    let p = port(27000);
+    let by_name = |c: &mut Command| {
+        c.env("LD_PRELOAD", "libsmcr.so")
+            .env("LD_LIBRARY_PATH", prefix.join("lib"))
+            .env("SMCR_NEGOTIATION", "assume")
+            .env("SMCR_LOG", &log)
+            .env_remove("SMCR_ROCE_PORT")
+            .current_dir("/");
+    };
+    let mut server = Command::new("redis-server");
+    server
+        .args(["--bind", "127.0.0.1", "--port", &p.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null());
+    by_name(&mut server);
+    let _server = Bg(server.spawn().unwrap());
+    wait_listening(None, "127.0.0.1", p);
+    let mut set = Command::new("redis-cli");
+    set.args(["-p", &p.to_string(), "set", "k", "installed"]);
+    by_name(&mut set);
+    assert_eq!(run_ok(&mut set, "redis-cli set").trim(), "OK");
+
+    // The installed launcher finds the installed library by itself, from any directory.
+    let mut get = Command::new(prefix.join("bin/smcr"));
+    get.args(["run", "--assume", "--log"])
+        .arg(&log)
+        .args(["--", "redis-cli", "-p", &p.to_string(), "get", "k"])
+        .env("SMCR_NEGOTIATION", "assume")
+        .env_remove("SMCR_LIB")
+        .env_remove("SMCR_ROCE_PORT")
+        .current_dir("/");
+    assert_eq!(
+        run_ok(&mut get, "smcr run redis-cli get").trim(),
+        "installed"
+    );
+    drop(_server);
+
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let smcr = |what: &str| {
+        text.lines()
+            .filter(|l| l.contains(&format!(" {what} Some(")) && l.contains("): SMC-R"))
+            .count()
+    };
+    assert_eq!(smcr("connect"), 2, "both clients SMC-R:\n{text}");
+    assert_eq!(
+        smcr("accept"),
+        2,
+        "both accepted connections SMC-R:\n{text}"
+    );
+
+    // --keep-bpf: the machine's option program serves the other tests.
+    run_ok(
+        Command::new("bash")
+            .arg(root.join("scripts/install.sh"))
+            .args(["--uninstall", "--keep-bpf", "--no-ldconfig", "--prefix"])
+            .arg(&prefix),
+        "install.sh --uninstall",
+    );
+    let left = files_under(&prefix);
+    assert!(left.is_empty() && !prefix.exists(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&top);
+}
