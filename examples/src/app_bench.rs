@@ -965,37 +965,71 @@ pub fn table(metrics: &[Metric]) -> String {
 }
 
 /// JSON: `{"setups": [...], "metrics": [{name, higher_is_better, values{setup: v}, ratios{setup: r}}]}`.
+/// A value that is not a number (a run that measured nothing) is `null`: NaN is not JSON.
 pub fn json(metrics: &[Metric]) -> String {
-    let items: Vec<String> = metrics
+    use serde_json::{Map, Value, json};
+    let num = |v: f64| json_num(v, 15);
+    let items: Vec<Value> = metrics
         .iter()
         .map(|m| {
-            let values: Vec<String> = m
+            let values: Map<String, Value> = m
                 .values
                 .iter()
-                .map(|(s, v)| format!("\"{}\":{v}", s.name()))
+                .map(|(s, v)| (s.name().to_string(), num(*v)))
                 .collect();
-            let ratios: Vec<String> = Setup::ALL
+            let ratios: Map<String, Value> = Setup::ALL
                 .iter()
-                .filter_map(|s| Some(format!("\"{}\":{:.4}", s.name(), m.ratio(*s)?)))
+                .filter_map(|s| {
+                    let r = m.ratio(*s)?;
+                    Some((s.name().to_string(), json_num(r, 4)))
+                })
                 .collect();
-            format!(
-                "{{\"name\":\"{}\",\"higher_is_better\":{},\"values\":{{{}}},\"ratios\":{{{}}}}}",
-                m.name,
-                m.higher_is_better,
-                values.join(","),
-                ratios.join(",")
-            )
+            json!({
+                "name": m.name,
+                "higher_is_better": m.higher_is_better,
+                "values": values,
+                "ratios": ratios,
+            })
         })
         .collect();
-    let setups: Vec<String> = Setup::ALL
-        .iter()
-        .map(|s| format!("\"{}\"", s.name()))
-        .collect();
-    format!(
-        "{{\"setups\":[{}],\"metrics\":[{}]}}\n",
-        setups.join(","),
-        items.join(",")
-    )
+    let setups: Vec<&str> = Setup::ALL.iter().map(|s| s.name()).collect();
+    format!("{}\n", json!({ "setups": setups, "metrics": items }))
+}
+
+/// `v` rounded to `decimals` places as a JSON number, or `null` when it is not a number (NaN
+/// or infinite: a run that measured nothing, a ratio to zero). The benches' JSON goes through
+/// serde_json, so it always parses.
+pub fn json_num(v: f64, decimals: i32) -> serde_json::Value {
+    let k = 10f64.powi(decimals.min(15));
+    let r = if decimals >= 15 {
+        v
+    } else {
+        (v * k).round() / k
+    };
+    serde_json::Number::from_f64(r)
+        .map(serde_json::Value::Number)
+        .unwrap_or(serde_json::Value::Null)
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    #[test]
+    fn not_a_number_is_null_and_the_document_parses() {
+        let m = Metric {
+            name: "x \"quoted\" (req/s)".into(),
+            higher_is_better: true,
+            values: vec![(Setup::ALL[0], 100.0), (Setup::ALL[1], f64::NAN)],
+        };
+        let text = json(&[m]);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let metric = &v["metrics"][0];
+        assert_eq!(metric["name"], "x \"quoted\" (req/s)");
+        assert_eq!(metric["values"][Setup::ALL[0].name()], 100.0);
+        assert!(metric["values"][Setup::ALL[1].name()].is_null());
+        assert!(!text.contains("NaN"));
+    }
 }
 
 /// An SVG bar chart of the ratios (one group per metric; a line at 1.0x).

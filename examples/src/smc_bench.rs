@@ -339,8 +339,16 @@ fn measure(net: &Net, dir: &std::path::Path, quick: bool) -> Result<String> {
         "SMC-R link groups created by the client: {} (CONFIRM LINK exchanges: {})",
         links.1, links.0
     );
-    Ok(format!(
-        "{{\"suite\":\"smc\",\"runs\":{runs},\"throughput_gbps\":{{\"tcp\":{:.3},\"smc\":{:.3}}},\"pingpong_us\":{{\"tcp_p50\":{:.2},\"smc_p50\":{:.2},\"tcp_p99\":{:.2},\"smc_p99\":{:.2}}},\"conns_per_sec\":{{\"tcp\":{:.0},\"smc\":{:.0}}}}}\n",
-        thr.0, thr.1, p50.0, p50.1, p99.0, p99.1, cps.0, cps.1
-    ))
+    let n = crate::app_bench::json_num;
+    let doc = serde_json::json!({
+        "suite": "smc",
+        "runs": runs,
+        "throughput_gbps": { "tcp": n(thr.0, 3), "smc": n(thr.1, 3) },
+        "pingpong_us": {
+            "tcp_p50": n(p50.0, 2), "smc_p50": n(p50.1, 2),
+            "tcp_p99": n(p99.0, 2), "smc_p99": n(p99.1, 2),
+        },
+        "conns_per_sec": { "tcp": n(cps.0, 0), "smc": n(cps.1, 0) },
+    });
+    Ok(format!("{doc}\n"))
 }

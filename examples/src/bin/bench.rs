@@ -289,11 +289,19 @@ fn main() -> Result<()> {
         rl99,
         rl99 / tl99
     );
+    let n = examples::app_bench::json_num;
     let json = format!(
-        "{{\"suite\":\"rdma\",\"runs\":{runs},\"throughput_gbps\":{{\"tcp\":{tt:.3},\"rdma\":{rt:.3},\"ratio\":{:.3}}},\"pingpong_rtt_us\":{{\"tcp_p50\":{tl50:.2},\"tcp_p99\":{tl99:.2},\"rdma_p50\":{rl50:.2},\"rdma_p99\":{rl99:.2},\"ratio_p50\":{:.3},\"ratio_p99\":{:.3}}}}}\n",
-        rt / tt,
-        rl50 / tl50,
-        rl99 / tl99
+        "{}\n",
+        serde_json::json!({
+            "suite": "rdma",
+            "runs": runs,
+            "throughput_gbps": { "tcp": n(tt, 3), "rdma": n(rt, 3), "ratio": n(rt / tt, 3) },
+            "pingpong_rtt_us": {
+                "tcp_p50": n(tl50, 2), "tcp_p99": n(tl99, 2),
+                "rdma_p50": n(rl50, 2), "rdma_p99": n(rl99, 2),
+                "ratio_p50": n(rl50 / tl50, 3), "ratio_p99": n(rl99 / tl99, 3),
+            },
+        })
     );
     if let Some(p) = json_path {
         std::fs::write(&p, &json).with_context(|| format!("writing {p}"))?;
