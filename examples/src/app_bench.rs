@@ -1011,27 +1011,6 @@ pub fn json_num(v: f64, decimals: i32) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-#[cfg(test)]
-mod json_tests {
-    use super::*;
-
-    #[test]
-    fn not_a_number_is_null_and_the_document_parses() {
-        let m = Metric {
-            name: "x \"quoted\" (req/s)".into(),
-            higher_is_better: true,
-            values: vec![(Setup::ALL[0], 100.0), (Setup::ALL[1], f64::NAN)],
-        };
-        let text = json(&[m]);
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let metric = &v["metrics"][0];
-        assert_eq!(metric["name"], "x \"quoted\" (req/s)");
-        assert_eq!(metric["values"][Setup::ALL[0].name()], 100.0);
-        assert!(metric["values"][Setup::ALL[1].name()].is_null());
-        assert!(!text.contains("NaN"));
-    }
-}
-
 /// An SVG bar chart of the ratios (one group per metric; a line at 1.0x).
 pub fn svg(metrics: &[Metric]) -> String {
     let series = [Setup::SmcrLocal, Setup::SmcrNetns, Setup::Fallback];
@@ -1154,4 +1133,25 @@ pub(crate) fn require_tools(tools: &[&str]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    #[test]
+    fn not_a_number_is_null_and_the_document_parses() {
+        let m = Metric {
+            name: "x \"quoted\" (req/s)".into(),
+            higher_is_better: true,
+            values: vec![(Setup::ALL[0], 100.0), (Setup::ALL[1], f64::NAN)],
+        };
+        let text = json(&[m]);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let metric = &v["metrics"][0];
+        assert_eq!(metric["name"], "x \"quoted\" (req/s)");
+        assert_eq!(metric["values"][Setup::ALL[0].name()], 100.0);
+        assert!(metric["values"][Setup::ALL[1].name()].is_null());
+        assert!(!text.contains("NaN"));
+    }
 }
