@@ -6,15 +6,61 @@ use std::sync::OnceLock;
 
 fn path() -> Option<&'static str> {
     static PATH: OnceLock<Option<String>> = OnceLock::new();
-    PATH.get_or_init(|| smcr::env::var("SMCR_LOG").filter(|p| !p.is_empty()))
-        .as_deref()
+    PATH.get_or_init(|| {
+        // Made absolute at load: a daemon that changes its directory later keeps logging to
+        // the file the user named.
+        let p = smcr::env::var("SMCR_LOG").filter(|p| !p.is_empty())?;
+        Some(match std::path::absolute(&p) {
+            Ok(a) => a.to_string_lossy().into_owned(),
+            Err(_) => p,
+        })
+    })
+    .as_deref()
 }
 
 /// Reads `SMCR_LOG` now, at load, before the program has threads: were a thread of ours
 /// first to log while another forks, the child would find the lazy initialisation still
-/// running, for ever (seen: a forked child's first log line never returned).
+/// running, for ever (seen: a forked child's first log line never returned). With a log, the
+/// `log` facade's records of smcr and rdma (links up and down, failovers, engine errors) go
+/// there too, filtered by `SMCR_LOG_LEVEL`.
 pub(crate) fn init() {
-    let _ = path();
+    if path().is_none() {
+        return;
+    }
+    let (level, bad) = match smcr::env::var("SMCR_LOG_LEVEL").as_deref().map(str::trim) {
+        None | Some("") => (::log::LevelFilter::Info, None),
+        Some(v) => match v.parse::<::log::LevelFilter>() {
+            Ok(l) => (l, None),
+            Err(_) => (::log::LevelFilter::Info, Some(v.to_string())),
+        },
+    };
+    if ::log::set_logger(&FILE).is_ok() {
+        ::log::set_max_level(level);
+    }
+    if let Some(v) = bad {
+        line(format_args!(
+            "SMCR_LOG_LEVEL={v:?} is not a level (off, error, warn, info, debug, trace): info"
+        ));
+    }
+}
+
+/// The `log` facade's records, as lines of the log file with their level.
+struct FileLog;
+
+static FILE: FileLog = FileLog;
+
+impl ::log::Log for FileLog {
+    fn enabled(&self, m: &::log::Metadata<'_>) -> bool {
+        m.level() <= ::log::max_level()
+    }
+
+    fn log(&self, r: &::log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            line(format_args!("{} {}", r.level(), r.args()));
+        }
+    }
+
+    fn flush(&self) {}
 }
 
 /// Whether logging was asked for (to skip work done only for a line).

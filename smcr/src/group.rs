@@ -71,6 +71,25 @@ pub enum GroupDown {
     CompletionQueue(String),
 }
 
+impl GroupDown {
+    /// An orderly end (a program or operator ended the group, ours or the peer's: linger,
+    /// exit, terminate), not a failure.
+    pub fn orderly(&self) -> bool {
+        let ended = |r: &DeleteLinkReason| {
+            matches!(
+                *r,
+                DeleteLinkReason::PROG_INIT_TERM | DeleteLinkReason::OP_INIT_TERM
+            )
+        };
+        match self {
+            Self::Link(
+                DownReason::PeerDeleted(r) | DownReason::PeerDeletedGroup(r) | DownReason::Local(r),
+            ) => ended(r),
+            _ => false,
+        }
+    }
+}
+
 /// Why [`GroupCore::confirm_rkey`] could not start a flow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RkeyError {

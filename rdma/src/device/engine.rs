@@ -7,7 +7,7 @@ use super::{
     EV_ALT, EV_KICK, EV_OFFER, EV_OFFERED, EV_PEER, EV_RENDEZVOUS, EV_SOCK, EV_SPARE, QpCore,
     Shared, drain_eventfd, timespec,
 };
-use crate::rc::CqSide;
+use crate::rc::{CqSide, WcStatus};
 use parking_lot::Mutex;
 use rustix::event::epoll;
 use std::cmp::Reverse;
@@ -54,6 +54,11 @@ impl Shared {
                 retry = shm.backlog_len() > 0;
             }
             if let Err(f) = shm.receive(&mut core.rc) {
+                log::warn!(
+                    "rdma: QP {:#x}: the same-host transport failed ({}); the QP is in error",
+                    core.rc.qp_num(),
+                    f.0
+                );
                 bump(&self.stats.shm_faults, 1);
                 core.rc.fail();
                 shm.disconnect(Some(&mut core.rc));
@@ -65,6 +70,16 @@ impl Shared {
         }
         self.count_rc(core);
         while let Some((side, wc)) = core.rc.poll_completion() {
+            if !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr) {
+                // What failed the QP (the flushes after it say nothing new).
+                log::warn!(
+                    "rdma: QP {:#x}: {} ({:?}, wr_id {})",
+                    wc.qp_num,
+                    wc.status.name(),
+                    wc.opcode,
+                    wc.wr_id
+                );
+            }
             match side {
                 CqSide::Send => core.send_cq.push(wc),
                 CqSide::Recv => core.recv_cq.push(wc),

@@ -565,3 +565,20 @@ fn the_driver_failing_the_group_keeps_the_first_reason() {
     assert!(!f.s.g.is_up());
     f.settle();
 }
+
+/// Log levels: an ended group (linger, exit, terminate) is an orderly end, a lost path or a
+/// timeout is a failure.
+#[test]
+fn orderly_ends_are_told_from_failures() {
+    use llc::DeleteLinkReason as R;
+    assert!(GroupDown::Link(DownReason::PeerDeletedGroup(R::PROG_INIT_TERM)).orderly());
+    assert!(GroupDown::Link(DownReason::Local(R::OP_INIT_TERM)).orderly());
+    assert!(!GroupDown::Link(DownReason::PeerDeleted(R::LOST_PATH)).orderly());
+    assert!(
+        !GroupDown::Link(DownReason::TestLinkTimeout(std::time::Duration::from_secs(
+            1
+        )))
+        .orderly()
+    );
+    assert!(!GroupDown::FirstLinkNotUp.orderly());
+}

@@ -23,6 +23,11 @@ impl LinkGroup {
         while let Some(ev) = st.g.poll_event() {
             match ev {
                 GroupEvent::Up { link_id } => {
+                    log::info!(
+                        "link group {} ({}): link {link_id} up (CONFIRM LINK done)",
+                        self.id,
+                        self.peer_text()
+                    );
                     self.link_id.store(u32::from(link_id), Ordering::Relaxed);
                     self.publish(crate::stats::lg::LINK_ACTIVE);
                     if let Some(rt) = self.runtime.upgrade() {
@@ -31,6 +36,11 @@ impl LinkGroup {
                     self.cond.notify_all();
                 }
                 GroupEvent::SpareUp { .. } => {
+                    log::info!(
+                        "link group {} ({}): second link up (ADD LINK done)",
+                        self.id,
+                        self.peer_text()
+                    );
                     if let Some(rt) = self.runtime.upgrade() {
                         rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
                     }
@@ -48,6 +58,11 @@ impl LinkGroup {
                     self.rtokens.lock().delete(path, &rkeys);
                 }
                 GroupEvent::PathError(path) => {
+                    log::warn!(
+                        "link group {} ({}): path {path} failed; its queue pair is stopped",
+                        self.id,
+                        self.peer_text()
+                    );
                     if let Some(p) = self.paths.get(path) {
                         let _ = p.qp.modify(&QpAttr::state(QpState::Error));
                     }
@@ -105,6 +120,11 @@ impl LinkGroup {
                     active,
                     link_id,
                 } => {
+                    log::warn!(
+                        "link group {} ({}): failover to link {link_id} (path {active}, epoch {epoch})",
+                        self.id,
+                        self.peer_text()
+                    );
                     self.link_id.store(u32::from(link_id), Ordering::Relaxed);
                     self.route
                         .store(u64::from(epoch) << 8 | active as u64, Ordering::Release);
@@ -361,12 +381,31 @@ impl LinkGroup {
     /// Marks the group down and fails every connection on it.
     /// The connections learn the group's first reason (a later one is the same failure seen
     /// again).
+    /// The peer, for log lines: its first path's address.
+    pub(super) fn peer_text(&self) -> String {
+        let ip = self.paths[0].peer_ip.load(Ordering::Relaxed);
+        format!("peer {}", std::net::Ipv4Addr::from(ip))
+    }
+
     pub(crate) fn fail(&self, reason: GroupDown) {
-        self.down.store(true, Ordering::Release);
+        let first = !self.down.swap(true, Ordering::AcqRel);
         self.publish(crate::stats::lg::LINK_INACTIVE);
         let (conns, reason) = {
             let mut st = self.st.lock();
             let reason = st.g.fail(reason).clone();
+            if first {
+                let level = if reason.orderly() {
+                    log::Level::Info
+                } else {
+                    log::Level::Warn
+                };
+                log::log!(
+                    level,
+                    "link group {} ({}) down: {reason}",
+                    self.id,
+                    self.peer_text()
+                );
+            }
             self.cond.notify_all();
             if let Some(rt) = self.runtime.upgrade() {
                 for mr in st.rmb_pool.drain(..) {
