@@ -40,7 +40,7 @@ pub use rdma::{DeviceStats, FaultConfig};
 /// Where the runtime's descriptors go in a process shared with an application (see
 /// [`rdma::fdzone`]).
 pub use rdma::{env, fdzone};
-pub use runtime::{Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
+pub use runtime::{ConfigError, Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,
     v4_of,

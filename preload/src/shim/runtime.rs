@@ -84,7 +84,15 @@ pub(crate) fn at_exit() {
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let on = smcr::env::var("SMCR_DISABLE").is_none_or(|v| v != "1");
+        let mut on = smcr::env::var("SMCR_DISABLE").is_none_or(|v| v != "1");
+        if on && let Err(e) = smcr::RuntimeConfig::try_from_env() {
+            // Which setting the user meant cannot be guessed: the whole process stays TCP,
+            // and the log says why (decided at load, before the program's first socket).
+            log::line(format_args!(
+                "{e}; SMC-R is off for this process (every socket stays TCP)"
+            ));
+            on = false;
+        }
         if on {
             // Our descriptors stay out of the application's numbers from the first one.
             smcr::fdzone::enable();

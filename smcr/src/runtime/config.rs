@@ -127,75 +127,178 @@ impl RuntimeConfig {
     }
 }
 
+/// A setting of the environment that does not parse: which variable, its value, what it
+/// takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?} is not valid ({expected})")]
+pub struct ConfigError {
+    /// The variable.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What it takes.
+    pub expected: &'static str,
+}
+
+/// How an on/off setting may be spelled (one set for every variable).
+const FLAG: &str = "on or off (also 1/0, yes/no, true/false)";
+
+fn flag(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "yes" | "true" => Some(true),
+        "off" | "0" | "no" | "false" => Some(false),
+        _ => None,
+    }
+}
+
 impl RuntimeConfig {
     /// Defaults, changed by the environment (how the preload and `smcr run` configure it):
     /// `SMCR_NEGOTIATION=option|assume`, `SMCR_BPF_DIR`, `SMCR_RMB_KIB`, `SMCR_ROCE_PORT`,
     /// `SMCR_UEID` (comma-separated user EIDs), `SMCR_STATS_DIR` (`off`: no stats area),
     /// `SMCR_TESTLINK_TIME` (seconds of link idleness before a TEST LINK, like
     /// `net.smc.smcr_testlink_time`; 0: off), `SMCR_LGR_LINGER` (seconds a link group without
-    /// connections is kept before DELETE LINK; default 600 like Linux).
+    /// connections is kept before DELETE LINK; default 600 like Linux), and the others of
+    /// docs/running.md. A value that does not parse is left out (its default stays) and logged
+    /// (`log` facade); [`Self::try_from_env`] refuses it instead.
     pub fn from_env() -> Self {
+        match Self::from_lookup(&|k| crate::env::var(k), false) {
+            Ok(c) => c,
+            Err(_) => unreachable!("lenient parsing does not fail"),
+        }
+    }
+
+    /// As [`Self::from_env`], but the first value that does not parse is an error naming the
+    /// variable (the preload then leaves the process on TCP and says why).
+    pub fn try_from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(&|k| crate::env::var(k), true)
+    }
+
+    /// The settings from `get` (a variable's value, if set). `strict`: the first bad value is
+    /// the error; else bad values are logged and left out.
+    pub fn from_lookup(
+        get: &dyn Fn(&str) -> Option<String>,
+        strict: bool,
+    ) -> Result<Self, ConfigError> {
         let mut cfg = Self::new();
-        let var = |k: &str| crate::env::var(k).filter(|v| !v.is_empty());
+        let mut bad: Vec<ConfigError> = Vec::new();
+        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let mut err = |var: &'static str, value: String, expected: &'static str| {
+            bad.push(ConfigError {
+                var,
+                value,
+                expected,
+            });
+        };
+        macro_rules! num {
+            ($k:literal, $t:ty, $expected:literal) => {
+                match var($k) {
+                    None => None,
+                    Some(v) => match v.trim().parse::<$t>() {
+                        Ok(x) => Some(x),
+                        Err(_) => {
+                            err($k, v, $expected);
+                            None
+                        }
+                    },
+                }
+            };
+        }
+        macro_rules! on_off {
+            ($k:literal) => {
+                match var($k) {
+                    None => None,
+                    Some(v) => match flag(&v) {
+                        Some(b) => Some(b),
+                        None => {
+                            err($k, v, FLAG);
+                            None
+                        }
+                    },
+                }
+            };
+        }
         if let Some(dir) = var("SMCR_BPF_DIR") {
             cfg.negotiation = Negotiation::TcpOption { dir: dir.into() };
         }
-        if var("SMCR_NEGOTIATION").as_deref() == Some("assume") {
-            cfg.negotiation = Negotiation::Assume;
+        match var("SMCR_NEGOTIATION").as_deref().map(str::trim) {
+            None | Some("option") => {}
+            Some("assume") => cfg.negotiation = Negotiation::Assume,
+            Some(v) => err("SMCR_NEGOTIATION", v.into(), "option or assume"),
         }
-        if let Some(k) = var("SMCR_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
+        if let Some(k) = num!("SMCR_RMB_KIB", u32, "KiB, a whole number") {
             cfg.rmb_size = k.saturating_mul(1024);
             cfg.same_host_rmb_size = None;
             cfg.remote_rmb_size = None;
         }
-        if let Some(p) = var("SMCR_ROCE_PORT").and_then(|v| v.parse::<u16>().ok()) {
-            cfg.roce_port = p;
+        if let Some(p) = num!("SMCR_ROCE_PORT", u16, "a UDP port, 1-65535") {
+            if p == 0 {
+                err("SMCR_ROCE_PORT", "0".into(), "a UDP port, 1-65535");
+            } else {
+                cfg.roce_port = p;
+            }
         }
-        if let Some(a) = var("SMCR_STEER_ATTACH").and_then(|v| crate::steer::SteerAttach::parse(&v))
-        {
-            cfg.steer_attach = a;
+        if let Some(v) = var("SMCR_STEER_ATTACH") {
+            match crate::steer::SteerAttach::parse(v.trim()) {
+                Some(a) => cfg.steer_attach = a,
+                None => err("SMCR_STEER_ATTACH", v, "pinned (on), load or off"),
+            }
         }
         if let Some(list) = var("SMCR_UEID") {
-            let ueids: Vec<Eid> = list
-                .split(',')
-                .filter_map(|u| Eid::new(u.trim()).ok())
-                .collect();
+            let mut ueids = Vec::new();
+            for u in list.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                match Eid::new(u) {
+                    Ok(e) => ueids.push(e),
+                    Err(_) => err(
+                        "SMCR_UEID",
+                        list.clone(),
+                        "comma-separated UEIDs: 1 to 32 of A-Z, 0-9, . and -",
+                    ),
+                }
+            }
             if !ueids.is_empty() {
                 cfg.handshake.ueids = ueids;
             }
         }
-        if matches!(var("SMCR_SAME_HOST").as_deref(), Some("off" | "0" | "no")) {
-            cfg.same_host = false;
+        if let Some(b) = on_off!("SMCR_SAME_HOST") {
+            cfg.same_host = b;
         }
-        if let Some(k) = var("SMCR_SAME_HOST_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
+        if let Some(k) = num!("SMCR_SAME_HOST_RMB_KIB", u32, "KiB, a whole number") {
             cfg.same_host_rmb_size = Some(k.saturating_mul(1024));
         }
-        if let Some(k) = var("SMCR_REMOTE_RMB_KIB").and_then(|v| v.parse::<u32>().ok()) {
+        if let Some(k) = num!("SMCR_REMOTE_RMB_KIB", u32, "KiB, a whole number") {
             cfg.remote_rmb_size = Some(k.saturating_mul(1024));
         }
-        if matches!(var("SMCR_WRITE_PAD").as_deref(), Some("off" | "0" | "no")) {
-            cfg.write_pad = false;
+        if let Some(b) = on_off!("SMCR_WRITE_PAD") {
+            cfg.write_pad = b;
         }
-        if matches!(var("SMCR_RKEY_REUSE").as_deref(), Some("off" | "0" | "no")) {
-            cfg.rkey_reuse = false;
+        if let Some(b) = on_off!("SMCR_RKEY_REUSE") {
+            cfg.rkey_reuse = b;
         }
-        if let Some(us) = var("SMCR_HOLD_US").and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(us) = num!("SMCR_HOLD_US", u64, "microseconds, a whole number") {
             cfg.app_hold = Duration::from_micros(us);
         }
         if let Some(list) = var("SMCR_ALT_ADDRS") {
-            cfg.alt_addrs = list
-                .split(',')
-                .filter_map(|a| a.trim().parse().ok())
-                .collect();
+            let mut addrs = Vec::new();
+            for a in list.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                match a.parse() {
+                    Ok(ip) => addrs.push(ip),
+                    Err(_) => err(
+                        "SMCR_ALT_ADDRS",
+                        list.clone(),
+                        "comma-separated IPv4 addresses",
+                    ),
+                }
+            }
+            cfg.alt_addrs = addrs;
         }
         // net.smc.smcr_testlink_time: seconds, 0 = off.
-        if let Some(s) = var("SMCR_TESTLINK_TIME").and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(s) = num!("SMCR_TESTLINK_TIME", u64, "seconds, a whole number; 0: off") {
             cfg.test_link_time = (s > 0).then(|| Duration::from_secs(s));
         }
-        if let Some(s) = var("SMCR_LGR_LINGER").and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(s) = num!("SMCR_LGR_LINGER", u64, "seconds, a whole number") {
             cfg.linger = Duration::from_secs(s);
         }
-        if let Some(ms) = var("SMCR_EXIT_DRAIN_MS").and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(ms) = num!("SMCR_EXIT_DRAIN_MS", u64, "milliseconds, a whole number") {
             cfg.exit_drain = Duration::from_millis(ms);
         }
         match var("SMCR_STATS_DIR").as_deref() {
@@ -203,12 +306,110 @@ impl RuntimeConfig {
             Some(d) => cfg.stats_dir = Some(d.into()),
             None => {}
         }
-        cfg
+        if strict && !bad.is_empty() {
+            return Err(bad.swap_remove(0));
+        }
+        for e in bad {
+            log::warn!("{e}: left at its default");
+        }
+        Ok(cfg)
     }
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)], strict: bool) -> Result<RuntimeConfig, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RuntimeConfig::from_lookup(
+            &|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            strict,
+        )
+    }
+
+    #[test]
+    fn good_values_are_taken() {
+        let c = with(
+            &[
+                ("SMCR_NEGOTIATION", "assume"),
+                ("SMCR_RMB_KIB", "128"),
+                ("SMCR_ROCE_PORT", "4800"),
+                ("SMCR_SAME_HOST", "OFF"),
+                ("SMCR_WRITE_PAD", "no"),
+                ("SMCR_RKEY_REUSE", "true"),
+                ("SMCR_UEID", "SMC-A, SMC-B"),
+                ("SMCR_ALT_ADDRS", "10.0.0.2,10.0.0.3"),
+                ("SMCR_TESTLINK_TIME", "0"),
+                ("SMCR_LGR_LINGER", " 5 "),
+                ("SMCR_STEER_ATTACH", "load"),
+            ],
+            true,
+        )
+        .unwrap();
+        assert!(matches!(c.negotiation, Negotiation::Assume));
+        assert_eq!(c.rmb_size, 128 * 1024);
+        assert_eq!(c.same_host_rmb_size, None);
+        assert_eq!(c.roce_port, 4800);
+        assert!(!c.same_host && !c.write_pad && c.rkey_reuse);
+        assert_eq!(c.handshake.ueids.len(), 2);
+        assert_eq!(c.alt_addrs.len(), 2);
+        assert_eq!(c.test_link_time, None);
+        assert_eq!(c.linger, Duration::from_secs(5));
+        assert_eq!(c.steer_attach, crate::steer::SteerAttach::Load);
+    }
+
+    /// Each kind of bad value is refused naming its variable (strict), or left at its
+    /// default (lenient, as `from_env`).
+    #[test]
+    fn each_kind_of_bad_value_is_named() {
+        let defaults = RuntimeConfig::new();
+        for (k, v) in [
+            ("SMCR_RMB_KIB", "64k"),
+            ("SMCR_RMB_KIB", "-1"),
+            ("SMCR_ROCE_PORT", "70000"),
+            ("SMCR_ROCE_PORT", "0"),
+            ("SMCR_NEGOTIATION", "maybe"),
+            ("SMCR_SAME_HOST", "disabled"),
+            ("SMCR_WRITE_PAD", "2"),
+            ("SMCR_UEID", "lower-case"),
+            ("SMCR_UEID", "THIS-UEID-IS-LONGER-THAN-THIRTY-TWO-BYTES"),
+            ("SMCR_ALT_ADDRS", "10.0.0.2,fe80::1"),
+            ("SMCR_TESTLINK_TIME", "30s"),
+            ("SMCR_LGR_LINGER", "1.5"),
+            ("SMCR_EXIT_DRAIN_MS", "x"),
+            ("SMCR_HOLD_US", "-5"),
+            ("SMCR_STEER_ATTACH", "sometimes"),
+        ] {
+            let e = with(&[(k, v)], true).unwrap_err();
+            assert_eq!(e.var, k, "{k}={v}");
+            assert!(
+                e.to_string().contains(k) && e.to_string().contains(v),
+                "{e}"
+            );
+            let lenient = with(&[(k, v)], false).unwrap();
+            assert_eq!(lenient.rmb_size, defaults.rmb_size, "{k}={v}");
+            assert_eq!(lenient.roce_port, defaults.roce_port, "{k}={v}");
+            assert_eq!(lenient.linger, defaults.linger, "{k}={v}");
+        }
+        // The first bad value is the one named; later good ones do not hide it.
+        let e = with(&[("SMCR_LGR_LINGER", "soon"), ("SMCR_RMB_KIB", "64")], true).unwrap_err();
+        assert_eq!(e.var, "SMCR_LGR_LINGER");
+    }
+
+    /// Empty means unset (a shell's `VAR=`), as before.
+    #[test]
+    fn empty_values_are_unset() {
+        let c = with(&[("SMCR_RMB_KIB", ""), ("SMCR_NEGOTIATION", " ")], true).unwrap();
+        assert_eq!(c.rmb_size, RuntimeConfig::new().rmb_size);
     }
 }

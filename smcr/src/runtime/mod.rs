@@ -47,7 +47,9 @@ mod inner;
 mod lgroup;
 mod post;
 
-pub use config::{DEFAULT_UEID, LINGER, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS};
+pub use config::{
+    ConfigError, DEFAULT_UEID, LINGER, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS,
+};
 pub(crate) use connection::{ConnShared, ConnState, StatRef};
 pub use connection::{Readiness, ReadyState};
 
