@@ -4,6 +4,8 @@
 #   PREFIX/bin/smcr            the launcher (`smcr run`), `smcr bpf install|uninstall`
 #   PREFIX/bin/smc-stat        connections, link groups, fallbacks
 #   PREFIX/share/doc/smcr/     README, running, limitations
+#   PREFIX/share/man/man1/     smcr.1 and smcr-*.1, and bash, zsh and fish completions under
+#                              share/{bash-completion,zsh,fish}: made by `smcr generate`
 #   PREFIX/share/smcr/installed  what was installed (uninstall reads it)
 # As root, a prefix whose lib directory the loader does not search gets an entry in
 # /etc/ld.so.conf.d/smcr.conf; then ldconfig runs. Without root (or with --no-ldconfig), use
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --no-ldconfig) ldconfig=0; shift ;;
     --uninstall) uninstall=1; shift ;;
     --keep-bpf) keep_bpf=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -92,6 +94,15 @@ put 0755 "$from/smc-stat" "$prefix/bin/smc-stat"
 for d in README.md docs/running.md docs/limitations.md; do
   put 0644 "$d" "$prefix/share/doc/smcr/$(basename "$d")"
 done
+# The man pages and shell completions, from the installed smcr's own command definition.
+gen=$(mktemp -d)
+trap 'rm -rf -- "$gen"' EXIT
+"$prefix/bin/smcr" generate man "$gen/man" >/dev/null
+for m in "$gen"/man/*.1; do put 0644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
+for sh in bash zsh fish; do "$prefix/bin/smcr" generate completions "$sh" "$gen/comp" >/dev/null; done
+put 0644 "$gen/comp/smcr.bash" "$prefix/share/bash-completion/completions/smcr"
+put 0644 "$gen/comp/_smcr" "$prefix/share/zsh/site-functions/_smcr"
+put 0644 "$gen/comp/smcr.fish" "$prefix/share/fish/vendor_completions.d/smcr.fish"
 mkd "$prefix/share/smcr"
 
 # The loader: LD_PRELOAD=libsmcr.so (a bare name) is searched like dlopen's: LD_LIBRARY_PATH,

@@ -45,7 +45,16 @@ fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
             .arg("--no-ldconfig"),
         "install.sh",
     );
-    for f in ["lib/libsmcr.so", "bin/smcr", "bin/smc-stat"] {
+    for f in [
+        "lib/libsmcr.so",
+        "bin/smcr",
+        "bin/smc-stat",
+        "share/man/man1/smcr.1",
+        "share/man/man1/smcr-run.1",
+        "share/bash-completion/completions/smcr",
+        "share/zsh/site-functions/_smcr",
+        "share/fish/vendor_completions.d/smcr.fish",
+    ] {
         assert!(prefix.join(f).is_file(), "{f} not installed");
     }
 

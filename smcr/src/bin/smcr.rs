@@ -1,41 +1,253 @@
-//! `smcr`: the command-line front end: the launcher (`smcr run -- CMD`, like smc-tools'
-//! `smc_run`) and the eBPF programs — the TCP option and the RoCE steering program
-//! (`smcr bpf install|uninstall|status`).
+//! `smcr`: the command-line front end: the launcher (`smcr run CMD`, like smc-tools'
+//! `smc_run`), the eBPF programs — the TCP option and the RoCE steering program
+//! (`smcr bpf install|uninstall|status`) — and smc-tools' `smcr` views (`smcr stats`,
+//! `smcr linkgroup show`, `smcr device show`, `smcr ueid show`) of the stats areas.
 
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use smcr::{option, steer};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use smcr::view::{self, Snapshot};
+use smcr::{option, stats, steer};
 
-const USAGE: &str = "usage: smcr run [OPTIONS] -- CMD [ARGS...]
-       smcr bpf {install|uninstall|status} [--dir DIR] [--netns NAME] [--only option|steer]
+/// SMC-R for unmodified programs: the launcher, the eBPF programs and smc-tools' views.
+#[derive(Parser, Debug)]
+#[command(
+    name = "smcr",
+    version,
+    propagate_version = true,
+    about = "SMC-R for unmodified programs: the launcher (like smc-tools' smc_run), the eBPF \
+             programs, and smc-tools' `smcr stats|linkgroup|device|ueid` views",
+    after_help = "Connections, link groups and fallbacks of every process: `smc-stat` \
+                  (like smc-tools' smcss). See docs/running.md."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-run: start CMD with its TCP sockets accelerated by SMC-R (LD_PRELOAD of the smcr library).
-  --dir DIR          the option program's pin directory (default /sys/fs/bpf/smcr); as root
-                     it is installed there if missing
-  --assume           no option program: assume every peer runs smcr (both ends launched by
-                     smcr run, e.g. in tests); a plain peer would then see CLC bytes
-  --rmb-kib N        receive buffer (RMB) per connection in KiB (default 64)
-  --include RULES    use SMC-R only for these destinations/listeners
-  --exclude RULES    never use SMC-R for these (RULES: comma-separated PORT, LO-HI,
-                     A.B.C.D[/N][:PORT[-HI]]; see docs/running.md)
-  --log FILE         one line per connection: SMC-R, or TCP and the fallback reason
-  --lib PATH         the library (default: libsmcr_preload.so next to this program, or
-                     $SMCR_LIB)
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start CMD with its TCP sockets accelerated by SMC-R (LD_PRELOAD of the smcr library),
+    /// like smc-tools' smc_run
+    #[command(
+        long_about = "Start CMD with its TCP sockets accelerated by SMC-R (LD_PRELOAD of the \
+                      smcr library), like smc-tools' smc_run. Options after CMD are CMD's; \
+                      `--` before CMD is accepted too.",
+        arg_required_else_help = true
+    )]
+    Run(RunArgs),
+    /// The eBPF programs: the TCP option program and the RoCE steering program
+    #[command(subcommand_required = true, arg_required_else_help = true)]
+    Bpf(BpfArgs),
+    /// Counters of the processes running smcr (like smc-tools' `smcr stats`): connections
+    /// by mode and role, handshake errors, bytes, fallback reasons
+    Stats(StatsArgs),
+    /// Link groups and their links (like `smc-stat -R`)
+    #[command(visible_alias = "lgr")]
+    Linkgroup(ShowArgs),
+    /// Our RoCE engine per process and address: how packets reach it, its counters (like
+    /// `smc-stat --devices`)
+    #[command(visible_alias = "dev")]
+    Device(ShowArgs),
+    /// The user EIDs (UEIDs) programs started from this environment offer: SMCR_UEID, or
+    /// the default
+    #[command(subcommand_required = false)]
+    Ueid {
+        #[command(subcommand)]
+        action: Option<UeidAction>,
+    },
+    /// Write the man pages or shell completions (used by scripts/install.sh)
+    #[command(hide = true, subcommand_required = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generate,
+    },
+}
 
-bpf:
-  install    load the SMC-R TCP option program, attach it to the cgroup v2 root and pin it
-             under DIR (default /sys/fs/bpf/smcr); load the RoCE steering program, pin it
-             there and attach it (tc ingress, tcx) to lo and every Ethernet interface of the
-             network namespace, so that any number of processes per address run SMC-R;
-             needs root; what is present already is kept
-  uninstall  remove the pins (the programs detach, in every namespace); marked sockets
-             carry on as plain TCP, processes that relied on steering lose remote peers
-  status     say whether the programs are installed, attached here and usable by this user
-  --netns NAME   act in network namespace NAME (/var/run/netns/NAME, or a path) — instead
-                 of `ip netns exec`, whose private /sys has no bpffs to keep the pins
-  --only WHICH   just the option program, or just the steering program";
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The option program's pin directory (default /sys/fs/bpf/smcr); as root it is
+    /// installed there if missing
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// No option program: assume every peer runs smcr (both ends launched by smcr run, e.g.
+    /// in tests); a plain peer would then see CLC bytes
+    #[arg(long)]
+    assume: bool,
+    /// Receive buffer (RMB) per connection in KiB, at least 16 (default 512, the most SMC-R
+    /// allows; SMCR_RMB_KIB)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
+    rmb_kib: Option<u32>,
+    /// smc_run's receive buffer size: bytes, or with a K/M/G suffix; sets the RMB size
+    /// (--rmb-kib), rounded up to whole KiB and at least 16 KiB
+    #[arg(short = 'r', value_name = "SIZE", value_parser = parse_size, conflicts_with = "rmb_kib")]
+    rcvbuf: Option<u64>,
+    /// smc_run's send buffer size: accepted and ignored with a warning — our send buffer
+    /// is always as large as the peer's RMB (set -r/--rmb-kib on the peer)
+    #[arg(short = 't', value_name = "SIZE", value_parser = parse_size)]
+    sndbuf: Option<u64>,
+    /// Use SMC-R only for these destinations/listeners (RULES: comma-separated PORT, LO-HI,
+    /// A.B.C.D[/N][:PORT[-HI]]; see docs/running.md)
+    #[arg(long, value_name = "RULES")]
+    include: Option<String>,
+    /// Never use SMC-R for these (RULES as for --include)
+    #[arg(long, value_name = "RULES")]
+    exclude: Option<String>,
+    /// One line per connection: SMC-R, or TCP and the fallback reason
+    #[arg(long, value_name = "FILE")]
+    log: Option<String>,
+    /// The library (default: libsmcr_preload.so next to this program, ../lib/libsmcr.so, or
+    /// $SMCR_LIB)
+    #[arg(long, value_name = "PATH")]
+    lib: Option<PathBuf>,
+    /// The program and its arguments
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
+    cmd: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct BpfArgs {
+    #[command(subcommand)]
+    action: BpfAction,
+    /// Where the programs are pinned (default /sys/fs/bpf/smcr)
+    #[arg(long, global = true, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Act in network namespace NAME (/var/run/netns/NAME, or a path) — instead of `ip
+    /// netns exec`, whose private /sys has no bpffs to keep the pins
+    #[arg(long, global = true, value_name = "NAME")]
+    netns: Option<String>,
+    /// Just the option program, or just the steering program
+    #[arg(long, global = true, value_name = "WHICH")]
+    only: Option<Only>,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+enum BpfAction {
+    /// Load the SMC-R TCP option program, attach it to the cgroup v2 root and pin it under
+    /// DIR; load the RoCE steering program, pin it there and attach it (tc ingress, tcx) to
+    /// lo and every Ethernet interface of the network namespace, so that any number of
+    /// processes per address run SMC-R; needs root; what is present already is kept
+    Install,
+    /// Remove the pins (the programs detach, in every namespace); marked sockets carry on
+    /// as plain TCP, processes that relied on steering lose remote peers
+    Uninstall,
+    /// Say whether the programs are installed, attached here and usable by this user
+    Status,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Only {
+    /// The TCP option program
+    Option,
+    /// The RoCE steering program
+    Steer,
+}
+
+/// Where the stats areas are, and which.
+#[derive(Args, Debug)]
+struct AreaArgs {
+    /// Where the stats areas are (default /dev/shm/smcr, or $SMCR_STATS_DIR)
+    #[arg(long, global = true, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Only that process
+    #[arg(long, global = true, value_name = "PID")]
+    pid: Option<u32>,
+    /// More: fallback meanings and per-process counters (stats), every engine counter by
+    /// name (device)
+    #[arg(short, long, global = true)]
+    details: bool,
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    #[command(subcommand)]
+    action: Option<StatsAction>,
+    #[command(flatten)]
+    area: AreaArgs,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+enum StatsAction {
+    /// Show the counters (the default)
+    Show,
+    /// Zero the counters (totals and fallback counters) in the stats areas; needs write
+    /// access to them (their owner, or root)
+    Reset,
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    #[command(subcommand)]
+    action: Option<ShowAction>,
+    #[command(flatten)]
+    area: AreaArgs,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+enum ShowAction {
+    /// Show them (the default)
+    Show,
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+enum UeidAction {
+    /// The UEIDs in effect (the default)
+    Show,
+    /// Not supported: UEIDs are configured with SMCR_UEID
+    Add { ueid: String },
+    /// Not supported: UEIDs are configured with SMCR_UEID
+    Del { ueid: String },
+    /// Not supported: UEIDs are configured with SMCR_UEID
+    Flush,
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+enum Generate {
+    /// The man pages: smcr.1 and one per subcommand
+    Man { dir: PathBuf },
+    /// Completions for SHELL, into DIR
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+        dir: PathBuf,
+    },
+}
+
+/// A size as smc_run takes it: bytes, or with a K, M or G suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or with a K/M/G suffix)"))
+}
+
+/// -r SIZE as --rmb-kib: whole KiB, rounded up, at least 16.
+fn rcvbuf_kib(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .max(16)
+}
+
+/// The stats directory: --dir, else $SMCR_STATS_DIR (unless `off`), else the default.
+fn stats_dir(given: Option<PathBuf>) -> PathBuf {
+    given.unwrap_or_else(|| {
+        std::env::var_os("SMCR_STATS_DIR")
+            .filter(|d| d != "off" && !d.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(stats::DEFAULT_DIR))
+    })
+}
 
 /// The library `smcr run` preloads.
 fn find_lib(given: Option<PathBuf>) -> Result<PathBuf, String> {
@@ -68,56 +280,31 @@ fn find_lib(given: Option<PathBuf>) -> Result<PathBuf, String> {
     ))
 }
 
-/// `smcr run [OPTIONS] -- CMD ARGS...`: sets the environment up and execs CMD.
-fn run(args: &[String]) -> ExitCode {
-    let Some(split) = args.iter().position(|a| a == "--") else {
-        return usage();
-    };
-    let (opts, cmd) = (&args[..split], &args[split + 1..]);
-    if cmd.is_empty() {
-        return usage();
-    }
-    let mut dir = option::default_dir();
-    let mut dir_given = false;
-    let (mut assume, mut lib, mut log) = (false, None, None);
-    let (mut rmb, mut include, mut exclude) = (None, None, None);
-    let mut it = opts.iter();
-    while let Some(o) = it.next() {
-        let mut val = || it.next().cloned();
-        match o.as_str() {
-            "--dir" => {
-                dir = PathBuf::from(val().unwrap_or_default());
-                dir_given = true;
-            }
-            "--assume" => assume = true,
-            "--lib" => lib = val().map(PathBuf::from),
-            "--log" => log = val(),
-            "--rmb-kib" => match val().and_then(|v| v.parse::<u32>().ok()) {
-                Some(k) if k >= 16 => rmb = Some(k),
-                _ => {
-                    eprintln!("smcr run: --rmb-kib needs a number of KiB, at least 16");
-                    return ExitCode::from(2);
-                }
-            },
-            "--include" => include = val(),
-            "--exclude" => exclude = val(),
-            _ => return usage(),
-        }
-    }
-    if let Err(e) = smcr::policy::Policy::parse(include.as_deref(), exclude.as_deref()) {
+/// `smcr run [OPTIONS] [--] CMD ARGS...`: sets the environment up and execs CMD.
+fn run(a: RunArgs) -> ExitCode {
+    if let Err(e) = smcr::policy::Policy::parse(a.include.as_deref(), a.exclude.as_deref()) {
         eprintln!("smcr run: {e}");
         return ExitCode::from(2);
     }
-    let lib = match find_lib(lib) {
+    if let Some(t) = a.sndbuf {
+        eprintln!(
+            "smcr run: warning: -t {t} is ignored: the send buffer is always as large as the \
+             peer's RMB (set -r or --rmb-kib on the peer)"
+        );
+    }
+    let rmb = a.rmb_kib.or(a.rcvbuf.map(rcvbuf_kib));
+    let lib = match find_lib(a.lib) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("smcr run: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let mut c = std::process::Command::new(&cmd[0]);
-    c.args(&cmd[1..]);
-    if assume {
+    let dir_given = a.dir.is_some();
+    let dir = a.dir.unwrap_or_else(option::default_dir);
+    let mut c = std::process::Command::new(&a.cmd[0]);
+    c.args(&a.cmd[1..]);
+    if a.assume {
         c.env("SMCR_NEGOTIATION", "assume");
     } else {
         // The program always starts: without the option program its connections stay TCP
@@ -157,68 +344,131 @@ fn run(args: &[String]) -> ExitCode {
     c.env("LD_PRELOAD", preload);
     for (k, v) in [
         ("SMCR_RMB_KIB", rmb.map(|k| k.to_string())),
-        ("SMCR_INCLUDE", include),
-        ("SMCR_EXCLUDE", exclude),
-        ("SMCR_LOG", log),
+        ("SMCR_INCLUDE", a.include),
+        ("SMCR_EXCLUDE", a.exclude),
+        ("SMCR_LOG", a.log),
     ] {
         if let Some(v) = v {
             c.env(k, v);
         }
     }
     let e = c.exec();
-    eprintln!("smcr run: cannot start {}: {e}", cmd[0]);
+    eprintln!("smcr run: cannot start {}: {e}", a.cmd[0].to_string_lossy());
     ExitCode::from(127)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("run") {
-        return run(&args[1..]);
-    }
-    let mut dir = PathBuf::from(option::DEFAULT_DIR);
-    let mut words = Vec::new();
-    let (mut netns, mut only) = (None, None);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--dir" => match it.next() {
-                Some(d) => dir = PathBuf::from(d),
-                None => return usage(),
-            },
-            "--netns" => match it.next() {
-                Some(n) => netns = Some(n.clone()),
-                None => return usage(),
-            },
-            "--only" => match it.next().map(String::as_str) {
-                Some(w @ ("option" | "steer")) => only = Some(w.to_owned()),
-                _ => return usage(),
-            },
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
+    match Cli::parse().cmd {
+        Cmd::Run(a) => run(a),
+        Cmd::Bpf(b) => bpf(b),
+        Cmd::Stats(s) => {
+            let dir = stats_dir(s.area.dir);
+            if s.action == Some(StatsAction::Reset) {
+                return match view::reset(&dir, s.area.pid) {
+                    Ok(n) => {
+                        println!("reset the counters of {n} process area(s)");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("smcr stats reset: {}: {e}", dir.display());
+                        ExitCode::FAILURE
+                    }
+                };
             }
-            w => words.push(w),
+            let snap = Snapshot::collect(&dir, s.area.pid);
+            print!("{}", view::render_stats(&snap, s.area.details));
+            ExitCode::SUCCESS
+        }
+        Cmd::Linkgroup(s) => {
+            let snap = Snapshot::collect(&stats_dir(s.area.dir), s.area.pid);
+            print!("{}", view::render_links(&snap));
+            ExitCode::SUCCESS
+        }
+        Cmd::Device(s) => {
+            let snap = Snapshot::collect(&stats_dir(s.area.dir), s.area.pid);
+            print!("{}", view::render_devices(&snap, s.area.details));
+            ExitCode::SUCCESS
+        }
+        Cmd::Ueid { action } => ueid(action.unwrap_or(UeidAction::Show)),
+        Cmd::Generate { what } => match generate(what) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("smcr generate: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// `smcr ueid show`: what the runtime of a program started from here offers (SMCR_UEID,
+/// comma-separated, parsed as the runtime parses it; else the default).
+fn ueid(action: UeidAction) -> ExitCode {
+    if action != UeidAction::Show {
+        eprintln!(
+            "smcr ueid: UEIDs are not kept in a system table: set SMCR_UEID=UEID[,UEID...] in \
+             the environment of the programs (`SMCR_UEID=... smcr run CMD`); `smcr ueid show` \
+             prints the ones in effect here"
+        );
+        return ExitCode::FAILURE;
+    }
+    let set = std::env::var("SMCR_UEID").ok().filter(|v| !v.is_empty());
+    let mut ueids = Vec::new();
+    if let Some(list) = &set {
+        for u in list.split(',').map(str::trim) {
+            match clc::Eid::new(u) {
+                Ok(e) => ueids.push(e.to_string()),
+                Err(e) => eprintln!("smcr ueid: ignoring {u:?} in SMCR_UEID: {e}"),
+            }
         }
     }
-    if !matches!(
-        words.as_slice(),
-        ["bpf", "install" | "uninstall" | "status"]
-    ) {
-        return usage();
+    let source = if ueids.is_empty() {
+        ueids.push(smcr::runtime::DEFAULT_UEID.to_owned());
+        if set.is_some() {
+            "default: SMCR_UEID has no valid UEID"
+        } else {
+            "default: SMCR_UEID is not set"
+        }
+    } else {
+        "SMCR_UEID"
+    };
+    for u in &ueids {
+        println!("{u}");
     }
-    if let Some(ns) = &netns
+    eprintln!("({source})");
+    ExitCode::SUCCESS
+}
+
+/// `smcr generate man DIR` / `smcr generate completions SHELL DIR`.
+fn generate(what: Generate) -> std::io::Result<()> {
+    let cmd = Cli::command();
+    match what {
+        Generate::Man { dir } => {
+            std::fs::create_dir_all(&dir)?;
+            clap_mangen::generate_to(cmd, &dir)
+        }
+        Generate::Completions { shell, dir } => {
+            std::fs::create_dir_all(&dir)?;
+            let mut cmd = cmd;
+            let path = clap_complete::generate_to(shell, &mut cmd, "smcr", &dir)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+    }
+}
+
+/// `smcr bpf install|uninstall|status`.
+fn bpf(b: BpfArgs) -> ExitCode {
+    let dir = b.dir.unwrap_or_else(|| PathBuf::from(option::DEFAULT_DIR));
+    if let Some(ns) = &b.netns
         && let Err(e) = enter_netns(ns)
     {
         eprintln!("smcr: network namespace {ns}: {e}");
         return ExitCode::FAILURE;
     }
-    let (opt, st) = (
-        only.as_deref() != Some("steer"),
-        only.as_deref() != Some("option"),
-    );
+    let (opt, st) = (b.only != Some(Only::Steer), b.only != Some(Only::Option));
     let mut ok = true;
-    match words[1] {
-        "install" => {
+    match b.action {
+        BpfAction::Install => {
             if opt {
                 ok &= install_option(&dir);
             }
@@ -226,7 +476,7 @@ fn main() -> ExitCode {
                 ok &= install_steer(&dir);
             }
         }
-        "uninstall" => {
+        BpfAction::Uninstall => {
             // Steering first: the option program's uninstall removes the directory when empty.
             if st {
                 match steer::uninstall(&dir) {
@@ -244,7 +494,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        _ => {
+        BpfAction::Status => {
             if opt {
                 ok &= option_status(&dir);
             }
@@ -379,12 +629,98 @@ fn steer_status(dir: &Path) -> bool {
     here
 }
 
-fn usage() -> ExitCode {
-    eprintln!("{USAGE}");
-    ExitCode::from(2)
-}
-
 fn fail(e: &dyn std::fmt::Display) -> bool {
     eprintln!("smcr: {e}");
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cmd, clap::Error> {
+        Cli::try_parse_from(std::iter::once("smcr").chain(args.iter().copied())).map(|c| c.cmd)
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        match parse(args).unwrap() {
+            Cmd::Run(a) => a,
+            c => panic!("{c:?}"),
+        }
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_cmd_without_dashes_and_its_options_stay_its_own() {
+        let a = run_args(&["run", "--assume", "redis-cli", "-p", "7000", "--lib", "x"]);
+        assert!(a.assume && a.lib.is_none());
+        assert_eq!(a.cmd, ["redis-cli", "-p", "7000", "--lib", "x"]);
+        let a = run_args(&["run", "--rmb-kib", "128", "--", "sh", "-c", "echo"]);
+        assert_eq!((a.rmb_kib, a.cmd.len()), (Some(128), 3));
+        let a = run_args(&["run", "--", "--weird-name"]);
+        assert_eq!(a.cmd, ["--weird-name"]);
+    }
+
+    #[test]
+    fn run_rejects_unknown_options_and_small_rmbs() {
+        let e = parse(&["run", "--bogus", "true"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--bogus"), "{e}");
+        assert!(parse(&["run", "--rmb-kib", "8", "true"]).is_err());
+        assert!(parse(&["run"]).is_err());
+        assert!(parse(&["run", "-r", "64K", "--rmb-kib", "64", "true"]).is_err());
+    }
+
+    #[test]
+    fn smc_run_sizes_map_to_the_rmb() {
+        let a = run_args(&["run", "-r", "256K", "-t", "1M", "true"]);
+        assert_eq!((a.rcvbuf, a.sndbuf), (Some(256 << 10), Some(1 << 20)));
+        assert_eq!(rcvbuf_kib(a.rcvbuf.unwrap()), 256);
+        assert_eq!(rcvbuf_kib(1000), 16);
+        assert_eq!(rcvbuf_kib(70_000), 69);
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert!(parse_size("12Q").is_err() && parse_size("0").is_err());
+    }
+
+    #[test]
+    fn smc_tools_commands_and_aliases_parse() {
+        assert!(matches!(
+            parse(&["stats"]),
+            Ok(Cmd::Stats(StatsArgs { action: None, .. }))
+        ));
+        assert!(matches!(
+            parse(&["stats", "reset", "--dir", "/x"]),
+            Ok(Cmd::Stats(StatsArgs {
+                action: Some(StatsAction::Reset),
+                ..
+            }))
+        ));
+        for w in ["linkgroup", "lgr"] {
+            assert!(matches!(parse(&[w, "show"]), Ok(Cmd::Linkgroup(_))), "{w}");
+        }
+        match parse(&["dev", "show", "-d"]).unwrap() {
+            Cmd::Device(s) => assert!(s.area.details),
+            c => panic!("{c:?}"),
+        }
+        assert!(matches!(
+            parse(&["ueid", "add", "X"]),
+            Ok(Cmd::Ueid {
+                action: Some(UeidAction::Add { .. })
+            })
+        ));
+        match parse(&["bpf", "install", "--netns", "ns1", "--only", "steer"]).unwrap() {
+            Cmd::Bpf(b) => {
+                assert_eq!((b.action, b.only), (BpfAction::Install, Some(Only::Steer)));
+                assert_eq!(b.netns.as_deref(), Some("ns1"));
+            }
+            c => panic!("{c:?}"),
+        }
+        assert!(parse(&["bpf", "--dir", "/d", "status"]).is_ok());
+        assert!(parse(&["bpf", "frob"]).is_err());
+    }
 }

@@ -418,6 +418,7 @@ pub fn reset(dir: &Path, pid: Option<u32>) -> std::io::Result<usize> {
 mod json;
 mod prometheus;
 mod text;
+mod tools;
 
 // The renderings share their small formatters (cursors, flags, times, GIDs).
 #[allow(unused_imports)]
@@ -429,6 +430,7 @@ pub use text::{
     Rows, all_codes, fallback_totals, render_devices, render_fallbacks, render_links,
     render_sockets, totals,
 };
+pub use tools::render_stats;
 
 #[cfg(test)]
 mod tests;
