@@ -96,7 +96,7 @@ echo "(the benchmark ended before a look)" >"$work/stat.txt"
 while kill -0 $bench 2>/dev/null; do
   if [ "$(ss -tnH state established "( sport = :$port )" | wc -l)" -ge 50 ]; then
     "$stat" >"$work/stat.txt"
-    "$stat" -R >"$work/links.txt"
+    "$stat" --links >"$work/links.txt"
     tcp_bytes=$(ss -tinH state established "( sport = :$port )" | grep -o 'bytes_received:[0-9]*' | cut -d: -f2 | sort -n | tail -1 || true)
     tcp_conns=$(ss -tnH state established "( sport = :$port )" | wc -l)
     break
@@ -114,7 +114,7 @@ if [ "$tcp" -gt 0 ]; then
 fi
 echo "-- smc-stat while the benchmark ran ($(($(wc -l <"$work/stat.txt") - 1)) sockets; the first ones):"
 head -4 "$work/stat.txt"
-echo "-- smc-stat -R (link groups):"
+echo "-- smc-stat --links (link groups):"
 cat "$work/links.txt"
 echo "-- smc-stat --fallback (redis-server: the start-up probe above was a plain client):"
 "$stat" --fallback --pid "${pids[0]}" || true

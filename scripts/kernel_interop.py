@@ -86,8 +86,8 @@ def smc_stat(*args):
 
 
 def link_groups():
-    """Our link groups as smc-stat -R shows them (rows after the header)."""
-    out = smc_stat("-R")
+    """Our link groups as smc-stat --links shows them (rows after the header)."""
+    out = smc_stat("--links")
     return [ln for ln in out.splitlines()[1:] if ln.strip()]
 
 
@@ -290,7 +290,7 @@ def commands():
         if q == "groups":
             print("GROUPS " + str(len(active(link_groups()))), flush=True)
         elif q == "stat":
-            print(smc_stat("-R") + smc_stat("--fallback"), flush=True)
+            print(smc_stat("--links") + smc_stat("--fallback"), flush=True)
             print("END", flush=True)
         elif q == "exit":
             os._exit(0)

@@ -554,7 +554,7 @@ fn smc_stat_shows_redis_smcr_and_tcp_clients() {
         "{prom}"
     );
     if std::env::var_os("SMCR_SHOW").is_some() {
-        eprintln!("{table}\n{}", stat(&["-R"]));
+        eprintln!("{table}\n{}", stat(&["--links"]));
     }
     // A process killed without cleaning up: its area is recognised as stale and removed, its
     // rows are gone; the server's SMC-R row goes once its link group notices.

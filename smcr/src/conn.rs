@@ -206,7 +206,7 @@ impl SmcState {
         .find(|s| *s as u64 == n)
     }
 
-    /// `smcss`'s short name.
+    /// The short name of smcss(8)'s manual page (`PEERCLW1`, …): the JSON schema's.
     pub fn name(self) -> &'static str {
         match self {
             Self::Active => "ACTIVE",
@@ -220,6 +220,24 @@ impl SmcState {
             Self::AppFinCloseWait => "APPFINCLW",
             Self::PeerFinCloseWait => "PEERFINCLW",
             Self::PeerAbortWait => "PEERABORTW",
+            Self::ProcessAbort => "PROCESSABORT",
+        }
+    }
+
+    /// The name `smcss` prints (`PEERCLOSEWAIT1`, …): the text tables'.
+    pub fn smcss_name(self) -> &'static str {
+        match self {
+            Self::Active => "ACTIVE",
+            Self::Init => "INIT",
+            Self::Closed => "CLOSED",
+            Self::Listen => "LISTEN",
+            Self::PeerCloseWait1 => "PEERCLOSEWAIT1",
+            Self::PeerCloseWait2 => "PEERCLOSEWAIT2",
+            Self::AppCloseWait1 => "APPCLOSEWAIT1",
+            Self::AppCloseWait2 => "APPCLOSEWAIT2",
+            Self::AppFinCloseWait => "APPFINCLOSEWAIT1",
+            Self::PeerFinCloseWait => "PEERFINCLOSEWAIT",
+            Self::PeerAbortWait => "PEERABORTWAIT",
             Self::ProcessAbort => "PROCESSABORT",
         }
     }

@@ -630,10 +630,19 @@ fn smc_stat_shows_link_groups_cursors_and_stage_times() {
         // Both ends on this host, in one network namespace: shared memory, not UDP.
         assert_eq!(g["transport"], "shm", "{doc}");
     }
-    let links = run(&["-R"]);
+    let links = run(&["--links"]);
     assert_eq!(links.matches("ACTIVE").count(), 2, "{links}");
     assert_eq!(links.matches(" shm").count(), 2, "{links}");
+    // smcss's -R: the SMC-R sockets with their link's role and GIDs; smcss's state names.
+    let smcr = run(&["-R"]);
+    assert!(smcr.contains(" CLNT ") && smcr.contains(" SERV "), "{smcr}");
+    assert_eq!(smcr.matches("::ffff:127.0.0.1").count(), 4, "{smcr}");
+    assert!(
+        smcr.contains("APPCLOSEWAIT1 ") && smcr.contains("PEERCLOSEWAIT1 "),
+        "{smcr}"
+    );
     let details = run(&["-d"]);
+    assert!(details.contains("txprod-Cursor 0000:000003e8"), "{details}");
     assert_eq!(
         details.matches("ms after TCP up: option ").count(),
         2,

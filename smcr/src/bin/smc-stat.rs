@@ -1,91 +1,111 @@
 //! `smc-stat`: every SMC-R connection, link group and fallback reason of the processes running
 //! smcr, read from their shared-memory stats areas (`smcr::stats`) without disturbing them.
-//! The formats live in `smcr::view` (snapshot-tested); this is the command line.
+//! It takes smc-tools' `smcss` options with their meaning (`-a -l -d -D -R -W -v`) and adds
+//! its own views. The formats live in `smcr::view` (snapshot-tested); this is the command line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{ArgAction, Parser, Subcommand};
 use smcr::stats;
-use smcr::view::{self, Rows, Snapshot};
+use smcr::view::{self, Rows, Snapshot, SocketView};
 
-const USAGE: &str = "usage: smc-stat [OPTIONS]
-       smc-stat reset [--pid PID] [--dir DIR]
+/// Connections, link groups, devices and fallback reasons of the processes running smcr
+/// (like smc-tools' smcss, with its options, plus PID, command, fallback reasons, remedies and
+/// handshake stage times).
+///
+/// With no option: one row per connection (not listening): pid, command, state, local and
+/// peer address, mode (SMCR or TCP), fallback reason (name, code, `by peer` when the peer
+/// declined), bytes sent/received, RMB and send buffer sizes.
+#[derive(Parser, Debug)]
+#[command(
+    name = "smc-stat",
+    version,
+    disable_version_flag = true,
+    after_help = "smcss's options keep smcss's meaning. `-R` is smcss's --smcr (SMC-R sockets \
+                  only, with link role, id and GIDs); the link-group table that `-R` showed \
+                  before is `--links`."
+)]
+struct Cli {
+    /// Connections and listening sockets (smcss -a)
+    #[arg(short, long)]
+    all: bool,
+    /// Listening sockets only (smcss -l)
+    #[arg(short, long, conflicts_with_all = ["all", "smcr", "smcd"])]
+    listening: bool,
+    /// Token, buffer sizes and cursors in hex as smcss prints them, CDC flags, fallback
+    /// meaning and handshake stage times under each row (smcss -d; with --devices: every
+    /// counter by name)
+    #[arg(short, long, visible_alias = "details")]
+    debug: bool,
+    /// SMC-D sockets only (smcss -D): smcr has no SMC-D, so an empty table and a note
+    #[arg(short = 'D', long, conflicts_with = "smcr")]
+    smcd: bool,
+    /// SMC-R sockets only, with their link's role, link id and GIDs (smcss -R; the link
+    /// groups, which -R showed before, are --links)
+    #[arg(short = 'R', long)]
+    smcr: bool,
+    /// Do not truncate addresses (smcss -W)
+    #[arg(short = 'W', long)]
+    wide: bool,
+    /// Print the version (smcss -v)
+    #[arg(short = 'v', short_alias = 'V', long, action = ArgAction::Version)]
+    version: Option<bool>,
+    /// Link groups and their links: role, state, connections, QPNs, GIDs, peer, transport
+    #[arg(long, group = "view")]
+    links: bool,
+    /// RoCE devices per process and address: how packets reach the engine (steered, owner,
+    /// local-only, fixed), packets, ICRC errors, drops, retransmissions, NAKs, packets from
+    /// Linux rxe peers (with -d: every counter by name)
+    #[arg(long, group = "view")]
+    devices: bool,
+    /// Totals and fallback counters per reason: code, name, count, meaning, remedy (with -a:
+    /// every code smc-stat knows, Linux's and ours)
+    #[arg(long, group = "view")]
+    fallback: bool,
+    /// Everything as one JSON document (stable schema, "version" 1)
+    #[arg(long, group = "view")]
+    json: bool,
+    /// The counters in the Prometheus text format
+    #[arg(long, group = "view")]
+    prometheus: bool,
+    /// Redraw every SECONDS seconds (Ctrl-C stops)
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    watch: Option<Duration>,
+    /// Only that process
+    #[arg(long, global = true)]
+    pid: Option<u32>,
+    /// Where the stats areas are (default /dev/shm/smcr, or $SMCR_STATS_DIR)
+    #[arg(long, global = true, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
 
-  (default)        one row per connection: pid, command, SMC state, addresses, mode (SMCR or
-                   TCP), fallback reason (name, code, `by peer` when the peer declined), bytes
-                   sent/received, RMB and send buffer sizes
-  -a, --all        connections and listening sockets
-  -l, --listening  listening sockets only
-  -d, --details    cursors, CDC flags, fallback meaning and handshake stage times per row
-  -R, --links      link groups and their links: role, state, connections, QPNs, GIDs, peer
-  --devices        RoCE devices per process and address: how packets reach the engine
-                   (steered, owner, local-only, fixed), packets, ICRC errors, drops,
-                   retransmissions, NAKs, packets from Linux rxe peers (with -d: every
-                   counter by name)
-  --fallback       totals and fallback counters per reason: code, name, count, meaning,
-                   remedy (with -a: every code smc-stat knows, Linux's and ours)
-  --pid PID        only that process
-  --json           everything as one JSON document (stable schema, \"version\" 1)
-  --prometheus     the counters in the Prometheus text format
-  --watch N        redraw every N seconds (Ctrl-C stops)
-  --dir DIR        where the areas are (default /dev/shm/smcr, or $SMCR_STATS_DIR)
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Zero the counters (totals and fallback counters) in the stats areas themselves, as
+    /// `smcr stats reset` does; needs write access to the areas (their owner, or root)
+    Reset,
+}
 
-reset: zero the counters (totals and fallback counters) in the stats areas themselves, as
-       `smcr stats reset` does; needs write access to the areas (their owner, or root).";
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum View {
-    Sockets,
-    Links,
-    Devices,
-    Fallback,
-    Json,
-    Prometheus,
+fn seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(Duration::from_secs_f64(x)),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 fn main() -> ExitCode {
-    let mut dir = std::env::var_os("SMCR_STATS_DIR")
-        .filter(|d| d != "off")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(stats::DEFAULT_DIR));
-    let (mut pid, mut view, mut rows, mut details, mut watch) =
-        (None, View::Sockets, Rows::Connections, false, None);
-    let mut reset = false;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "reset" => reset = true,
-            "--dir" => match it.next() {
-                Some(d) => dir = PathBuf::from(d),
-                None => return usage("--dir needs a directory"),
-            },
-            "--pid" => match it.next().and_then(|p| p.parse::<u32>().ok()) {
-                Some(p) => pid = Some(p),
-                None => return usage("--pid needs a process id"),
-            },
-            "--watch" => match it.next().and_then(|p| p.parse::<f64>().ok()) {
-                Some(s) if s > 0.0 && s.is_finite() => watch = Some(Duration::from_secs_f64(s)),
-                _ => return usage("--watch needs a number of seconds"),
-            },
-            "-a" | "--all" => rows = Rows::All,
-            "-l" | "--listening" => rows = Rows::Listeners,
-            "-d" | "--details" => details = true,
-            "-R" | "--links" => view = View::Links,
-            "--devices" => view = View::Devices,
-            "--fallback" => view = View::Fallback,
-            "--json" => view = View::Json,
-            "--prometheus" => view = View::Prometheus,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            other => return usage(&format!("unknown argument {other:?}")),
-        }
-    }
-    if reset {
-        return match view::reset(&dir, pid) {
+    let cli = Cli::parse();
+    let dir = cli.dir.clone().unwrap_or_else(|| {
+        std::env::var_os("SMCR_STATS_DIR")
+            .filter(|d| d != "off")
+            .map_or_else(|| PathBuf::from(stats::DEFAULT_DIR), PathBuf::from)
+    });
+    if let Some(Command::Reset) = cli.command {
+        return match view::reset(&dir, cli.pid) {
             Ok(n) => {
                 println!("reset the counters of {n} process area(s)");
                 ExitCode::SUCCESS
@@ -96,18 +116,39 @@ fn main() -> ExitCode {
             }
         };
     }
+    let rows = if cli.listening {
+        Rows::Listeners
+    } else if cli.all {
+        Rows::All
+    } else {
+        Rows::Connections
+    };
     let render = || {
-        let snap = Snapshot::collect(&dir, pid);
-        match view {
-            View::Sockets => view::render_sockets(&snap, rows, details),
-            View::Links => view::render_links(&snap),
-            View::Devices => view::render_devices(&snap, details),
-            View::Fallback => view::render_fallbacks(&snap, rows == Rows::All),
-            View::Json => view::render_json(&snap),
-            View::Prometheus => view::render_prometheus(&snap),
+        let snap = Snapshot::collect(&dir, cli.pid);
+        if cli.links {
+            view::render_links(&snap)
+        } else if cli.devices {
+            view::render_devices(&snap, cli.debug)
+        } else if cli.fallback {
+            view::render_fallbacks(&snap, cli.all)
+        } else if cli.json {
+            view::render_json(&snap)
+        } else if cli.prometheus {
+            view::render_prometheus(&snap)
+        } else {
+            view::render_socket_table(
+                &snap,
+                SocketView {
+                    rows,
+                    details: cli.debug,
+                    smcr: cli.smcr,
+                    smcd: cli.smcd,
+                    wide: cli.wide,
+                },
+            )
         }
     };
-    match watch {
+    match cli.watch {
         None => print!("{}", render()),
         Some(every) => loop {
             // Home and clear, then the frame: one write, so a terminal never shows half.
@@ -123,7 +164,13 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn usage(why: &str) -> ExitCode {
-    eprintln!("smc-stat: {why}\n{USAGE}");
-    ExitCode::from(2)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

@@ -521,6 +521,8 @@ fn linux_state_follows_both_sides_close_flags() {
     assert_eq!(SmcState::from_code(21), Some(SmcState::PeerCloseWait2));
     assert_eq!(SmcState::from_code(3), None);
     assert_eq!(SmcState::AppFinCloseWait.name(), "APPFINCLW");
+    assert_eq!(SmcState::AppFinCloseWait.smcss_name(), "APPFINCLOSEWAIT1");
+    assert_eq!(SmcState::PeerCloseWait1.smcss_name(), "PEERCLOSEWAIT1");
     let mut d = ConnCore::new(1, 65536, 65536);
     let _ = d.close_flags(F::PEER_CONN_ABORT);
     assert_eq!(d.linux_state(false), SmcState::PeerAbortWait);

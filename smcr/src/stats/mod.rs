@@ -176,9 +176,16 @@ impl Drop for StatSlot {
     }
 }
 
-/// Linux's SMC socket states (`enum smc_state`) by number, with `smcss`'s short names.
+/// Linux's SMC socket states (`enum smc_state`) by number, with the short names of smcss(8)'s
+/// manual page (the JSON schema's).
 pub fn state_name(state: u64) -> &'static str {
     crate::conn::SmcState::from_code(state).map_or("UNKNOWN", crate::conn::SmcState::name)
+}
+
+/// The state as `smcss` prints it (`PEERCLOSEWAIT1`; an unknown number as `0x3?`).
+pub fn smcss_state_name(state: u64) -> String {
+    crate::conn::SmcState::from_code(state)
+        .map_or_else(|| format!("{state:#x}?"), |s| s.smcss_name().to_owned())
 }
 
 /// RoCE device records per area (a process has one device per local address it runs SMC-R

@@ -427,8 +427,8 @@ use {json::*, prometheus::*, text::*};
 pub use json::render_json;
 pub use prometheus::{Sample, parse_prometheus, render_prometheus};
 pub use text::{
-    Rows, all_codes, fallback_totals, render_devices, render_fallbacks, render_links,
-    render_sockets, totals,
+    ADDR_WIDTH, Rows, SocketView, all_codes, fallback_totals, render_devices, render_fallbacks,
+    render_links, render_socket_table, render_sockets, smcss_addr, smcss_cursor, totals,
 };
 pub use tools::render_stats;
 

@@ -186,6 +186,56 @@ fn socket_table() {
     );
 }
 
+/// smcss's options: -R (SMC-R rows only, with link columns), -W (addresses whole), -D (no
+/// SMC-D: the header and a note), -d's hex cursors.
+#[test]
+fn socket_table_with_smcss_options() {
+    let smcr = SocketView {
+        smcr: true,
+        ..SocketView::new(Rows::Connections)
+    };
+    let t = render_socket_table(&example(), smcr);
+    check("sockets-smcr.txt", &t);
+    let rows: Vec<&str> = t.lines().skip(2).collect();
+    assert_eq!(rows.len(), 2, "{t}");
+    assert!(rows.iter().all(|r| r.contains(" SMCR ")), "{t}");
+    let mut long = example();
+    long.procs[0].conns[3].peer = "[2001:db8:1234:5678:9abc:def0:1234:5678]:40004"
+        .parse()
+        .unwrap();
+    check(
+        "sockets-truncated.txt",
+        &render_socket_table(&long, SocketView::new(Rows::All)),
+    );
+    let wide = SocketView {
+        wide: true,
+        ..SocketView::new(Rows::All)
+    };
+    check("sockets-wide.txt", &render_socket_table(&long, wide));
+    let smcd = SocketView {
+        smcd: true,
+        ..SocketView::new(Rows::All)
+    };
+    check("sockets-smcd.txt", &render_socket_table(&example(), smcd));
+    // A long IPv6 address: cut to smcss's 23 columns with `..` before the port, or whole.
+    let a: SocketAddr = "[2001:db8:1234:5678:9abc:def0:1234:5678]:40004"
+        .parse()
+        .unwrap();
+    assert_eq!(smcss_addr(&a, false), "2001:db8:1234:5..:40004");
+    assert_eq!(smcss_addr(&a, false).len(), ADDR_WIDTH);
+    assert_eq!(
+        smcss_addr(&a, true),
+        "2001:db8:1234:5678:9abc:def0:1234:5678:40004"
+    );
+    assert_eq!(
+        smcss_addr(&"10.0.0.1:6379".parse().unwrap(), false),
+        "10.0.0.1:6379"
+    );
+    assert_eq!(smcss_cursor(1 << 32 | 0x800), "0001:00000800");
+    assert_eq!(stats::smcss_state_name(20), "PEERCLOSEWAIT1");
+    assert_eq!(stats::smcss_state_name(3), "0x3?");
+}
+
 #[test]
 fn link_groups() {
     check("links.txt", &render_links(&example()));

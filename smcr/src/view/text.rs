@@ -70,39 +70,117 @@ pub(super) fn unavailable_notes(s: &Snapshot) -> String {
     o
 }
 
-/// The socket table; `details` adds cursors, flags and stage times under each row (`-d`).
+/// What the socket table shows: `smcss`'s options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketView {
+    /// Which rows (`-a`, `-l`).
+    pub rows: Rows,
+    /// `-d`, `--debug`: token, buffer sizes and cursors as `smcss` prints them, CDC flags,
+    /// fallback meaning and handshake stage times under each row.
+    pub details: bool,
+    /// `-R`, `--smcr`: SMC-R sockets only, with their link's role, id and GIDs.
+    pub smcr: bool,
+    /// `-D`, `--smcd`: SMC-D sockets only (smcr has none: an empty table and a note).
+    pub smcd: bool,
+    /// `-W`, `--wide`: addresses never truncated.
+    pub wide: bool,
+}
+
+impl SocketView {
+    /// `rows`, no option.
+    pub fn new(rows: Rows) -> Self {
+        Self {
+            rows,
+            details: false,
+            smcr: false,
+            smcd: false,
+            wide: false,
+        }
+    }
+}
+
+/// `smcss`'s address column width (longer addresses are truncated with `..` unless `-W`).
+pub const ADDR_WIDTH: usize = 23;
+
+/// An address as `smcss` prints it: `ip:port` (IPv6 without brackets), the ip cut and `..`
+/// added when it is longer than [`ADDR_WIDTH`] and not `wide`.
+pub fn smcss_addr(a: &SocketAddr, wide: bool) -> String {
+    let (ip, port) = (a.ip().to_string(), a.port().to_string());
+    if wide || ip.len() + 1 + port.len() <= ADDR_WIDTH {
+        return format!("{ip}:{port}");
+    }
+    let keep = ADDR_WIDTH.saturating_sub(port.len() + 3).min(ip.len());
+    format!("{}..:{port}", &ip[..keep])
+}
+
+/// A cursor (`wrap << 32 | count`) as `smcss -d` prints it: `wwww:cccccccc`, hex.
+pub fn smcss_cursor(w: u64) -> String {
+    format!("{:04x}:{:08x}", (w >> 32) & 0xffff, w & 0xffff_ffff)
+}
+
+/// The socket table (`smcss`'s columns State, Local Address, Peer Address, Mode and, with
+/// `-R`, Role, Linkid, GID, Peer-GID, spelled as `smcss` spells them; ours in capitals).
 pub fn render_sockets(s: &Snapshot, rows: Rows, details: bool) -> String {
+    render_socket_table(
+        s,
+        SocketView {
+            details,
+            ..SocketView::new(rows)
+        },
+    )
+}
+
+/// The socket table with every `smcss` option (see [`SocketView`]).
+pub fn render_socket_table(s: &Snapshot, v: SocketView) -> String {
     let mut o = unavailable_notes(s);
-    let _ = writeln!(
+    if v.smcd {
+        o.push_str(
+            "note: no SMC-D socket: smcr implements SMC-R only (no ISM device); -R or no option shows its sockets\n",
+        );
+    }
+    let shown = |c: &&Conn| v.rows.shows(c) && !v.smcd && (!v.smcr || c.kind == Kind::Smcr);
+    let peer_of = |c: &Conn| {
+        if c.kind == Kind::Listen {
+            "*:*".to_owned()
+        } else {
+            smcss_addr(&c.peer, v.wide)
+        }
+    };
+    // With -W the columns widen to the longest address shown.
+    let (mut lw, mut pw) = (ADDR_WIDTH, ADDR_WIDTH);
+    for c in s.procs.iter().flat_map(|p| p.conns.iter()).filter(shown) {
+        lw = lw.max(smcss_addr(&c.local, v.wide).len());
+        pw = pw.max(peer_of(c).len());
+    }
+    let _ = write!(
         o,
-        "{:<8} {:<15} {:<12} {:<21} {:<21} {:<4} {:<30} {:>12} {:>12} {:>7} {:>7}",
+        "{:<8} {:<15} {:<16} {:<lw$} {:<pw$} {:<4} {:<30} {:>12} {:>12} {:>7} {:>7}",
         "PID",
         "COMMAND",
-        "STATE",
-        "LOCAL",
-        "PEER",
-        "MODE",
+        "State",
+        "Local Address",
+        "Peer Address",
+        "Mode",
         "FALLBACK",
         "SENT",
         "RECEIVED",
         "RMB",
         "SNDBUF"
     );
+    if v.smcr {
+        let _ = write!(o, " {:<4} {:<6} {:<40} Peer-GID", "Role", "Linkid", "GID");
+    }
+    o.push('\n');
     for p in &s.procs {
-        for c in p.conns.iter().filter(|c| rows.shows(c)) {
-            let peer = if c.kind == Kind::Listen {
-                "*:*".to_owned()
-            } else {
-                c.peer.to_string()
-            };
-            let _ = writeln!(
+        for c in p.conns.iter().filter(shown) {
+            let _ = write!(
                 o,
-                "{:<8} {:<15} {:<12} {:<21} {:<21} {:<4} {:<30} {:>12} {:>12} {:>7} {:>7}",
+                "{:<8} {:<15} {:<16} {:<lw$} {:<pw$} {:<4} {:<30} {:>12} {:>12} {:>7} {:>7}",
                 p.pid,
                 p.comm,
-                stats::state_name(c.state),
-                c.local.to_string(),
-                peer,
+                stats::smcss_state_name(c.state),
+                smcss_addr(&c.local, v.wide),
+                peer_of(c),
                 c.mode(),
                 c.fallback(),
                 c.sent,
@@ -110,17 +188,37 @@ pub fn render_sockets(s: &Snapshot, rows: Rows, details: bool) -> String {
                 c.rmb,
                 c.sndbuf
             );
-            if details && c.kind != Kind::Listen {
+            if v.smcr {
+                match p.links.iter().find(|l| l.id == c.lg) {
+                    Some(l) => {
+                        let _ = write!(
+                            o,
+                            " {:<4} {:<6} {:<40} {}",
+                            if l.client { "CLNT" } else { "SERV" },
+                            format!("{:02x}", l.link_id),
+                            gid_text(&l.gid),
+                            gid_text(&l.peer_gid)
+                        );
+                    }
+                    None => {
+                        let _ = write!(o, " {:<4} {:<6} {:<40} -", "-", "-", "-");
+                    }
+                }
+            }
+            o.push('\n');
+            if v.details && c.kind != Kind::Listen {
                 if c.kind == Kind::Smcr {
                     let _ = writeln!(
                         o,
-                        "    token {:#010x} lg {} | tx prod {} peer cons {} | rx prod {} cons {} | flags local {} peer {}",
+                        "    Token {:08x} Sndbuf {:08x} Rcvbuf {:08x} rxprod-Cursor {} rxcons-Cursor {} txprod-Cursor {} txcons-Cursor {} | link group {} | flags local {} peer {}",
                         c.token,
+                        c.sndbuf,
+                        c.rmb,
+                        smcss_cursor(c.cursors[2]),
+                        smcss_cursor(c.cursors[1]),
+                        smcss_cursor(c.cursors[0]),
+                        smcss_cursor(c.cursors[3]),
                         c.lg,
-                        cursor(c.cursors[0]),
-                        cursor(c.cursors[1]),
-                        cursor(c.cursors[2]),
-                        cursor(c.cursors[3]),
                         cdc_flags(c.local_flags),
                         cdc_flags(c.peer_flags)
                     );
@@ -156,7 +254,7 @@ pub(super) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Link groups and their links (`-R`, `--links`).
+/// Link groups and their links (`--links`; `-R` before `smc-stat` took smcss's options).
 pub fn render_links(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = writeln!(
