@@ -142,7 +142,7 @@ pub fn server_role(ns: &str, dir: &str) -> Result<()> {
     enter_netns(ns)?;
     let rt = runtime(std::path::Path::new(dir));
     let ip = Ipv4Addr::new(10, 78, 0, 2);
-    let smc = SmcListener::bind(&rt, (ip, SMC_PORT).into())?;
+    let smc = SmcListener::bind(&rt, (ip, SMC_PORT))?;
     let tcp = TcpListener::bind((ip, TCP_PORT))?;
     std::thread::spawn(move || {
         for s in tcp.incoming().flatten() {

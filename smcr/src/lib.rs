@@ -42,6 +42,6 @@ pub use rdma::{DeviceStats, FaultConfig};
 pub use rdma::{env, fdzone};
 pub use runtime::{ConfigError, Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 pub use stream::{
-    Blocking, ConnStats, Driver, FallbackReason, ListenerRecord, Mode, SmcListener, SmcStream,
-    v4_of,
+    Blocking, ConnStats, Driver, FallbackReason, Incoming, ListenerRecord, Mode, SmcListener,
+    SmcStream, v4_of,
 };

@@ -49,7 +49,7 @@ fn writes_and_reads_on_a_udp_link_do_not_allocate() {
     // Over UDP (RoCE v2), not the same-host shared-memory transport.
     cfg.same_host = false;
     let rt = Runtime::new(cfg);
-    let l = SmcListener::bind(&rt, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = SmcListener::bind(&rt, "127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     const N: usize = 4000;
     let server = thread::spawn(move || {

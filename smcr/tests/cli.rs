@@ -189,7 +189,7 @@ fn stats_count_a_live_smcr_connection() {
     cfg.roce_port = 24000 + (std::process::id() % 4000) as u16;
     cfg.stats_dir = Some(dir.0.clone());
     let rt = Runtime::new(cfg);
-    let l = SmcListener::bind(&rt, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = SmcListener::bind(&rt, "127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let server = thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();

@@ -49,8 +49,7 @@ impl Setup {
         {
             let rt = server_rt.clone();
             in_netns(&net.b, move || {
-                let l =
-                    SmcListener::bind(&rt, (std::net::Ipv4Addr::UNSPECIFIED, PORT).into()).unwrap();
+                let l = SmcListener::bind(&rt, (std::net::Ipv4Addr::UNSPECIFIED, PORT)).unwrap();
                 ready_tx.send(()).unwrap();
                 while let Ok((s, _)) = l.accept() {
                     if tx.send(s).is_err() {

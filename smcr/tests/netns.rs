@@ -344,7 +344,7 @@ fn sink_server_child() {
     // setns in a thread rather than `ip netns exec`, which remounts /sys and hides bpffs.
     in_netns(&env.ns.clone(), move || {
         let rt = runtime(&env.install);
-        let l = SmcListener::bind(&rt, env.addr.parse().unwrap()).unwrap();
+        let l = SmcListener::bind(&rt, env.addr.parse::<std::net::SocketAddr>().unwrap()).unwrap();
         println!("READY");
         let (mut s, _) = l.accept().unwrap();
         let mut buf = vec![0u8; 1 << 20];
@@ -885,7 +885,7 @@ fn hold_server_child() {
     let n: usize = n.parse().unwrap();
     in_netns(&env.ns.clone(), move || {
         let rt = runtime(&env.install);
-        let l = SmcListener::bind(&rt, env.addr.parse().unwrap()).unwrap();
+        let l = SmcListener::bind(&rt, env.addr.parse::<std::net::SocketAddr>().unwrap()).unwrap();
         let base = rss_kib(std::process::id());
         println!("READY");
         let mut conns = Vec::with_capacity(n);
@@ -1726,7 +1726,7 @@ fn survivor_server_child() {
         let rt = runtime_with(&env.install, |c| {
             c.linger = std::time::Duration::from_millis(300);
         });
-        let l = SmcListener::bind(&rt, env.addr.parse().unwrap()).unwrap();
+        let l = SmcListener::bind(&rt, env.addr.parse::<std::net::SocketAddr>().unwrap()).unwrap();
         let rt2 = rt.clone();
         std::thread::spawn(move || {
             let _keep = rt2;

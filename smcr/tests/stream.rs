@@ -66,7 +66,7 @@ fn smc_stat(dir: &std::path::Path, args: &[&str]) -> String {
 }
 
 fn listen(rt: &Runtime) -> (SmcListener, SocketAddr) {
-    let l = SmcListener::bind(rt, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = SmcListener::bind(rt, "127.0.0.1:0").unwrap();
     let a = l.local_addr().unwrap();
     (l, a)
 }
@@ -1000,7 +1000,7 @@ fn data_left_by_a_peer_that_closed_and_deleted_the_link_group_is_read_to_eof() {
         };
         let rt_server = small_rmbs();
         let rt_client = small_rmbs();
-        let l = SmcListener::bind(&rt_server, "127.0.0.2:0".parse().unwrap()).unwrap();
+        let l = SmcListener::bind(&rt_server, "127.0.0.2:0").unwrap();
         let addr = l.local_addr().unwrap();
         const LEN: usize = 48 * 1024;
         let server = thread::spawn(move || {
@@ -1116,5 +1116,60 @@ fn a_hold_that_begins_while_the_poller_sleeps_long_is_still_taken_back() {
         "handled after {took:?}"
     );
     drop((c, s));
+    rt.shutdown();
+}
+
+/// The std shape: `incoming`, `Read`/`Write` on `&SmcStream`, `set_nodelay`, `Debug`, the
+/// TCP socket's descriptor, `&self` setters, addresses as anything `ToSocketAddrs` takes.
+#[test]
+fn std_shaped_api() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let rt = runtime();
+    let l = SmcListener::bind(&rt, ("127.0.0.1", 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    assert!(format!("{l:?}").contains(&addr.to_string()), "{l:?}");
+    assert!(l.as_raw_fd() >= 0);
+    let server = thread::spawn(move || {
+        let s = l.incoming().next().unwrap().unwrap();
+        // One stream, read and written through shared references.
+        let n = std::io::copy(&mut &s, &mut &s).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        n
+    });
+    let c = SmcStream::connect(&rt, format!("127.0.0.1:{}", addr.port())).unwrap();
+    assert!(matches!(c.mode(), Mode::SmcR { .. }));
+    let dbg = format!("{c:?}");
+    assert!(
+        dbg.contains("SmcR") && dbg.contains(&addr.to_string()),
+        "{dbg}"
+    );
+    assert!(format!("{rt:?}").contains("Assume"), "{rt:?}");
+    assert_eq!(c.as_raw_fd(), c.tcp().as_raw_fd());
+    assert_eq!(c.as_fd().as_raw_fd(), c.tcp().as_raw_fd());
+    c.set_nodelay(true).unwrap();
+    assert!(c.nodelay().unwrap());
+    // Non-blocking through `&self`: nothing to read yet.
+    c.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 5];
+    assert_eq!(
+        (&c).read(&mut b).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    c.set_nonblocking(false).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        c.read_timeout().unwrap(),
+        Some(std::time::Duration::from_secs(10))
+    );
+    (&c).write_all(b"hello").unwrap();
+    (&c).flush().unwrap();
+    (&c).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    (&c).read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    assert_eq!(server.join().unwrap(), 5);
     rt.shutdown();
 }

@@ -117,7 +117,7 @@ impl Runtime {
         self.end_within(self.inner.cfg.exit_drain);
     }
 
-    /// [`Self::end`] with another bound (plus at most [`DELETE_LINK_GRACE`] for the DELETE
+    /// [`Self::end`] with another bound (plus at most 200 ms, `DELETE_LINK_GRACE`, for the DELETE
     /// LINKs when the drain used it all).
     pub fn end_within(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
@@ -230,3 +230,15 @@ impl Runtime {
 
 /// How long [`Runtime::end_within`] waits at least for the DELETE LINKs to be acknowledged.
 const DELETE_LINK_GRACE: Duration = Duration::from_millis(200);
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cfg = &self.inner.cfg;
+        f.debug_struct("Runtime")
+            .field("negotiation", &cfg.negotiation)
+            .field("option_program", &self.inner.option.is_ok())
+            .field("roce_port", &cfg.roce_port)
+            .field("link_groups", &self.link_groups())
+            .finish_non_exhaustive()
+    }
+}

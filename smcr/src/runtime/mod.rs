@@ -80,7 +80,22 @@ fn random_u32() -> u32 {
     u32::from_ne_bytes(b)
 }
 
-/// A process's SMC-R state: devices, link groups, settings.
+/// A process's SMC-R state: devices, link groups, settings. Cheap to clone (a handle); make
+/// one per process and pass it to [`SmcStream::connect`](crate::SmcStream::connect) and
+/// [`SmcListener::bind`](crate::SmcListener::bind).
+///
+/// ```no_run
+/// use smcr::{Negotiation, Runtime, RuntimeConfig};
+///
+/// let mut cfg = RuntimeConfig::new();
+/// // As Linux: the TCP option in SYN/SYN-ACK tells a peer that can do SMC-R (needs the option
+/// // program installed once as root). `Negotiation::Assume` skips it for known peers.
+/// cfg.negotiation = Negotiation::TcpOption { dir: smcr::option::DEFAULT_DIR.into() };
+/// let rt = Runtime::new(cfg);
+/// println!("{rt:?}");
+/// // ... connect and listen with `rt` ...
+/// rt.shutdown();
+/// ```
 #[derive(Clone)]
 pub struct Runtime {
     pub(crate) inner: Arc<Inner>,

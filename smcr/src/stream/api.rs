@@ -259,9 +259,8 @@ impl SmcStream {
             mode,
             stat: None,
             timeline: Box::new(Timeline::new()),
-            read_timeout: None,
-            write_timeout: None,
-            nonblocking: false,
+            timeouts: Default::default(),
+            nonblocking: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -363,22 +362,79 @@ impl SmcStream {
         self.tcp.local_addr()
     }
 
-    /// Read timeout (None: block).
-    pub fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
-        self.read_timeout = t;
-        self.tcp.set_read_timeout(t)
+    /// Read timeout (`None`: block); a zero duration is an error, as for
+    /// [`TcpStream::set_read_timeout`]. A read that times out fails with `WouldBlock`.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.tcp.set_read_timeout(t)?;
+        self.set_timeout(0, t);
+        Ok(())
     }
 
-    /// Write timeout (None: block).
-    pub fn set_write_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
-        self.write_timeout = t;
-        self.tcp.set_write_timeout(t)
+    /// Write timeout (`None`: block); a zero duration is an error.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.tcp.set_write_timeout(t)?;
+        self.set_timeout(1, t);
+        Ok(())
+    }
+
+    fn set_timeout(&self, which: usize, t: Option<Duration>) {
+        // Zero is refused by the TCP socket first; 0 stands for none.
+        let ns = t.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX));
+        self.timeouts[which].store(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn timeout(&self, which: usize) -> Option<Duration> {
+        match self.timeouts[which].load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    /// The read timeout set by [`Self::set_read_timeout`].
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.timeout(0))
+    }
+
+    /// The write timeout set by [`Self::set_write_timeout`].
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.timeout(1))
     }
 
     /// Non-blocking mode: reads and writes that would wait fail with `WouldBlock`.
-    pub fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
-        self.nonblocking = on;
-        self.tcp.set_nonblocking(on)
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.tcp.set_nonblocking(on)?;
+        self.nonblocking
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sets `TCP_NODELAY` on the TCP connection. Over TCP (a fallback) it means what it
+    /// means for [`TcpStream`]. Over SMC-R no data goes over the TCP connection; the data
+    /// path has no Nagle delay but *autocorks* as Linux's SMC-R does: while a CDC of ours is
+    /// still in flight, small writes wait in the send buffer and go out together when it
+    /// completes (a lone write goes at once), so nothing waits for a timer. Setting it also
+    /// posts what autocorking holds now, as Linux does for `TCP_NODELAY` on an SMC socket.
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.tcp.set_nodelay(on)?;
+        if on {
+            self.flush_staged()?;
+        }
+        Ok(())
+    }
+
+    /// `TCP_NODELAY` of the TCP connection (see [`Self::set_nodelay`]).
+    pub fn nodelay(&self) -> io::Result<bool> {
+        self.tcp.nodelay()
+    }
+
+    /// Posts what autocorking holds back (SMC-R); nothing to do over TCP.
+    fn flush_staged(&self) -> io::Result<()> {
+        if let Some(smc) = &self.smc {
+            let mut s = smc.conn.core.lock();
+            let staged = s.core.staged;
+            smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
+        }
+        Ok(())
     }
 
     /// Shuts down reading, writing or both. Writing: the peer reads EOF after our data.
@@ -491,7 +547,7 @@ impl SmcStream {
     }
 
     pub(super) fn how(&self, timeout: Option<Duration>) -> Blocking {
-        if self.nonblocking {
+        if self.nonblocking.load(std::sync::atomic::Ordering::Relaxed) {
             Blocking::No
         } else {
             Blocking::Yes(timeout)
@@ -666,10 +722,11 @@ pub enum Blocking {
     Yes(Option<Duration>),
 }
 
-impl Read for SmcStream {
+impl Read for &SmcStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let r = if self.smc.is_some() {
-            self.smc_read(buf, false, self.how(self.read_timeout))
+            let t = self.timeout(0);
+            self.smc_read(buf, false, self.how(t))
         } else {
             (&*self.tcp).read(buf)
         };
@@ -677,10 +734,11 @@ impl Read for SmcStream {
     }
 }
 
-impl Write for SmcStream {
+impl Write for &SmcStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let r = if self.smc.is_some() {
-            self.smc_write(buf, self.how(self.write_timeout))
+            let t = self.timeout(1);
+            self.smc_write(buf, self.how(t))
         } else {
             (&*self.tcp).write(buf)
         };
@@ -688,13 +746,55 @@ impl Write for SmcStream {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        // Posts what autocorking holds back.
-        if let Some(smc) = &self.smc {
-            let mut s = smc.conn.core.lock();
-            let staged = s.core.staged;
-            smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
+        self.flush_staged()
+    }
+}
+
+impl Read for SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self).flush()
+    }
+}
+
+impl std::fmt::Debug for SmcStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("SmcStream");
+        if let Ok(a) = self.tcp.local_addr() {
+            d.field("local", &a);
         }
-        Ok(())
+        if let Ok(a) = self.tcp.peer_addr() {
+            d.field("peer", &a);
+        }
+        d.field("mode", &self.mode);
+        if let Some(id) = self.group_id() {
+            d.field("link_group", &id);
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+impl std::os::fd::AsFd for SmcStream {
+    /// The TCP connection's descriptor: for socket options and addresses. Over SMC-R no data
+    /// goes over it (read and write the stream; wait on [`SmcStream::readiness_fd`]).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.tcp.as_fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for SmcStream {
+    /// The TCP connection's descriptor (see [`AsFd`](std::os::fd::AsFd)).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&*self.tcp)
     }
 }
 

@@ -27,9 +27,34 @@ fn accept_error(e: &io::Error) -> AcceptError {
     }
 }
 
-impl SmcListener {
-    /// Binds and listens on `addr`, marked for the SMC-R option.
-    pub fn bind(rt: &Runtime, addr: SocketAddr) -> io::Result<Self> {
+/// A listening socket's background acceptor: takes TCP connections, negotiates each on a
+/// thread of its own and hands the finished streams to `deliver`. Stops when dropped.
+pub(crate) struct Acceptor {
+    local: SocketAddr,
+    /// A duplicate of the listening socket, to wake the acceptor with shutdown() on drop.
+    wake: TcpListener,
+    _stat: Option<ListenerRecord>,
+}
+
+impl Acceptor {
+    /// Binds and listens on the first of `addrs` that can be bound (marked for the SMC-R
+    /// option); every negotiated connection goes to `deliver`.
+    pub(crate) fn spawn(
+        rt: &Runtime,
+        addrs: impl ToSocketAddrs,
+        deliver: impl Fn(SmcStream, SocketAddr) + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no address to bind to");
+        for addr in addrs.to_socket_addrs()? {
+            match Self::listen(rt, addr) {
+                Ok(tcp) => return Self::run(rt, tcp, Arc::new(deliver)),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn listen(rt: &Runtime, addr: SocketAddr) -> io::Result<TcpListener> {
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
         sock.set_reuse_address(true)?;
         // A dual-stack [::] listener serves IPv4 peers through v4-mapped addresses: marked too
@@ -39,11 +64,17 @@ impl SmcListener {
         }
         sock.bind(&addr.into())?;
         sock.listen(1024)?;
-        let tcp: TcpListener = sock.into();
+        Ok(sock.into())
+    }
+
+    fn run(
+        rt: &Runtime,
+        tcp: TcpListener,
+        deliver: Arc<dyn Fn(SmcStream, SocketAddr) + Send + Sync>,
+    ) -> io::Result<Self> {
         let local = tcp.local_addr()?;
         let wake = tcp.try_clone()?;
         let stat = rt.listener_record(local);
-        let (tx, ready) = std::sync::mpsc::channel();
         let rt = rt.clone();
         rdma::thread::spawn("smcr-accept".into(), move || {
             loop {
@@ -61,10 +92,10 @@ impl SmcListener {
                         AcceptError::Stop => return,
                     },
                 };
-                let (rt, tx) = (rt.clone(), tx.clone());
+                let (rt, deliver) = (rt.clone(), deliver.clone());
                 let _ = rdma::thread::spawn("smcr-handshake".into(), move || {
                     if let Ok(s) = SmcStream::negotiate_server(&rt, tcp, peer) {
-                        let _ = tx.send((s, peer));
+                        deliver(s, peer);
                     }
                 });
             }
@@ -72,25 +103,58 @@ impl SmcListener {
         Ok(Self {
             local,
             wake,
-            ready: parking_lot::Mutex::new(ready),
-            nonblocking: false,
             _stat: stat,
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The listening socket (the duplicate `wake`).
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid listening socket; SHUT_RD makes the blocked accept() return.
+        unsafe { libc::shutdown(self.wake.as_raw_fd(), libc::SHUT_RD) };
+    }
+}
+
+impl SmcListener {
+    /// Binds and listens on `addr` (the first of its addresses that can be bound), marked
+    /// for the SMC-R option.
+    pub fn bind(rt: &Runtime, addr: impl ToSocketAddrs) -> io::Result<Self> {
+        let (tx, ready) = std::sync::mpsc::channel();
+        let acceptor = Acceptor::spawn(rt, addr, move |s, peer| {
+            let _ = tx.send((s, peer));
+        })?;
+        Ok(Self {
+            acceptor,
+            ready: parking_lot::Mutex::new(ready),
+            nonblocking: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
+        Ok(self.acceptor.local_addr())
     }
 
     /// Non-blocking mode: `accept` fails with `WouldBlock` when no connection is ready.
-    pub fn set_nonblocking(&mut self, on: bool) {
-        self.nonblocking = on;
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.nonblocking
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// The next connection whose negotiation has finished.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        if self.nonblocking {
+        if self.nonblocking.load(std::sync::atomic::Ordering::Relaxed) {
             self.ready.lock().try_recv().map_err(|e| match e {
                 std::sync::mpsc::TryRecvError::Empty => io::ErrorKind::WouldBlock.into(),
                 std::sync::mpsc::TryRecvError::Disconnected => {
@@ -104,13 +168,53 @@ impl SmcListener {
                 .map_err(|_| io::Error::other("the listener's acceptor stopped"))
         }
     }
+
+    /// An iterator over the connections as they are accepted, like
+    /// [`TcpListener::incoming`]: it never ends (each item is [`Self::accept`]'s result
+    /// without the peer address).
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
 }
 
-impl Drop for SmcListener {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid listening socket; SHUT_RD makes the blocked accept() return.
-        unsafe { libc::shutdown(self.wake.as_raw_fd(), libc::SHUT_RD) };
+/// The iterator of [`SmcListener::incoming`].
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    listener: &'a SmcListener,
+}
+
+impl Iterator for Incoming<'_> {
+    type Item = io::Result<SmcStream>;
+
+    fn next(&mut self) -> Option<io::Result<SmcStream>> {
+        Some(self.listener.accept().map(|(s, _)| s))
+    }
+}
+
+impl std::fmt::Debug for SmcListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmcListener")
+            .field("local", &self.acceptor.local_addr())
+            .field(
+                "nonblocking",
+                &self.nonblocking.load(std::sync::atomic::Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::os::fd::AsFd for SmcListener {
+    /// The listening TCP socket's descriptor (a duplicate of the one the background acceptor
+    /// accepts on): for socket options.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.acceptor.fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for SmcListener {
+    /// The listening TCP socket's descriptor (see [`AsFd`](std::os::fd::AsFd)).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.acceptor.fd())
     }
 }
 

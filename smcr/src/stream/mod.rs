@@ -25,6 +25,8 @@ mod negotiate;
 mod records;
 
 pub use api::Blocking;
+pub(crate) use listener::Acceptor;
+pub use listener::Incoming;
 // The parts' helpers, for one another (each part imports `super::*`).
 #[allow(unused_imports)]
 use {api::*, listener::*, negotiate::*, records::*};
@@ -148,6 +150,26 @@ pub enum Mode {
 }
 
 /// A connected stream: SMC-R when both ends could, TCP otherwise.
+///
+/// Used like [`TcpStream`]: [`Read`] and [`Write`] on the stream and on `&SmcStream` (so an
+/// `Arc<SmcStream>` can be read on one thread and written on another), timeouts,
+/// non-blocking mode, [`shutdown`](Self::shutdown); [`mode`](Self::mode) tells SMC-R or TCP
+/// with the fallback reason. Dropping it closes the connection.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// use smcr::{Mode, Runtime, RuntimeConfig, SmcStream};
+///
+/// let rt = Runtime::new(RuntimeConfig::new());
+/// let mut stream = SmcStream::connect(&rt, "192.0.2.1:7878")?;
+/// if let Mode::Tcp(reason) = stream.mode() {
+///     eprintln!("plain TCP: {reason}");
+/// }
+/// stream.write_all(b"hello")?;
+/// let mut back = [0u8; 5];
+/// stream.read_exact(&mut back)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct SmcStream {
     /// Shared with the link group's hang-up watch (`tcpwatch`), which needs the socket open
     /// as long as the connection is attached: one descriptor per connection, not two.
@@ -158,9 +180,9 @@ pub struct SmcStream {
     stat: Option<StatSlot>,
     /// Negotiation stage times.
     timeline: Box<Timeline>,
-    read_timeout: Option<Duration>,
-    write_timeout: Option<Duration>,
-    nonblocking: bool,
+    /// Read and write timeouts in ns (0: none, block), set through `&self` as std's.
+    timeouts: [std::sync::atomic::AtomicU64; 2],
+    nonblocking: std::sync::atomic::AtomicBool,
 }
 
 struct Smc {
@@ -593,11 +615,24 @@ fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32)
 /// thread takes TCP connections and runs each handshake on a thread of its own, and
 /// [`SmcListener::accept`] returns connections whose negotiation has finished (SMC-R or TCP).
 /// A connection whose handshake fails (timeout, protocol error) is closed and never returned.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// use smcr::{Runtime, RuntimeConfig, SmcListener};
+///
+/// let rt = Runtime::new(RuntimeConfig::new());
+/// let listener = SmcListener::bind(&rt, "0.0.0.0:7878")?;
+/// for stream in listener.incoming() {
+///     let mut stream = stream?;
+///     println!("{:?}", stream.mode()); // SmcR { .. }, or Tcp(reason)
+///     let mut buf = [0u8; 4096];
+///     let n = stream.read(&mut buf)?;
+///     stream.write_all(&buf[..n])?;
+/// }
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct SmcListener {
-    local: SocketAddr,
-    /// A duplicate of the listening socket, to wake the acceptor with shutdown() on drop.
-    wake: TcpListener,
+    acceptor: Acceptor,
     ready: parking_lot::Mutex<std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>>,
-    nonblocking: bool,
-    _stat: Option<ListenerRecord>,
+    nonblocking: std::sync::atomic::AtomicBool,
 }
