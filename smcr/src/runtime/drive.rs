@@ -289,7 +289,7 @@ impl LinkGroup {
     /// Handles completions (CDCs, LLC messages, SEND completions), runs the link's timers and
     /// wakes connections. Called with the driver lock held. Returns true once the group failed.
     pub(super) fn handle(self: &Arc<Self>, wcs: &[WorkCompletion]) -> bool {
-        if !self.shown_shm.load(Ordering::Relaxed) && self.same_host() {
+        if !self.shown_shm.load(Ordering::Relaxed) && self.same_host_now() {
             // The switch to shared memory happens once the first UDP exchanges are
             // acknowledged: show it (whichever thread handles completions then).
             self.shown_shm.store(true, Ordering::Relaxed);

@@ -9,7 +9,7 @@ impl LinkGroup {
     /// Runs the group's timers and handles what its links reported (a failover, an added
     /// link, the group down: see [`GroupEvent`]), then sends what their LLC queued.
     pub(super) fn run_links(&self, st: &mut LgState, now: Instant) {
-        if self.paths.len() > 1 && self.same_host() {
+        if self.paths.len() > 1 && self.same_host_now() {
             st.g.set_same_host();
         }
         st.g.handle_timeout(now);

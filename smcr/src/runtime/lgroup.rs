@@ -239,7 +239,7 @@ impl LinkGroup {
         rec.words[lg::MTU] = u64::from(self.mtu.bytes().unwrap_or(0));
         // Sticky: a same-host link whose peer went away (its offer closed) still shows what
         // it ran on, not UDP.
-        rec.words[lg::TRANSPORT] = if self.same_host() {
+        rec.words[lg::TRANSPORT] = if self.same_host_now() {
             lg::TRANSPORT_SHM
         } else {
             lg::TRANSPORT_UDP

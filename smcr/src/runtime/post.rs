@@ -95,6 +95,14 @@ impl LinkGroup {
         self.paths[0].qp.same_host_seen()
     }
 
+    /// As [`Self::same_host`], but exact: when no post saw the switch yet, the queue pair is
+    /// asked under its lock (it may switch now). For what is shown and decided once per batch
+    /// or timer run, not per write: a link whose last posts preceded the switch would
+    /// otherwise be shown on UDP for good.
+    pub(super) fn same_host_now(&self) -> bool {
+        self.same_host() || self.paths[0].qp.is_same_host()
+    }
+
     /// Posts a SEND of `bytes` from `slot` on `path`, with `extra` flags. Returns `true` if it
     /// completed at once (same-host link: the payload was copied into the peer's ring; the
     /// slot may be reused). `before`: requests posted ahead of the SEND in the same post (then
