@@ -2,12 +2,15 @@
 //! without `--`, and smc-tools' views (`smcr stats`, `linkgroup show`, `device show`,
 //! `ueid show`) on an empty stats directory and on this process's live SMC-R connection.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::TestDir;
 use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 fn smcr(args: &[&str]) -> Output {
@@ -40,25 +43,6 @@ fn numbers(out: &str, label: &str) -> Vec<u64> {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect()
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("smcr-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Self(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if !thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 #[test]
@@ -144,7 +128,7 @@ fn run_takes_the_command_without_dashes() {
 
 #[test]
 fn views_of_an_empty_stats_directory() {
-    let dir = TempDir::new("empty");
+    let dir = TestDir::new("smcr-cli", "empty");
     let stats = view(&dir.0, &["stats"]);
     assert_eq!(numbers(&stats, "Total connections handled"), [0]);
     for h in [
@@ -183,7 +167,7 @@ fn ueid_show_prints_the_default_or_smcr_ueid() {
 
 #[test]
 fn stats_count_a_live_smcr_connection() {
-    let dir = TempDir::new("live");
+    let dir = TestDir::new("smcr-cli", "live");
     let mut cfg = RuntimeConfig::new();
     cfg.negotiation = Negotiation::Assume;
     cfg.roce_port = 24000 + (std::process::id() % 4000) as u16;

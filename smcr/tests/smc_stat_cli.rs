@@ -1,7 +1,11 @@
 //! `smc-stat`'s command line: help and version, unknown options, smcss's options (`-a -l -d -D
 //! -R -W -v`, combined short flags) and ours, on an empty stats directory.
 
+mod common;
+
 use std::process::{Command, Output};
+
+use common::TestDir;
 
 fn smc_stat(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_smc-stat"))
@@ -11,33 +15,12 @@ fn smc_stat(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// A stats directory with no area, removed on drop.
-struct EmptyDir(std::path::PathBuf);
-
-impl EmptyDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("smc-stat-cli-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Self(d)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for EmptyDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// Runs with `--dir` on an empty directory; must succeed; its stdout.
-fn ok(dir: &EmptyDir, args: &[&str]) -> String {
+fn ok(dir: &TestDir, args: &[&str]) -> String {
     let mut all = vec!["--dir", dir.path()];
     all.extend_from_slice(args);
     let out = smc_stat(&all);
@@ -102,7 +85,7 @@ fn unknown_options_are_named_with_exit_2() {
 
 #[test]
 fn smcss_options_on_an_empty_directory() {
-    let d = EmptyDir::new("smcss");
+    let d = TestDir::new("smc-stat-cli", "smcss");
     let header = |s: &str| {
         s.lines()
             .any(|l| l.contains("State") && l.contains("Local Address"))
@@ -147,7 +130,7 @@ fn smcss_options_on_an_empty_directory() {
 
 #[test]
 fn our_views_on_an_empty_directory() {
-    let d = EmptyDir::new("ours");
+    let d = TestDir::new("smc-stat-cli", "ours");
     let links = ok(&d, &["--links"]);
     assert!(
         links.starts_with("PID") && links.contains("LG-ID"),

@@ -1,11 +1,14 @@
 //! SmcStream/SmcListener end to end in one process over loopback: the CLC handshake on a real
 //! TCP connection, a link confirmed with LLC over our RDMA engine, data by RDMA WRITE + CDC.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::thread;
 
+use common::TestDir;
 use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 static PORT: AtomicU16 = AtomicU16::new(0);
@@ -24,33 +27,9 @@ fn runtime() -> Runtime {
     Runtime::new(config())
 }
 
-/// A test's directory: removed when the test passes, kept for a look when it fails.
-struct TestDir(std::path::PathBuf);
-
-impl std::ops::Deref for TestDir {
-    type Target = std::path::PathBuf;
-    fn deref(&self) -> &std::path::PathBuf {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for TestDir {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 /// The directory of a test's stats areas.
 fn stats_dir(tag: &str) -> TestDir {
-    TestDir(std::env::temp_dir().join(format!("smcr-stats-{tag}-{}", std::process::id())))
+    TestDir::new("smcr-stats", tag)
 }
 
 /// `smc-stat --dir DIR ARGS…`, which must succeed; its output.

@@ -483,3 +483,41 @@ pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
     }
     t.elapsed()
 }
+
+/// A test's own directory (`<temp>/<prefix>-<tag>-<pid>`, made empty): removed when the test
+/// passes, kept for a look when it fails.
+pub struct TestDir(pub std::path::PathBuf);
+
+impl TestDir {
+    pub fn new(prefix: &str, tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("{prefix}-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Self(d)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl std::ops::Deref for TestDir {
+    type Target = std::path::PathBuf;
+    fn deref(&self) -> &std::path::PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
