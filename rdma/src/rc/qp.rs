@@ -297,6 +297,27 @@ impl RcQp {
         }
     }
 
+    /// A send request's scatter list checked against this QP's protection domain and limits
+    /// (a READ's buffers must be locally writable). Shared with the same-host transport.
+    pub(crate) fn resolve_send_sgl(
+        &self,
+        wr: &SendWr<'_>,
+        mrs: &MrTable,
+    ) -> Result<SgList, PostError> {
+        let need = if matches!(wr.opcode, WrOpcode::RdmaRead { .. }) {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
+        SgList::resolve(
+            mrs,
+            self.pd,
+            wr.sg_list,
+            self.caps.max_send_sge as usize,
+            need,
+        )
+    }
+
     /// Posts a send request (`ibv_post_send`).
     pub fn post_send(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostError> {
         let opcode = match wr.opcode {
@@ -313,22 +334,12 @@ impl RcQp {
             }
             s => return Err(PostError::InvalidState(s)),
         }
-        let req = self.req.as_mut().expect("RTS has a requester");
-        if req.outstanding() >= self.caps.max_send_wr as usize {
+        let outstanding = self.req.as_ref().map_or(0, |r| r.outstanding());
+        if outstanding >= self.caps.max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
-        let need = if opcode == WcOpcode::RdmaRead {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        let sgl = SgList::resolve(
-            mrs,
-            self.pd,
-            wr.sg_list,
-            self.caps.max_send_sge as usize,
-            need,
-        )?;
+        let sgl = self.resolve_send_sgl(wr, mrs)?;
+        let req = self.req.as_mut().expect("RTS has a requester");
         let mut flags = wr.flags;
         // Over the wire nothing runs when posted: a request signaled "if deferred" always is.
         if self.sq_sig_all || flags.contains(SendFlags::SIGNAL_IF_DEFERRED) {
@@ -518,11 +529,6 @@ impl RcQp {
 
     // Hooks of the same-host transport (the `samehost` module): below the QP, shared memory
     // instead of packets. The QP keeps its state, queues and completion rules.
-
-    /// The protection domain.
-    pub(crate) fn pd(&self) -> u32 {
-        self.pd
-    }
 
     /// The capabilities it was created with.
     pub(crate) fn caps(&self) -> QpCaps {

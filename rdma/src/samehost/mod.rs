@@ -302,18 +302,7 @@ impl ShmQp {
         if self.held.len() + rc.send_queue_len() >= rc.caps().max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
-        let need = if matches!(wr.opcode, WrOpcode::RdmaRead { .. }) {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        SgList::resolve(
-            mrs,
-            rc.pd(),
-            wr.sg_list,
-            rc.caps().max_send_sge as usize,
-            need,
-        )?;
+        rc.resolve_send_sgl(wr, mrs)?;
         self.held.push_back(Held {
             wr_id: wr.wr_id,
             op: wr.opcode,

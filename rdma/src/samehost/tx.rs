@@ -7,7 +7,7 @@ use super::{
     ShmQp, WAIT_DRIVER, WAIT_EVENT, wc,
 };
 use crate::mr::{Access, MrTable};
-use crate::rc::{CqSide, PostError, RcQp, SendFlags, SendWr, SgList, WcStatus, WrOpcode};
+use crate::rc::{CqSide, PostError, RcQp, SendFlags, SendWr, WcStatus, WrOpcode};
 use crate::shm::RingError;
 
 impl ShmQp {
@@ -33,18 +33,7 @@ impl ShmQp {
         if self.backlog.len() >= rc.caps().max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
-        let need = if matches!(wr.opcode, WrOpcode::RdmaRead { .. }) {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        let sgl = SgList::resolve(
-            mrs,
-            rc.pd(),
-            wr.sg_list,
-            rc.caps().max_send_sge as usize,
-            need,
-        )?;
+        let sgl = rc.resolve_send_sgl(wr, mrs)?;
         let signaled = wr.flags.contains(SendFlags::SIGNALED) || rc.sq_sig_all();
         self.backlog.push_back(Backlog {
             wr_id: wr.wr_id,
