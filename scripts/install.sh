@@ -91,7 +91,7 @@ put() { # MODE SRC DEST
 put 0755 "$lib" "$prefix/lib/libsmcr.so"
 put 0755 "$from/smcr" "$prefix/bin/smcr"
 put 0755 "$from/smc-stat" "$prefix/bin/smc-stat"
-for d in README.md docs/running.md docs/limitations.md; do
+for d in README.md docs/running.md docs/limitations.md docs/smcr.toml.example; do
   put 0644 "$d" "$prefix/share/doc/smcr/$(basename "$d")"
 done
 # The man pages and shell completions, from the installed smcr's own command definition.

@@ -31,15 +31,17 @@ mod table;
 mod wake;
 mod workers;
 
-/// Runs when the library is loaded, before the program's `main`: the `SMCR_*` settings are
-/// kept as they are now (a program may clear its environment later: nginx's workers), and
+/// Runs when the library is loaded, before the program's `main`: the `SMCR_*` settings (the
+/// configuration file's, the environment's over them) are kept as they are now (a program
+/// may clear its environment later: nginx's workers), and
 /// sockets the program inherited through `exec` are recognised (see `shim::adopt`).
 #[used]
 #[unsafe(link_section = ".init_array")]
 static ON_LOAD: extern "C" fn() = {
     extern "C" fn on_load() {
         guard::guarded((), || {
-            smcr::env::snapshot();
+            // The configuration file, then the environment over it (`smcr::settings`).
+            smcr::settings::load_process();
             log::init();
             shim::init_settings();
             shim::adopt();

@@ -353,9 +353,7 @@ fn clear_so_error(fd: i32) {
 /// (`SMCR_LAZY_PAIR=off` keeps them in step at every change).
 pub(crate) fn lazy() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        !smcr::env::var("SMCR_LAZY_PAIR").is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
-    })
+    *ON.get_or_init(|| smcr::settings::flag("SMCR_LAZY_PAIR").unwrap_or(true))
 }
 
 /// Empties the receive queue of `fd` (ours, non-blocking calls). Every sender holds the

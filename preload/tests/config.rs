@@ -55,3 +55,91 @@ fn a_bad_setting_leaves_the_process_on_tcp_and_is_named() {
         "a process with a bad setting used SMC-R:\n{log}"
     );
 }
+
+/// Starts `redis-server` on 127.0.0.2:`p` under the shim with `env` (two shimmed processes
+/// with a test's RoCE port, not 4791, need two addresses); the guard stops it.
+fn redis(shim: &Shim, p: &str, env: &[(&str, &str)]) -> Bg {
+    let mut server = shim.cmd(true, "redis-server");
+    server
+        .args([
+            "--bind",
+            "127.0.0.2",
+            "--port",
+            p,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null());
+    let bg = Bg(server.spawn().unwrap());
+    wait_listening(None, "127.0.0.2", p.parse().unwrap());
+    bg
+}
+
+/// The library reads the configuration file `SMCR_CONFIG` names, and the environment wins
+/// over it: a file that keeps every port but 1-2 off SMC-R leaves the listener TCP (logged
+/// as excluded); the same file under `SMCR_INCLUDE=1-65535` lets the next one use SMC-R.
+#[test]
+fn the_library_reads_the_config_file_and_the_environment_overrides_it() {
+    if !have("redis-server") || !have("redis-cli") {
+        return;
+    }
+    let shim = Shim::new("config-file");
+    let file = std::env::temp_dir().join(format!("smcr-config-{}.toml", std::process::id()));
+    std::fs::write(&file, "# only ports 1-2\n[smcr]\ninclude = [\"1-2\"]\n").unwrap();
+    let f = file.to_str().unwrap();
+    let p = port(28100).to_string();
+    {
+        let _server = redis(&shim, &p, &[("SMCR_CONFIG", f)]);
+        let mut plain = Command::new("redis-cli");
+        plain.args(["-h", "127.0.0.2", "-p", &p, "ping"]);
+        assert_eq!(run_ok(&mut plain, "plain redis-cli ping").trim(), "PONG");
+    }
+    let log = shim.log();
+    assert!(
+        log.contains("TCP: excluded by SMCR_INCLUDE/SMCR_EXCLUDE"),
+        "the file's include list was not applied:\n{log}"
+    );
+    let p = port(28200).to_string();
+    let _server = redis(
+        &shim,
+        &p,
+        &[("SMCR_CONFIG", f), ("SMCR_INCLUDE", "1-65535")],
+    );
+    let mut cli = shim.cmd(true, "redis-cli");
+    cli.args(["-h", "127.0.0.2", "-p", &p, "ping"])
+        .env("SMCR_CONFIG", f)
+        .env("SMCR_INCLUDE", "1-65535");
+    assert_eq!(run_ok(&mut cli, "redis-cli ping").trim(), "PONG");
+    assert_eq!(shim.smcr_count("accept"), 1, "{}", shim.log());
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A configuration file that does not parse leaves the process on TCP, and the log names the
+/// file, the line and the entry.
+#[test]
+fn a_bad_config_file_leaves_the_process_on_tcp_and_names_the_entry() {
+    if !have("redis-server") || !have("redis-cli") {
+        return;
+    }
+    let shim = Shim::new("config-bad-file");
+    let file = std::env::temp_dir().join(format!("smcr-badconfig-{}.toml", std::process::id()));
+    std::fs::write(&file, "[smcr]\nroce_port = \"fast\"\n").unwrap();
+    let f = file.to_str().unwrap();
+    let p = port(28300).to_string();
+    let _server = redis(&shim, &p, &[("SMCR_CONFIG", f)]);
+    let mut plain = Command::new("redis-cli");
+    plain.args(["-h", "127.0.0.2", "-p", &p, "ping"]);
+    assert_eq!(run_ok(&mut plain, "plain redis-cli ping").trim(), "PONG");
+    let log = shim.log();
+    assert!(
+        log.contains(&format!(
+            "{f}:2: smcr.roce_port = \"fast\" is not valid (a UDP port, 1-65535); SMC-R is off"
+        )),
+        "the bad entry was not named:\n{log}"
+    );
+    assert_eq!(shim.smcr_count("accept"), 0, "{log}");
+    let _ = std::fs::remove_file(&file);
+}

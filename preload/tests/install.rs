@@ -88,7 +88,6 @@ fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
         .arg(&log)
         .args(["--", "redis-cli", "-p", &p.to_string(), "get", "k"])
         .env("SMCR_NEGOTIATION", "assume")
-        .env("SMCR_LOG_LEVEL", "bogus")
         .env_remove("SMCR_LIB")
         .env_remove("SMCR_ROCE_PORT")
         .current_dir("/");
@@ -111,16 +110,11 @@ fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
         "both accepted connections SMC-R:\n{text}"
     );
 
-    // The `log` facade's records reach the same file with their level (info by default)...
+    // The `log` facade's records reach the same file with their level (info by default).
     assert!(
         text.lines()
             .any(|l| l.contains("INFO link group") && l.contains("up (CONFIRM LINK done)")),
         "no link-up line:\n{text}"
-    );
-    // ...and a bad level is named (the process goes on, at info).
-    assert!(
-        text.contains("SMCR_LOG_LEVEL=\"bogus\" is not a level"),
-        "the bad level was not named:\n{text}"
     );
 
     // --keep-bpf: the machine's option program serves the other tests.

@@ -24,6 +24,7 @@ pub mod option;
 pub mod policy;
 pub mod rtokens;
 pub mod runtime;
+pub mod settings;
 pub mod stats;
 pub mod steer;
 mod stream;

@@ -18,6 +18,8 @@ fn smcr(args: &[&str]) -> Output {
         .args(args)
         .env_remove("SMCR_UEID")
         .env_remove("SMCR_STATS_DIR")
+        // A configuration file of the machine stays out of the tests.
+        .env("SMCR_CONFIG", "off")
         .output()
         .unwrap()
 }
@@ -156,13 +158,183 @@ fn ueid_show_prints_the_default_or_smcr_ueid() {
     let out = Command::new(env!("CARGO_BIN_EXE_smcr"))
         .arg("ueid")
         .env("SMCR_UEID", "A.B, bad ,C-1")
+        .env("SMCR_CONFIG", "off")
         .output()
         .unwrap();
     assert_eq!(text(&out.stdout), "A.B\nC-1\n");
-    assert!(text(&out.stderr).contains("\"bad\""));
-    let out = smcr(&["ueid", "add", "X"]);
+    assert!(text(&out.stderr).contains("\"bad\"") && text(&out.stderr).contains("stays TCP"));
+}
+
+/// `smcr` with a configuration file (`SMCR_CONFIG`) and environment.
+fn smcr_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_smcr"))
+        .args(args)
+        .env_remove("SMCR_UEID")
+        .env_remove("SMCR_HOLD_US")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// `smcr ueid add/del/flush` edit smcr.ueid in the configuration file, keeping the rest of it;
+/// `show` then reads it (the environment still wins); what Linux refuses is refused.
+#[test]
+fn ueid_add_del_flush_edit_the_config_file() {
+    let dir = TestDir::new("smcr-cli", "ueid");
+    let file = dir.0.join("smcr.toml");
+    let f = file.to_str().unwrap();
+    std::fs::write(&file, "# keep me\n[smcr]\nhold_us = 5 # and me\n").unwrap();
+    let cfg = [("SMCR_CONFIG", f)];
+    for u in ["smc-a", "SMC-B"] {
+        let out = smcr_with(&["ueid", "add", u], &cfg);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let out = smcr_with(&["ueid", "show"], &cfg);
+    assert_eq!(text(&out.stdout), "SMC-A\nSMC-B\n");
+    assert!(
+        text(&out.stderr).contains(&format!("({f}:")),
+        "{}",
+        text(&out.stderr)
+    );
+    let kept = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        kept.contains("# keep me") && kept.contains("hold_us = 5 # and me"),
+        "{kept}"
+    );
+    // Refused: twice, not valid, more than Linux's 4, deleting one that is not there.
+    assert_eq!(
+        smcr_with(&["ueid", "add", "SMC-A"], &cfg).status.code(),
+        Some(1)
+    );
+    assert_eq!(
+        smcr_with(&["ueid", "add", "A B"], &cfg).status.code(),
+        Some(1)
+    );
+    for u in ["C", "D"] {
+        assert!(smcr_with(&["ueid", "add", u], &cfg).status.success());
+    }
+    let out = smcr_with(&["ueid", "add", "E"], &cfg);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("SMCR_UEID"));
+    assert!(
+        text(&out.stderr).contains("4 already"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        smcr_with(&["ueid", "del", "X"], &cfg).status.code(),
+        Some(1)
+    );
+    assert!(smcr_with(&["ueid", "del", "smc-b"], &cfg).status.success());
+    let out = smcr_with(&["ueid"], &cfg);
+    assert_eq!(text(&out.stdout), "SMC-A\nC\nD\n");
+    // The environment wins over the file.
+    let out = smcr_with(&["ueid"], &[("SMCR_CONFIG", f), ("SMCR_UEID", "ENV")]);
+    assert_eq!(text(&out.stdout), "ENV\n");
+    assert!(smcr_with(&["ueid", "flush"], &cfg).status.success());
+    let out = smcr_with(&["ueid"], &cfg);
+    assert_eq!(text(&out.stdout).trim(), smcr::runtime::DEFAULT_UEID);
+    assert!(!std::fs::read_to_string(&file).unwrap().contains("ueid"));
+    // A file that does not parse is not touched.
+    std::fs::write(&file, "smcr.hold_us = \"x\"\n").unwrap();
+    let out = smcr_with(&["ueid", "add", "A"], &cfg);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not changed"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "smcr.hold_us = \"x\"\n"
+    );
+}
+
+/// `smcr config`: every setting with its value and source (environment over file over
+/// default); `--list` names them all; a bad file or variable is refused naming the entry, by
+/// `smcr config` (exit 1) and by `smcr run` before the program starts (exit 2).
+#[test]
+fn config_shows_values_and_sources_and_run_refuses_a_bad_one() {
+    let dir = TestDir::new("smcr-cli", "config");
+    let file = dir.0.join("smcr.toml");
+    let f = file.to_str().unwrap();
+    std::fs::write(
+        &file,
+        "net.smc.rmem = 131072\n[smcr]\nhold_us = 5\nroce_port = 4800\n",
+    )
+    .unwrap();
+    let out = smcr_with(&["config"], &[("SMCR_CONFIG", f), ("SMCR_HOLD_US", "7")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    let row = |key: &str| -> Vec<String> {
+        o.lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key}:\n{o}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        row("net.smc.rmem")[1..],
+        [String::from("131072"), format!("{f}:1")]
+    );
+    assert_eq!(
+        row("smcr.roce_port")[1..],
+        [String::from("4800"), format!("{f}:4")]
+    );
+    assert_eq!(row("smcr.hold_us")[1..], ["7", "SMCR_HOLD_US"]);
+    assert_eq!(row("smcr.lgr_linger")[1..], ["600", "default"]);
+    assert!(
+        o.starts_with(&format!("configuration file: {f} (3 setting(s))")),
+        "{o}"
+    );
+    // --file instead of SMCR_CONFIG; no file at all.
+    let out = smcr_with(&["config", "--file", f], &[("SMCR_CONFIG", "off")]);
+    assert!(text(&out.stdout).contains(&format!("{f}:4")));
+    let out = smcr_with(&["config"], &[("SMCR_CONFIG", "off")]);
+    assert!(text(&out.stdout).starts_with("configuration file: none (SMCR_CONFIG=off)"));
+    let out = smcr_with(&["config", "--list"], &[]);
+    assert_eq!(
+        text(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with(' '))
+            .count(),
+        smcr::settings::SETTINGS.len()
+    );
+    // Bad: a value in the file, an unknown key, a variable.
+    let marker = dir.0.join("ran");
+    let touch = ["run", "--assume", "touch", marker.to_str().unwrap()];
+    for (text_of_file, env, needle) in [
+        (
+            "[smcr]\nroce_port = 0\n",
+            None,
+            format!("{f}:2: smcr.roce_port = 0 is not valid"),
+        ),
+        (
+            "net.smc.wmem = 1\n",
+            None,
+            format!("{f}:1: net.smc.wmem is not a setting"),
+        ),
+        (
+            "",
+            Some(("SMCR_LGR_LINGER", "1h")),
+            "SMCR_LGR_LINGER=\"1h\" is not valid".into(),
+        ),
+    ] {
+        std::fs::write(&file, text_of_file).unwrap();
+        let mut vars = vec![("SMCR_CONFIG", f)];
+        vars.extend(env);
+        let out = smcr_with(&["config"], &vars);
+        assert_eq!(out.status.code(), Some(1), "{text_of_file}");
+        assert!(text(&out.stderr).contains(&needle), "{}", text(&out.stderr));
+        let out = smcr_with(&touch, &vars);
+        assert_eq!(out.status.code(), Some(2), "{text_of_file}");
+        assert!(text(&out.stderr).contains(&needle), "{}", text(&out.stderr));
+        assert!(!marker.exists(), "smcr run started the program");
+    }
+    // `smcr run --config` names the file for the program too; a missing one is refused.
+    let out = smcr_with(&["run", "--config", "/nonexistent/smcr.toml", "true"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("/nonexistent/smcr.toml: cannot be read"));
 }
 
 #[test]

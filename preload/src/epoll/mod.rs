@@ -182,9 +182,7 @@ pub(crate) fn virtualize(fd: i32, pair: &Arc<Pair>) {
 /// messages themselves: on unless `SMCR_APP_DRIVE=off`.
 pub(crate) fn app_drive() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !smcr::env::var("SMCR_APP_DRIVE").is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
-    })
+    *ON.get_or_init(|| smcr::settings::flag("SMCR_APP_DRIVE").unwrap_or(true))
 }
 
 /// Adds the event descriptor of `fd`'s link group to `epfd` (once per group and set);

@@ -74,9 +74,7 @@ thread_local! {
 pub(crate) fn on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        super::app_drive()
-            && !smcr::env::var("SMCR_VIRTUAL_EPOLL")
-                .is_some_and(|v| matches!(v.as_str(), "off" | "0" | "no"))
+        super::app_drive() && smcr::settings::flag("SMCR_VIRTUAL_EPOLL").unwrap_or(true)
     })
 }
 

@@ -84,8 +84,15 @@ pub(crate) fn at_exit() {
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let mut on = smcr::env::var("SMCR_DISABLE").is_none_or(|v| v != "1");
-        if on && let Err(e) = smcr::RuntimeConfig::try_from_env() {
+        let mut on = smcr::settings::flag("SMCR_DISABLE") != Some(true);
+        let check = smcr::settings::check_process()
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                smcr::RuntimeConfig::try_from_env()
+                    .map_err(|e| e.to_string())
+                    .map(drop)
+            });
+        if on && let Err(e) = check {
             // Which setting the user meant cannot be guessed: the whole process stays TCP,
             // and the log says why (decided at load, before the program's first socket).
             log::line(format_args!(

@@ -133,7 +133,9 @@ impl Shim {
         c.env("LD_PRELOAD", lib())
             .env("SMCR_LOG", &self.log)
             .env("SMCR_NEGOTIATION", "assume")
-            .env("SMCR_ROCE_PORT", self.roce_port.to_string());
+            .env("SMCR_ROCE_PORT", self.roce_port.to_string())
+            // A configuration file of the machine (/etc/smcr.toml) stays out of the tests.
+            .env("SMCR_CONFIG", "off");
     }
 
     pub fn log(&self) -> String {

@@ -100,7 +100,8 @@ fn seconds(s: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let dir = cli.dir.clone().unwrap_or_else(|| {
-        std::env::var_os("SMCR_STATS_DIR")
+        // The programs' setting: the environment's, else the configuration file's.
+        smcr::settings::for_tools("SMCR_STATS_DIR")
             .filter(|d| d != "off")
             .map_or_else(|| PathBuf::from(stats::DEFAULT_DIR), PathBuf::from)
     });

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use smcr::view::{self, Snapshot};
-use smcr::{option, stats, steer};
+use smcr::{option, settings, stats, steer};
 
 /// SMC-R for unmodified programs: the launcher, the eBPF programs and smc-tools' views.
 #[derive(Parser, Debug)]
@@ -52,8 +52,11 @@ enum Cmd {
     /// `smc-stat --devices`)
     #[command(visible_alias = "dev")]
     Device(ShowArgs),
-    /// The user EIDs (UEIDs) programs started from this environment offer: SMCR_UEID, or
-    /// the default
+    /// The configuration programs started from here get: every setting's value and where it
+    /// comes from (environment, the configuration file and its line, or the default)
+    Config(ConfigArgs),
+    /// The user EIDs (UEIDs) programs started from this environment offer (SMCR_UEID, else
+    /// the configuration file's smcr.ueid, else the default); add/del/flush edit the file
     #[command(subcommand_required = false)]
     Ueid {
         #[command(subcommand)]
@@ -99,6 +102,10 @@ struct RunArgs {
     /// One line per connection: SMC-R, or TCP and the fallback reason
     #[arg(long, value_name = "FILE")]
     log: Option<String>,
+    /// The configuration file (default $SMCR_CONFIG, else /etc/smcr.toml if it exists); the
+    /// program reads it too. Checked before CMD starts, as is every SMCR_* variable
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// The library (default: libsmcr_preload.so next to this program, ../lib/libsmcr.so, or
     /// $SMCR_LIB)
     #[arg(long, value_name = "PATH")]
@@ -192,16 +199,40 @@ enum ShowAction {
     Show,
 }
 
+#[derive(Args, Debug)]
+struct ConfigArgs {
+    /// Read this configuration file (default $SMCR_CONFIG, else /etc/smcr.toml if it exists)
+    #[arg(long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// List every setting: its name in the file, its variable, what it takes, its default
+    #[arg(long)]
+    list: bool,
+}
+
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
 enum UeidAction {
     /// The UEIDs in effect (the default)
     Show,
-    /// Not supported: UEIDs are configured with SMCR_UEID
-    Add { ueid: String },
-    /// Not supported: UEIDs are configured with SMCR_UEID
-    Del { ueid: String },
-    /// Not supported: UEIDs are configured with SMCR_UEID
-    Flush,
+    /// Add UEID to smcr.ueid in the configuration file
+    Add {
+        ueid: String,
+        /// The configuration file to edit (default $SMCR_CONFIG, else /etc/smcr.toml)
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Remove UEID from smcr.ueid in the configuration file
+    Del {
+        ueid: String,
+        /// The configuration file to edit (default $SMCR_CONFIG, else /etc/smcr.toml)
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Remove smcr.ueid from the configuration file (programs then offer the default)
+    Flush {
+        /// The configuration file to edit (default $SMCR_CONFIG, else /etc/smcr.toml)
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
@@ -239,14 +270,20 @@ fn rcvbuf_kib(bytes: u64) -> u32 {
         .max(16)
 }
 
-/// The stats directory: --dir, else $SMCR_STATS_DIR (unless `off`), else the default.
+/// The stats directory: --dir, else the programs' setting (SMCR_STATS_DIR, else the
+/// configuration file's smcr.stats_dir; unless `off`), else the default.
 fn stats_dir(given: Option<PathBuf>) -> PathBuf {
     given.unwrap_or_else(|| {
-        std::env::var_os("SMCR_STATS_DIR")
-            .filter(|d| d != "off" && !d.is_empty())
+        settings::for_tools("SMCR_STATS_DIR")
+            .filter(|d| d != "off")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(stats::DEFAULT_DIR))
     })
+}
+
+/// The environment's value of `k` (empty is unset, as for the programs).
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// The library `smcr run` preloads.
@@ -293,6 +330,44 @@ fn run(a: RunArgs) -> ExitCode {
         );
     }
     let rmb = a.rmb_kib.or(a.rcvbuf.map(rcvbuf_kib));
+    // What the program will get: our options, over the environment, over the file. Checked
+    // here, so that a bad setting stops us instead of turning SMC-R off in the program.
+    let config = match a.config.as_deref().map(std::path::absolute).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("smcr run: --config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut set: Vec<(&str, String)> = Vec::new();
+    if let Some(c) = &config {
+        set.push((settings::FILE_VAR, c.display().to_string()));
+    }
+    // Without --assume, the option program, whatever the environment or file say.
+    let negotiation = if a.assume { "assume" } else { "option" };
+    set.push(("SMCR_NEGOTIATION", negotiation.into()));
+    for (k, v) in [
+        ("SMCR_RMB_KIB", rmb.map(|k| k.to_string())),
+        ("SMCR_INCLUDE", a.include),
+        ("SMCR_EXCLUDE", a.exclude),
+        ("SMCR_LOG", a.log),
+    ] {
+        if let Some(v) = v {
+            set.push((k, v));
+        }
+    }
+    let lookup = |k: &str| {
+        set.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.clone())
+            .or_else(|| env(k))
+    };
+    let checked = settings::read_file(&lookup)
+        .and_then(|file| settings::resolve(&lookup, file.as_ref()).map(drop));
+    if let Err(e) = checked {
+        eprintln!("smcr run: {e}");
+        return ExitCode::from(2);
+    }
     let lib = match find_lib(a.lib) {
         Ok(l) => l,
         Err(e) => {
@@ -304,9 +379,7 @@ fn run(a: RunArgs) -> ExitCode {
     let dir = a.dir.unwrap_or_else(option::default_dir);
     let mut c = std::process::Command::new(&a.cmd[0]);
     c.args(&a.cmd[1..]);
-    if a.assume {
-        c.env("SMCR_NEGOTIATION", "assume");
-    } else {
+    if !a.assume {
         // The program always starts: without the option program its connections stay TCP
         // (NOBPF, with the remedy in its log and in smc-stat).
         if !option::is_installed(&dir) {
@@ -334,7 +407,9 @@ fn run(a: RunArgs) -> ExitCode {
         if dir_given {
             c.env("SMCR_BPF_DIR", &dir);
         }
-        c.env_remove("SMCR_NEGOTIATION");
+    }
+    for (k, v) in &set {
+        c.env(k, v);
     }
     // Ours first; keep whatever the user preloads already.
     let preload = match std::env::var("LD_PRELOAD") {
@@ -342,16 +417,6 @@ fn run(a: RunArgs) -> ExitCode {
         _ => lib.display().to_string(),
     };
     c.env("LD_PRELOAD", preload);
-    for (k, v) in [
-        ("SMCR_RMB_KIB", rmb.map(|k| k.to_string())),
-        ("SMCR_INCLUDE", a.include),
-        ("SMCR_EXCLUDE", a.exclude),
-        ("SMCR_LOG", a.log),
-    ] {
-        if let Some(v) = v {
-            c.env(k, v);
-        }
-    }
     let e = c.exec();
     eprintln!("smcr run: cannot start {}: {e}", a.cmd[0].to_string_lossy());
     ExitCode::from(127)
@@ -389,6 +454,7 @@ fn main() -> ExitCode {
             print!("{}", view::render_devices(&snap, s.area.details));
             ExitCode::SUCCESS
         }
+        Cmd::Config(a) => config(a),
         Cmd::Ueid { action } => ueid(action.unwrap_or(UeidAction::Show)),
         Cmd::Generate { what } => match generate(what) {
             Ok(()) => ExitCode::SUCCESS,
@@ -400,36 +466,247 @@ fn main() -> ExitCode {
     }
 }
 
-/// `smcr ueid show`: what the runtime of a program started from here offers (SMCR_UEID,
-/// comma-separated, parsed as the runtime parses it; else the default).
-fn ueid(action: UeidAction) -> ExitCode {
-    if action != UeidAction::Show {
-        eprintln!(
-            "smcr ueid: UEIDs are not kept in a system table: set SMCR_UEID=UEID[,UEID...] in \
-             the environment of the programs (`SMCR_UEID=... smcr run CMD`); `smcr ueid show` \
-             prints the ones in effect here"
-        );
-        return ExitCode::FAILURE;
+/// `smcr config`: every setting's value for a program started from here, and its source;
+/// `--list`: every setting.
+fn config(a: ConfigArgs) -> ExitCode {
+    if a.list {
+        for s in settings::SETTINGS {
+            let takes = match s.kind {
+                settings::Kind::Choice(words) => words.join(", "),
+                k => k.expected().to_owned(),
+            };
+            println!("{} ({})", s.key, s.var);
+            println!("    {}", s.about);
+            println!("    takes: {takes}; default: {}", s.default);
+        }
+        return ExitCode::SUCCESS;
     }
-    let set = std::env::var("SMCR_UEID").ok().filter(|v| !v.is_empty());
+    let given = a.file.map(|f| f.display().to_string());
+    let lookup = |k: &str| match (k, &given) {
+        (settings::FILE_VAR, Some(f)) => Some(f.clone()),
+        _ => env(k),
+    };
+    let file = match settings::read_file(&lookup) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("smcr config: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let effective = match settings::resolve(&lookup, file.as_ref()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("smcr config: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match (&file, settings::file_path(&lookup)) {
+        (Some(f), _) => println!(
+            "configuration file: {} ({} setting(s))",
+            f.path.display(),
+            f.entries.len()
+        ),
+        (None, None) => println!("configuration file: none ({}=off)", settings::FILE_VAR),
+        (None, Some((p, _))) => {
+            println!("configuration file: none ({} does not exist)", p.display())
+        }
+    }
+    let width = settings::SETTINGS
+        .iter()
+        .map(|s| s.key.len())
+        .max()
+        .unwrap_or(0);
+    let vwidth = effective
+        .iter()
+        .map(|e| e.value.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(5, 40);
+    println!("{:<width$}  {:<vwidth$}  FROM", "SETTING", "VALUE");
+    for e in &effective {
+        let from = match &e.origin {
+            settings::Origin::Env => e.setting.var.to_owned(),
+            o => o.to_string(),
+        };
+        println!("{:<width$}  {:<vwidth$}  {from}", e.setting.key, e.value);
+    }
+    ExitCode::SUCCESS
+}
+
+/// `smcr ueid show|add|del|flush`. Show: what a program started from here offers (SMCR_UEID,
+/// else the file's smcr.ueid, else the default). The others edit smcr.ueid in the
+/// configuration file (Linux keeps its UEIDs in a table of the kernel; ours are this file's).
+fn ueid(action: UeidAction) -> ExitCode {
+    let (file, edit): (Option<PathBuf>, Box<UeidEdit>) = match action {
+        UeidAction::Show => return ueid_show(),
+        UeidAction::Add { ueid, file } => (
+            file,
+            Box::new(move |list| {
+                // As smc-tools: the UEID is kept in upper case.
+                let u = ueid.trim().to_ascii_uppercase();
+                clc::Eid::new(&u).map_err(|e| format!("{u:?}: {e}"))?;
+                if list.contains(&u) {
+                    return Err(format!("{u} is there already"));
+                }
+                if list.len() >= MAX_UEIDS {
+                    return Err(format!(
+                        "there are {MAX_UEIDS} already, the most Linux takes"
+                    ));
+                }
+                list.push(u);
+                Ok(())
+            }),
+        ),
+        UeidAction::Del { ueid, file } => (
+            file,
+            Box::new(move |list| {
+                let u = ueid.trim().to_ascii_uppercase();
+                let before = list.len();
+                list.retain(|x| *x != u);
+                if list.len() == before {
+                    return Err(format!("{u} is not there"));
+                }
+                Ok(())
+            }),
+        ),
+        UeidAction::Flush { file } => (
+            file,
+            Box::new(|list| {
+                list.clear();
+                Ok(())
+            }),
+        ),
+    };
+    let path = file.unwrap_or_else(|| match settings::file_path(&env) {
+        Some((p, _)) => p,
+        None => PathBuf::from(settings::DEFAULT_FILE),
+    });
+    match edit_ueids(&path, &*edit) {
+        Ok(list) => {
+            eprintln!(
+                "smcr ueid: {}: smcr.ueid = [{}]{}",
+                path.display(),
+                list.join(", "),
+                if list.is_empty() {
+                    " (removed: programs offer the default)"
+                } else {
+                    ""
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("smcr ueid: {}: {e}", path.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A change to the UEID list (refused with a reason).
+type UeidEdit = dyn Fn(&mut Vec<String>) -> Result<(), String>;
+
+/// Linux's `SMC_MAX_UEID`.
+const MAX_UEIDS: usize = 4;
+
+/// Applies `edit` to smcr.ueid of the file at `path` (created if missing), keeping the rest of
+/// the file as it is; the result must be a valid configuration. Returns the new list.
+fn edit_ueids(
+    path: &Path,
+    edit: &dyn Fn(&mut Vec<String>) -> Result<(), String>,
+) -> Result<Vec<String>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e.to_string()),
+    };
+    settings::File::parse(path, &text).map_err(|e| format!("not changed: {e}"))?;
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| format!("{e}"))?;
+    let mut list: Vec<String> = match doc.get("smcr").and_then(|t| t.get("ueid")) {
+        None => Vec::new(),
+        Some(v) => match (v.as_array(), v.as_str()) {
+            (Some(a), _) => a
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect(),
+            (_, Some(s)) => s
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        },
+    };
+    edit(&mut list)?;
+    if list.is_empty() {
+        if let Some(t) = doc.get_mut("smcr").and_then(|t| t.as_table_like_mut()) {
+            t.remove("ueid");
+        }
+    } else {
+        if doc.get("smcr").is_none() {
+            doc["smcr"] = toml_edit::table();
+        }
+        doc["smcr"]["ueid"] = toml_edit::value(toml_edit::Array::from_iter(list.iter()));
+    }
+    let out = doc.to_string();
+    settings::File::parse(path, &out).map_err(|e| format!("not changed: the result: {e}"))?;
+    // A whole new file or none: written aside, then renamed over.
+    let tmp = path.with_extension("toml.smcr-new");
+    std::fs::write(&tmp, out).map_err(|e| e.to_string())?;
+    if let Ok(m) = std::fs::metadata(path) {
+        let _ = std::fs::set_permissions(&tmp, m.permissions());
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        e.to_string()
+    })?;
+    Ok(list)
+}
+
+/// `smcr ueid show`.
+fn ueid_show() -> ExitCode {
+    let (set, from) = match env("SMCR_UEID") {
+        Some(v) => (Some(v), "SMCR_UEID".to_owned()),
+        None => match settings::read_file(&env) {
+            Ok(Some(f)) => match f.get("SMCR_UEID") {
+                Some(e) => (
+                    Some(e.value.clone()),
+                    format!("{}:{}", f.path.display(), e.line),
+                ),
+                None => (None, String::new()),
+            },
+            Ok(None) => (None, String::new()),
+            Err(e) => {
+                eprintln!("smcr ueid: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let mut ueids = Vec::new();
+    let mut bad = false;
     if let Some(list) = &set {
         for u in list.split(',').map(str::trim) {
             match clc::Eid::new(u) {
                 Ok(e) => ueids.push(e.to_string()),
-                Err(e) => eprintln!("smcr ueid: ignoring {u:?} in SMCR_UEID: {e}"),
+                Err(e) => {
+                    bad = true;
+                    eprintln!("smcr ueid: ignoring {u:?} in {from}: {e}")
+                }
             }
         }
+    }
+    if bad {
+        eprintln!("smcr ueid: a program started with it stays TCP (`smcr config` names it)");
     }
     let source = if ueids.is_empty() {
         ueids.push(smcr::runtime::DEFAULT_UEID.to_owned());
         if set.is_some() {
-            "default: SMCR_UEID has no valid UEID"
+            format!("default: {from} has no valid UEID")
         } else {
-            "default: SMCR_UEID is not set"
+            "default: neither SMCR_UEID nor smcr.ueid in the configuration file is set".to_owned()
         }
     } else {
-        "SMCR_UEID"
+        from
     };
     for u in &ueids {
         println!("{u}");

@@ -143,7 +143,7 @@ pub struct ConfigError {
 /// How an on/off setting may be spelled (one set for every variable).
 const FLAG: &str = "on or off (also 1/0, yes/no, true/false)";
 
-fn flag(v: &str) -> Option<bool> {
+pub(crate) fn flag(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "on" | "1" | "yes" | "true" => Some(true),
         "off" | "0" | "no" | "false" => Some(false),

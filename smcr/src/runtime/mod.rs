@@ -47,6 +47,7 @@ mod inner;
 mod lgroup;
 mod post;
 
+pub(crate) use config::flag as config_flag;
 pub use config::{
     ConfigError, DEFAULT_UEID, LINGER, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS,
 };
