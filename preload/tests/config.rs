@@ -143,3 +143,54 @@ fn a_bad_config_file_leaves_the_process_on_tcp_and_names_the_entry() {
     assert_eq!(shim.smcr_count("accept"), 0, "{log}");
     let _ = std::fs::remove_file(&file);
 }
+
+/// Two ends whose UEIDs differ (set in each one's configuration file): the server declines,
+/// both stay on TCP, redis works, and each side's `log` records say who declined and why
+/// (INFO), next to the shim's own per-connection line.
+#[test]
+fn a_decline_is_logged_with_its_reason_on_both_sides() {
+    if !have("redis-server") || !have("redis-cli") {
+        return;
+    }
+    let shim = Shim::new("config-decline");
+    let dir = std::env::temp_dir();
+    let (fa, fb) = (
+        dir.join(format!("smcr-ueid-a-{}.toml", std::process::id())),
+        dir.join(format!("smcr-ueid-b-{}.toml", std::process::id())),
+    );
+    std::fs::write(&fa, "smcr.ueid = [\"SMC-SIDE-A\"]\n").unwrap();
+    std::fs::write(&fb, "smcr.ueid = [\"SMC-SIDE-B\"]\n").unwrap();
+    let p = port(28400).to_string();
+    let server = redis(&shim, &p, &[("SMCR_CONFIG", fa.to_str().unwrap())]);
+    let mut cli = shim.cmd(true, "redis-cli");
+    cli.args(["-h", "127.0.0.2", "-p", &p, "ping"])
+        .env("SMCR_CONFIG", fb.to_str().unwrap());
+    assert_eq!(run_ok(&mut cli, "redis-cli ping").trim(), "PONG");
+    drop(server);
+    let log = shim.log();
+    let has = |level: &str, what: &str| {
+        log.lines()
+            .any(|l| l.contains(level) && l.contains("stays on TCP, ") && l.contains(what))
+    };
+    assert!(
+        has(
+            "INFO",
+            "(server) stays on TCP, we declined: NOUEID (0x03030008)"
+        ),
+        "no server decline record:\n{log}"
+    );
+    assert!(
+        has(
+            "INFO",
+            "(client) stays on TCP, peer declined: NOUEID (0x03030008)"
+        ),
+        "no client decline record:\n{log}"
+    );
+    assert_eq!(
+        shim.smcr_count("accept") + shim.smcr_count("connect"),
+        0,
+        "{log}"
+    );
+    let _ = std::fs::remove_file(&fa);
+    let _ = std::fs::remove_file(&fb);
+}

@@ -48,10 +48,40 @@ pub(super) fn record_row_counted(
         }
         Mode::Tcp(r) => crate::metrics::connection(Some(r), false, handshake),
     }
+    // The `log` facade hears of each settled connection: a decline (either side) or another
+    // local reason at INFO, a peer that offered no SMC-R (the common case, like SMC-R itself)
+    // at DEBUG. No "TCP:" in the text: that is the preload's own per-connection line.
+    let level = match mode {
+        Mode::Tcp(FallbackReason::PeerNoSmc) | Mode::SmcR { .. } => log::Level::Debug,
+        Mode::Tcp(_) => log::Level::Info,
+    };
+    let logged = count && log::log_enabled!(level);
+    if rt.inner.stats.is_none() && !logged {
+        return None;
+    }
+    let (local, peer) = addrs();
+    if logged {
+        let (l, p) = (
+            local.as_ref().map_or("?".into(), ToString::to_string),
+            peer.as_ref().map_or("?".into(), ToString::to_string),
+        );
+        let role = if server { "server" } else { "client" };
+        match mode {
+            Mode::SmcR { first_contact } => log::log!(
+                level,
+                "connection {l} -> {p} ({role}) runs SMC-R{}",
+                if *first_contact {
+                    ", first contact"
+                } else {
+                    ""
+                }
+            ),
+            Mode::Tcp(r) => log::log!(level, "connection {l} -> {p} ({role}) stays on TCP, {r}"),
+        }
+    }
     let area = rt.inner.stats.as_ref()?;
     let mut rec = crate::stats::ConnRecord::default();
     rec.words[conn::IN_USE] = 1;
-    let (local, peer) = addrs();
     put_addr(&mut rec, local.ok(), false);
     put_addr(&mut rec, peer.ok(), true);
     let mode = match mode {
