@@ -1152,3 +1152,62 @@ fn std_shaped_api() {
     assert_eq!(server.join().unwrap(), 5);
     rt.shutdown();
 }
+
+/// `try_clone`, as std's: a reader thread on the clone while the original writes; dropping
+/// the original leaves the connection open for the clone; the peer sees the end only when
+/// the last handle is dropped. Timeouts are shared.
+#[test]
+fn try_clone_shares_the_connection_until_the_last_handle() {
+    let rt = runtime();
+    let (l, addr) = listen(&rt);
+    let server = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let mut echoed = 0;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return echoed;
+            }
+            s.write_all(&buf[..n]).unwrap();
+            echoed += n;
+        }
+    });
+    let c = SmcStream::connect(&rt, addr).unwrap();
+    assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+    let mut reader = c.try_clone().unwrap();
+    let t = std::time::Duration::from_secs(20);
+    c.set_read_timeout(Some(t)).unwrap();
+    assert_eq!(
+        reader.read_timeout().unwrap(),
+        Some(t),
+        "timeouts are shared"
+    );
+    let total = 200_000;
+    let rx = thread::spawn(move || {
+        let mut got = vec![0u8; total];
+        reader.read_exact(&mut got).unwrap();
+        (reader, got)
+    });
+    let mut w = c;
+    let mut data = vec![0u8; total];
+    pattern(0, &mut data);
+    for chunk in data.chunks(7000) {
+        w.write_all(chunk).unwrap();
+    }
+    let (mut reader, got) = rx.join().unwrap();
+    assert!(got == data, "echo differs");
+    // The original goes; the clone still talks to the peer.
+    drop(w);
+    reader.write_all(b"still here").unwrap();
+    let mut back = [0u8; 10];
+    reader.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"still here");
+    assert!(
+        !server.is_finished(),
+        "the peer saw the end before the last handle"
+    );
+    drop(reader);
+    assert_eq!(server.join().unwrap(), total + 10);
+    rt.shutdown();
+}

@@ -260,8 +260,43 @@ impl SmcStream {
             stat: None,
             timeline: Box::new(Timeline::new()),
             timeouts: Default::default(),
-            nonblocking: std::sync::atomic::AtomicBool::new(false),
+            nonblocking: Default::default(),
+            handles: Some(Arc::new(())),
         }
+    }
+
+    /// Another handle to this connection, like [`TcpStream::try_clone`]: both read and
+    /// write the same connection (a byte goes to one reader), share its timeouts and
+    /// non-blocking mode, and the connection is closed when the last handle is dropped.
+    ///
+    /// ```no_run
+    /// # fn main() -> std::io::Result<()> {
+    /// use std::io::{BufRead, BufReader, Write};
+    /// use smcr::{Runtime, RuntimeConfig, SmcStream};
+    ///
+    /// let rt = Runtime::new(RuntimeConfig::from_env());
+    /// let mut writer = SmcStream::connect(&rt, "127.0.0.1:7000")?;
+    /// let reader = BufReader::new(writer.try_clone()?);
+    /// std::thread::spawn(move || {
+    ///     for line in reader.lines() {
+    ///         println!("{}", line.unwrap());
+    ///     }
+    /// });
+    /// writer.write_all(b"hello\n")?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self {
+            tcp: self.tcp.clone(),
+            smc: self.smc.clone(),
+            mode: self.mode.clone(),
+            stat: self.stat.clone(),
+            timeline: self.timeline.clone(),
+            timeouts: self.timeouts.clone(),
+            nonblocking: self.nonblocking.clone(),
+            handles: self.handles.clone(),
+        })
     }
 
     /// Puts the negotiated connection into the runtime's stats area, counts it, and feeds
@@ -274,7 +309,8 @@ impl SmcStream {
             &self.timeline,
             self.smc.as_ref(),
             server,
-        );
+        )
+        .map(Arc::new);
     }
 
     /// The application keeps this connection's TCP socket at descriptor `fd` (a fallback: the
@@ -282,7 +318,8 @@ impl SmcStream {
     /// descriptor and the socket's inode, until that descriptor is found closed (`smc-stat`
     /// reads the socket's byte counts from the kernel). For the preload shim.
     pub fn hand_over(mut self, rt: &Runtime, fd: std::os::fd::RawFd) {
-        if let Some(st) = self.stat.take() {
+        // With other handles (try_clone) the row goes with the last of them instead.
+        if let Some(st) = self.stat.take().and_then(|s| Arc::try_unwrap(s).ok()) {
             keep_row(rt, st, fd);
         }
     }
@@ -800,6 +837,10 @@ impl std::os::fd::AsRawFd for SmcStream {
 
 impl Drop for SmcStream {
     fn drop(&mut self) {
+        // Another handle (try_clone) still uses the connection: exactly one drop sees none.
+        if self.handles.take().and_then(Arc::into_inner).is_none() {
+            return;
+        }
         let Some(smc) = self.smc.take() else {
             return;
         };

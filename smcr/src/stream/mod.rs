@@ -176,15 +176,21 @@ pub struct SmcStream {
     tcp: Arc<TcpStream>,
     smc: Option<Smc>,
     mode: Mode,
-    /// This connection's record in the runtime's stats area.
-    stat: Option<StatSlot>,
+    /// This connection's record in the runtime's stats area (shared by the handles of
+    /// [`Self::try_clone`]; freed with the last).
+    stat: Option<Arc<StatSlot>>,
     /// Negotiation stage times.
     timeline: Box<Timeline>,
-    /// Read and write timeouts in ns (0: none, block), set through `&self` as std's.
-    timeouts: [std::sync::atomic::AtomicU64; 2],
-    nonblocking: std::sync::atomic::AtomicBool,
+    /// Read and write timeouts in ns (0: none, block), set through `&self` as std's; shared
+    /// by the handles, as a socket's options are by duplicated descriptors.
+    timeouts: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    nonblocking: Arc<std::sync::atomic::AtomicBool>,
+    /// One reference per handle ([`Self::try_clone`]): the last one dropped closes the
+    /// connection (`None` once dropped).
+    handles: Option<Arc<()>>,
 }
 
+#[derive(Clone)]
 struct Smc {
     conn: Arc<ConnShared>,
     lg: Arc<LinkGroup>,
