@@ -129,3 +129,105 @@ fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
     assert!(left.is_empty() && !prefix.exists(), "left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&top);
 }
+
+/// `scripts/deb.sh` packages the same files under /usr, stripped, with maintainer scripts
+/// that run ldconfig and remove the BPF programs on removal; the package's library, taken out
+/// with `dpkg-deb -x`, preloaded by name, carries redis over SMC-R, and its `smcr` runs.
+/// (Not installed with dpkg here: its prerm would remove the BPF programs other tests use.)
+#[test]
+fn the_debian_package_holds_a_working_install() {
+    if !have("dpkg-deb") || !have("redis-server") || !have("redis-cli") {
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let top = std::env::temp_dir().join(format!("smcr-deb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&top);
+    std::fs::create_dir_all(&top).unwrap();
+    let from = smcr_bin().parent().unwrap().to_path_buf();
+    let out = run_ok(
+        Command::new("bash")
+            .arg(root.join("scripts/deb.sh"))
+            .arg("--from")
+            .arg(&from)
+            .arg("--lib")
+            .arg(lib())
+            .arg("--out")
+            .arg(&top),
+        "deb.sh",
+    );
+    let deb = PathBuf::from(out.trim());
+    assert!(deb.is_file(), "{out}");
+    let info = run_ok(
+        Command::new("dpkg-deb").arg("--info").arg(&deb),
+        "dpkg-deb --info",
+    );
+    assert!(
+        info.contains("Package: smcr") && info.contains("Depends: libc6"),
+        "{info}"
+    );
+    let prerm = run_ok(
+        Command::new("dpkg-deb")
+            .arg("--info")
+            .arg(&deb)
+            .arg("prerm"),
+        "dpkg-deb --info prerm",
+    );
+    assert!(prerm.contains("smcr bpf uninstall"), "{prerm}");
+    let contents = run_ok(
+        Command::new("dpkg-deb").arg("--contents").arg(&deb),
+        "contents",
+    );
+    for f in [
+        "./usr/lib/libsmcr.so",
+        "./usr/bin/smcr",
+        "./usr/bin/smc-stat",
+        "./usr/share/man/man1/smcr-run.1.gz",
+        "./usr/share/bash-completion/completions/smcr",
+        "./usr/share/doc/smcr/smcr.toml.example",
+    ] {
+        assert!(contents.contains(f), "{f} not in the package:\n{contents}");
+    }
+    assert!(!contents.contains("share/smcr/installed"), "{contents}");
+    let x = top.join("root");
+    run_ok(
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x),
+        "dpkg-deb -x",
+    );
+    let v = run_ok(
+        Command::new(x.join("usr/bin/smcr")).arg("--version"),
+        "smcr --version",
+    );
+    assert!(v.starts_with("smcr "), "{v}");
+
+    // The packaged library, by name, on both ends (127.0.0.1, the default RoCE port).
+    let log = top.join("smcr.log");
+    let p = port(27100);
+    let by_name = |c: &mut Command| {
+        c.env("LD_PRELOAD", "libsmcr.so")
+            .env("LD_LIBRARY_PATH", x.join("usr/lib"))
+            .env("SMCR_NEGOTIATION", "assume")
+            .env("SMCR_CONFIG", "off")
+            .env("SMCR_LOG", &log)
+            .env_remove("SMCR_ROCE_PORT");
+    };
+    let mut server = Command::new("redis-server");
+    server
+        .args(["--bind", "127.0.0.1", "--port", &p.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null());
+    by_name(&mut server);
+    let server = Bg(server.spawn().unwrap());
+    wait_listening(None, "127.0.0.1", p);
+    let mut ping = Command::new("redis-cli");
+    ping.args(["-p", &p.to_string(), "ping"]);
+    by_name(&mut ping);
+    assert_eq!(run_ok(&mut ping, "redis-cli ping").trim(), "PONG");
+    drop(server);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" connect Some(") && l.contains("): SMC-R")),
+        "the packaged library did not run SMC-R:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&top);
+}
