@@ -4,8 +4,9 @@
 #   PREFIX/bin/smcr            the launcher (`smcr run`), `smcr bpf install|uninstall`
 #   PREFIX/bin/smc-stat        connections, link groups, fallbacks
 #   PREFIX/share/doc/smcr/     README, running, limitations
-#   PREFIX/share/man/man1/     smcr.1 and smcr-*.1, and bash, zsh and fish completions under
-#                              share/{bash-completion,zsh,fish}: made by `smcr generate`
+#   PREFIX/share/man/man1/     smcr.1, smcr-*.1 and smc-stat.1, and bash, zsh and fish
+#                              completions under share/{bash-completion,zsh,fish}: made by
+#                              `smcr generate` and `smc-stat --generate`
 #   PREFIX/share/smcr/installed  what was installed (uninstall reads it)
 # As root, a prefix whose lib directory the loader does not search gets an entry in
 # /etc/ld.so.conf.d/smcr.conf; then ldconfig runs. Without root (or with --no-ldconfig), use
@@ -103,6 +104,11 @@ for sh in bash zsh fish; do "$prefix/bin/smcr" generate completions "$sh" "$gen/
 put 0644 "$gen/comp/smcr.bash" "$prefix/share/bash-completion/completions/smcr"
 put 0644 "$gen/comp/_smcr" "$prefix/share/zsh/site-functions/_smcr"
 put 0644 "$gen/comp/smcr.fish" "$prefix/share/fish/vendor_completions.d/smcr.fish"
+"$prefix/bin/smc-stat" --generate "$gen/stat" >/dev/null
+put 0644 "$gen/stat/smc-stat.1" "$prefix/share/man/man1/smc-stat.1"
+put 0644 "$gen/stat/smc-stat.bash" "$prefix/share/bash-completion/completions/smc-stat"
+put 0644 "$gen/stat/_smc-stat" "$prefix/share/zsh/site-functions/_smc-stat"
+put 0644 "$gen/stat/smc-stat.fish" "$prefix/share/fish/vendor_completions.d/smc-stat.fish"
 mkd "$prefix/share/smcr"
 
 # The loader: LD_PRELOAD=libsmcr.so (a bare name) is searched like dlopen's: LD_LIBRARY_PATH,

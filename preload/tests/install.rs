@@ -51,7 +51,9 @@ fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
         "bin/smc-stat",
         "share/man/man1/smcr.1",
         "share/man/man1/smcr-run.1",
+        "share/man/man1/smc-stat.1",
         "share/bash-completion/completions/smcr",
+        "share/bash-completion/completions/smc-stat",
         "share/zsh/site-functions/_smcr",
         "share/fish/vendor_completions.d/smcr.fish",
     ] {
@@ -182,6 +184,7 @@ fn the_debian_package_holds_a_working_install() {
         "./usr/bin/smcr",
         "./usr/bin/smc-stat",
         "./usr/share/man/man1/smcr-run.1.gz",
+        "./usr/share/man/man1/smc-stat.1.gz",
         "./usr/share/bash-completion/completions/smcr",
         "./usr/share/doc/smcr/smcr.toml.example",
     ] {

@@ -79,8 +79,29 @@ struct Cli {
     /// Where the stats areas are (default /dev/shm/smcr, or $SMCR_STATS_DIR)
     #[arg(long, global = true, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Write smc-stat.1 and the bash, zsh and fish completions into DIR (scripts/install.sh)
+    #[arg(long, hide = true, value_name = "DIR", exclusive = true)]
+    generate: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// `--generate DIR`: the man page and the shell completions, from this command line.
+fn generate(dir: &std::path::Path) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = Cli::command();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    std::fs::write(dir.join("smc-stat.1"), page)?;
+    for shell in [
+        clap_complete::Shell::Bash,
+        clap_complete::Shell::Zsh,
+        clap_complete::Shell::Fish,
+    ] {
+        clap_complete::generate_to(shell, &mut cmd, "smc-stat", dir)?;
+    }
+    Ok(())
 }
 
 #[derive(Subcommand, Debug)]
@@ -99,6 +120,15 @@ fn seconds(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(dir) = &cli.generate {
+        return match generate(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("smc-stat --generate: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let dir = cli.dir.clone().unwrap_or_else(|| {
         // The programs' setting: the environment's, else the configuration file's.
         smcr::settings::for_tools("SMCR_STATS_DIR")
