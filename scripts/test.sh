@@ -12,6 +12,8 @@ cargo fmt --all -- --check
 # Dependencies point down: no import cycles between the modules of these crates (issue 25).
 for c in smcr clc llc cdc rdma preload; do python3 scripts/module_cycles.py "$c/src" --enforce; done
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+# The API docs build without warnings (broken or private links) (issue 26).
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --no-deps --all-features --locked -q
 cargo test --workspace --all-features --profile ci --locked
 # Model check (loom) of the wake-up handshakes between a sleeping thread and a completion or a
 # same-host ring entry (rdma/src/notify.rs, docs/architecture.md); its own target directory, so

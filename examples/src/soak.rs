@@ -1,7 +1,7 @@
 //! `bench soak` (issue 8): redis under the shim, with random faults on the wire, for N minutes,
 //! and a data-integrity check at the end.
 //!
-//! Across two network namespaces joined by veth ([`Env`]): redis-server under the shim in one,
+//! Across two network namespaces joined by veth (`Env`): redis-server under the shim in one,
 //! every client (redis-cli, redis-benchmark) under the shim in the other.
 //! 1. Loads a known data set through the shim (`redis-cli --pipe`): `--keys` keys `soak:<i>`
 //!    whose values (1..4096 printable bytes) follow from `i` and the seed.

@@ -1,6 +1,6 @@
 //! Memory regions: registered memory, its keys, access rights and bounds.
 //!
-//! Every access the engine makes on behalf of a peer goes through [`MrTable::remote`], which
+//! Every access the engine makes on behalf of a peer goes through [`MrTable::check`], which
 //! checks the rkey (index *and* the random key byte), the protection domain, the access rights
 //! and the address range before handing out the region. Nothing outside a region is ever
 //! touched. Regions are reference counted, so deregistering one while a packet is being placed
