@@ -76,12 +76,27 @@ pub struct RequesterStats {
     pub retransmits: u64,
     /// Early retransmissions (no progress within the measured round trip; no retry spent).
     pub probes: u64,
+    /// Early retransmissions found needless afterwards: the peer acknowledged packets that
+    /// had not been sent again yet, so it had the first copies (its ACK was late, not lost).
+    pub spurious_probes: u64,
     /// Local ACK timeouts (a retry spent).
     pub timeouts: u64,
     /// Sequence-error NAKs received.
     pub naks: u64,
     /// RNR NAKs received.
     pub rnr_naks: u64,
+}
+
+/// See [`Requester::probe_undo`].
+#[derive(Debug, Clone, Copy)]
+struct ProbeUndo {
+    upto: Psn,
+    /// `stats.retransmits` when it fired: more since means it sent packets again.
+    retransmits: u64,
+    cwnd: u32,
+    ssthresh: u32,
+    recovery: Option<Psn>,
+    sent_at: Instant,
 }
 
 pub(crate) struct Requester {
@@ -107,9 +122,17 @@ pub(crate) struct Requester {
     /// sooner than a round trip later is a duplicate and is ignored.
     gobackn_from: Option<Psn>,
     gobackn_at: Option<Instant>,
-    /// Early retransmission ("probe") timer, from the measured round-trip time.
+    /// Early retransmission ("probe") timer, from the measured round-trip time, counted from
+    /// the last new packet that asked for an ACK (its ACK cannot come sooner: a long
+    /// message's last packet leaves well after its first).
     probe_at: Option<Instant>,
     probe_backoff: u32,
+    /// When the last new packet asking for an ACK was sent.
+    last_ackreq_at: Option<Instant>,
+    /// The probe that went back last: how far it must resend, the window it cut (cwnd,
+    /// ssthresh) and when the packet whose ACK it gave up on was sent; kept until the PSNs it
+    /// resends are acknowledged, to tell a late ACK (spurious probe) from a lost packet.
+    probe_undo: Option<ProbeUndo>,
     srtt: Option<Duration>,
     rttvar: Duration,
     /// The AckReq packet being timed: its PSN and when it was first sent.
@@ -146,6 +169,8 @@ impl Requester {
             gobackn_at: None,
             probe_at: None,
             probe_backoff: 1,
+            last_ackreq_at: None,
+            probe_undo: None,
             srtt: None,
             rttvar: Duration::ZERO,
             rtt_sample: None,
@@ -403,8 +428,13 @@ impl Requester {
                 }
                 if ack_req {
                     self.last_ackreq = self.snd_psn;
-                    if fresh && self.rtt_sample.is_none() {
-                        self.rtt_sample = Some((psn0, now));
+                    if fresh {
+                        if self.rtt_sample.is_none() {
+                            self.rtt_sample = Some((psn0, now));
+                        }
+                        // Its ACK is the next one due: the probe waits from here.
+                        self.last_ackreq_at = Some(now);
+                        self.probe_at = self.probe_interval().map(|d| now + d);
                     }
                 }
                 self.snd_psn = self.snd_psn.add(1);
@@ -445,6 +475,14 @@ impl Requester {
                 // retransmission) was lost. Resend from the oldest unacknowledged packet now
                 // rather than waiting for the local ACK timeout; this spends no retry.
                 self.stats.probes += 1;
+                self.probe_undo = Some(ProbeUndo {
+                    retransmits: self.stats.retransmits,
+                    upto: self.max_sent,
+                    cwnd: self.cwnd,
+                    ssthresh: self.ssthresh,
+                    recovery: self.recovery,
+                    sent_at: self.last_ackreq_at.unwrap_or(now),
+                });
                 self.on_loss();
                 self.gobackn_from = None;
                 let una = self.una;
@@ -542,9 +580,38 @@ impl Requester {
         }
     }
 
+    /// A probe turned out needless: undo its window cut, and wait at least as long as this
+    /// ACK took next time (rttvar covers the wait).
+    fn spurious_probe(&mut self, now: Instant, u: ProbeUndo) {
+        self.stats.spurious_probes += 1;
+        self.cwnd = self.cwnd.max(u.cwnd);
+        self.ssthresh = self.ssthresh.max(u.ssthresh);
+        self.recovery = u.recovery;
+        let waited = now.saturating_duration_since(u.sent_at);
+        self.rttvar = self.rttvar.max(waited / 2);
+        self.probe_undo = None;
+    }
+
     /// Everything up to and including `psn` is acknowledged.
     fn ack_through(&mut self, now: Instant, psn: Psn) {
         let target = psn.add(1);
+        if let Some(u) = self.probe_undo {
+            if target.is_after(self.snd_psn) && self.snd_psn.is_before(u.upto) {
+                // Acknowledged beyond what the probe has sent again: the peer had the first
+                // copies, and only its ACK was late.
+                self.spurious_probe(now, u);
+            } else if target == self.una
+                && !self.una.is_before(u.upto)
+                && self.stats.retransmits > u.retransmits
+            {
+                // The last resent packet acknowledged again (a responder re-acknowledges a
+                // duplicate, C9-105): it had the first copies too. A real loss yields one ACK
+                // for it, after it was sent again.
+                self.spurious_probe(now, u);
+            } else if target.is_after(u.upto) {
+                self.probe_undo = None; // new data acknowledged: the episode is over
+            }
+        }
         if !target.is_after(self.una) {
             return;
         }
@@ -729,5 +796,6 @@ impl Requester {
         self.rtx_deadline = None;
         self.rnr_until = None;
         self.probe_at = None;
+        self.probe_undo = None;
     }
 }

@@ -1161,3 +1161,102 @@ fn an_expedited_send_overtakes_requests_that_have_not_started() {
         );
     }
 }
+
+/// A peer whose ACKs come late (a slow responder: Linux rxe under load, a qemu guest). The
+/// early retransmission waits from the last packet that asked for an ACK, not from the first
+/// packet of a long message; one that fires anyway is found needless when the ACK covers
+/// packets not yet sent again (counted, the window cut undone, the next wait longer).
+#[test]
+fn early_retransmission_waits_for_the_last_packet_and_spurious_ones_are_undone() {
+    let mut p = Pair::new(Mtu::Mtu1024, 100, 200);
+    let src = Pair::mr(&p.a, 64 * 1024);
+    let dst = Pair::mr(&p.b, 64 * 1024);
+    src.write(0, &pattern(7, 64 * 1024));
+    let post = |p: &mut Pair, id: u64, len: usize| {
+        p.a.qp
+            .post_send(
+                &SendWr {
+                    wr_id: id,
+                    opcode: WrOpcode::RdmaWrite {
+                        remote_addr: dst.addr(),
+                        rkey: dst.key(),
+                    },
+                    sg_list: &[sge(&src, 0, len)],
+                    flags: SendFlags::SIGNALED,
+                },
+                &p.a.mrs,
+            )
+            .unwrap();
+    };
+    // A few small round trips of 20 µs: the round-trip estimate is small (probe after 500 µs).
+    for id in 0..8 {
+        post(&mut p, id, 100);
+        p.run(100);
+    }
+    let stats = |p: &Pair| p.a.qp.requester_stats();
+    assert_eq!(stats(&p).probes, 0);
+    // One 64 KiB WRITE, its packets leaving 20 µs apart (1.3 ms for the 64), each delivered
+    // at once; the peer's ACKs are held `ack_delay` after the last packet left.
+    let mut buf = vec![0u8; 8192];
+    // `resend`: whether the sender may send again before the ACKs come (else it is stalled,
+    // as behind a full socket buffer).
+    let mut long_write = |p: &mut Pair, id: u64, ack_delay: Duration, resend: bool| -> usize {
+        post(p, id, 64 * 1024);
+        let mut acks: Vec<Vec<u8>> = Vec::new();
+        let mut sent = 0;
+        let mut last_sent = p.now;
+        let mut resent = 0;
+        loop {
+            p.a.qp.handle_timeout(p.now);
+            let may = sent < 64 || resend;
+            if let Some(n) = may.then(|| p.a.qp.poll_transmit(p.now, &mut buf)).flatten() {
+                let pkt = PacketRepr::parse_bytes(&buf[..n]).unwrap();
+                if sent < 64 {
+                    sent += 1;
+                    last_sent = p.now;
+                } else {
+                    resent += 1;
+                }
+                p.b.qp.handle_packet(p.now, &pkt, &p.b.mrs);
+                while let Some(m) = p.b.qp.poll_transmit(p.now, &mut buf) {
+                    acks.push(buf[..m].to_vec());
+                }
+            }
+            if sent == 64 && p.now >= last_sent + ack_delay {
+                for a in acks.drain(..) {
+                    let pkt = PacketRepr::parse_bytes(&a).unwrap();
+                    p.a.qp.handle_packet(p.now, &pkt, &p.a.mrs);
+                }
+                p.run(1000);
+                return resent;
+            }
+            p.now += Duration::from_micros(20);
+        }
+    };
+    // ACKs 300 µs after the last packet: 1.6 ms after the first, well past the 500 µs probe
+    // interval had it been counted from there; counted from the last packet, nothing fires.
+    let resent = long_write(&mut p, 10, Duration::from_micros(300), true);
+    assert_eq!((stats(&p).probes, resent), (0, 0), "{:?}", stats(&p));
+    // ACKs 3 ms late: the probe fires and sends the message again; the late ACK comes, then
+    // the peer's ACKs of the duplicates: it had the first copies. Needless, counted as such.
+    let resent = long_write(&mut p, 11, Duration::from_millis(3), true);
+    let s = stats(&p);
+    assert_eq!(s.probes, 1, "{s:?}");
+    assert_eq!(s.spurious_probes, 1, "{s:?}");
+    assert!(resent > 0, "the probe sent packets again");
+    // The next time the same lateness is waited out: no probe.
+    let resent = long_write(&mut p, 12, Duration::from_millis(3), true);
+    let s = stats(&p);
+    assert_eq!((s.probes, s.spurious_probes, resent), (1, 1, 0), "{s:?}");
+    // Later still (10 ms), with the sender unable to send again before the ACK: the ACK
+    // covers packets the probe has not resent, which tells the same.
+    let resent = long_write(&mut p, 13, Duration::from_millis(10), false);
+    let s = stats(&p);
+    assert_eq!((s.probes, s.spurious_probes, resent), (2, 2, 0), "{s:?}");
+    assert_eq!(contents(&dst, 0, 64 * 1024), pattern(7, 64 * 1024));
+    assert_eq!(
+        p.a.completions.len(),
+        12,
+        "8 small and 4 long WRITEs completed"
+    );
+}
