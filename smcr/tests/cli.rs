@@ -337,6 +337,31 @@ fn config_shows_values_and_sources_and_run_refuses_a_bad_one() {
     assert!(text(&out.stderr).contains("/nonexistent/smcr.toml: cannot be read"));
 }
 
+/// The lines of `out` from the one that is `title` to the next blank one.
+fn block<'a>(out: &'a str, title: &str) -> &'a str {
+    let at = out
+        .find(&format!("\n{title}\n"))
+        .unwrap_or_else(|| panic!("no {title:?} in:\n{out}"));
+    let rest = &out[at + 1..];
+    &rest[..rest.find("\n\n").unwrap_or(rest.len())]
+}
+
+/// `smcr stats` of this process once `done` holds of it (or after 5 s).
+fn stats_when(dir: &Path, done: impl Fn(&str) -> bool) -> String {
+    let me = std::process::id().to_string();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = view(dir, &["stats", "--pid", &me]);
+        if done(&s) || Instant::now() > until {
+            return s;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A real SMC-R connection in this process (both ends), with 16 KiB RMBs (so 16 KiB send
+/// buffers): `smcr stats` counts its connections, bytes, requests by size, buffers by size
+/// and the buffer filling up on both sides.
 #[test]
 fn stats_count_a_live_smcr_connection() {
     let dir = TestDir::new("smcr-cli", "live");
@@ -344,14 +369,23 @@ fn stats_count_a_live_smcr_connection() {
     cfg.negotiation = Negotiation::Assume;
     cfg.roce_port = 24000 + (std::process::id() % 4000) as u16;
     cfg.stats_dir = Some(dir.0.clone());
+    cfg.rmb_size = 16 * 1024;
+    cfg.same_host_rmb_size = Some(16 * 1024);
+    cfg.remote_rmb_size = Some(16 * 1024);
     let rt = Runtime::new(cfg);
     let l = SmcListener::bind(&rt, "127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
     let server = thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         let mut buf = [0u8; 100];
         s.read_exact(&mut buf).unwrap();
+        // Its CDC also tells the client we consumed the 100 bytes.
         s.write_all(&buf[..40]).unwrap();
+        // Not reading until told: the client fills our RMB.
+        wait.recv().unwrap();
+        let mut full = vec![0u8; 16 * 1024];
+        s.read_exact(&mut full).unwrap();
         let mut rest = Vec::new();
         s.read_to_end(&mut rest).unwrap();
     });
@@ -360,17 +394,10 @@ fn stats_count_a_live_smcr_connection() {
     c.write_all(&[5u8; 100]).unwrap();
     let mut back = [0u8; 40];
     c.read_exact(&mut back).unwrap();
-    let me = std::process::id().to_string();
     // Both ends are this process; the byte counts land when the writes return.
-    let until = Instant::now() + Duration::from_secs(5);
-    let stats = loop {
-        let s = view(&dir.0, &["stats", "--pid", &me]);
-        let done = numbers(&s, "SMC-R  ") == [1, 1] && numbers(&s, "Data received") == [140];
-        if done || Instant::now() > until {
-            break s;
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
+    let stats = stats_when(&dir.0, |s| {
+        numbers(s, "SMC-R  ") == [1, 1] && numbers(s, "Data received") == [140]
+    });
     assert_eq!(
         numbers(&stats, "SMC-R  "),
         [1, 1],
@@ -382,6 +409,45 @@ fn stats_count_a_live_smcr_connection() {
     assert_eq!(numbers(&stats, "Data received"), [140], "{stats}");
     assert_eq!(numbers(&stats, "Data transmitted"), [140], "{stats}");
     assert_eq!(numbers(&stats, "Processes"), [1], "{stats}");
+
+    // The server's 16 KiB RMB holds nothing now: 10 000 bytes go, then the 6 384 left (a
+    // short write), then no room: EAGAIN.
+    c.set_nonblocking(true).unwrap();
+    assert_eq!((&c).write(&[1u8; 10_000]).unwrap(), 10_000);
+    assert_eq!((&c).write(&[2u8; 10_000]).unwrap(), 6_384);
+    // Once the server's RMB is full, all we wrote is there and nothing waits in our send
+    // buffer: the next write finds the peer's RMB full.
+    let full = |s: &str| numbers(block(s, "RX Stats"), "Buffer full").first() == Some(&1);
+    let stats = stats_when(&dir.0, full);
+    assert!(full(&stats), "the server's RMB filled up:\n{stats}");
+    let e = (&c).write(&[3u8; 10_000]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+    c.set_nonblocking(false).unwrap();
+    go.send(()).unwrap();
+    let stats = stats_when(&dir.0, |s| numbers(s, "Data received") == [16_524]);
+    let (rx, tx) = (block(&stats, "RX Stats"), block(&stats, "TX Stats"));
+    // RX: the server read 100 and 16 384 bytes, the client 40; the CDC of the 6 384 bytes
+    // filled the server's RMB. Two 16 KiB RMBs.
+    assert_eq!(numbers(rx, "Data received"), [16_524], "{stats}");
+    assert_eq!(numbers(rx, "Total requests"), [3], "{stats}");
+    assert_eq!(numbers(rx, "Buffer full"), [1], "{stats}");
+    assert!(rx.contains("(33.33%)"), "{stats}");
+    assert_eq!(numbers(rx, "Bufs"), [0, 2, 0, 0, 0, 0, 0, 0], "{stats}");
+    assert_eq!(numbers(rx, "Reqs"), [2, 1, 0, 0, 0, 0, 0, 0], "{stats}");
+    // TX: the client wrote 100, 10 000 and 6 384 bytes, the server 40; the failed write is
+    // no request but found both buffers full. Two 16 KiB send buffers.
+    assert_eq!(numbers(tx, "Data transmitted"), [16_524], "{stats}");
+    assert_eq!(numbers(tx, "Total requests"), [4], "{stats}");
+    assert_eq!(numbers(tx, "Buffer full  "), [1], "{stats}");
+    assert_eq!(numbers(tx, "Buffer full (remote)"), [1], "{stats}");
+    assert_eq!(numbers(tx, "Bufs"), [0, 2, 0, 0, 0, 0, 0, 0], "{stats}");
+    assert_eq!(numbers(tx, "Reqs"), [3, 1, 0, 0, 0, 0, 0, 0], "{stats}");
+    // 7 requests over 2 connections.
+    assert!(
+        stats.contains("Avg requests per SMC conn                    3.5"),
+        "{stats}"
+    );
+    let me = std::process::id().to_string();
     let links = view(&dir.0, &["linkgroup", "show", "--pid", &me]);
     assert!(
         links.lines().skip(1).any(|l| l.starts_with(&me)),
@@ -390,5 +456,34 @@ fn stats_count_a_live_smcr_connection() {
     c.shutdown(std::net::Shutdown::Write).unwrap();
     drop(c);
     server.join().unwrap();
+    // Closed, the connections' counts are in the process totals; a reset zeroes them.
+    let stats = stats_when(&dir.0, |s| numbers(s, "SMC-R  ") == [0, 0]);
+    assert_eq!(
+        numbers(block(&stats, "TX Stats"), "Reqs"),
+        [3, 1, 0, 0, 0, 0, 0, 0],
+        "{stats}"
+    );
+    assert_eq!(
+        numbers(block(&stats, "TX Stats"), "Bufs"),
+        [0, 2, 0, 0, 0, 0, 0, 0],
+        "{stats}"
+    );
+    let json = smcr::view::render_json(&smcr::view::Snapshot::collect(
+        &dir.0,
+        Some(std::process::id()),
+    ));
+    assert!(json.contains("\"closed_tx_reqs_16k\":1"), "{json}");
+    view(&dir.0, &["stats", "reset", "--pid", &me]);
+    let stats = view(&dir.0, &["stats", "--pid", &me]);
+    assert_eq!(
+        numbers(block(&stats, "TX Stats"), "Reqs"),
+        [0; 8],
+        "{stats}"
+    );
+    assert_eq!(
+        numbers(block(&stats, "RX Stats"), "Buffer full"),
+        [0],
+        "{stats}"
+    );
     rt.shutdown();
 }

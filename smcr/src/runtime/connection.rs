@@ -341,8 +341,17 @@ impl ConnShared {
         let before = s.core.readable();
         match s.core.on_cdc(m) {
             Ok(u) => {
-                if s.core.readable() > before {
+                let now = s.core.readable();
+                if now > before {
                     s.arrivals = s.arrivals.wrapping_add(1);
+                    // Data that left no room in our RMB: the peer's next write waits for our
+                    // reader (Linux's SMC_STAT_RMB_RX_FULL).
+                    if now as usize >= self.rmb.len()
+                        && let Some(st) = &s.stat
+                    {
+                        st.area
+                            .count_conn(st.slot, crate::stats::conn::counter::RX_FULL);
+                    }
                 }
                 if u.update_requested {
                     let cdc = s.core.control_cdc();

@@ -329,6 +329,9 @@ impl Area {
                     for w in &r[C_LIVE..C_LIVE + conn::live::COUNT] {
                         w.store(0, Ordering::Relaxed);
                     }
+                    for w in &r[C_COUNTERS..C_COUNTERS + conn::counter::COUNT] {
+                        w.store(0, Ordering::Relaxed);
+                    }
                 })
                 .is_some()
         })?;
@@ -352,6 +355,26 @@ impl Area {
         }
     }
 
+    /// Counts a read (`sent` false) or write that moved `bytes` (none: not a request that
+    /// moved data, not counted) in its size bucket.
+    pub fn count_request(&self, slot: usize, sent: bool, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let base = if sent {
+            conn::counter::TX_REQS
+        } else {
+            conn::counter::RX_REQS
+        };
+        self.conn(slot)[C_COUNTERS + base + super::bucket(bytes)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds one to a connection's [`conn::counter`] word (the buffer-full counts).
+    pub fn count_conn(&self, slot: usize, which: usize) {
+        assert!(which < conn::counter::COUNT, "no such counter");
+        self.conn(slot)[C_COUNTERS + which].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Stores one of a connection's [`conn::live`] words.
     pub fn set_live(&self, slot: usize, word: usize, value: u64) {
         self.conn(slot)[C_LIVE + word].store(value, Ordering::Relaxed);
@@ -367,16 +390,64 @@ impl Area {
         );
     }
 
-    /// Frees a slot (a reader then sees it empty); its bytes go to the process totals.
+    /// Frees a slot (a reader then sees it empty); its bytes, requests, buffer-full counts
+    /// and (an SMC-R connection's) buffer sizes go to the process totals first, between two
+    /// counters [`Area::read_consistent`] checks.
     pub fn release_conn(&self, slot: usize) {
         self.next_conn.store(slot, Ordering::Relaxed);
+        let h = self.slice();
+        h[H_RELEASING].fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
         let r = self.conn(slot);
         self.count_n(total::BYTES_SENT, r[C_BYTES_SENT].load(Ordering::Relaxed));
         self.count_n(
             total::BYTES_RECEIVED,
             r[C_BYTES_RECEIVED].load(Ordering::Relaxed),
         );
+        for i in 0..conn::counter::COUNT {
+            self.count_n(
+                total::COUNTERS + i,
+                r[C_COUNTERS + i].load(Ordering::Relaxed),
+            );
+        }
+        // The sizes are set once, before the stream is handed out: no lock needed to read.
+        let sizes = r[C_FIELDS + conn::SIZES].load(Ordering::Relaxed);
+        let smcr =
+            r[C_FIELDS + conn::STATE].load(Ordering::Relaxed) >> 16 & 0xff == conn::MODE_SMCR;
+        if smcr && sizes != 0 {
+            self.count_n(total::RX_BUFS + super::bucket(sizes & 0xffff_ffff), 1);
+            self.count_n(total::TX_BUFS + super::bucket(sizes >> 32), 1);
+        }
+        // Zeroed before the slot is free, not when claimed again: a reader must never see a
+        // claimed slot still holding counts that are in the totals already.
+        for w in &r[C_BYTES_SENT..CONN_WORDS] {
+            w.store(0, Ordering::Relaxed);
+        }
         seq_free(r, C_BYTES_SENT);
+        h[H_RELEASED].fetch_add(1, Ordering::Release);
+    }
+
+    /// Runs `read` (a reading of the totals and the records) again until no record was
+    /// being freed while it ran: otherwise a connection closing meanwhile could be counted
+    /// in neither place or in both, and a sum of the two that should only grow would not.
+    /// Gives up after a while (a writer that died mid-release) and returns the last reading.
+    pub fn read_consistent<T>(&self, mut read: impl FnMut() -> T) -> T {
+        let h = self.slice();
+        for attempt in 0..1000 {
+            let started = h[H_RELEASING].load(Ordering::Acquire);
+            let done = h[H_RELEASED].load(Ordering::Acquire);
+            let v = read();
+            // Had `read` seen any write of a release that began after our first load, it
+            // would see that release's start below.
+            fence(Ordering::Acquire);
+            if started == done && h[H_RELEASING].load(Ordering::Relaxed) == started {
+                return v;
+            }
+            if attempt % 16 == 15 {
+                std::thread::yield_now();
+            }
+        }
+        read()
     }
 
     /// A consistent copy of a slot, or `None` if it is free. Retries while a writer is in
@@ -398,6 +469,9 @@ impl Area {
         rec.bytes_received = r[C_BYTES_RECEIVED].load(Ordering::Relaxed);
         for (i, w) in rec.live.iter_mut().enumerate() {
             *w = r[C_LIVE + i].load(Ordering::Relaxed);
+        }
+        for (i, w) in rec.counters.iter_mut().enumerate() {
+            *w = r[C_COUNTERS + i].load(Ordering::Relaxed);
         }
         Ok(Some(rec))
     }
@@ -520,8 +594,9 @@ impl Area {
         self.slice()[H_RESET_EPOCH].load(Ordering::Relaxed)
     }
 
-    /// Zeroes the process counters and the fallback counters (not the records of live
-    /// connections, which describe sockets that exist), and bumps the reset epoch. Needs an
+    /// Zeroes the process counters, the fallback counters and the open connections' request
+    /// and buffer-full counters (not the rest of their records, which describe sockets that
+    /// exist, nor their bytes, which the socket table shows), and bumps the reset epoch. Needs an
     /// area opened with [`Area::open_rw`] (or our own). Increments racing with the reset
     /// land before or after it, never lost in between (each counter is swapped, not stored).
     pub fn reset(&self) -> io::Result<()> {
@@ -537,6 +612,11 @@ impl Area {
         }
         for i in 0..FALLBACK_CODES {
             h[H_FALLBACKS + 2 * i + 1].swap(0, Ordering::Relaxed);
+        }
+        for slot in 0..self.conn_slots() {
+            for w in &self.conn(slot)[C_COUNTERS..C_COUNTERS + conn::counter::COUNT] {
+                w.swap(0, Ordering::Relaxed);
+            }
         }
         h[H_RESET_EPOCH].fetch_add(1, Ordering::Release);
         Ok(())

@@ -9,9 +9,9 @@
 //! outside the sequence lock. A file whose process is gone (no such pid, or a pid reused by
 //! a process with another start time) is stale and removed by [`clean_stale`].
 //!
-//! Layout (in 64-bit words; see the `H_*`, `C_*` constants): a 128-word header (magic,
-//! version, pid, start time, command name, slot counts, reset epoch, fallback counters as
-//! (code, count) pairs), then `conn_slots` connection records of [`CONN_WORDS`] words, then
+//! Layout (in 64-bit words; see the `H_*`, `C_*` constants): a 192-word header (magic,
+//! version, pid, start time, command name, slot counts, reset epoch, release generation,
+//! process totals, fallback counters as (code, count) pairs), then `conn_slots` connection records of [`CONN_WORDS`] words, then
 //! `lg_slots` link-group records of [`LG_WORDS`] words, then [`DEV_SLOTS`] RoCE device records
 //! of [`DEV_WORDS`] words (the engine's counters, which it bumps there itself).
 
@@ -23,11 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 /// `SMCRSTA1`, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMCRSTA1");
 /// Layout version.
-pub const VERSION: u64 = 3;
+pub const VERSION: u64 = 4;
 /// Where the areas live.
 pub const DEFAULT_DIR: &str = "/dev/shm/smcr";
 
-const HEADER_WORDS: usize = 128;
+// A multiple of 8 words, so that every record starts on its own cache line.
+const HEADER_WORDS: usize = 192;
 const H_MAGIC: usize = 0;
 const H_VERSION: usize = 1;
 const H_PID: usize = 2;
@@ -37,8 +38,13 @@ const H_CONN_SLOTS: usize = 6;
 const H_LG_SLOTS: usize = 7;
 const H_RESET_EPOCH: usize = 8;
 const H_UNAVAILABLE: usize = 9; // fallback code why SMC-R is off for the whole process (0: on)
+// Records being freed and freed: their counters go into the totals in between (see
+// [`Area::read_consistent`]).
+const H_RELEASING: usize = 10;
+const H_RELEASED: usize = 11;
 const H_TOTALS: usize = 16; // [`total`] counters, up to H_FALLBACKS
-const H_FALLBACKS: usize = 32; // (code, count) pairs up to the header's end
+const H_FALLBACKS: usize = 96; // (code, count) pairs up to the header's end
+const _: () = assert!(H_TOTALS + total::COUNT <= H_FALLBACKS);
 /// How many distinct fallback codes the header counts.
 pub const FALLBACK_CODES: usize = (HEADER_WORDS - H_FALLBACKS) / 2;
 
@@ -61,8 +67,15 @@ pub mod total {
     pub const BYTES_RECEIVED: usize = 6;
     /// Links that failed while their group had another (its connections moved there).
     pub const LINK_FAILOVERS: usize = 7;
+    /// Where the [`super::conn::counter`] counters of closed connections start (the same
+    /// order: RX and TX requests by size, RX, TX and TX-remote buffer full).
+    pub const COUNTERS: usize = 8;
+    /// Closed SMC-R connections by RMB size ([`super::BUCKETS`] words).
+    pub const RX_BUFS: usize = COUNTERS + super::conn::counter::COUNT;
+    /// Closed SMC-R connections by send-buffer size.
+    pub const TX_BUFS: usize = RX_BUFS + super::BUCKETS;
     /// How many there are.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = TX_BUFS + super::BUCKETS;
     /// Their names, as `smc-stat` prints them.
     pub const NAMES: [&str; COUNT] = [
         "smcr_connections",
@@ -73,18 +86,76 @@ pub mod total {
         "closed_bytes_sent",
         "closed_bytes_received",
         "link_failovers",
+        "closed_rx_reqs_8k",
+        "closed_rx_reqs_16k",
+        "closed_rx_reqs_32k",
+        "closed_rx_reqs_64k",
+        "closed_rx_reqs_128k",
+        "closed_rx_reqs_256k",
+        "closed_rx_reqs_512k",
+        "closed_rx_reqs_1024k",
+        "closed_rx_reqs_over_1024k",
+        "closed_tx_reqs_8k",
+        "closed_tx_reqs_16k",
+        "closed_tx_reqs_32k",
+        "closed_tx_reqs_64k",
+        "closed_tx_reqs_128k",
+        "closed_tx_reqs_256k",
+        "closed_tx_reqs_512k",
+        "closed_tx_reqs_1024k",
+        "closed_tx_reqs_over_1024k",
+        "closed_rx_buffer_full",
+        "closed_tx_buffer_full",
+        "closed_tx_buffer_full_remote",
+        "closed_rx_bufs_8k",
+        "closed_rx_bufs_16k",
+        "closed_rx_bufs_32k",
+        "closed_rx_bufs_64k",
+        "closed_rx_bufs_128k",
+        "closed_rx_bufs_256k",
+        "closed_rx_bufs_512k",
+        "closed_rx_bufs_1024k",
+        "closed_rx_bufs_over_1024k",
+        "closed_tx_bufs_8k",
+        "closed_tx_bufs_16k",
+        "closed_tx_bufs_32k",
+        "closed_tx_bufs_64k",
+        "closed_tx_bufs_128k",
+        "closed_tx_bufs_256k",
+        "closed_tx_bufs_512k",
+        "closed_tx_bufs_1024k",
+        "closed_tx_bufs_over_1024k",
     ];
+}
+
+/// Size buckets of the request and buffer histograms: Linux's `SMC_BUF_8K` ..
+/// `SMC_BUF_1024K` and `SMC_BUF_G_1024K` (net/smc/smc_stats.h).
+pub const BUCKETS: usize = 9;
+/// Their names (the last: more than 1024 KiB).
+pub const BUCKET_NAMES: [&str; BUCKETS] = [
+    "8KB", "16KB", "32KB", "64KB", "128KB", "256KB", "512KB", "1024KB", ">1024KB",
+];
+
+/// The smallest bucket that holds `bytes` (Linux's `fls64((len - 1) >> 13)`, capped).
+pub fn bucket(bytes: u64) -> usize {
+    let above = bytes.saturating_sub(1) >> 13;
+    ((u64::BITS - above.leading_zeros()) as usize).min(BUCKETS - 1)
 }
 
 /// How long a reader waits for a record that is being written before giving up on it.
 pub const READ_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Words per connection record.
-pub const CONN_WORDS: usize = 32;
+/// Words per connection record (a multiple of 8: records never share a cache line, so the
+/// threads of two connections never bounce one between them).
+pub const CONN_WORDS: usize = 56;
 const C_FIELDS: usize = 1; // fields covered by the sequence lock: 1..C_BYTES_SENT
 const C_BYTES_SENT: usize = 24;
 const C_BYTES_RECEIVED: usize = 25;
 const C_LIVE: usize = 26; // [`conn::live`] words, stored without the lock
+const C_COUNTERS: usize = 32; // [`conn::counter`] words, relaxed adds without the lock
+const _: () = assert!(C_LIVE + conn::live::COUNT <= C_COUNTERS);
+const _: () = assert!(C_COUNTERS + conn::counter::COUNT <= CONN_WORDS);
+const _: () = assert!(CONN_WORDS.is_multiple_of(8) && HEADER_WORDS.is_multiple_of(8));
 
 /// What the words of [`ConnRecord::words`] hold (indices into `words`).
 pub mod conn {
@@ -160,6 +231,35 @@ pub mod conn {
         pub const FIRST_WRITE: usize = 5;
         /// How many.
         pub const COUNT: usize = 6;
+    }
+
+    /// Words of [`super::ConnRecord::counters`]: what smc-tools' `smcr stats` shows per
+    /// direction, counted for SMC-R connections only (as Linux counts SMC sockets only), one
+    /// relaxed add each. Folded into the process totals ([`super::total::COUNTERS`], same
+    /// order) when the record is freed.
+    pub mod counter {
+        /// Reads that moved data, by bytes moved ([`super::super::bucket`]; 9 words). Linux
+        /// buckets by the length asked for and counts calls that moved nothing in its total;
+        /// we count what each call moved, and the total is the buckets' sum.
+        pub const RX_REQS: usize = 0;
+        /// Writes that moved data, by bytes moved (9 words; see [`RX_REQS`]).
+        pub const TX_REQS: usize = RX_REQS + super::super::BUCKETS;
+        /// CDCs that announced data and left our RMB completely full (Linux's
+        /// `SMC_STAT_RMB_RX_FULL`, smc_cdc.c).
+        pub const RX_FULL: usize = TX_REQS + super::super::BUCKETS;
+        /// Writes that found no room in the send buffer and waited or failed with EAGAIN, once
+        /// per call (Linux counts `SMC_STAT_RMB_TX_FULL` when room comes back to a sender that
+        /// had found none; a write that stages part and returns short is not counted, as in
+        /// Linux). Our send buffer mirrors the peer's RMB, so room comes back only as the peer
+        /// consumes.
+        pub const TX_FULL: usize = RX_FULL + 1;
+        /// Of those, the ones that found the peer's RMB itself full (all we wrote unconsumed,
+        /// nothing merely staged): Linux's `SMC_STAT_RMB_TX_PEER_FULL`, which Linux counts
+        /// when it tries to write staged bytes and finds no room; we never stage more than
+        /// the room, so the write is where we learn it.
+        pub const TX_FULL_PEER: usize = TX_FULL + 1;
+        /// How many.
+        pub const COUNT: usize = TX_FULL_PEER + 1;
     }
 }
 
@@ -285,6 +385,8 @@ pub struct ConnRecord {
     pub bytes_received: u64,
     /// Cursors, flags, first write ([`conn::live`]; outside the lock).
     pub live: [u64; conn::live::COUNT],
+    /// Requests by size and buffer-full counts ([`conn::counter`]; outside the lock).
+    pub counters: [u64; conn::counter::COUNT],
 }
 
 /// A link group's record (see [`lg`]).

@@ -293,3 +293,141 @@ fn codes_beyond_the_counters_go_to_other() {
     assert_eq!(f.len(), FALLBACK_CODES);
     assert_eq!(f.iter().find(|(c, _)| *c == 0), Some(&(0, 6)));
 }
+
+/// Linux's buckets (`fls64((len - 1) >> 13)`, capped at SMC_BUF_G_1024K): a request or buffer
+/// goes in the smallest that holds it.
+#[test]
+fn sizes_go_in_the_smallest_bucket_that_holds_them() {
+    for (bytes, want) in [
+        (1, 0),
+        (100, 0),
+        (8192, 0),
+        (8193, 1),
+        (10_000, 1),
+        (16384, 1),
+        (16385, 2),
+        (65536, 3),
+        (512 * 1024, 6),
+        (1024 * 1024, 7),
+        (1024 * 1024 + 1, 8),
+        (u64::MAX, 8),
+    ] {
+        assert_eq!(bucket(bytes), want, "{bytes}");
+    }
+    assert_eq!(BUCKET_NAMES[bucket(10_000)], "16KB");
+}
+
+/// Requests and buffer-full counts land in the record, are folded into the totals (with the
+/// buffer sizes of an SMC-R connection) when it is freed, and a reset zeroes both the totals
+/// and the open records' counts; a freed record starts the next connection from zero.
+#[test]
+fn requests_and_buffer_full_are_counted_and_folded() {
+    use conn::counter;
+    let d = dir("reqs");
+    let w = Area::create(&d, 2, 0).unwrap();
+    let r = Area::open(w.path()).unwrap();
+    let s = w.claim_conn().unwrap();
+    let mut rec = ConnRecord::default();
+    rec.words[conn::IN_USE] = 1;
+    rec.words[conn::STATE] = conn::STATE_ACTIVE | conn::MODE_SMCR << 16;
+    rec.words[conn::SIZES] = 65536 | 16384 << 32; // RMB 64 KiB, send buffer 16 KiB
+    w.write_conn(s, &rec);
+    for n in [10_000, 10_000, 10_000, 100] {
+        w.count_request(s, true, n);
+    }
+    w.count_request(s, true, 0); // moved nothing: not a request
+    w.count_request(s, false, 2_000_000);
+    w.count_conn(s, counter::RX_FULL);
+    w.count_conn(s, counter::TX_FULL);
+    w.count_conn(s, counter::TX_FULL);
+    w.count_conn(s, counter::TX_FULL_PEER);
+    let got = r.read_conn(s).unwrap().unwrap().counters;
+    let mut want = [0; counter::COUNT];
+    want[counter::TX_REQS] = 1;
+    want[counter::TX_REQS + 1] = 3;
+    want[counter::RX_REQS + 8] = 1;
+    want[counter::RX_FULL] = 1;
+    want[counter::TX_FULL] = 2;
+    want[counter::TX_FULL_PEER] = 1;
+    assert_eq!(got, want);
+    // A TCP connection's record: its (absent) sizes are no buffers.
+    let t = w.claim_conn().unwrap();
+    let mut tcp = ConnRecord::default();
+    tcp.words[conn::IN_USE] = 1;
+    tcp.words[conn::STATE] = conn::STATE_ACTIVE | conn::MODE_TCP << 16;
+    w.write_conn(t, &tcp);
+    w.release_conn(t);
+    w.release_conn(s);
+    let totals = r.totals();
+    assert_eq!(
+        totals[total::COUNTERS..total::COUNTERS + counter::COUNT],
+        want
+    );
+    let (mut rx_bufs, mut tx_bufs) = ([0; BUCKETS], [0; BUCKETS]);
+    rx_bufs[3] = 1;
+    tx_bufs[1] = 1;
+    assert_eq!(totals[total::RX_BUFS..total::RX_BUFS + BUCKETS], rx_bufs);
+    assert_eq!(totals[total::TX_BUFS..total::TX_BUFS + BUCKETS], tx_bufs);
+    // The slot, claimed again, starts from zero.
+    let s2 = w.claim_conn().unwrap();
+    w.write_conn(s2, &rec);
+    assert_eq!(
+        r.read_conn(s2).unwrap().unwrap().counters,
+        [0; counter::COUNT]
+    );
+    w.count_request(s2, false, 1);
+    w.reset().unwrap();
+    assert_eq!(r.totals(), [0; total::COUNT]);
+    assert_eq!(
+        r.read_conn(s2).unwrap().unwrap().counters,
+        [0; counter::COUNT],
+        "a reset zeroes open connections' counts too"
+    );
+}
+
+/// A reader summing totals and open records never sees a closing connection in neither
+/// place or in both: the sum only grows while connections open, count and close.
+#[test]
+fn totals_plus_records_never_go_down_while_connections_close() {
+    let d = dir("consistent");
+    let w = std::sync::Arc::new(Area::create(&d, 4, 0).unwrap());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (w, stop) = (w.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rec = ConnRecord::default();
+            rec.words[conn::IN_USE] = 1;
+            rec.words[conn::STATE] = conn::STATE_ACTIVE | conn::MODE_SMCR << 16;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let s = w.claim_conn().unwrap();
+                w.write_conn(s, &rec);
+                for _ in 0..3 {
+                    w.count_request(s, true, 100);
+                }
+                w.release_conn(s);
+                n += 1;
+                if n.is_multiple_of(32) {
+                    std::thread::yield_now();
+                }
+            }
+        })
+    };
+    let r = Area::open(w.path()).unwrap();
+    let mut last = 0;
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    while std::time::Instant::now() < until {
+        let sum = r.read_consistent(|| {
+            let live: u64 = (0..r.conn_slots())
+                .filter_map(|i| r.read_conn(i).ok().flatten())
+                .map(|c| c.counters[conn::counter::TX_REQS])
+                .sum();
+            live + r.totals()[total::COUNTERS + conn::counter::TX_REQS]
+        });
+        assert!(sum >= last, "went down: {last} → {sum}");
+        last = sum;
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(last > 0);
+}

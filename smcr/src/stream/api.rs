@@ -324,8 +324,9 @@ impl SmcStream {
         }
     }
 
-    /// Counts bytes moved in the stats area (cursors are published under the connection's
-    /// lock where they change: reads, writes, CDCs).
+    /// Counts bytes moved in the stats area, and for SMC-R the request in its size bucket
+    /// (cursors are published under the connection's lock where they change: reads, writes,
+    /// CDCs).
     pub(super) fn counted(&self, r: io::Result<usize>, sent: bool) -> io::Result<usize> {
         if let (Ok(n), Some(st)) = (&r, &self.stat) {
             let n = *n as u64;
@@ -333,6 +334,9 @@ impl SmcStream {
                 st.area.add_bytes(st.slot, n, 0);
             } else {
                 st.area.add_bytes(st.slot, 0, n);
+            }
+            if self.smc.is_some() {
+                st.area.count_request(st.slot, sent, n);
             }
         }
         r
@@ -659,6 +663,7 @@ impl SmcStream {
             Blocking::Yes(t) => (false, Self::deadline(t)),
         };
         let mut s = smc.conn.core.lock();
+        let mut found_full = false;
         loop {
             if let Some(e) = Self::pending_reset(&mut s) {
                 return Err(e);
@@ -712,6 +717,16 @@ impl SmcStream {
                 }
                 smc.conn.report(&mut s);
                 return Ok(n as usize);
+            }
+            // Once per call, however often it wakes to find the buffer still full.
+            if !std::mem::replace(&mut found_full, true)
+                && let Some(st) = &s.stat
+            {
+                use crate::stats::conn::counter;
+                st.area.count_conn(st.slot, counter::TX_FULL);
+                if s.core.space() == 0 {
+                    st.area.count_conn(st.slot, counter::TX_FULL_PEER);
+                }
             }
             wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
         }

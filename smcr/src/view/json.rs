@@ -18,8 +18,30 @@ fn named<'a>(
     )
 }
 
+/// smc-tools' RX or TX statistics: requests (the buckets' sum), requests and buffers by size
+/// (Linux's nine buckets), buffer full (and for TX, the peer's RMB full).
+fn traffic_json(t: &Traffic, tx: bool) -> Value {
+    let by = |v: &[u64; stats::BUCKETS]| {
+        named(
+            stats::BUCKET_NAMES.iter().copied(),
+            v.iter().map(|&n| Value::from(n)),
+        )
+    };
+    let mut m = json!({
+        "requests": t.requests(),
+        "reqs": by(&t.reqs),
+        "bufs": by(&t.bufs),
+        "buffer_full": t.full,
+    });
+    if tx {
+        m["buffer_full_remote"] = Value::from(t.full_remote);
+    }
+    m
+}
+
 /// Everything as one JSON document (stable schema, version [`JSON_VERSION`]):
-/// `{"version", "processes": [{pid, command, reset_epoch, totals{…}}], "connections": [...],
+/// `{"version", "processes": [{pid, command, reset_epoch, totals{…}, rx{…}, tx{…}}],
+/// "connections": [... rx{…}, tx{…}],
 /// "listeners": [...], "link_groups": [...], "fallbacks": [{code, name, count, meaning,
 /// remedy}]}`.
 pub fn render_json(s: &Snapshot) -> String {
@@ -53,6 +75,8 @@ pub fn render_json(s: &Snapshot) -> String {
             "reset_epoch": p.reset_epoch,
             "smcr_unavailable": unavailable,
             "totals": named(total::NAMES.iter().copied(), p.totals.into_iter().map(Value::from)),
+            "rx": traffic_json(&p.traffic(false), false),
+            "tx": traffic_json(&p.traffic(true), true),
         }));
         for c in &p.conns {
             if c.kind == Kind::Listen {
@@ -106,6 +130,8 @@ pub fn render_json(s: &Snapshot) -> String {
                     "local": cdc_flags(c.local_flags),
                     "peer": cdc_flags(c.peer_flags),
                 },
+                "rx": traffic_json(&c.traffic(false), false),
+                "tx": traffic_json(&c.traffic(true), true),
             }));
         }
         for l in &p.links {

@@ -21,7 +21,7 @@ pub struct Snapshot {
 }
 
 /// One process running smcr.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proc {
     /// Its pid.
     pub pid: u32,
@@ -41,6 +41,92 @@ pub struct Proc {
     pub unavailable: u32,
     /// Its RoCE devices and their engines' counters.
     pub devices: Vec<stats::DevRecord>,
+}
+
+impl Default for Proc {
+    fn default() -> Self {
+        Self {
+            pid: 0,
+            comm: String::new(),
+            conns: Vec::new(),
+            links: Vec::new(),
+            fallbacks: Vec::new(),
+            totals: [0; total::COUNT],
+            reset_epoch: 0,
+            unavailable: 0,
+            devices: Vec::new(),
+        }
+    }
+}
+
+/// smc-tools' RX or TX statistics of SMC-R connections: closed ones' (the totals) and open
+/// ones' (their records) together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Requests that moved data, by size ([`stats::BUCKET_NAMES`]).
+    pub reqs: [u64; stats::BUCKETS],
+    /// Connections by buffer size (RX: RMB; TX: send buffer).
+    pub bufs: [u64; stats::BUCKETS],
+    /// Buffer full (RX: a CDC filled our RMB; TX: a write found no room).
+    pub full: u64,
+    /// TX only: the write found the peer's RMB full.
+    pub full_remote: u64,
+}
+
+impl Traffic {
+    /// All requests.
+    pub fn requests(&self) -> u64 {
+        self.reqs.iter().fold(0, |a, &b| a.saturating_add(b))
+    }
+
+    fn add(&mut self, o: &Self) {
+        let sum = |a: &mut [u64], b: &[u64]| {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = x.saturating_add(*y);
+            }
+        };
+        sum(&mut self.reqs, &o.reqs);
+        sum(&mut self.bufs, &o.bufs);
+        self.full = self.full.saturating_add(o.full);
+        self.full_remote = self.full_remote.saturating_add(o.full_remote);
+    }
+}
+
+impl Proc {
+    /// RX (`false`) or TX statistics: closed connections' and open SMC-R ones'.
+    pub fn traffic(&self, tx: bool) -> Traffic {
+        use stats::conn::counter;
+        let t = &self.totals;
+        let c = |i: usize| t[total::COUNTERS + i];
+        let (reqs, bufs) = if tx {
+            (counter::TX_REQS, total::TX_BUFS)
+        } else {
+            (counter::RX_REQS, total::RX_BUFS)
+        };
+        let mut out = Traffic {
+            reqs: std::array::from_fn(|i| c(reqs + i)),
+            bufs: std::array::from_fn(|i| t[bufs + i]),
+            full: c(if tx {
+                counter::TX_FULL
+            } else {
+                counter::RX_FULL
+            }),
+            full_remote: if tx { c(counter::TX_FULL_PEER) } else { 0 },
+        };
+        for conn in self.conns.iter().filter(|c| c.kind == Kind::Smcr) {
+            out.add(&conn.traffic(tx));
+        }
+        out
+    }
+}
+
+/// [`Proc::traffic`] summed over the processes.
+pub fn traffic(s: &Snapshot, tx: bool) -> Traffic {
+    let mut t = Traffic::default();
+    for p in &s.procs {
+        t.add(&p.traffic(tx));
+    }
+    t
 }
 
 /// What a socket row is.
@@ -98,6 +184,35 @@ pub struct Conn {
     pub local_flags: u8,
     /// The peer's.
     pub peer_flags: u8,
+    /// Requests by size and buffer-full counts ([`stats::conn::counter`]).
+    pub counters: [u64; stats::conn::counter::COUNT],
+}
+
+impl Conn {
+    /// This connection's RX (`false`) or TX statistics (its buffer in `bufs`).
+    pub fn traffic(&self, tx: bool) -> Traffic {
+        use stats::conn::counter;
+        let c = &self.counters;
+        let (reqs, size) = if tx {
+            (counter::TX_REQS, self.sndbuf)
+        } else {
+            (counter::RX_REQS, self.rmb)
+        };
+        let mut bufs = [0; stats::BUCKETS];
+        if size > 0 {
+            bufs[stats::bucket(size)] = 1;
+        }
+        Traffic {
+            reqs: std::array::from_fn(|i| c[reqs + i]),
+            bufs,
+            full: c[if tx {
+                counter::TX_FULL
+            } else {
+                counter::RX_FULL
+            }],
+            full_remote: if tx { c[counter::TX_FULL_PEER] } else { 0 },
+        }
+    }
 }
 
 impl Default for Conn {
@@ -123,6 +238,7 @@ impl Default for Conn {
             cursors: [0; 4],
             local_flags: 0,
             peer_flags: 0,
+            counters: [0; stats::conn::counter::COUNT],
         }
     }
 }
@@ -237,6 +353,7 @@ impl Conn {
             ],
             local_flags: flags as u8,
             peer_flags: (flags >> 8) as u8,
+            counters: r.counters,
         }
     }
 
@@ -324,35 +441,41 @@ impl Snapshot {
                     .map(|c| if c.is_control() { '?' } else { c })
                     .collect(),
                 fallbacks: a.fallbacks(),
-                totals: a.totals(),
                 reset_epoch: a.reset_epoch(),
                 unavailable: a.unavailable(),
                 ..Proc::default()
             };
-            for i in 0..a.conn_slots() {
-                // A slot that stays mid-update (its writer died there) is skipped.
-                let Ok(Some(r)) = a.read_conn(i) else {
-                    continue;
-                };
-                if r.words[conn::STATE] == 0 {
-                    continue; // claimed, not written yet
-                }
-                let mut c = Conn::from_record(&r);
-                let inode = r.words[conn::INODE];
-                if let Some(fd) = c.fd {
-                    if !still_open(p.pid, fd, inode) {
+            let pid = p.pid;
+            // The totals and the open connections' records of one moment: each closed
+            // connection counted once.
+            (p.totals, p.conns) = a.read_consistent(|| {
+                let mut conns = Vec::new();
+                for i in 0..a.conn_slots() {
+                    // A slot that stays mid-update (its writer died there) is skipped.
+                    let Ok(Some(r)) = a.read_conn(i) else {
                         continue;
+                    };
+                    if r.words[conn::STATE] == 0 {
+                        continue; // claimed, not written yet
                     }
-                    let k = kernel.get_or_insert_with(|| {
-                        crate::diag::tcp_bytes_of(p.pid).unwrap_or_default()
-                    });
-                    if let Some(b) = k.get(&inode) {
-                        c.sent = b.sent;
-                        c.received = b.received;
+                    let mut c = Conn::from_record(&r);
+                    let inode = r.words[conn::INODE];
+                    if let Some(fd) = c.fd {
+                        if !still_open(pid, fd, inode) {
+                            continue;
+                        }
+                        let k = kernel.get_or_insert_with(|| {
+                            crate::diag::tcp_bytes_of(pid).unwrap_or_default()
+                        });
+                        if let Some(b) = k.get(&inode) {
+                            c.sent = b.sent;
+                            c.received = b.received;
+                        }
                     }
+                    conns.push(c);
                 }
-                p.conns.push(c);
-            }
+                (a.totals(), conns)
+            });
             p.conns.sort_by_key(|c| {
                 (
                     c.kind == Kind::Listen,

@@ -111,6 +111,49 @@ pub fn render_prometheus(s: &Snapshot) -> String {
             }],
         )
     };
+    // smc-tools' RX/TX statistics of SMC-R connections, closed and open ones (read as of one
+    // moment, so they only grow between resets).
+    let dirs = |p: &Proc| [("rx", p.traffic(false)), ("tx", p.traffic(true))];
+    let sized = |p: &Proc, f: fn(&Traffic) -> &[u64; stats::BUCKETS]| {
+        dirs(p)
+            .iter()
+            .flat_map(|(d, t)| {
+                stats::BUCKET_NAMES
+                    .iter()
+                    .zip(f(t))
+                    .map(|(size, &n)| (format!("{},direction=\"{d}\",size=\"{size}\"", who(p)), n))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    family(
+        "smcr_requests_total",
+        "counter",
+        "Reads (rx) and writes (tx) of SMC-R connections that moved data, by bytes moved (Linux's buckets).",
+        per(&|p| sized(p, |t| &t.reqs)),
+    );
+    family(
+        "smcr_buffers_total",
+        "counter",
+        "SMC-R connections by buffer size: RMB (rx), send buffer (tx).",
+        per(&|p| sized(p, |t| &t.bufs)),
+    );
+    family(
+        "smcr_buffer_full_total",
+        "counter",
+        "Buffer full: rx, a CDC filled our RMB; tx, a write found no room; tx_remote, it found the peer's RMB full.",
+        per(&|p| {
+            let [(_, rx), (_, tx)] = dirs(p);
+            [
+                ("rx", rx.full),
+                ("tx", tx.full),
+                ("tx_remote", tx.full_remote),
+            ]
+            .into_iter()
+            .map(|(d, n)| (format!("{},direction=\"{d}\"", who(p)), n))
+            .collect()
+        }),
+    );
     for (i, name) in rdma::DeviceStats::NAMES.iter().enumerate() {
         family(
             &format!("smcr_device_{name}_total"),

@@ -20,6 +20,21 @@ fn example() -> Snapshot {
     totals[total::LINK_GROUPS] = 1;
     totals[total::BYTES_SENT] = 1000;
     totals[total::BYTES_RECEIVED] = 2000;
+    // Closed connections: 4 reads of up to 8 KiB and one of 20 000 bytes, 3 writes of up to
+    // 8 KiB and 2 over 1 MiB; one RMB filled, two writes found no room; one 64 KiB
+    // connection.
+    {
+        use stats::conn::counter;
+        totals[total::COUNTERS + counter::RX_REQS] = 4;
+        totals[total::COUNTERS + counter::RX_REQS + 2] = 1;
+        totals[total::COUNTERS + counter::TX_REQS] = 3;
+        totals[total::COUNTERS + counter::TX_REQS + 8] = 2;
+        totals[total::COUNTERS + counter::RX_FULL] = 1;
+        totals[total::COUNTERS + counter::TX_FULL] = 2;
+        totals[total::COUNTERS + counter::TX_FULL_PEER] = 1;
+        totals[total::RX_BUFS + 3] = 1;
+        totals[total::TX_BUFS + 3] = 1;
+    }
     let server = Proc {
         pid: 4242,
         comm: "redis-server".into(),
@@ -39,6 +54,14 @@ fn example() -> Snapshot {
                 since_ns: 1_700_000_000_000_000_000,
                 stages_ns: [2_000, 150_000, 300_000, 900_000, 2_500_000, 3_100_000],
                 cursors: [5120, 2048, 1 << 32 | 2048, 1 << 32 | 2048],
+                counters: {
+                    use stats::conn::counter;
+                    let mut c = [0; counter::COUNT];
+                    c[counter::RX_REQS] = 2; // 2 reads of 1 KiB
+                    c[counter::TX_REQS] = 1; // 1 write of 5 KiB
+                    c[counter::TX_FULL] = 1;
+                    c
+                },
                 ..Conn::default()
             },
             Conn {
@@ -351,4 +374,21 @@ fn native_ipv6_rows_round_trip_and_v4_mapped_ones_are_ipv4() {
     let c = Conn::from_record(&r);
     assert_eq!(c.local.to_string(), "10.0.0.1:80");
     assert_eq!(c.peer.to_string(), "[2001:db8::5]:4000");
+}
+
+/// `smcr stats` in smc-tools' layout: RX and TX blocks with requests and buffers by size,
+/// closed connections' counts (totals) and open ones' (records) together.
+#[test]
+fn smc_tools_stats() {
+    let s = example();
+    check("stats.txt", &render_stats(&s, false));
+    check("stats-details.txt", &render_stats(&s, true));
+    let (rx, tx) = (traffic(&s, false), traffic(&s, true));
+    // Totals plus the open SMC-R connections' records (two 64 KiB buffers each way).
+    assert_eq!(rx.reqs, [6, 0, 1, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(tx.reqs, [4, 0, 0, 0, 0, 0, 0, 0, 2]);
+    assert_eq!(rx.bufs, [0, 0, 0, 3, 0, 0, 0, 0, 0]);
+    assert_eq!(tx.bufs, [0, 0, 0, 3, 0, 0, 0, 0, 0]);
+    assert_eq!((rx.full, tx.full, tx.full_remote), (1, 3, 1));
+    assert_eq!((rx.requests(), tx.requests()), (7, 6));
 }

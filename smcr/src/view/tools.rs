@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Kind, Snapshot, fallback_totals, totals};
+use super::{Kind, Snapshot, Traffic, fallback_totals, totals, traffic};
 use crate::stats::{self, total};
 
 /// Connections now, by mode and role: `[smcr, tcp]` × `[client, server]`, and listeners.
@@ -40,9 +40,37 @@ fn live_bytes(s: &Snapshot) -> [(u64, u64); 2] {
     b
 }
 
+/// A count and its share of `of` as smc-tools prints it: `N (x.xx%)`.
+fn share(n: u64, of: u64) -> String {
+    let pct = if of > 0 {
+        100.0 * n as f64 / of as f64
+    } else {
+        0.0
+    };
+    format!("{n:>12} ({pct:.2}%)")
+}
+
+/// smc-tools' histogram rows: its eight columns, the last (`>512KB`) holding Linux's 1024KB
+/// and >1024KB buckets together as smc-tools prints them (`--json` and `--prometheus` keep
+/// all nine).
+fn histogram(o: &mut String, t: &Traffic) {
+    let _ = writeln!(
+        o,
+        "            8KB    16KB    32KB    64KB   128KB   256KB   512KB  >512KB"
+    );
+    for (name, v) in [("Bufs", &t.bufs), ("Reqs", &t.reqs)] {
+        let _ = write!(o, "  {name}   ");
+        for (i, n) in v[..7].iter().enumerate() {
+            let _ = write!(o, "{}{n:>6}", if i > 0 { "  " } else { "" });
+        }
+        let _ = writeln!(o, "  {:>6}", v[7].saturating_add(v[8]));
+    }
+}
+
 /// `smcr stats`: the summary (connections handled since the last reset, by mode), the
-/// connections open now by role, bytes moved, and the fallback reasons with their names
-/// (`details`: with meanings, and one summary line per process).
+/// connections open now by role, bytes moved, smc-tools' RX and TX statistics of SMC-R
+/// connections (requests by size, buffers by size, buffer full), and the fallback reasons
+/// with their names (`details`: with meanings, and one summary line per process).
 pub fn render_stats(s: &Snapshot, details: bool) -> String {
     let t = totals(s);
     let mut o = String::new();
@@ -58,6 +86,14 @@ pub fn render_stats(s: &Snapshot, details: bool) -> String {
     row(&mut o, "SMC connections", t[total::SMCR]);
     row(&mut o, "TCP fallback", t[total::TCP]);
     row(&mut o, "Handshake errors", t[total::FAILED]);
+    let (rx, tx) = (traffic(s, false), traffic(s, true));
+    let requests = rx.requests().saturating_add(tx.requests());
+    let avg = if t[total::SMCR] > 0 {
+        requests as f64 / t[total::SMCR] as f64
+    } else {
+        0.0
+    };
+    let _ = writeln!(o, "  {:<34}{avg:>14.1}", "Avg requests per SMC conn");
     row(&mut o, "First contacts", t[total::FIRST_CONTACT]);
     row(&mut o, "Link groups created", t[total::LINK_GROUPS]);
     row(&mut o, "Link failovers", t[total::LINK_FAILOVERS]);
@@ -85,9 +121,31 @@ pub fn render_stats(s: &Snapshot, details: bool) -> String {
     let _ = writeln!(o, "\nRX Stats");
     row(&mut o, "Data received (Bytes)", received);
     row(&mut o, "  of open SMC-R connections", b[0].1);
-    let _ = writeln!(o, "TX Stats");
+    row(&mut o, "Total requests", rx.requests());
+    let _ = writeln!(
+        o,
+        "  {:<34}{}",
+        "Buffer full",
+        share(rx.full, rx.requests())
+    );
+    histogram(&mut o, &rx);
+    let _ = writeln!(o, "\nTX Stats");
     row(&mut o, "Data transmitted (Bytes)", sent);
     row(&mut o, "  of open SMC-R connections", b[0].0);
+    row(&mut o, "Total requests", tx.requests());
+    let _ = writeln!(
+        o,
+        "  {:<34}{}",
+        "Buffer full",
+        share(tx.full, tx.requests())
+    );
+    let _ = writeln!(
+        o,
+        "  {:<34}{}",
+        "Buffer full (remote)",
+        share(tx.full_remote, tx.requests())
+    );
+    histogram(&mut o, &tx);
 
     let _ = writeln!(o, "\n{:<36}{:>12}", "Fallback reasons", "Count");
     let counts = fallback_totals(s);
@@ -116,19 +174,33 @@ pub fn render_stats(s: &Snapshot, details: bool) -> String {
     if details {
         let _ = writeln!(
             o,
-            "\n{:<8} {:<15} {:>8} {:>8} {:>8} {:>6}",
-            "PID", "COMMAND", "SMCR", "TCP", "FAILED", "RESETS"
+            "\n{:<8} {:<15} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>8} {:>8}",
+            "PID",
+            "COMMAND",
+            "SMCR",
+            "TCP",
+            "FAILED",
+            "RESETS",
+            "RX-REQS",
+            "TX-REQS",
+            "RX-FULL",
+            "TX-FULL"
         );
         for p in &s.procs {
+            let (rx, tx) = (p.traffic(false), p.traffic(true));
             let _ = writeln!(
                 o,
-                "{:<8} {:<15} {:>8} {:>8} {:>8} {:>6}",
+                "{:<8} {:<15} {:>8} {:>8} {:>8} {:>6} {:>10} {:>10} {:>8} {:>8}",
                 p.pid,
                 p.comm,
                 p.totals[total::SMCR],
                 p.totals[total::TCP],
                 p.totals[total::FAILED],
-                p.reset_epoch
+                p.reset_epoch,
+                rx.requests(),
+                tx.requests(),
+                rx.full,
+                tx.full
             );
         }
     }
