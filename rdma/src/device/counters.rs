@@ -82,6 +82,9 @@ device_counters! {
     tx_retransmits,
     /// Early retransmissions: no ACK within the measured round trip (no retry spent).
     rc_probes,
+    /// Early retransmissions found needless: the peer's ACK was late, not lost (the window
+    /// cut undone, the next wait longer).
+    rc_spurious_probes,
     /// Local ACK timeouts (a retry spent).
     rc_timeouts,
     /// Sequence-error NAKs received.
@@ -150,7 +153,7 @@ impl std::ops::Deref for Counters {
 }
 
 /// How many transport counters [`Shared::count_rc`] follows per QP.
-pub(super) const RC_COUNTERS: usize = 9;
+pub(super) const RC_COUNTERS: usize = 10;
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
@@ -163,6 +166,7 @@ impl Shared {
         let now = [
             q.retransmits,
             q.probes,
+            q.spurious_probes,
             q.timeouts,
             q.naks,
             q.rnr_naks,
@@ -175,6 +179,7 @@ impl Shared {
         let to = [
             &st.tx_retransmits,
             &st.rc_probes,
+            &st.rc_spurious_probes,
             &st.rc_timeouts,
             &st.rx_naks,
             &st.rx_rnr_naks,

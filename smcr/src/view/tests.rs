@@ -141,6 +141,7 @@ fn example() -> Snapshot {
                 rx_foreign_ip_id: 4000,
                 tx_retransmits: 65,
                 rc_probes: 1,
+                rc_spurious_probes: 1,
                 rx_rnr_naks: 1,
                 ..Default::default()
             },
