@@ -458,6 +458,11 @@ impl ConnCore {
         self.peer_flags
     }
 
+    /// Our close flags sent so far.
+    pub fn local_flags(&self) -> ConnStateFlags {
+        self.local_flags
+    }
+
     fn next_cdc(&mut self, prod_flags: ProducerFlags) -> CdcMessage {
         // Every CDC carries our consumer cursor and so answers an update request (smc_cdc.c,
         // `smc_cdc_msg_send()`).

@@ -22,18 +22,30 @@ pub(crate) trait HangUp: Send + Sync {
 }
 
 /// A watched TCP socket; dropping it ends the watch (and lets the socket close once the
-/// stream is gone too).
+/// stream is gone too), unless [`Watched::close_after_peer`] asked otherwise.
 pub(crate) struct Watched {
     fd: Arc<TcpStream>,
     key: u64,
+    /// Keep the socket open until the peer closes its end (or this deadline).
+    linger: Option<std::time::Instant>,
 }
+
+/// How long a connection closed by its peer first keeps its TCP socket waiting for the
+/// peer's FIN (Linux's `tcp_fin_timeout`).
+pub(crate) const PASSIVE_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 struct Watcher {
     /// The process the set and its thread belong to (a forked child makes its own).
     pid: u32,
     ep: Arc<OwnedFd>,
+    /// Wakes the thread to look at `closing` again (key 0 in the set).
+    wake: Arc<OwnedFd>,
     /// Registrations by key: the group, the connection's token and the descriptor.
     regs: HashMap<u64, (Weak<dyn HangUp>, u32, RawFd)>,
+    /// Sockets of connections the peer closed first, kept open until the peer's TCP closes
+    /// too (then our close is the passive one, and TIME_WAIT stays with the peer, which
+    /// closed first, as TCP would have it) or their deadline passes.
+    closing: HashMap<u64, (Arc<TcpStream>, std::time::Instant)>,
 }
 
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
@@ -71,12 +83,36 @@ pub(crate) fn watch<G: HangUp + 'static>(lg: &Arc<G>, token: u32, fd: Arc<TcpStr
             w.regs.insert(key, (lg, token, fd.as_raw_fd()));
         }
     }
-    Watched { fd, key }
+    Watched {
+        fd,
+        key,
+        linger: None,
+    }
+}
+
+impl Watched {
+    /// Ends the watch, but keeps the socket open until the peer closes its TCP end (the
+    /// SMC-R close was the peer's first), at most [`PASSIVE_CLOSE_WAIT`]. A socket that hung
+    /// up already closes at once.
+    pub(crate) fn close_after_peer(mut self) {
+        self.linger = Some(std::time::Instant::now() + PASSIVE_CLOSE_WAIT);
+    }
 }
 
 impl Drop for Watched {
     fn drop(&mut self) {
         let mut w = WATCHER.lock();
+        if let Some(w) = w.as_mut()
+            && w.pid == std::process::id()
+            && let Some(deadline) = self.linger
+            && w.regs.remove(&self.key).is_some()
+        {
+            // Still registered: the peer has not closed yet. The same registration now
+            // reports its close.
+            w.closing.insert(self.key, (self.fd.clone(), deadline));
+            let _ = rustix::io::write(&*w.wake, &1u64.to_ne_bytes());
+            return;
+        }
         if let Some(w) = w.as_mut()
             && w.pid == std::process::id()
             && w.regs.remove(&self.key).is_some()
@@ -105,20 +141,95 @@ fn start(pid: u32) -> Option<Watcher> {
     }
     // SAFETY: just created, nothing else owns it.
     let ep = Arc::new(rdma::fdzone::place(unsafe { OwnedFd::from_raw_fd(raw) }).ok()?);
-    let mine = ep.clone();
-    rdma::thread::spawn("smcr-tcpwatch".into(), move || run(&mine)).ok()?;
+    let wake = rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )
+    .ok()?;
+    let wake = Arc::new(rdma::fdzone::place(wake).ok()?);
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: WAKE_KEY,
+    };
+    // SAFETY: registering a descriptor we own in our own set.
+    if unsafe {
+        libc::epoll_ctl(
+            ep.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            wake.as_raw_fd(),
+            &mut ev,
+        )
+    } != 0
+    {
+        return None;
+    }
+    let (mine, woken) = (ep.clone(), wake.clone());
+    rdma::thread::spawn("smcr-tcpwatch".into(), move || run(&mine, &woken)).ok()?;
     Some(Watcher {
         pid,
         ep,
+        wake,
         regs: HashMap::new(),
+        closing: HashMap::new(),
     })
 }
 
-fn run(ep: &OwnedFd) {
+/// The key of the wake-up eventfd (registration keys start at 1).
+const WAKE_KEY: u64 = 0;
+
+/// Closes the lingering sockets whose peer closed (`keys`) or whose deadline passed; returns
+/// how long to sleep until the next deadline (ms, -1: none).
+fn close_lingering(ep: &OwnedFd, keys: &[u64]) -> i32 {
+    let now = std::time::Instant::now();
+    let mut done = Vec::new();
+    let next = {
+        let mut w = WATCHER.lock();
+        let Some(w) = w.as_mut() else {
+            return -1;
+        };
+        for k in keys {
+            if let Some(c) = w.closing.remove(k) {
+                done.push(c.0);
+            }
+        }
+        let expired: Vec<u64> = w
+            .closing
+            .iter()
+            .filter(|(_, (_, t))| *t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in expired {
+            if let Some(c) = w.closing.remove(&k) {
+                done.push(c.0);
+            }
+        }
+        for fd in &done {
+            // SAFETY: our set; the descriptor is open (we hold it).
+            unsafe {
+                libc::epoll_ctl(
+                    ep.as_raw_fd(),
+                    libc::EPOLL_CTL_DEL,
+                    fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+        w.closing.values().map(|(_, t)| *t).min()
+    };
+    // Closed here, outside the lock (the last holder closes the socket).
+    drop(done);
+    next.map_or(-1, |t| {
+        let ms = t.saturating_duration_since(now).as_millis() + 1;
+        i32::try_from(ms).unwrap_or(i32::MAX)
+    })
+}
+
+fn run(ep: &OwnedFd, wake: &OwnedFd) {
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
+    let mut timeout = -1;
     loop {
         // SAFETY: `evs` has room for 32 events.
-        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), 32, -1) };
+        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), 32, timeout) };
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -126,6 +237,7 @@ fn run(ep: &OwnedFd) {
             return;
         }
         let mut hung = Vec::new();
+        let mut ended = Vec::new();
         {
             let mut w = WATCHER.lock();
             let Some(w) = w.as_mut() else {
@@ -133,6 +245,15 @@ fn run(ep: &OwnedFd) {
             };
             for e in &evs[..n as usize] {
                 let key = e.u64;
+                if key == WAKE_KEY {
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(wake, &mut b);
+                    continue;
+                }
+                if w.closing.contains_key(&key) {
+                    ended.push(key);
+                    continue;
+                }
                 if let Some((lg, token, fd)) = w.regs.remove(&key) {
                     // Reported once: the group probes its link, and the socket says nothing
                     // more we need.
@@ -155,5 +276,6 @@ fn run(ep: &OwnedFd) {
                 lg.tcp_hung_up(token);
             }
         }
+        timeout = close_lingering(ep, &ended);
     }
 }

@@ -1211,3 +1211,47 @@ fn try_clone_shares_the_connection_until_the_last_handle() {
     assert_eq!(server.join().unwrap(), total + 10);
     rt.shutdown();
 }
+
+/// TCP sockets of `port` in TIME_WAIT, as `ss` shows them: (ours as the listening side's
+/// port, the peer's towards it).
+fn time_wait(port: u16) -> (usize, usize) {
+    let count = |filter: String| {
+        let out = std::process::Command::new("ss")
+            .args(["-Htan", "state", "time-wait", &filter])
+            .output()
+            .expect("ss");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    (
+        count(format!("( sport = :{port} )")),
+        count(format!("( dport = :{port} )")),
+    )
+}
+
+/// The side whose peer closed first closes its TCP socket only after the peer's has closed
+/// (a passive close): TIME_WAIT stays with the client that closed first, as with TCP. Were it
+/// on the server's port, a server restarted without SO_REUSEADDR (sockperf) could not bind.
+#[test]
+fn time_wait_stays_with_the_side_that_closed_first() {
+    let rt = runtime();
+    let (l, addr) = listen(&rt);
+    let server = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap();
+        all.len()
+    });
+    let mut c = SmcStream::connect(&rt, addr).unwrap();
+    assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+    c.write_all(b"closing first").unwrap();
+    drop(c);
+    assert_eq!(server.join().unwrap(), 13);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut seen = time_wait(addr.port());
+    while seen.1 == 0 && std::time::Instant::now() < deadline {
+        thread::sleep(std::time::Duration::from_millis(20));
+        seen = time_wait(addr.port());
+    }
+    assert_eq!(seen, (0, 1), "TIME_WAIT (server's port, client's)");
+    rt.shutdown();
+}

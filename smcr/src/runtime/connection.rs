@@ -435,13 +435,23 @@ impl ConnShared {
 
     /// Frees the RMB budget and detaches from the link group (once).
     pub(crate) fn release(&self, lg: &LinkGroup) {
+        self.release_as(lg, false);
+    }
+
+    /// [`Self::release`] of a connection whose peer closed first (an orderly close): its
+    /// TCP socket waits for the peer's to close (see [`LinkGroup::detach`]).
+    pub(crate) fn release_passive(&self, lg: &LinkGroup) {
+        self.release_as(lg, true);
+    }
+
+    fn release_as(&self, lg: &LinkGroup, passive: bool) {
         let mut s = self.core.lock();
         if s.released {
             return;
         }
         s.released = true;
         drop(s);
-        lg.detach(self.token);
+        lg.detach(self.token, passive);
         lg.recycle(&self.rmb, &self.sndbuf);
     }
 }

@@ -497,11 +497,20 @@ impl LinkGroup {
 
     /// Removes a connection whose both sides have closed; the link group stays (lingers) for
     /// later connections.
-    pub(crate) fn detach(&self, token: u32) {
+    /// Detaches connection `token`. `passive`: the peer closed first, so its TCP socket is
+    /// kept until the peer's TCP closes too (see [`crate::tcpwatch::Watched::close_after_peer`]):
+    /// the side that closed first keeps TIME_WAIT, as with TCP, and a server restarted
+    /// without SO_REUSEADDR can bind its port again.
+    pub(crate) fn detach(&self, token: u32, passive: bool) {
         let mut st = self.st.lock();
         st.g.conns.detach(token, Instant::now());
-        st.watch.remove(&token);
+        let w = st.watch.remove(&token);
         self.publish_conns(&st);
+        drop(st);
+        match w {
+            Some(w) if passive => w.close_after_peer(),
+            _ => drop(w),
+        }
     }
 
     /// Gives up a new group whose first link did not come up. A client's fails here and now,

@@ -872,13 +872,22 @@ impl Drop for SmcStream {
                 let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
             }
         }
-        let peer_gone = s
-            .core
-            .peer_flags()
+        let peer = s.core.peer_flags();
+        let peer_gone = peer
             .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
             || s.failed.is_some();
+        // The peer closed first and neither side aborted: ours is the passive close.
+        let passive = peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
+            && !peer.contains(ConnStateFlags::PEER_CONN_ABORT)
+            && s.failed.is_none()
+            && !s
+                .core
+                .local_flags()
+                .contains(ConnStateFlags::PEER_CONN_ABORT);
         drop(s);
-        if peer_gone {
+        if passive {
+            smc.conn.release_passive(&smc.lg);
+        } else if peer_gone {
             smc.conn.release(&smc.lg);
         }
     }

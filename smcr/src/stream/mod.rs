@@ -554,7 +554,7 @@ fn link_not_up(
     conn: &ConnShared,
     hs: &mut impl Handshake,
 ) -> io::Result<FallbackReason> {
-    lg.detach(conn.token);
+    lg.detach(conn.token, false);
     lg.give_back(conn.rmb.clone());
     lg.abandon();
     match drive(&s.tcp, hs, &mut s.timeline)? {
