@@ -34,6 +34,10 @@ pub(crate) struct Watched {
 /// peer's FIN (Linux's `tcp_fin_timeout`).
 pub(crate) const PASSIVE_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// At most this many sockets wait so (each is a descriptor, and a process may have only
+/// 1024): beyond, a socket closes at once and its TIME_WAIT stays here.
+const MAX_LINGERING: usize = 256;
+
 struct Watcher {
     /// The process the set and its thread belong to (a forked child makes its own).
     pid: u32,
@@ -105,6 +109,7 @@ impl Drop for Watched {
         if let Some(w) = w.as_mut()
             && w.pid == std::process::id()
             && let Some(deadline) = self.linger
+            && w.closing.len() < MAX_LINGERING
             && w.regs.remove(&self.key).is_some()
         {
             // Still registered: the peer has not closed yet. The same registration now
