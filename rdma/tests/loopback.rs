@@ -121,8 +121,12 @@ fn send_and_write(gso: bool) {
     if gso {
         assert!(st.tx_syscalls < st.tx_packets / 4, "{st:?}");
     } else {
-        // One datagram per packet: a batch sent as one would arrive as one malformed packet.
-        assert_eq!(st.tx_syscalls, st.tx_packets, "{st:?}");
+        // One datagram per packet (a batch sent as one would arrive as one malformed packet,
+        // which `rx_malformed` above rules out), up to 4 datagrams per `sendmmsg`.
+        assert!(
+            st.tx_syscalls <= st.tx_packets && st.tx_syscalls * 4 >= st.tx_packets,
+            "{st:?}"
+        );
     }
 }
 
@@ -428,4 +432,70 @@ fn a_multi_homed_device_runs_queue_pairs_from_each_of_its_addresses() {
         })
         .is_err()
     );
+}
+
+/// `QpCaps::ack_delay` over real UDP: B holds the ACK of A's SEND, answers with a SEND of its
+/// own, and the answer and the ACK leave in one system call (`sendmmsg`); A sees both. With
+/// no answer, the held ACK leaves by itself (A's SEND completes).
+#[test]
+fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
+    let caps = QpCaps {
+        ack_delay: Some(Duration::from_micros(300)),
+        ..QpCaps::default()
+    };
+    let mk = || {
+        let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq().unwrap();
+        let qp = pd.create_qp(&cq, &cq, caps, false).unwrap();
+        Side { dev, pd, cq, qp }
+    };
+    let (a, b) = (mk(), mk());
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    let mr = |s: &Side| s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let (ma, mb) = (mr(&a), mr(&b));
+    let recv = |s: &Side, m: &MemoryRegion, id| {
+        s.qp.post_recv(&[RecvWr {
+            wr_id: id,
+            sg_list: &[m.sge(0, 64)],
+        }])
+        .unwrap();
+    };
+    let send = |s: &Side, m: &MemoryRegion, id| {
+        s.qp.post_send(&[SendWr {
+            wr_id: id,
+            opcode: WrOpcode::Send,
+            sg_list: &[m.sge(1024, 44)],
+            flags: SendFlags::SIGNALED,
+        }])
+        .unwrap();
+    };
+    // A few exchanges: one where B answered within the hold is enough (on a loaded machine
+    // the hold may end first, and the ACK then leaves alone: that exchange proves nothing).
+    let mut merged = 0;
+    for round in 0..5u64 {
+        recv(&b, &mb, 100 + round);
+        recv(&a, &ma, 200 + round);
+        send(&a, &ma, 300 + round);
+        assert_eq!(wait_one(&b.cq).wr_id, 100 + round, "B received A's SEND");
+        let (calls, pkts) = (b.dev.stats().tx_syscalls, b.dev.stats().tx_packets);
+        send(&b, &mb, 400 + round);
+        // A gets the answer and the ACK of its SEND, in either order.
+        let mut ids = [wait_one(&a.cq).wr_id, wait_one(&a.cq).wr_id];
+        ids.sort();
+        assert_eq!(ids, [200 + round, 300 + round]);
+        let st = b.dev.stats();
+        if st.tx_packets - pkts == 2 {
+            assert_eq!(
+                st.tx_syscalls - calls,
+                1,
+                "answer and ACK in one call: {st:?}"
+            );
+            merged += 1;
+        }
+        // B's SEND is not answered: A's ACK leaves alone after its hold.
+        assert_eq!(wait_one(&b.cq).wr_id, 400 + round);
+    }
+    assert!(merged > 0, "B never answered within 300 µs");
+    assert_eq!(a.dev.stats().rc_probes + b.dev.stats().rc_probes, 0);
 }

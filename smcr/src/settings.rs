@@ -36,6 +36,8 @@ pub enum Kind {
     Flag,
     /// A whole number (the unit in words).
     Whole(&'static str),
+    /// A whole number up to a limit (the unit and limit in words, the limit).
+    WholeUpTo(&'static str, u64),
     /// `net.smc.rmem`: bytes in the file, KiB in the variable (rounded up).
     RmemBytes,
     /// A UDP port, 1..=65535.
@@ -63,7 +65,7 @@ impl Kind {
     pub fn expected(self) -> &'static str {
         match self {
             Self::Flag => "on or off (also 1/0, yes/no, true/false)",
-            Self::Whole(unit) => unit,
+            Self::Whole(unit) | Self::WholeUpTo(unit, _) => unit,
             Self::RmemBytes => "bytes, a whole number (at least 16384)",
             Self::Port => "a UDP port, 1-65535",
             Self::Choice(_) => "one of the words listed by `smcr config --list`",
@@ -195,6 +197,13 @@ pub static SETTINGS: &[Setting] = &[
         kind: Kind::Whole("microseconds, a whole number"),
         default: "1000",
         about: "how long an epoll loop keeps its link group between two waits",
+    },
+    Setting {
+        key: "smcr.ack_delay_us",
+        var: "SMCR_ACK_DELAY_US",
+        kind: Kind::WholeUpTo("microseconds, a whole number, at most 400; 0: off", 400),
+        default: "0",
+        about: "how long the ACK of a received message may wait to leave behind our answer (UDP links)",
     },
     Setting {
         key: "smcr.alt_addrs",
@@ -609,6 +618,7 @@ fn check(setting: &Setting, value: &str) -> Result<(), ()> {
     let ok = match setting.kind {
         Kind::Flag => crate::runtime::config_flag(v).is_some(),
         Kind::Whole(_) | Kind::RmemBytes => v.parse::<u64>().is_ok(),
+        Kind::WholeUpTo(_, max) => v.parse::<u64>().is_ok_and(|n| n <= max),
         Kind::Port => v.parse::<u16>().is_ok_and(|p| p != 0),
         Kind::Choice(words) => words.contains(&v),
         Kind::Ueids => list().all(|u| clc::Eid::new(u).is_ok()),
@@ -845,6 +855,11 @@ mod tests {
                 "smcr.lgr_linger = 1.5 is not valid (seconds",
             ),
             ("smcr.hold_us = -5", 1, "smcr.hold_us = -5"),
+            (
+                "smcr.ack_delay_us = 500",
+                1,
+                "smcr.ack_delay_us = 500 is not valid (microseconds",
+            ),
             ("smcr.log_level = \"loud\"", 1, "(off, error, warn"),
             ("smcr.rdma_faults = \"drop=2\"", 1, "smcr.rdma_faults"),
             ("[smcr]\nspin_us = true", 2, "smcr.spin_us = true"),

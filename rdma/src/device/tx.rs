@@ -20,14 +20,22 @@ struct Pending {
     parts: crate::rc::TxParts,
 }
 
-/// Scratch space for one transmit pass: packet heads and trailers, and the iovecs of a batch.
+/// Scratch space for one transmit pass: packet heads and trailers, the iovecs of its
+/// batches, and the batches sealed but not sent yet.
 pub(super) struct TxScratch {
     buf: Box<[u8]>,
     used: usize,
     bytes: usize,
     pkts: Vec<Pending>,
     iov: Vec<libc::iovec>,
+    /// Sealed batches: their iovecs (a range of `iov`) and GSO segment size. A pass sends
+    /// them together (`sendmmsg`): an answer and the ACK behind it, or a WRITE batch and a
+    /// shorter CDC, leave in one system call.
+    sealed: Vec<(std::ops::Range<usize>, Option<u16>)>,
 }
+
+/// Sealed batches a pass keeps before it sends them.
+const MAX_SEALED: usize = 4;
 
 // SAFETY: the raw pointers inside are only used while the owning thread holds the QP lock.
 unsafe impl Send for TxScratch {}
@@ -39,7 +47,8 @@ impl TxScratch {
             used: 0,
             bytes: 0,
             pkts: Vec::with_capacity(MAX_GSO_SEGMENTS),
-            iov: Vec::with_capacity(MAX_GSO_SEGMENTS * 7),
+            iov: Vec::with_capacity(MAX_GSO_SEGMENTS * 7 * MAX_SEALED),
+            sealed: Vec::with_capacity(MAX_SEALED),
         }
     }
 
@@ -47,6 +56,8 @@ impl TxScratch {
         self.used = 0;
         self.bytes = 0;
         self.pkts.clear();
+        self.iov.clear();
+        self.sealed.clear();
     }
 
     /// Another packet (of at most 64 + 4096 bytes, and its head in the buffer) fits the batch.
@@ -100,7 +111,35 @@ impl Shared {
         if !tx.pkts.is_empty() {
             self.flush(&mut tx, seg, dst, src, now);
         }
+        self.send_sealed(&mut tx, dst, src);
         self.tx_bufs.lock().push(tx);
+    }
+
+    /// Sends the sealed batches, in one system call, and empties the scratch space.
+    fn send_sealed(&self, tx: &mut TxScratch, dst: SocketAddrV4, src: Ipv4Addr) {
+        if tx.sealed.is_empty() {
+            tx.reset();
+            return;
+        }
+        let pktinfo = (src != *self.local.ip()).then_some(src);
+        let sock = self.sock_for(pktinfo);
+        bump(&self.stats.tx_syscalls, 1);
+        let failed = if let [(r, seg)] = &tx.sealed[..] {
+            // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
+            usize::from(unsafe { sock.send_iov(dst, None, &tx.iov[r.clone()], *seg) }.is_err())
+        } else {
+            let batches: Vec<(&[libc::iovec], Option<u16>)> = tx
+                .sealed
+                .iter()
+                .map(|(r, seg)| (&tx.iov[r.clone()], *seg))
+                .collect();
+            // SAFETY: as above.
+            unsafe { sock.send_batches(dst, None, &batches) }
+        };
+        if failed > 0 {
+            bump(&self.stats.tx_errors, failed as u64);
+        }
+        tx.reset();
     }
 
     fn icrc_headers(&self, src: Ipv4Addr, dst: SocketAddrV4, ip_id: u16) -> IcrcHeaders {
@@ -125,12 +164,21 @@ impl Shared {
         src: Ipv4Addr,
         now: Instant,
     ) {
+        if tx.pkts.is_empty() {
+            // Nothing to seal (the scratch space ran out): send what is sealed.
+            self.send_sealed(tx, dst, src);
+            return;
+        }
         // Each address has its socket (see `alt`).
         let pktinfo = (src != *self.local.ip()).then_some(src);
         let count = tx.pkts.len();
         let faults = self.mw.as_ref().is_some_and(|m| m.lock().faults.is_some());
         let gso = self.cfg.gso && count > 1 && !faults;
-        tx.iov.clear();
+        if self.mw.is_some() {
+            // The middleware works on this batch alone: what was sealed goes first.
+            self.send_sealed_keep(tx, dst, src);
+        }
+        let iov_start = tx.iov.len();
         let buf_ptr = tx.buf.as_mut_ptr();
         for (i, p) in tx.pkts.iter().enumerate() {
             // Linux numbers the identification of GSO segments 0, 1, 2, …; a lone datagram from
@@ -172,7 +220,7 @@ impl Shared {
         if let Some(mw) = &self.mw {
             // Capture and fault injection work on contiguous copies of each packet.
             let mut flat = Vec::with_capacity(tx.bytes);
-            for v in &tx.iov {
+            for v in &tx.iov[iov_start..] {
                 // SAFETY: the iovecs were built above from live memory.
                 flat.extend_from_slice(unsafe {
                     std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
@@ -203,17 +251,26 @@ impl Shared {
                 return;
             }
         }
-        bump(&self.stats.tx_syscalls, 1);
-        // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
-        if unsafe {
-            self.sock_for(pktinfo)
-                .send_iov(dst, None, &tx.iov, gso.then_some(seg as u16))
+        // Sealed: sent with the rest of the pass, unless the scratch space is full.
+        tx.sealed
+            .push((iov_start..tx.iov.len(), gso.then_some(seg as u16)));
+        tx.pkts.clear();
+        tx.bytes = 0;
+        if tx.sealed.len() >= MAX_SEALED || tx.used + 4096 + 64 + TRAILER > tx.buf.len() {
+            self.send_sealed(tx, dst, src);
         }
-        .is_err()
-        {
-            bump(&self.stats.tx_errors, 1);
+    }
+
+    /// [`Self::send_sealed`] while a batch is being built: keeps its packets (their heads
+    /// stay where they are in the buffer; only the sealed iovecs go).
+    fn send_sealed_keep(&self, tx: &mut TxScratch, dst: SocketAddrV4, src: Ipv4Addr) {
+        if tx.sealed.is_empty() {
+            return;
         }
-        tx.reset();
+        let (used, bytes) = (tx.used, tx.bytes);
+        let pkts = std::mem::take(&mut tx.pkts);
+        self.send_sealed(tx, dst, src);
+        (tx.used, tx.bytes, tx.pkts) = (used, bytes, pkts);
     }
 
     /// The socket of local address `src` (`None`: the device's own).

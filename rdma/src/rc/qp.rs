@@ -45,6 +45,11 @@ pub struct QpCaps {
     /// over a 50 ms round trip 512 packets moved 10 MiB/s, so an LLC answer queued behind the
     /// connections' data took longer than LLC_WAIT (tests/faults.rs, the delay case).
     pub max_inflight: u32,
+    /// Our extension: how long the ACK of a message that completes a receive (a SEND) may
+    /// wait for a request of ours to leave with (`None`: sent at once, as rxe does). The
+    /// receiver usually answers such a message: the ACK then closes the answer's datagram
+    /// instead of taking a datagram, a system call and a wake-up of the peer of its own.
+    pub ack_delay: Option<std::time::Duration>,
 }
 
 impl Default for QpCaps {
@@ -55,6 +60,7 @@ impl Default for QpCaps {
             max_send_sge: 4,
             max_recv_sge: 4,
             max_inflight: 4096,
+            ack_delay: None,
         }
     }
 }
@@ -154,6 +160,11 @@ pub struct RcQp {
     rq_psn: Psn,
     min_rnr_timer: u8,
     flushed: VecDeque<(CqSide, WorkCompletion)>,
+    /// Until when the responder's pending ACK waits for a request to leave with
+    /// ([`QpCaps::ack_delay`]).
+    ack_hold: Option<Instant>,
+    /// A request left in this transmit pass: a held ACK goes with it.
+    ack_ride: bool,
 }
 
 impl RcQp {
@@ -173,6 +184,8 @@ impl RcQp {
             rq_psn: Psn::new(0),
             min_rnr_timer: 12,
             flushed: VecDeque::new(),
+            ack_hold: None,
+            ack_ride: false,
         }
     }
 
@@ -398,6 +411,18 @@ impl RcQp {
                     && let Some(r) = &mut self.resp
                 {
                     r.handle_request(pkt, mrs);
+                    // Hold the ACK of a message the receiver will likely answer (a SEND's
+                    // end); any other reason to answer (a NAK, a READ, data that is not
+                    // answered) sends what is pending at once.
+                    let answered = kind == Kind::Send && op.position().is_some_and(|p| p.ends());
+                    self.ack_hold = match self.caps.ack_delay {
+                        Some(d) if answered && r.only_plain_ack() => {
+                            // Rides only with requests sent from now on.
+                            self.ack_ride = false;
+                            Some(self.ack_hold.unwrap_or(now + d))
+                        }
+                        _ => None,
+                    };
                 }
             }
             Kind::Acknowledge | Kind::ReadResponse | Kind::AtomicAcknowledge => {
@@ -427,15 +452,36 @@ impl RcQp {
     /// Writes the next outgoing packet (BTH … pad; the 4 ICRC bytes are zeroed for the driver
     /// to fill) into `buf`, which must hold 64 + MTU bytes. Returns its length.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if let Some(r) = &mut self.resp
+        if !self.ack_held(now)
+            && let Some(r) = &mut self.resp
             && let Some(n) = r.poll_transmit(buf)
         {
+            self.ack_hold = None;
             return Some(n);
         }
-        if self.state != QpState::Rts {
-            return None;
+        let p = if self.state == QpState::Rts {
+            self.req.as_mut().and_then(|r| r.poll_transmit(now, buf))
+        } else {
+            None
+        };
+        if p.is_some() {
+            self.ack_ride = true;
+        } else if self.ack_ride {
+            // The held ACK goes after the requests of this pass.
+            self.ack_ride = false;
+            if let Some(r) = &mut self.resp
+                && let Some(n) = r.poll_transmit(buf)
+            {
+                self.ack_hold = None;
+                return Some(n);
+            }
         }
-        self.req.as_mut()?.poll_transmit(now, buf)
+        p
+    }
+
+    /// Whether the responder's pending ACK waits (see [`QpCaps::ack_delay`]).
+    fn ack_held(&self, now: Instant) -> bool {
+        !self.ack_ride && self.ack_hold.is_some_and(|t| now < t)
     }
 
     /// Like [`Self::poll_transmit`], but leaves the payload of SEND/WRITE packets in registered
@@ -450,11 +496,14 @@ impl RcQp {
         req_first: bool,
     ) -> Option<TxParts> {
         if req_first && let Some(p) = self.poll_request_parts(now, buf) {
+            self.ack_ride = true;
             return Some(p);
         }
-        if let Some(r) = &mut self.resp
+        if !self.ack_held(now)
+            && let Some(r) = &mut self.resp
             && let Some(n) = r.poll_transmit(buf)
         {
+            self.ack_hold = None;
             let pad = usize::from((buf[1] >> 4) & 3);
             return Some(TxParts {
                 head: n - pad - crate::wire::ICRC_LEN,
@@ -463,9 +512,12 @@ impl RcQp {
             });
         }
         if req_first {
+            self.ack_ride = false;
             return None;
         }
-        self.poll_request_parts(now, buf)
+        let p = self.poll_request_parts(now, buf);
+        self.ack_ride = p.is_some();
+        p
     }
 
     fn poll_request_parts(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxParts> {
@@ -482,10 +534,17 @@ impl RcQp {
 
     /// When [`Self::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.state != QpState::Rts {
-            return None;
+        // A held ACK leaves by itself when its wait is over (the responder runs in RTR too).
+        let hold = self.ack_hold.filter(|_| self.has_response());
+        let req = if self.state == QpState::Rts {
+            self.req.as_ref().and_then(Requester::poll_timeout)
+        } else {
+            None
+        };
+        match (req, hold) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        self.req.as_ref()?.poll_timeout()
     }
 
     /// Runs the timers.

@@ -455,6 +455,18 @@ impl Responder {
         !self.out.is_empty()
     }
 
+    /// Whether all that waits to be sent is one plain ACK (no NAK, no READ response).
+    pub(crate) fn only_plain_ack(&self) -> bool {
+        self.out.len() == 1
+            && matches!(
+                self.out.front(),
+                Some(Out::Ack {
+                    syndrome: Syndrome::Ack { .. },
+                    ..
+                })
+            )
+    }
+
     /// Completes every posted receive with `WR_FLUSH_ERR`; drops queued READ responses (a NAK
     /// already queued is kept so that the peer learns why).
     pub(crate) fn flush(&mut self) {

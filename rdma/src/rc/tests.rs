@@ -1260,3 +1260,75 @@ fn early_retransmission_waits_for_the_last_packet_and_spurious_ones_are_undone()
         "8 small and 4 long WRITEs completed"
     );
 }
+
+/// `QpCaps::ack_delay`: the ACK of a SEND waits for the receiver's own next request and leaves
+/// right after it in the same transmit pass; unanswered, it leaves alone when the delay is over.
+#[test]
+fn a_held_ack_rides_with_the_answer_or_leaves_when_its_wait_is_over() {
+    let caps = QpCaps {
+        ack_delay: Some(Duration::from_micros(200)),
+        ..QpCaps::default()
+    };
+    let mut p = Pair::with(Mtu::Mtu1024, 100, 200, caps, QpAttr::state(QpState::Rts));
+    let (sa, da) = (Pair::mr(&p.a, 64), Pair::mr(&p.a, 64));
+    let (sb, db) = (Pair::mr(&p.b, 64), Pair::mr(&p.b, 64));
+    let recv = |h: &mut Host, id: u64, mr: &Region| {
+        let wr = RecvWr {
+            wr_id: id,
+            sg_list: &[sge(mr, 0, 64)],
+        };
+        h.qp.post_recv(&wr, &h.mrs).unwrap();
+    };
+    let send = |h: &mut Host, id: u64, mr: &Region| {
+        let wr = SendWr {
+            wr_id: id,
+            opcode: WrOpcode::Send,
+            sg_list: &[sge(mr, 0, 8)],
+            flags: SendFlags::SIGNALED,
+        };
+        h.qp.post_send(&wr, &h.mrs).unwrap();
+    };
+    // One packet from `from` to `to`, if `from` has one: its opcode.
+    let hop = |from: &mut Host, to: &mut Host, now: Instant| -> Option<u8> {
+        let mut buf = vec![0u8; 8192];
+        let n = from.qp.poll_transmit(now, &mut buf)?;
+        let pkt = PacketRepr::parse_bytes(&buf[..n]).unwrap();
+        to.qp.handle_packet(now, &pkt, &to.mrs);
+        Some(buf[0])
+    };
+    recv(&mut p.b, 1, &db);
+    recv(&mut p.a, 2, &da);
+    send(&mut p.a, 10, &sa);
+    let t0 = p.now;
+    assert_eq!(hop(&mut p.a, &mut p.b, t0), Some(Opcode::SEND_ONLY.0));
+    // B holds its ACK, and says when it will send it anyway.
+    assert_eq!(hop(&mut p.b, &mut p.a, t0), None);
+    assert_eq!(p.b.qp.poll_timeout(), Some(t0 + Duration::from_micros(200)));
+    // B answers: the answer, then the ACK, in one pass.
+    let t1 = t0 + Duration::from_micros(5);
+    send(&mut p.b, 20, &sb);
+    assert_eq!(hop(&mut p.b, &mut p.a, t1), Some(Opcode::SEND_ONLY.0));
+    assert_eq!(hop(&mut p.b, &mut p.a, t1), Some(Opcode::ACKNOWLEDGE.0));
+    assert_eq!(hop(&mut p.b, &mut p.a, t1), None);
+    let done: Vec<_> = std::iter::from_fn(|| p.a.qp.poll_completion()).collect();
+    assert!(
+        done.iter()
+            .any(|(s, c)| *s == CqSide::Send && c.wr_id == 10),
+        "A's SEND acknowledged: {done:?}"
+    );
+    // A does not answer: its ACK of B's SEND waits 200 µs, then leaves alone.
+    assert_eq!(hop(&mut p.a, &mut p.b, t1), None);
+    let due = p.a.qp.poll_timeout().unwrap();
+    assert_eq!(due, t1 + Duration::from_micros(200));
+    assert_eq!(
+        hop(&mut p.a, &mut p.b, due - Duration::from_micros(1)),
+        None
+    );
+    assert_eq!(hop(&mut p.a, &mut p.b, due), Some(Opcode::ACKNOWLEDGE.0));
+    assert_eq!(p.a.qp.poll_timeout(), None, "nothing left to wait for");
+    let done: Vec<_> = std::iter::from_fn(|| p.b.qp.poll_completion()).collect();
+    assert!(
+        done.iter()
+            .any(|(s, c)| *s == CqSide::Send && c.wr_id == 20)
+    );
+}

@@ -83,6 +83,31 @@ pub(crate) unsafe fn sendmsg(fd: i32, msg: &libc::msghdr, flags: i32) -> io::Res
     })
 }
 
+/// `sendmmsg(2)`: how many of `msgs` were sent.
+///
+/// # Safety
+/// `msgs` must describe valid buffers for the duration of the call.
+pub(crate) unsafe fn sendmmsg(
+    fd: i32,
+    msgs: &mut [libc::mmsghdr],
+    flags: i32,
+) -> io::Result<usize> {
+    // SAFETY: per the function contract.
+    check(unsafe {
+        syscall6(
+            libc::SYS_sendmmsg,
+            [
+                fd as usize,
+                msgs.as_mut_ptr() as usize,
+                msgs.len(),
+                flags as usize,
+                0,
+                0,
+            ],
+        )
+    })
+}
+
 /// `recvmmsg(2)` without a timeout.
 ///
 /// # Safety

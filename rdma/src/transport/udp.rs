@@ -133,12 +133,80 @@ impl UdpSocket {
         iov: &[libc::iovec],
         segment: Option<u16>,
     ) -> io::Result<()> {
-        let total: usize = iov.iter().map(|v| v.iov_len).sum();
         let mut name = sockaddr(dst);
         let mut cmsg = [0u64; 8]; // 8-byte aligned control buffer: GSO (24) + pktinfo (32)
+        let msg = header(&mut name, &mut cmsg, iov, segment, src);
+        loop {
+            // SAFETY: every pointer in `msg` refers to live locals or the caller's iovecs.
+            match unsafe { sys::sendmsg(self.raw_fd(), &msg, libc::MSG_NOSIGNAL) } {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends several datagrams (or GSO batches) to `dst` in one `sendmmsg`: each entry of
+    /// `batches` is the concatenation of its iovecs, as a GSO batch of that segment size
+    /// when it has one. Returns how many entries failed.
+    ///
+    /// # Safety
+    /// Every iovec must point at readable memory for the duration of the call.
+    pub(crate) unsafe fn send_batches(
+        &self,
+        dst: SocketAddrV4,
+        src: Option<Ipv4Addr>,
+        batches: &[(&[libc::iovec], Option<u16>)],
+    ) -> usize {
+        const MAX: usize = 8;
+        let n = batches.len().min(MAX);
+        let mut names = [sockaddr(dst); MAX];
+        let mut cmsgs = [[0u64; 8]; MAX];
+        // SAFETY: zeroed mmsghdrs are valid empty headers.
+        let mut msgs: [libc::mmsghdr; MAX] = unsafe { std::mem::zeroed() };
+        for (i, ((iov, seg), (name, cmsg))) in batches[..n]
+            .iter()
+            .zip(names.iter_mut().zip(cmsgs.iter_mut()))
+            .enumerate()
+        {
+            msgs[i].msg_hdr = header(name, cmsg, iov, *seg, src);
+        }
+        let mut failed = batches.len() - n;
+        let mut at = 0;
+        while at < n {
+            // SAFETY: every header points at `names`, `cmsgs` and the caller's iovecs.
+            match unsafe { sys::sendmmsg(self.raw_fd(), &mut msgs[at..n], libc::MSG_NOSIGNAL) } {
+                Ok(0) => {
+                    failed += n - at;
+                    break;
+                }
+                Ok(k) => at += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // The first of the rest failed: count it, go on with the others.
+                    failed += 1;
+                    at += 1;
+                }
+            }
+        }
+        failed
+    }
+}
+
+/// A `msghdr` for `iov` to `name`, with a GSO segment size and a source address in `cmsg`
+/// when given; it points at its arguments.
+fn header(
+    name: &mut libc::sockaddr_in,
+    cmsg: &mut [u64; 8],
+    iov: &[libc::iovec],
+    segment: Option<u16>,
+    src: Option<Ipv4Addr>,
+) -> libc::msghdr {
+    {
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
         // SAFETY: zeroed msghdr is a valid empty header.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
+        msg.msg_name = (name as *mut libc::sockaddr_in).cast();
         msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
         msg.msg_iov = iov.as_ptr().cast_mut();
         msg.msg_iovlen = iov.len();
@@ -171,14 +239,7 @@ impl UdpSocket {
             msg.msg_control = cmsg.as_mut_ptr().cast();
             msg.msg_controllen = at + 32;
         }
-        loop {
-            // SAFETY: every pointer in `msg` refers to live locals or the caller's iovecs.
-            match unsafe { sys::sendmsg(self.raw_fd(), &msg, libc::MSG_NOSIGNAL) } {
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        msg
     }
 }
 

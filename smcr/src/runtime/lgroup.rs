@@ -91,6 +91,7 @@ impl LinkGroup {
         let caps = QpCaps {
             max_send_wr: 4096,
             max_recv_wr: RECV_SLOTS as u32,
+            ack_delay: rt.cfg.ack_delay,
             ..QpCaps::default()
         };
         let pd = if rt.cfg.same_host {
