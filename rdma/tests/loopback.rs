@@ -499,3 +499,56 @@ fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
     assert!(merged > 0, "B never answered within 300 µs");
     assert_eq!(a.dev.stats().rc_probes + b.dev.stats().rc_probes, 0);
 }
+
+/// `DeviceConfig::rx_hold`: after a thread's wait returns, the socket stays with it for its
+/// next wait; a thread that does not come back loses it to the engine thread when the hold
+/// is over, and what arrives meanwhile is received then (nothing waits for ever).
+#[test]
+fn a_held_socket_goes_back_to_the_engine_when_its_thread_does_not_return() {
+    let mk = || {
+        let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.rx_hold = Duration::from_millis(20);
+        let dev = Device::open(cfg).unwrap();
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq().unwrap();
+        let qp = pd.create_qp(&cq, &cq, QpCaps::default(), false).unwrap();
+        Side { dev, pd, cq, qp }
+    };
+    let (a, b) = (mk(), mk());
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    for id in 1..=3 {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: id,
+            sg_list: &[mb.sge(64 * id as usize, 64)],
+        }])
+        .unwrap();
+    }
+    let send = |id, flags| {
+        a.qp.post_send(&[SendWr {
+            wr_id: id,
+            opcode: WrOpcode::Send,
+            sg_list: &[ma.sge(0, 44)],
+            flags,
+        }])
+        .unwrap();
+    };
+    // Waits that come back at once keep the socket between them.
+    for id in 1..=2 {
+        send(10 + id, SendFlags::empty());
+        assert_eq!(wait_one(&b.cq).wr_id, id);
+    }
+    // B's thread does not wait again: nobody receives B's packets until the hold is over,
+    // then the engine thread does, and B acknowledges the next SEND (A's completion).
+    let start = std::time::Instant::now();
+    send(13, SendFlags::SIGNALED);
+    assert_eq!(wait_one(&a.cq).wr_id, 13);
+    assert!(
+        start.elapsed() >= Duration::from_millis(10),
+        "acknowledged within {:?}: the socket was not held",
+        start.elapsed()
+    );
+    // (The engine sends the ACK before it queues the completion.)
+    assert_eq!(wait_one(&b.cq).wr_id, 3);
+}

@@ -113,7 +113,7 @@ impl Shared {
             self.shm_poll(cq);
             return Ok(());
         };
-        self.engine_rx_interest(false);
+        self.rx_take();
         let res = loop {
             // Armed only while asleep: completions this thread produces itself need no signal.
             // The order of `Notify::event_sleep`: arm, register, look.
@@ -177,7 +177,7 @@ impl Shared {
         // Hand receiving back to the engine thread (it wakes at once if data is waiting):
         // release first, so that the engine never finds the socket readable and the state held.
         drop(rx);
-        self.engine_rx_interest(true);
+        self.rx_give();
         res
     }
 
@@ -277,7 +277,7 @@ impl Shared {
             self.rx_try()
         };
         if rx.is_some() {
-            self.engine_rx_interest(false);
+            self.rx_take();
         }
         let res = loop {
             if self.drive_sleep(cq, true) {
@@ -345,13 +345,13 @@ impl Shared {
             if rx.is_none() && !shm_only && !delegated() {
                 rx = self.rx_try();
                 if rx.is_some() {
-                    self.engine_rx_interest(false);
+                    self.rx_take();
                 }
             }
         };
         if rx.is_some() {
             drop(rx);
-            self.engine_rx_interest(true);
+            self.rx_give();
         }
         res
     }

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 /// Pseudo QP number used for the fault injector's timer.
 pub(super) const FAULT_TIMER: u32 = u32::MAX;
+/// The timer of a socket hand-back ([`DeviceConfig::rx_hold`](super::DeviceConfig::rx_hold)).
+pub(super) const RX_HOLD_TIMER: u32 = u32::MAX - 1;
 
 impl Shared {
     fn wake_engine(&self) {
@@ -181,6 +183,10 @@ fn run_timers(shared: &Shared, now: Instant) {
         let Some((t, qpn)) = due else { return };
         if qpn == FAULT_TIMER {
             shared.release_faulted(now);
+            continue;
+        }
+        if qpn == RX_HOLD_TIMER {
+            shared.rx_hold_due(now);
             continue;
         }
         let Some(qp) = shared.lookup(qpn) else {

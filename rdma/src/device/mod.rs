@@ -91,6 +91,12 @@ pub struct DeviceConfig {
     /// again. Default 15 µs (longer spins cost bulk transfers: iperf3 on one host moved 33–38
     /// Gbit/s with 50 µs, 47–51 with 10–15, at the same ping-pong latency).
     pub spin: Duration,
+    /// How long the socket stays with an application thread after its blocking wait returned
+    /// (0: handed back to the engine thread at once). A thread that reads, answers and waits
+    /// again comes back within microseconds: it then takes the socket again without the two
+    /// `epoll_ctl` calls that hand it to the engine thread and back; if it does not come back
+    /// in time, the engine thread takes it (smcr: `SMCR_HOLD_US`, as event loops' holds).
+    pub rx_hold: Duration,
 }
 
 impl DeviceConfig {
@@ -111,6 +117,7 @@ impl DeviceConfig {
             spin: crate::env::var("SMCR_SPIN_US")
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_SPIN, |us| Duration::from_micros(us.min(10_000))),
+            rx_hold: Duration::ZERO,
         }
     }
 }
@@ -215,6 +222,13 @@ pub(crate) struct Shared {
     epoll: OwnedFd,
     /// Why the engine thread does not watch the socket now (see `engine_rx_interest`).
     rx_away: Mutex<u32>,
+    /// A waiting thread's hand-back of the socket, held for its next wait (see
+    /// [`DeviceConfig::rx_hold`]): set, it keeps one count of `rx_away`.
+    rx_sticky: AtomicBool,
+    /// Until when (ns since `base`) the hand-back waits for the thread to come back.
+    rx_sticky_until: AtomicU64,
+    /// An `RX_HOLD_TIMER` entry is in the engine's timers.
+    rx_sticky_armed: AtomicBool,
     /// Threads watching the socket from their own epoll sets ([`Self::delegate_rx`]).
     delegated: AtomicU32,
     /// Readable when delegation starts: a thread asleep in a receive of its own (holding the
@@ -384,6 +398,9 @@ impl Shared {
             rx: Mutex::new(RxState::new()),
             epoll: ep,
             rx_away: Mutex::new(0),
+            rx_sticky: AtomicBool::new(false),
+            rx_sticky_until: AtomicU64::new(0),
+            rx_sticky_armed: AtomicBool::new(false),
             delegated: AtomicU32::new(0),
             rx_yield: crate::fdzone::place(rustix::event::eventfd(
                 0,

@@ -152,6 +152,52 @@ impl Shared {
         );
     }
 
+    /// A thread about to wait on the socket takes it from the engine thread: the hand-back
+    /// its previous wait left (see [`Self::rx_give`]) costs nothing, else the engine's
+    /// interest goes off.
+    pub(super) fn rx_take(&self) {
+        if !self.rx_sticky.swap(false, Ordering::SeqCst) {
+            self.engine_rx_interest(false);
+        }
+    }
+
+    /// A thread's wait is over: the socket goes back to the engine thread, at once, or with
+    /// [`DeviceConfig::rx_hold`](super::DeviceConfig::rx_hold) only when the thread has not
+    /// come back for it by then (the engine's `RX_HOLD_TIMER`).
+    pub(super) fn rx_give(&self) {
+        if self.cfg.rx_hold.is_zero() {
+            self.engine_rx_interest(true);
+            return;
+        }
+        let until = Instant::now() + self.cfg.rx_hold;
+        self.rx_sticky_until
+            .store(self.nanos(until), Ordering::SeqCst);
+        self.rx_sticky.store(true, Ordering::SeqCst);
+        if !self.rx_sticky_armed.swap(true, Ordering::SeqCst) {
+            self.schedule(until, super::engine::RX_HOLD_TIMER);
+        }
+    }
+
+    /// The engine's `RX_HOLD_TIMER`: the hand-back ends unless its thread came back (then it
+    /// was extended: look again then).
+    pub(super) fn rx_hold_due(&self, now: Instant) {
+        self.rx_sticky_armed.store(false, Ordering::SeqCst);
+        if !self.rx_sticky.load(Ordering::SeqCst) {
+            return;
+        }
+        let until = self.rx_sticky_until.load(Ordering::SeqCst);
+        if self.nanos(now) < until {
+            if !self.rx_sticky_armed.swap(true, Ordering::SeqCst) {
+                let at = self.base + std::time::Duration::from_nanos(until);
+                self.schedule(at, super::engine::RX_HOLD_TIMER);
+            }
+            return;
+        }
+        if self.rx_sticky.swap(false, Ordering::SeqCst) {
+            self.engine_rx_interest(true);
+        }
+    }
+
     /// See [`crate::CqScheduler::delegate_rx`].
     pub(crate) fn delegate_rx(&self, on: bool) {
         if on {

@@ -88,6 +88,9 @@ impl Inner {
         }
         let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
         dcfg.faults = self.cfg.faults;
+        // A thread blocked in a read keeps the socket between its waits as long as an event
+        // loop keeps its group (SMCR_HOLD_US).
+        dcfg.rx_hold = self.cfg.app_hold;
         // Multi-homed: the second link of a group is a second queue pair of this device,
         // sending from an alternate address (same memory regions, same CQ). Each device gets
         // its own (the first configured one no other device has or is; none for a loopback
