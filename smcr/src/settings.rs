@@ -196,7 +196,7 @@ pub static SETTINGS: &[Setting] = &[
         var: "SMCR_HOLD_US",
         kind: Kind::Whole("microseconds, a whole number"),
         default: "1000",
-        about: "how long an epoll loop keeps its link group between two waits",
+        about: "how long an epoll loop keeps its link group, and a blocked reader the RoCE socket, between two waits",
     },
     Setting {
         key: "smcr.ack_delay_us",
