@@ -552,3 +552,101 @@ fn a_held_socket_goes_back_to_the_engine_when_its_thread_does_not_return() {
     // (The engine sends the ACK before it queues the completion.)
     assert_eq!(wait_one(&b.cq).wr_id, 3);
 }
+
+/// Two threads blocked on two CQs of one device take turns with its socket, each leaving a
+/// hand-back behind ([`DeviceConfig::rx_hold`]); when both stop, the engine thread gets the
+/// socket back all the same (a second hand-back while one is held must not keep it away).
+#[test]
+fn two_blocked_readers_on_one_device_hand_the_socket_back() {
+    let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.rx_hold = Duration::from_millis(5);
+    let bdev = Device::open(cfg).unwrap();
+    let bpd = bdev.alloc_pd();
+    let a = side(None);
+    let a2 = side(None);
+    struct B {
+        cq: CompletionQueue,
+        qp: QueuePair,
+    }
+    let mut bs = Vec::new();
+    for peer in [&a, &a2] {
+        let cq = bdev.create_cq().unwrap();
+        let caps = QpCaps {
+            max_recv_wr: 4096,
+            ..QpCaps::default()
+        };
+        let qp = bpd.create_qp(&cq, &cq, caps, false).unwrap();
+        let ends = [
+            (&peer.qp, qp.qp_num(), bdev.local_addr()),
+            (&qp, peer.qp.qp_num(), peer.dev.local_addr()),
+        ];
+        for (me, dest, av) in ends {
+            me.modify(&QpAttr::state(QpState::Init)).unwrap();
+            me.modify(&QpAttr {
+                path_mtu: Some(Mtu::Mtu1024),
+                dest_qp_num: Some(dest),
+                rq_psn: Some(Psn::new(5)),
+                av: Some(av),
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .unwrap();
+            me.modify(&QpAttr {
+                sq_psn: Some(Psn::new(5)),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .unwrap();
+        }
+        bs.push(B { cq, qp });
+    }
+    const ROUNDS: u64 = 1500;
+    let mrs: Vec<_> = bs
+        .iter()
+        .map(|_| bpd.reg_mr(4096, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    for (b, m) in bs.iter().zip(&mrs) {
+        for i in 0..ROUNDS + 1 {
+            b.qp.post_recv(&[RecvWr {
+                wr_id: i,
+                sg_list: &[m.sge(0, 64)],
+            }])
+            .unwrap();
+        }
+    }
+    // Posts, waiting for room in the send queue (the sender outruns the round trips).
+    let send = |s: &Side, m: &MemoryRegion, id, flags| loop {
+        let wr = SendWr {
+            wr_id: id,
+            opcode: WrOpcode::Send,
+            sg_list: &[m.sge(0, 44)],
+            flags,
+        };
+        match s.qp.post_send(&[wr]) {
+            Ok(()) => break,
+            Err(_) => std::thread::yield_now(),
+        }
+    };
+    let (ma, ma2) = (
+        a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap(),
+        a2.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap(),
+    );
+    std::thread::scope(|sc| {
+        for b in &bs {
+            sc.spawn(move || {
+                for i in 0..ROUNDS {
+                    assert_eq!(wait_one(&b.cq).wr_id, i);
+                }
+            });
+        }
+        for i in 0..ROUNDS {
+            send(&a, &ma, i, SendFlags::empty());
+            send(&a2, &ma2, i, SendFlags::empty());
+        }
+    });
+    // Nobody waits on B now: its engine must take the socket back and acknowledge.
+    std::thread::sleep(Duration::from_millis(10));
+    send(&a, &ma, 99_999, SendFlags::SIGNALED);
+    assert_eq!(wait_one(&a.cq).wr_id, 99_999);
+    assert_eq!(wait_one(&bs[0].cq).wr_id, ROUNDS);
+}

@@ -172,7 +172,12 @@ impl Shared {
         let until = Instant::now() + self.cfg.rx_hold;
         self.rx_sticky_until
             .store(self.nanos(until), Ordering::SeqCst);
-        self.rx_sticky.store(true, Ordering::SeqCst);
+        if self.rx_sticky.swap(true, Ordering::SeqCst) {
+            // Another thread's hand-back is held already (it let go of the receive state, we
+            // took it before its hand-back was set, and turned the interest off a second
+            // time): one held count is enough, ours goes back.
+            self.engine_rx_interest(true);
+        }
         if !self.rx_sticky_armed.swap(true, Ordering::SeqCst) {
             self.schedule(until, super::engine::RX_HOLD_TIMER);
         }

@@ -154,3 +154,31 @@ fn kernel_rxe_datagrams_pass_and_any_single_bit_flip_fails() {
     }
     assert!(ids_seen.iter().all(|&id| id >= GSO_IDS), "{ids_seen:x?}");
 }
+
+/// The socket hand-back's counting (`rx_take`/`rx_give`, see `DeviceConfig::rx_hold`) in the
+/// order two waiting threads can produce: one lets go of the receive state, the other takes
+/// it and turns the interest off before the first one's hand-back is set; both hand back.
+/// When the hold is over the engine's interest is back (no count left behind).
+#[test]
+fn two_hand_backs_leave_no_count_behind() {
+    let mut cfg = super::DeviceConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.rx_hold = std::time::Duration::from_millis(1);
+    let dev = super::Shared::open(cfg).unwrap();
+    let away = || *dev.rx_away.lock();
+    dev.rx_take(); // thread 1 waits
+    assert_eq!(away(), 1);
+    dev.rx_take(); // thread 2 takes the receive state before thread 1's hand-back is set
+    assert_eq!(away(), 2);
+    dev.rx_give(); // thread 1's hand-back
+    dev.rx_give(); // thread 2's: one held count is enough
+    assert_eq!(away(), 1);
+    dev.rx_take(); // a thread comes back: takes the held one, no system call
+    assert_eq!(away(), 1);
+    dev.rx_give();
+    assert_eq!(away(), 1);
+    // Nobody comes back: the hold's timer gives the socket to the engine thread.
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    dev.rx_hold_due(std::time::Instant::now());
+    assert_eq!(away(), 0);
+    dev.stop();
+}
