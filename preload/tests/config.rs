@@ -78,6 +78,20 @@ fn redis(shim: &Shim, p: &str, env: &[(&str, &str)]) -> Bg {
     bg
 }
 
+/// A configuration file `name` holding `text` in the shim's directory (removed with it).
+fn config_file(shim: &Shim, name: &str, text: &str) -> String {
+    let f = shim.dir.join(name);
+    std::fs::write(&f, text).unwrap();
+    f.to_str().unwrap().to_owned()
+}
+
+/// `redis-cli ping` to 127.0.0.2:`p` without the shim.
+fn plain_ping(p: &str) {
+    let mut plain = Command::new("redis-cli");
+    plain.args(["-h", "127.0.0.2", "-p", p, "ping"]);
+    assert_eq!(run_ok(&mut plain, "plain redis-cli ping").trim(), "PONG");
+}
+
 /// The library reads the configuration file `SMCR_CONFIG` names, and the environment wins
 /// over it: a file that keeps every port but 1-2 off SMC-R leaves the listener TCP (logged
 /// as excluded); the same file under `SMCR_INCLUDE=1-65535` lets the next one use SMC-R.
@@ -87,15 +101,15 @@ fn the_library_reads_the_config_file_and_the_environment_overrides_it() {
         return;
     }
     let shim = Shim::new("config-file");
-    let file = std::env::temp_dir().join(format!("smcr-config-{}.toml", std::process::id()));
-    std::fs::write(&file, "# only ports 1-2\n[smcr]\ninclude = [\"1-2\"]\n").unwrap();
-    let f = file.to_str().unwrap();
+    let f = &config_file(
+        &shim,
+        "smcr.toml",
+        "# only ports 1-2\n[smcr]\ninclude = [\"1-2\"]\n",
+    );
     let p = port(28100).to_string();
     {
         let _server = redis(&shim, &p, &[("SMCR_CONFIG", f)]);
-        let mut plain = Command::new("redis-cli");
-        plain.args(["-h", "127.0.0.2", "-p", &p, "ping"]);
-        assert_eq!(run_ok(&mut plain, "plain redis-cli ping").trim(), "PONG");
+        plain_ping(&p);
     }
     let log = shim.log();
     assert!(
@@ -114,7 +128,6 @@ fn the_library_reads_the_config_file_and_the_environment_overrides_it() {
         .env("SMCR_INCLUDE", "1-65535");
     assert_eq!(run_ok(&mut cli, "redis-cli ping").trim(), "PONG");
     assert_eq!(shim.smcr_count("accept"), 1, "{}", shim.log());
-    let _ = std::fs::remove_file(&file);
 }
 
 /// A configuration file that does not parse leaves the process on TCP, and the log names the
@@ -125,14 +138,10 @@ fn a_bad_config_file_leaves_the_process_on_tcp_and_names_the_entry() {
         return;
     }
     let shim = Shim::new("config-bad-file");
-    let file = std::env::temp_dir().join(format!("smcr-badconfig-{}.toml", std::process::id()));
-    std::fs::write(&file, "[smcr]\nroce_port = \"fast\"\n").unwrap();
-    let f = file.to_str().unwrap();
+    let f = &config_file(&shim, "smcr.toml", "[smcr]\nroce_port = \"fast\"\n");
     let p = port(28300).to_string();
     let _server = redis(&shim, &p, &[("SMCR_CONFIG", f)]);
-    let mut plain = Command::new("redis-cli");
-    plain.args(["-h", "127.0.0.2", "-p", &p, "ping"]);
-    assert_eq!(run_ok(&mut plain, "plain redis-cli ping").trim(), "PONG");
+    plain_ping(&p);
     let log = shim.log();
     assert!(
         log.contains(&format!(
@@ -141,7 +150,6 @@ fn a_bad_config_file_leaves_the_process_on_tcp_and_names_the_entry() {
         "the bad entry was not named:\n{log}"
     );
     assert_eq!(shim.smcr_count("accept"), 0, "{log}");
-    let _ = std::fs::remove_file(&file);
 }
 
 /// Two ends whose UEIDs differ (set in each one's configuration file): the server declines,
@@ -153,18 +161,13 @@ fn a_decline_is_logged_with_its_reason_on_both_sides() {
         return;
     }
     let shim = Shim::new("config-decline");
-    let dir = std::env::temp_dir();
-    let (fa, fb) = (
-        dir.join(format!("smcr-ueid-a-{}.toml", std::process::id())),
-        dir.join(format!("smcr-ueid-b-{}.toml", std::process::id())),
-    );
-    std::fs::write(&fa, "smcr.ueid = [\"SMC-SIDE-A\"]\n").unwrap();
-    std::fs::write(&fb, "smcr.ueid = [\"SMC-SIDE-B\"]\n").unwrap();
+    let fa = config_file(&shim, "a.toml", "smcr.ueid = [\"SMC-SIDE-A\"]\n");
+    let fb = config_file(&shim, "b.toml", "smcr.ueid = [\"SMC-SIDE-B\"]\n");
     let p = port(28400).to_string();
-    let server = redis(&shim, &p, &[("SMCR_CONFIG", fa.to_str().unwrap())]);
+    let server = redis(&shim, &p, &[("SMCR_CONFIG", &fa)]);
     let mut cli = shim.cmd(true, "redis-cli");
     cli.args(["-h", "127.0.0.2", "-p", &p, "ping"])
-        .env("SMCR_CONFIG", fb.to_str().unwrap());
+        .env("SMCR_CONFIG", &fb);
     assert_eq!(run_ok(&mut cli, "redis-cli ping").trim(), "PONG");
     drop(server);
     let log = shim.log();
@@ -191,6 +194,4 @@ fn a_decline_is_logged_with_its_reason_on_both_sides() {
         0,
         "{log}"
     );
-    let _ = std::fs::remove_file(&fa);
-    let _ = std::fs::remove_file(&fb);
 }

@@ -22,6 +22,31 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// `c` preloads the library by name from `libdir` (as for any prefix the loader does not
+/// search), with `assume` and the default RoCE port, logging to `log`.
+fn by_name(c: &mut Command, libdir: &Path, log: &Path) {
+    c.env("LD_PRELOAD", "libsmcr.so")
+        .env("LD_LIBRARY_PATH", libdir)
+        .env("SMCR_NEGOTIATION", "assume")
+        .env("SMCR_CONFIG", "off")
+        .env("SMCR_LOG", log)
+        .env_remove("SMCR_ROCE_PORT");
+}
+
+/// `redis-server` on 127.0.0.1:`p` under the library by name; the guard stops it.
+fn redis_by_name(p: u16, libdir: &Path, log: &Path) -> Bg {
+    let mut server = Command::new("redis-server");
+    server
+        .args(["--bind", "127.0.0.1", "--port", &p.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .current_dir("/");
+    by_name(&mut server, libdir, log);
+    let server = Bg(server.spawn().unwrap());
+    wait_listening(None, "127.0.0.1", p);
+    server
+}
+
 #[test]
 fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
     if !have("redis-server") || !have("redis-cli") {
@@ -63,25 +88,12 @@ fn install_then_preload_by_name_and_smcr_run_then_uninstall_leaves_nothing() {
     // Both ends on 127.0.0.1, the library named as users name it.
     let log = top.join("smcr.log");
     let p = port(27000);
-    let by_name = |c: &mut Command| {
-        c.env("LD_PRELOAD", "libsmcr.so")
-            .env("LD_LIBRARY_PATH", prefix.join("lib"))
-            .env("SMCR_NEGOTIATION", "assume")
-            .env("SMCR_LOG", &log)
-            .env_remove("SMCR_ROCE_PORT")
-            .current_dir("/");
-    };
-    let mut server = Command::new("redis-server");
-    server
-        .args(["--bind", "127.0.0.1", "--port", &p.to_string()])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null());
-    by_name(&mut server);
-    let _server = Bg(server.spawn().unwrap());
-    wait_listening(None, "127.0.0.1", p);
+    let libdir = prefix.join("lib");
+    let _server = redis_by_name(p, &libdir, &log);
     let mut set = Command::new("redis-cli");
-    set.args(["-p", &p.to_string(), "set", "k", "installed"]);
-    by_name(&mut set);
+    set.args(["-p", &p.to_string(), "set", "k", "installed"])
+        .current_dir("/");
+    by_name(&mut set, &libdir, &log);
     assert_eq!(run_ok(&mut set, "redis-cli set").trim(), "OK");
 
     // The installed launcher finds the installed library by itself, from any directory.
@@ -205,25 +217,11 @@ fn the_debian_package_holds_a_working_install() {
     // The packaged library, by name, on both ends (127.0.0.1, the default RoCE port).
     let log = top.join("smcr.log");
     let p = port(27100);
-    let by_name = |c: &mut Command| {
-        c.env("LD_PRELOAD", "libsmcr.so")
-            .env("LD_LIBRARY_PATH", x.join("usr/lib"))
-            .env("SMCR_NEGOTIATION", "assume")
-            .env("SMCR_CONFIG", "off")
-            .env("SMCR_LOG", &log)
-            .env_remove("SMCR_ROCE_PORT");
-    };
-    let mut server = Command::new("redis-server");
-    server
-        .args(["--bind", "127.0.0.1", "--port", &p.to_string()])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null());
-    by_name(&mut server);
-    let server = Bg(server.spawn().unwrap());
-    wait_listening(None, "127.0.0.1", p);
+    let libdir = x.join("usr/lib");
+    let server = redis_by_name(p, &libdir, &log);
     let mut ping = Command::new("redis-cli");
     ping.args(["-p", &p.to_string(), "ping"]);
-    by_name(&mut ping);
+    by_name(&mut ping, &libdir, &log);
     assert_eq!(run_ok(&mut ping, "redis-cli ping").trim(), "PONG");
     drop(server);
     let text = std::fs::read_to_string(&log).unwrap_or_default();

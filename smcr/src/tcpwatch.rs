@@ -106,22 +106,20 @@ impl Watched {
 impl Drop for Watched {
     fn drop(&mut self) {
         let mut w = WATCHER.lock();
-        if let Some(w) = w.as_mut()
-            && w.pid == std::process::id()
-            && let Some(deadline) = self.linger
-            && w.closing.len() < MAX_LINGERING
-            && w.regs.remove(&self.key).is_some()
-        {
-            // Still registered: the peer has not closed yet. The same registration now
-            // reports its close.
-            w.closing.insert(self.key, (self.fd.clone(), deadline));
-            let _ = rustix::io::write(&*w.wake, &1u64.to_ne_bytes());
+        let Some(w) = w.as_mut().filter(|w| w.pid == std::process::id()) else {
+            return;
+        };
+        // Not registered any more: it hung up (the peer closed), nothing to wait for.
+        if w.regs.remove(&self.key).is_none() {
             return;
         }
-        if let Some(w) = w.as_mut()
-            && w.pid == std::process::id()
-            && w.regs.remove(&self.key).is_some()
+        if let Some(deadline) = self.linger
+            && w.closing.len() < MAX_LINGERING
         {
+            // The peer has not closed yet: the same registration now reports its close.
+            w.closing.insert(self.key, (self.fd.clone(), deadline));
+            let _ = rustix::io::write(&*w.wake, &1u64.to_ne_bytes());
+        } else {
             // The stream (or the application, under the preload) may hold the same file open:
             // only an explicit delete takes it out of the set.
             // SAFETY: our set and our descriptor, still open.

@@ -128,13 +128,14 @@ impl Shared {
             // SAFETY: the iovecs point at `tx.buf` and at registered memory, both alive here.
             usize::from(unsafe { sock.send_iov(dst, None, &tx.iov[r.clone()], *seg) }.is_err())
         } else {
-            let batches: Vec<(&[libc::iovec], Option<u16>)> = tx
-                .sealed
-                .iter()
-                .map(|(r, seg)| (&tx.iov[r.clone()], *seg))
-                .collect();
+            // On the stack: no allocation per pass.
+            let mut batches: [(&[libc::iovec], Option<u16>); MAX_SEALED] =
+                [(&[], None); MAX_SEALED];
+            for (b, (r, seg)) in batches.iter_mut().zip(&tx.sealed) {
+                *b = (&tx.iov[r.clone()], *seg);
+            }
             // SAFETY: as above.
-            unsafe { sock.send_batches(dst, None, &batches) }
+            unsafe { sock.send_batches(dst, None, &batches[..tx.sealed.len()]) }
         };
         if failed > 0 {
             bump(&self.stats.tx_errors, failed as u64);
