@@ -159,7 +159,8 @@ pub static SETTINGS: &[Setting] = &[
     Setting {
         key: "smcr.steer_attach",
         var: "SMCR_STEER_ATTACH",
-        kind: Kind::Choice(&["pinned", "on", "load", "off"]),
+        // The words `SteerAttach::parse` takes (the on/off spellings of a flag too).
+        kind: Kind::Choice(&["pinned", "on", "1", "yes", "load", "off", "0", "no"]),
         default: "pinned",
         about: "attach the RoCE steering program in the namespace (root): when pinned, load it too, or never",
     },
@@ -933,6 +934,27 @@ mod tests {
             e.to_string(),
             "SMCR_WRITE_PAD=\"2\" is not valid (on or off (also 1/0, yes/no, true/false))"
         );
+    }
+
+    /// Every spelling the runtime takes passes the check at start, and the runtime takes
+    /// every spelling the check lets through (no value refused by one and used by the other).
+    #[test]
+    fn the_check_and_the_runtime_take_the_same_steering_words() {
+        for w in [
+            "pinned",
+            "on",
+            "1",
+            "yes",
+            "load",
+            "off",
+            "0",
+            "no",
+            "sometimes",
+        ] {
+            let checked = resolve(&env(&[("SMCR_STEER_ATTACH", w)]), None).is_ok();
+            let parsed = crate::steer::SteerAttach::parse(w).is_some();
+            assert_eq!(checked, parsed, "{w}");
+        }
     }
 
     #[test]
