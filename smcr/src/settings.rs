@@ -391,16 +391,6 @@ pub enum SettingError {
         /// Why it is not (a Linux sysctl we do not have), or where the settings are listed.
         why: String,
     },
-    /// A setting given twice in one file.
-    #[error("{}:{line}: {key} is set a second time", path.display())]
-    Twice {
-        /// The file.
-        path: PathBuf,
-        /// The line of the second entry.
-        line: usize,
-        /// The key.
-        key: String,
-    },
     /// The file is not TOML.
     #[error("{}:{line}: not valid TOML: {message}", path.display())]
     Syntax {
@@ -478,8 +468,8 @@ impl File {
 
     /// Parses `text` (read from `path`): a TOML document whose keys are settings' file names
     /// (`net.smc.rmem = 524288`, or `rmem = 524288` under `[net.smc]`). Every entry is
-    /// checked: an unknown key, a key given twice or a value that does not parse is an error
-    /// naming its line.
+    /// checked: an unknown key or a value that does not parse is an error naming its line (a
+    /// key given twice is not TOML: each setting has one key, and the parser refuses it).
     pub fn parse(path: &Path, text: &str) -> Result<Self, SettingError> {
         let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
         let doc = DeTable::parse(text).map_err(|e| SettingError::Syntax {
@@ -505,13 +495,6 @@ impl File {
                     why,
                 });
             };
-            if entries.iter().any(|e| std::ptr::eq(e.setting, setting)) {
-                return Err(SettingError::Twice {
-                    path: path.to_owned(),
-                    line,
-                    key,
-                });
-            }
             let bad = |written: String| SettingError::Value {
                 setting,
                 origin: Origin::File {
