@@ -453,10 +453,8 @@ impl RcQp {
     /// to fill) into `buf`, which must hold 64 + MTU bytes. Returns its length.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         if !self.ack_held(now)
-            && let Some(r) = &mut self.resp
-            && let Some(n) = r.poll_transmit(buf)
+            && let Some(n) = self.poll_response(buf)
         {
-            self.ack_hold = None;
             return Some(n);
         }
         let p = if self.state == QpState::Rts {
@@ -469,14 +467,18 @@ impl RcQp {
         } else if self.ack_ride {
             // The held ACK goes after the requests of this pass.
             self.ack_ride = false;
-            if let Some(r) = &mut self.resp
-                && let Some(n) = r.poll_transmit(buf)
-            {
-                self.ack_hold = None;
+            if let Some(n) = self.poll_response(buf) {
                 return Some(n);
             }
         }
         p
+    }
+
+    /// The responder's next packet (an ACK sent ends any hold).
+    fn poll_response(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let n = self.resp.as_mut()?.poll_transmit(buf)?;
+        self.ack_hold = None;
+        Some(n)
     }
 
     /// Whether the responder's pending ACK waits (see [`QpCaps::ack_delay`]).
@@ -500,10 +502,8 @@ impl RcQp {
             return Some(p);
         }
         if !self.ack_held(now)
-            && let Some(r) = &mut self.resp
-            && let Some(n) = r.poll_transmit(buf)
+            && let Some(n) = self.poll_response(buf)
         {
-            self.ack_hold = None;
             let pad = usize::from((buf[1] >> 4) & 3);
             return Some(TxParts {
                 head: n - pad - crate::wire::ICRC_LEN,
