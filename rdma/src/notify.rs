@@ -95,6 +95,8 @@ pub(crate) struct Notify {
     kicked: AtomicBool,
     /// Who sleeps, for the waiting words of the same-host rings.
     sleepers: Mutex<Sleepers>,
+    /// The waiting word last published (see [`Self::published`]).
+    published: AtomicU32,
 }
 
 impl Notify {
@@ -105,6 +107,7 @@ impl Notify {
             drivers: AtomicU32::new(0),
             kicked: AtomicBool::new(false),
             sleepers: Mutex::new(Sleepers::default()),
+            published: AtomicU32::new(0),
         }
     }
 
@@ -206,7 +209,19 @@ impl Notify {
         let mut s = self.sleepers.lock();
         change(&mut s);
         self.armed_driver.store(s.drivers > 0, Ordering::SeqCst);
-        publish(self.waiting_word(&s))
+        let word = self.waiting_word(&s);
+        self.published.store(word, Ordering::SeqCst);
+        publish(word)
+    }
+
+    /// The waiting word last passed to a `publish` of [`Self::sleepers`], for a ring that
+    /// joins without the sleepers' lock. Store-buffering pair with `publish`'s look at who
+    /// has rings: the joining ring first counts itself (SeqCst) then reads this word; a
+    /// `sleepers` call stores the word then looks at the count. Either it sees the new ring
+    /// (and, serialised behind the joiner's QP lock, stores its word there last) or the
+    /// joiner reads its word.
+    pub(crate) fn published(&self) -> u32 {
+        self.published.load(Ordering::SeqCst)
     }
 
     /// The waiting word the same-host producers see: [`WAIT_DRIVER`] while a driver sleeps,

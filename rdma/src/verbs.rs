@@ -412,6 +412,11 @@ impl QueuePair {
                         from_qpn: self.qp.qpn,
                         from: shared.local,
                     };
+                    // Counted live before the offer leaves (a peer may write at once), with
+                    // the sleepers' waiting word so that it rings our bell (Notify::published).
+                    let cq = &core_ref.recv_cq;
+                    shm.live = Some(crate::samehost::Live::new(cq.shm_live.clone()));
+                    shm.set_waiting(cq.notify.published());
                     let [arena, ring] = shm.offer_fds();
                     let bell = core_ref.recv_cq.event.as_fd();
                     let bell_driver = core_ref.recv_cq.event_driver.as_fd();
@@ -423,9 +428,12 @@ impl QueuePair {
                             [arena, ring, bell, bell_driver],
                         )
                     });
-                    if let Some(c) = &shm.offered {
-                        shm.wait_until = Some(Instant::now() + crate::samehost::OFFER_WAIT);
-                        shared.watch_offer(self.qp.qpn, c);
+                    match &shm.offered {
+                        Some(c) => {
+                            shm.wait_until = Some(Instant::now() + crate::samehost::OFFER_WAIT);
+                            shared.watch_offer(self.qp.qpn, c);
+                        }
+                        None => shm.live = None,
                     }
                 }
                 _ => {}

@@ -100,6 +100,7 @@ impl Shared {
             return; // the peer's offer came: its own connection tells when it goes
         }
         shm.offered = None;
+        shm.live = None;
         self.drive(&mut core, Instant::now());
     }
 
@@ -133,10 +134,10 @@ impl Shared {
     /// Delivers what the same-host rings of `cq`'s QPs hold (and sends what waits for ring
     /// space), on the calling thread.
     pub(crate) fn shm_poll(&self, cq: &CqShared) {
-        let mut list = cq.shm_qps.lock();
-        if list.is_empty() {
+        if !cq.has_live_rings() {
             return;
         }
+        let mut list = cq.shm_qps.lock();
         list.retain(|w| w.strong_count() > 0);
         let now = Instant::now();
         for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
@@ -150,7 +151,7 @@ impl Shared {
     /// Polls `cq`'s same-host rings for up to `spin`; returns whether something arrived (and
     /// was delivered into the CQ).
     pub(super) fn shm_spin(&self, cq: &CqShared, spin: Duration) -> bool {
-        if cq.shm_qps.lock().is_empty() {
+        if !cq.has_live_rings() {
             return false;
         }
         let until = Instant::now() + spin;
@@ -175,6 +176,9 @@ impl Shared {
 
     /// Whether every QP of `cq` receives through shared memory (and there is one).
     pub(crate) fn shm_only(&self, cq: &CqShared) -> bool {
+        if !cq.has_live_rings() {
+            return false;
+        }
         let list = cq.shm_qps.lock();
         let mut any = false;
         for qp in list.iter().filter_map(std::sync::Weak::upgrade) {
@@ -188,6 +192,9 @@ impl Shared {
 
     /// Whether a ring of `cq` holds something deliverable.
     pub(super) fn shm_pending(&self, cq: &CqShared) -> bool {
+        if !cq.has_live_rings() {
+            return false;
+        }
         let list = cq.shm_qps.lock();
         list.iter().filter_map(std::sync::Weak::upgrade).any(|qp| {
             let core = qp.core.lock();
@@ -199,6 +206,9 @@ impl Shared {
     /// returns whether something can be delivered already (then do not sleep).
     pub(crate) fn shm_sleepers(&self, cq: &CqShared, change: impl FnOnce(&mut Sleepers)) -> bool {
         cq.notify.sleepers(change, |word| {
+            if !cq.has_live_rings() {
+                return false; // a ring that joins reads the word itself (Notify::published)
+            }
             let list = cq.shm_qps.lock();
             let mut pending = false;
             for qp in list.iter().filter_map(std::sync::Weak::upgrade) {

@@ -44,6 +44,7 @@ use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Inbound ring geometry: 1024 slots of 128 bytes (a CDC or LLC message takes one).
 const RING_SLOTS: usize = 1024;
@@ -153,6 +154,22 @@ struct RxCur {
     done: usize,
 }
 
+/// Counts a ring in its CQ's live rings (`CqShared::shm_live`) while it exists.
+pub(crate) struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    pub(crate) fn new(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Same-host state of a QP in a shared protection domain.
 pub(crate) struct ShmQp {
     pub(crate) arena: Arc<Arena>,
@@ -160,6 +177,9 @@ pub(crate) struct ShmQp {
     inbound_seg: Arc<Segment>,
     /// Our offer's connection to the peer.
     pub(crate) offered: Option<OwnedFd>,
+    /// Counted among the CQ's live rings: from just before our offer goes until it fails, is
+    /// refused or the QP disconnects.
+    pub(crate) live: Option<Live>,
     /// The peer's offer, once it came.
     pub(crate) tx: Option<PeerTx>,
     /// Requests go through shared memory (sticky once set).
@@ -198,6 +218,7 @@ impl ShmQp {
             inbound,
             inbound_seg: seg,
             offered: None,
+            live: None,
             tx: None,
             active: false,
             backlog: VecDeque::new(),
@@ -221,6 +242,7 @@ impl ShmQp {
     /// empties the work queues.
     pub(crate) fn disconnect(&mut self, rc: Option<&mut RcQp>) {
         self.offered = None;
+        self.live = None;
         self.tx = None;
         self.active = false;
         self.wait_until = None;

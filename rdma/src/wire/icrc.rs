@@ -58,19 +58,43 @@ impl IcrcHeaders {
     }
 }
 
+/// The CRC-32 of the eight 0xFF bytes that stand in for the InfiniBand LRH: every ICRC starts
+/// from it (rxe's seed 0xDEBB20E3 is the same register before its final inversion).
+const AFTER_LRH: u32 = 0x2144_DF1C;
+
+/// At most this many bytes of the first piece after the BTH go into the header block with it
+/// (a RETH, an AETH, a CDC message's start): one CRC call for the whole header instead of one per
+/// field, which cost more than the CRC of a 1 KiB payload (small calls take the byte-wise path).
+/// The block takes as many as leave a multiple of 32 bytes after it, so the vector CRC of the rest
+/// ends without a byte-wise tail. Measured here (ICRC of a packet, AVX2 + VPCLMULQDQ): header
+/// only 40 → 20 ns, 1 KiB payload 60 → 45 ns, 4 KiB 87 → 78 ns.
+const HEADER_TAIL: usize = 32;
+
+/// Starts an ICRC: the masked IPv4 + UDP headers, the masked BTH from `first` and up to
+/// [`HEADER_TAIL`] more bytes of `first`, in one update. Returns the hasher and how many bytes
+/// of `first` it took.
+fn start(headers: &IcrcHeaders, roce_len: usize, first: &[u8]) -> (crc32fast::Hasher, usize) {
+    const IP_UDP: usize = IPV4_HEADER_LEN + UDP_HEADER_LEN;
+    let mut block = [0u8; IP_UDP + BTH_LEN + HEADER_TAIL];
+    block[..IP_UDP].copy_from_slice(&headers.masked(roce_len));
+    let n = first
+        .len()
+        .min(BTH_LEN + roce_len.saturating_sub(ICRC_LEN + BTH_LEN) % HEADER_TAIL);
+    block[IP_UDP..IP_UDP + n].copy_from_slice(&first[..n]);
+    block[IP_UDP + 4] = 0xFF; // BTH byte 4: FECN, BECN, resv6a masked
+    let mut h = crc32fast::Hasher::new_with_initial(AFTER_LRH);
+    h.update(&block[..IP_UDP + n.max(BTH_LEN)]);
+    (h, n)
+}
+
 /// Computes the ICRC of a RoCE packet (`roce` is the UDP payload, BTH through the 4 ICRC bytes;
 /// the ICRC bytes themselves are not read). Returns the CRC value; store it with
 /// [`Packet::set_icrc`]. `roce` must be at least BTH + ICRC long.
 pub fn compute_icrc(headers: &IcrcHeaders, roce: &[u8]) -> u32 {
     debug_assert!(roce.len() >= BTH_LEN + ICRC_LEN);
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xFF; 8]); // stands in for the InfiniBand LRH
-    h.update(&headers.masked(roce.len()));
-    let mut bth = [0u8; BTH_LEN];
-    bth.copy_from_slice(&roce[..BTH_LEN]);
-    bth[4] = 0xFF; // FECN, BECN, resv6a: masked
-    h.update(&bth);
-    h.update(&roce[BTH_LEN..roce.len() - ICRC_LEN]);
+    let body = &roce[..roce.len().saturating_sub(ICRC_LEN)];
+    let (mut h, n) = start(headers, roce.len(), body);
+    h.update(&body[n..]);
     h.finalize()
 }
 
@@ -78,16 +102,9 @@ pub fn compute_icrc(headers: &IcrcHeaders, roce: &[u8]) -> u32 {
 /// BTH up to (not including) the 4 ICRC bytes, and the first piece holds at least the BTH.
 pub fn compute_icrc_vectored(headers: &IcrcHeaders, parts: &[&[u8]]) -> u32 {
     let body: usize = parts.iter().map(|p| p.len()).sum();
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xFF; 8]);
-    h.update(&headers.masked(body + ICRC_LEN));
     let first = parts.first().copied().unwrap_or(&[]);
     debug_assert!(first.len() >= BTH_LEN);
-    let mut bth = [0u8; BTH_LEN];
-    let n = first.len().min(BTH_LEN);
-    bth[..n].copy_from_slice(&first[..n]);
-    bth[4] = 0xFF;
-    h.update(&bth);
+    let (mut h, n) = start(headers, body + ICRC_LEN, first);
     h.update(&first[n..]);
     for p in parts.iter().skip(1) {
         h.update(p);
@@ -154,6 +171,54 @@ mod tests {
             }
         }
         !reg
+    }
+
+    #[test]
+    fn seed_is_the_crc_of_the_lrh_stand_in() {
+        assert_eq!(AFTER_LRH, crc32fast::hash(&[0xFF; 8]));
+        assert_eq!(!AFTER_LRH, 0xDEBB_20E3);
+    }
+
+    /// Every header-block size the length rule picks, whole and split anywhere, against the
+    /// bitwise reference.
+    #[test]
+    fn header_block_sizes_and_splits_match_the_reference() {
+        let h = IcrcHeaders {
+            src: Ipv4Addr::new(10, 0, 0, 1),
+            dst: Ipv4Addr::new(10, 0, 0, 2),
+            ip_id: 7,
+            df: true,
+            sport: 0xc012,
+            dport: 4791,
+        };
+        for body_len in (BTH_LEN..BTH_LEN + 80).chain([1036, 4124]) {
+            let body: Vec<u8> = (0..body_len).map(|i| (i * 7 + 3) as u8).collect();
+            let roce_len = body_len + ICRC_LEN;
+            let mut ip = headers_for(&h, roce_len);
+            ip.extend_from_slice(&body);
+            ip.extend_from_slice(&[0; ICRC_LEN]);
+            let want = reference_icrc(&ip);
+            assert_eq!(compute_icrc(&h, &ip[28..]), want, "len {body_len}");
+            for cut in [BTH_LEN, BTH_LEN + 1, BTH_LEN + 17, BTH_LEN + 31, body_len] {
+                let cut = cut.min(body_len);
+                let parts: [&[u8]; 2] = [&body[..cut], &body[cut..]];
+                assert_eq!(
+                    compute_icrc_vectored(&h, &parts),
+                    want,
+                    "len {body_len} cut {cut}"
+                );
+            }
+        }
+    }
+
+    /// The IPv4 + UDP headers of a packet as sent (unmasked fields arbitrary).
+    fn headers_for(h: &IcrcHeaders, roce_len: usize) -> Vec<u8> {
+        let mut v = h.masked(roce_len).to_vec();
+        v[1] = 0x10;
+        v[8] = 64;
+        v[10] = 0x12;
+        v[26] = 0x34;
+        v
     }
 
     fn check(ip_packet: &[u8], expect: u32) {
