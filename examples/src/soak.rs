@@ -578,7 +578,7 @@ fn check_tools() -> Result<()> {
 /// Runs the soak; prints the summary; errors if anything went wrong.
 pub fn run(opt: &Options) -> Result<()> {
     check_tools()?;
-    let env = Env::new(true)?;
+    let env = Env::new(true, None)?;
     for (server, addr) in [(false, VERIFY_CLIENT), (true, VERIFY_SERVER)] {
         let (ns, dev) = env.veth(server).context("no namespaces")?;
         let st = Command::new("ip")

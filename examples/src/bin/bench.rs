@@ -1,8 +1,8 @@
-//! `bench apps [--quick|--smoke] [--only SETUPS] [--workloads W,..] [--json FILE] [--svg FILE]`
-//! (root): real programs
+//! `bench apps [--quick|--smoke] [--only SETUPS] [--workloads W,..] [--mtu N] [--json FILE]
+//! [--svg FILE]` (root): real programs
 //! (redis-benchmark, sockperf, iperf3, a connect+echo+close loop) over plain TCP, smcr on one
-//! host, both across two namespaces, and smcr fallback, with ratios (see
-//! `examples::app_bench`).
+//! host, both across two namespaces (joined by a veth of MTU `N`, default 1500), and smcr
+//! fallback, with ratios (see `examples::app_bench`).
 //!
 //! `bench soak [--minutes N] [--loss PCT] [--dup PCT] [--faults roce|all] [--seed N] [--keys N]`
 //! (root): redis-benchmark under the shim with random faults on the wire for N minutes, then a
@@ -169,6 +169,10 @@ fn main() -> Result<()> {
         return child_role(&args[2], &args[3]);
     }
     let what = args.get(1).map(String::as_str).unwrap_or("rdma");
+    if matches!(what, "--help" | "-h" | "help") {
+        println!("{}", usage());
+        return Ok(());
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let json_path = args
         .iter()
@@ -195,6 +199,15 @@ fn main() -> Result<()> {
                 Some(l) => app_bench::parse_workloads(&l)?,
                 None => Vec::new(),
             },
+            mtu: match arg("--mtu") {
+                Some(m) => Some(
+                    m.parse::<u32>()
+                        .ok()
+                        .filter(|m| (576..=65535).contains(m))
+                        .with_context(|| format!("--mtu {m}: not an MTU (576-65535)"))?,
+                ),
+                None => None,
+            },
         };
         let metrics = app_bench::run(&opt)?;
         print!("{}", app_bench::table(&metrics));
@@ -217,11 +230,7 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    ensure!(
-        what == "rdma",
-        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       bench apps [--quick] [--only SETUPS] [--workloads W,..] [--json FILE] [--svg FILE]\n       {}",
-        examples::soak::USAGE
-    );
+    ensure!(what == "rdma", "{}", usage());
     let (bytes, runs, iters) = if quick {
         (256u64 << 20, 3, 2000)
     } else {
@@ -308,4 +317,13 @@ fn main() -> Result<()> {
         eprintln!("wrote {p}");
     }
     Ok(())
+}
+
+/// The commands and their options (`bench --help`, and with an unknown command).
+fn usage() -> String {
+    format!(
+        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       \
+         bench apps [--quick|--smoke] [--only SETUPS] [--workloads W,..] [--mtu N] [--json FILE] [--svg FILE]\n       {}",
+        examples::soak::USAGE
+    )
 }

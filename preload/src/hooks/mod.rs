@@ -79,7 +79,14 @@ fn target(fd: c_int, op: Op) -> Target {
                     let _ = table::replace_if(fd, &s, settled);
                     continue;
                 }
-                if guarded(true, || a.start(fd)) {
+                // A blocking read without SO_RCVTIMEO waits for the outcome whatever runs the
+                // handshake: it runs here (server side; a client's worker runs already).
+                let here = matches!(op, Op::Read { dontwait: false })
+                    && !a.nonblock.load(Ordering::Relaxed)
+                    && !a.read_shut()
+                    && a.idle_server()
+                    && timeo(fd, libc::SO_RCVTIMEO).is_none();
+                if guarded(true, || a.start_on(fd, here)) {
                     continue;
                 }
                 match op {

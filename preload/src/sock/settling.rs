@@ -133,6 +133,11 @@ impl Settling {
         true
     }
 
+    /// An accepted connection whose negotiation has not started.
+    pub(crate) fn idle_server(&self) -> bool {
+        matches!(self.role, Role::Server { .. }) && self.st.lock().state == State::Idle
+    }
+
     /// Reading was shut down before the connection settled: reads say EOF.
     pub(crate) fn read_shut(&self) -> bool {
         self.st.lock().shut_rd
