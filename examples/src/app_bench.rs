@@ -112,7 +112,83 @@ pub struct Options {
 }
 
 /// The workloads, as `--workloads` names them.
-pub const WORKLOADS: [&str; 5] = ["redis", "sockperf", "iperf3", "connections", "memory"];
+pub const WORKLOADS: [&str; 6] = [
+    "redis",
+    "sockperf",
+    "placement",
+    "iperf3",
+    "connections",
+    "memory",
+];
+
+/// Where the ping-pong of the `placement` workload runs (issue 27: our latency must not lean
+/// on cross-core wake-ups more than TCP's does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// Both programs, all their threads, on CPU 0.
+    OneCore,
+    /// The server on CPU 0, the client on CPU 1.
+    TwoCores,
+    /// Unpinned, with a busy loop per CPU beside them (a loaded machine).
+    Busy,
+}
+
+impl Placement {
+    const ALL: [Self; 3] = [Self::OneCore, Self::TwoCores, Self::Busy];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::OneCore => "one core",
+            Self::TwoCores => "two cores",
+            Self::Busy => "busy",
+        }
+    }
+
+    /// The CPU a side runs on, if pinned (CPU 1 only when the machine has one).
+    fn cpu(self, server: bool) -> Option<usize> {
+        match self {
+            Self::OneCore => Some(0),
+            Self::TwoCores => Some(usize::from(!server && cpus() > 1)),
+            Self::Busy => None,
+        }
+    }
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Busy loops, one per CPU, until dropped: the "busy machine" of [`Placement::Busy`].
+struct Hogs {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start() -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..cpus())
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
 
 /// Both ends on one address, as users run them (the RoCE port is shared: same-host links use
 /// shared memory; across namespaces a steering program shares 4791).
@@ -135,6 +211,8 @@ pub(crate) struct Env {
     pub(crate) work: PathBuf,
     ns: Option<(String, String)>,
     next_port: std::cell::Cell<u16>,
+    /// The programs started now are pinned so (see [`Placement`]).
+    placement: std::cell::Cell<Option<Placement>>,
 }
 
 impl Env {
@@ -208,6 +286,7 @@ impl Env {
             work,
             ns: None,
             next_port: std::cell::Cell::new(10000 + (pid % 100) as u16 * 200),
+            placement: std::cell::Cell::new(None),
         };
         if need_ns {
             let (a, b) = (format!("smcr-bench-{pid}-a"), format!("smcr-bench-{pid}-b"));
@@ -303,6 +382,8 @@ impl Env {
         // the ratios compare like with like). In a namespace nsenter changes the user itself,
         // once it has entered (as root).
         let user = self.user.filter(|_| !(s.netns() && self.ns.is_some()));
+        // Pinned before exec: the program and every thread it (and the shim) makes later.
+        let cpu = self.placement.get().and_then(|p| p.cpu(server));
         // SAFETY: only async-signal-safe system calls between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;
@@ -313,6 +394,15 @@ impl Env {
                 };
                 if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(cpu) = cpu {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+                        != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 if let Some((uid, gid)) = user
                     && (libc::setgroups(0, std::ptr::null()) != 0
@@ -864,6 +954,28 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
             }),
         ));
     }
+    workloads.push((
+        "placement",
+        Box::new(move |env: &Env, s: Setup| {
+            let mut v = Vec::new();
+            for p in Placement::ALL {
+                env.placement.set(Some(p));
+                let _hogs = (p == Placement::Busy).then(Hogs::start);
+                let r = sockperf(env, s, 64, secs);
+                env.placement.set(None);
+                let (p50, p99) =
+                    r.with_context(|| format!("sockperf 64 B, {} ({})", p.name(), s.name()))?;
+                eprintln!(
+                    "  {}: sockperf pp 64 B, {}: p50 {p50:.2} p99 {p99:.2} us",
+                    s.name(),
+                    p.name()
+                );
+                v.push((format!("sockperf pp 64 B {} p50 (us)", p.name()), false, p50));
+                v.push((format!("sockperf pp 64 B {} p99 (us)", p.name()), false, p99));
+            }
+            Ok(v)
+        }),
+    ));
     workloads.push((
         "iperf3",
         Box::new(move |env: &Env, s: Setup| {

@@ -59,7 +59,7 @@ fn bench_apps_smoke_run() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let metrics = doc["metrics"].as_array().unwrap();
-    assert_eq!(metrics.len(), 16, "{doc}");
+    assert_eq!(metrics.len(), 22, "{doc}");
     for m in metrics {
         let name = m["name"].as_str().unwrap();
         for s in [
