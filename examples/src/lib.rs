@@ -7,3 +7,4 @@ pub mod app_bench;
 pub mod peer;
 pub mod smc_bench;
 pub mod soak;
+pub mod xdp_bench;

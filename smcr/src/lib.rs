@@ -35,6 +35,9 @@ pub mod tokio;
 pub mod view;
 
 pub use clc::DeclineReason;
+/// The AF_XDP probe of issue 27 (measurement only; see `bench xdp`).
+#[doc(hidden)]
+pub use option::xdp as xdp_probe;
 /// Threads that leave the application's signals to the application (see [`rdma::thread`]).
 pub use rdma::thread;
 pub use rdma::{DeviceStats, FaultConfig};

@@ -19,6 +19,8 @@ pub(crate) mod asm;
 mod claim;
 mod prog;
 pub(crate) mod sys;
+#[doc(hidden)]
+pub mod xdp;
 
 use std::fs;
 use std::io;

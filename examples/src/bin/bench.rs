@@ -8,6 +8,10 @@
 //! (root): redis-benchmark under the shim with random faults on the wire for N minutes, then a
 //! check of every key of a known data set (see `examples::soak`).
 //!
+//! `bench xdp [--quick] [--rounds N] [--iters N] [--secs S] [--cpus A,B] [--only V,..]` (root):
+//! issue 27's probe — AF_XDP against kernel UDP sockets (and TCP) across a veth pair, ping-pong
+//! latency and one-way throughput (see `examples::xdp_bench`).
+//!
 //! `bench smc [--quick] [--json FILE]`: SmcStream against TcpStream across a veth pair (see
 //! `examples::smc_bench`).
 //!
@@ -222,6 +226,9 @@ fn main() -> Result<()> {
         let opt = examples::soak::parse(&args[2..])?;
         return examples::soak::run(&opt);
     }
+    if what == "xdp" {
+        return examples::xdp_bench::run(&examples::xdp_bench::Options::parse(&args[2..])?);
+    }
     if what == "smc" {
         let json = examples::smc_bench::suite(quick)?;
         if let Some(p) = json_path {
@@ -322,8 +329,9 @@ fn main() -> Result<()> {
 /// The commands and their options (`bench --help`, and with an unknown command).
 fn usage() -> String {
     format!(
-        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       \
+        "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       {}\n       \
          bench apps [--quick|--smoke] [--only SETUPS] [--workloads W,..] [--mtu N] [--json FILE] [--svg FILE]\n       {}",
+        examples::xdp_bench::USAGE,
         examples::soak::USAGE
     )
 }

@@ -51,6 +51,7 @@ const MOV: u8 = 0xb0;
 const JA: u8 = 0x00;
 const JEQ: u8 = 0x10;
 const JNE: u8 = 0x50;
+const JGT: u8 = 0x20;
 const JLT: u8 = 0xa0;
 const JSLT: u8 = 0xc0;
 const CALL: u8 = 0x80;
@@ -217,6 +218,10 @@ impl Asm {
     pub(crate) fn jne_imm(&mut self, dst: Reg, imm: i32, label: &str) -> &mut Self {
         self.jump(JMP | JNE | K, dst, R0, imm, label)
     }
+    /// `if dst > src goto label` (unsigned).
+    pub(crate) fn jgt(&mut self, dst: Reg, src: Reg, label: &str) -> &mut Self {
+        self.jump(JMP | JGT | X, dst, src, 0, label)
+    }
     /// `if dst < imm goto label` (unsigned).
     pub(crate) fn jlt_imm(&mut self, dst: Reg, imm: i32, label: &str) -> &mut Self {
         self.jump(JMP | JLT | K, dst, R0, imm, label)
@@ -294,6 +299,7 @@ mod tests {
             .or(R2, R3) // 4f 32
             .jne_imm(R1, 17, "x") // 55 01 off 11
             .jlt_imm(R2, 0x101, "x") // a5 02 off 0x101
+            .jgt(R4, R3, "x") // 2d 34 off 0
             .label("x")
             .exit();
         let p: Vec<[u8; 8]> = a.finish().unwrap().iter().map(Insn::encode).collect();
@@ -303,8 +309,9 @@ mod tests {
         assert_eq!(p[3], [0x67, 0x02, 0, 0, 4, 0, 0, 0]);
         assert_eq!(p[4], [0x77, 0x03, 0, 0, 4, 0, 0, 0]);
         assert_eq!(p[5], [0x4f, 0x32, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(p[6], [0x55, 0x01, 1, 0, 17, 0, 0, 0]);
-        assert_eq!(p[7], [0xa5, 0x02, 0, 0, 0x01, 0x01, 0, 0]);
+        assert_eq!(p[6], [0x55, 0x01, 2, 0, 17, 0, 0, 0]);
+        assert_eq!(p[7], [0xa5, 0x02, 1, 0, 0x01, 0x01, 0, 0]);
+        assert_eq!(p[8], [0x2d, 0x34, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]

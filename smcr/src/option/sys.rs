@@ -27,6 +27,12 @@ const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
 const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
+/// `BPF_MAP_TYPE_XSKMAP`: AF_XDP sockets by receive queue (the XDP probe).
+pub(crate) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+/// `BPF_PROG_TYPE_XDP`.
+pub(crate) const BPF_PROG_TYPE_XDP: u32 = 6;
+/// `BPF_XDP` (`enum bpf_attach_type`): an XDP program attached through a bpf link.
+pub(crate) const BPF_XDP: u32 = 37;
 const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
 /// `BPF_PROG_TYPE_SCHED_CLS`: a tc classifier (the steering program).
 pub(crate) const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
@@ -171,6 +177,45 @@ pub(crate) fn link_create_tcx_ingress(prog: RawFd, ifindex: u32) -> io::Result<O
         .u32(4, ifindex)
         .u32(8, BPF_TCX_INGRESS);
     bpf_fd(BPF_LINK_CREATE, &mut a)
+}
+
+/// Attaches an XDP program to interface `ifindex` (of the caller's network namespace) through a
+/// bpf link; `flags` are `XDP_FLAGS_*` (`XDP_FLAGS_DRV_MODE` = native, `XDP_FLAGS_SKB_MODE` =
+/// generic). Detached when the last descriptor of the link closes.
+pub(crate) fn link_create_xdp(prog: RawFd, ifindex: u32, flags: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, prog as u32)
+        .u32(4, ifindex)
+        .u32(8, BPF_XDP)
+        .u32(12, flags);
+    bpf_fd(BPF_LINK_CREATE, &mut a)
+}
+
+/// Creates a map of type `map_type` without BTF (key and value sizes in bytes).
+pub(crate) fn map_create(
+    map_type: u32,
+    name: &str,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, map_type)
+        .u32(4, key_size)
+        .u32(8, value_size)
+        .u32(12, max_entries)
+        .bytes(28, &name16(name));
+    bpf_fd(BPF_MAP_CREATE, &mut a)
+}
+
+/// Writes `value` at `key` in `map` (`BPF_ANY`).
+pub(crate) fn map_update(map: RawFd, key: &[u8], value: &[u8]) -> io::Result<()> {
+    let mut a = Attr::new();
+    a.u32(0, map as u32)
+        .u64(8, key.as_ptr() as u64)
+        .u64(16, value.as_ptr() as u64)
+        .u64(24, 0);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
 }
 
 /// `bpf_obj_get_info_by_fd`: the first `N` bytes of the object's info struct
