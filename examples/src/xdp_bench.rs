@@ -1,11 +1,12 @@
 //! `bench xdp` (root): issue 27's question — would an AF_XDP transport beat the engine's kernel
 //! UDP sockets on a veth pair between two namespaces? Measured in one run, interleaved:
 //! * ping-pong round trip (p50/p99) of 100-byte payloads: AF_XDP at both ends (sleeping in
-//!   poll(), and busy-polling the RX ring), kernel UDP (blocking recv, and busy recv), TCP;
-//! * one-way throughput of 1 KiB payloads (MTU 1500), 3 KiB (MTU 3500) and 4 KiB payloads (MTU
-//!   9000): AF_XDP
-//!   (batches of 64 on the TX ring, kicked with sendto), UDP sendmmsg (64 per call), UDP GSO
-//!   (UDP_SEGMENT, 64 KiB sends) into a GRO receiver;
+//!   poll(), native and generic XDP; busy-polling the RX ring, native), kernel UDP (blocking
+//!   recv, and busy recv), TCP;
+//! * one-way throughput of 1 KiB payloads (MTU 1500), 3 KiB (MTU 3500) and 4 KiB (MTU 9000,
+//!   multi-buffer for AF_XDP): AF_XDP, native and generic XDP (batches of 64 on the TX ring,
+//!   kicked with sendto), UDP sendmmsg (64 per call), UDP GSO (UDP_SEGMENT, 64 KiB sends) into
+//!   a GRO receiver;
 //!
 //! each with both threads on one core and on two cores. The ends are threads that enter their
 //! namespace with setns(2). The XDP program and AF_XDP socket are `smcr::xdp_probe`.
@@ -26,6 +27,8 @@ const IP: [[u8; 4]; 2] = [[10, 78, 0, 1], [10, 78, 0, 2]];
 const PING: usize = 100;
 const UDP_PORT: u16 = 5000;
 const TCP_PORT: u16 = 5001;
+const NATIVE: u32 = xp::XDP_FLAGS_DRV_MODE;
+const GENERIC: u32 = xp::XDP_FLAGS_SKB_MODE;
 /// UMEM frame size: a page (the largest aligned chunk).
 const FRAME: u32 = 4096;
 
@@ -40,8 +43,10 @@ pub struct Options {
     pub secs: f64,
     /// The two CPUs for the split placement; the first alone for the shared one.
     pub cpus: [usize; 2],
-    /// Only these variants (by name prefix), or all.
+    /// Only these variants (by name), or all.
     pub only: Vec<String>,
+    /// Throughput payload sizes (1024, 3072, 4096), or all.
+    pub sizes: Vec<usize>,
 }
 
 impl Options {
@@ -53,6 +58,7 @@ impl Options {
             secs: 2.0,
             cpus: [0, 1],
             only: Vec::new(),
+            sizes: Vec::new(),
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -71,6 +77,12 @@ impl Options {
                     o.cpus = [v[0], v[1]];
                 }
                 "--only" => o.only = val()?.split(',').map(String::from).collect(),
+                "--sizes" => {
+                    o.sizes = val()?
+                        .split(',')
+                        .map(str::parse)
+                        .collect::<Result<_, _>>()?
+                }
                 _ => bail!("{USAGE}"),
             }
         }
@@ -80,8 +92,7 @@ impl Options {
 }
 
 /// Usage line.
-pub const USAGE: &str =
-    "bench xdp [--quick] [--rounds N] [--iters N] [--secs S] [--cpus A,B] [--only V,..]";
+pub const USAGE: &str = "bench xdp [--quick] [--rounds N] [--iters N] [--secs S] [--cpus A,B] [--only V,..] [--sizes N,..]";
 
 fn ip(args: &[&str]) -> Result<String> {
     let o = Command::new("ip").args(args).output()?;
@@ -260,13 +271,20 @@ struct XdpEnd {
 }
 
 impl XdpEnd {
-    fn open(ifindex: u32) -> Result<Self> {
-        let xsk = Xsk::open(ifindex, 0, xp::XDP_COPY, FRAME).context("AF_XDP socket")?;
-        let steer = Steering::load(1).context("loading the XDP program")?;
+    /// `sg`: frames larger than a UMEM chunk (multi-buffer socket and program); `attach`:
+    /// `XDP_FLAGS_DRV_MODE` (native) or `XDP_FLAGS_SKB_MODE` (generic).
+    fn open(ifindex: u32, sg: bool, attach: u32) -> Result<Self> {
+        let flags = xp::XDP_COPY | if sg { xp::XDP_USE_SG } else { 0 };
+        let xsk = Xsk::open(ifindex, 0, flags, FRAME).context("AF_XDP socket")?;
+        let steer = Steering::load(1, sg).context("loading the XDP program")?;
         steer.insert(0, &xsk)?;
-        let link = steer
-            .attach(ifindex, xp::XDP_FLAGS_DRV_MODE)
-            .context("attaching XDP (native)")?;
+        let link = steer.attach(ifindex, attach).with_context(|| {
+            let native = attach == xp::XDP_FLAGS_DRV_MODE;
+            format!(
+                "attaching XDP ({})",
+                if native { "native" } else { "generic" }
+            )
+        })?;
         Ok(Self {
             xsk,
             _steer: steer,
@@ -288,7 +306,14 @@ enum Wait {
     Busy,
 }
 
-fn xdp_pingpong(net: &Net, cpus: [usize; 2], iters: usize, wait: Wait) -> Result<(f64, f64)> {
+fn xdp_pingpong(
+    net: &Net,
+    cpus: [usize; 2],
+    iters: usize,
+    wait: Wait,
+    attach: u32,
+) -> Result<(f64, f64)> {
+    let sg = false;
     let (ea, eb) = (net.endpoint(0), net.endpoint(1));
     let (ia, ib) = (net.ifindex[0], net.ifindex[1]);
     let stop = Arc::new(AtomicBool::new(false));
@@ -317,7 +342,7 @@ fn xdp_pingpong(net: &Net, cpus: [usize; 2], iters: usize, wait: Wait) -> Result
     let (rtts, ()) = pair(
         cpus,
         move |bar| {
-            let mut e = XdpEnd::open(ia)?;
+            let mut e = XdpEnd::open(ia, sg, attach)?;
             bar.wait()?;
             // Let B attach before the first frame.
             bar.wait()?;
@@ -337,7 +362,7 @@ fn xdp_pingpong(net: &Net, cpus: [usize; 2], iters: usize, wait: Wait) -> Result
                         lost += 1;
                         break;
                     }
-                    e.xsk.recv(64, |f| {
+                    e.xsk.recv(64, |f, _| {
                         got |= f.len() >= xp::HEADERS + 8
                             && f[xp::HEADERS..xp::HEADERS + 8] == seq.to_le_bytes();
                     });
@@ -351,7 +376,7 @@ fn xdp_pingpong(net: &Net, cpus: [usize; 2], iters: usize, wait: Wait) -> Result
             Ok(rtts)
         },
         move |bar| {
-            let mut e = XdpEnd::open(ib)?;
+            let mut e = XdpEnd::open(ib, sg, attach)?;
             bar.wait()?;
             bar.wait()?;
             let mut payload = [0u8; PING];
@@ -361,7 +386,7 @@ fn xdp_pingpong(net: &Net, cpus: [usize; 2], iters: usize, wait: Wait) -> Result
                     continue;
                 }
                 let mut n = 0;
-                e.xsk.recv(64, |f| {
+                e.xsk.recv(64, |f, _| {
                     if f.len() >= xp::HEADERS + PING {
                         payload.copy_from_slice(&f[xp::HEADERS..xp::HEADERS + PING]);
                         n += 1;
@@ -519,20 +544,23 @@ fn throughput(
     Ok(v)
 }
 
-fn xdp_throughput(net: &Net, cpus: [usize; 2], size: usize, secs: f64) -> Result<(f64, f64)> {
+fn xdp_throughput(
+    net: &Net,
+    cpus: [usize; 2],
+    size: usize,
+    secs: f64,
+    attach: u32,
+) -> Result<(f64, f64)> {
+    // A copy-mode RX frame must fit a chunk less XDP_PACKET_HEADROOM (256); beyond, go
+    // multi-buffer.
+    let sg = xp::HEADERS + size > FRAME as usize - 256;
     let (ea, eb) = (net.endpoint(0), net.endpoint(1));
     let (ia, ib) = (net.ifindex[0], net.ifindex[1]);
     throughput(
         cpus,
         secs,
         move |bar, c| {
-            let mut e = XdpEnd::open(ia)?;
-            // After the attach, so that a refusal by the kernel is what gets reported. A
-            // copy-mode RX frame must fit the chunk less XDP_PACKET_HEADROOM (256).
-            ensure!(
-                xp::HEADERS + size <= FRAME as usize - 256,
-                "a {size}-byte payload does not fit a {FRAME}-byte UMEM chunk (multi-buffer not implemented)"
-            );
+            let mut e = XdpEnd::open(ia, sg, attach)?;
             bar.wait()?;
             bar.wait()?;
             while !c.stop.load(Ordering::Relaxed) {
@@ -547,7 +575,7 @@ fn xdp_throughput(net: &Net, cpus: [usize; 2], size: usize, secs: f64) -> Result
             Ok(())
         },
         move |bar, c| {
-            let mut e = XdpEnd::open(ib)?;
+            let mut e = XdpEnd::open(ib, sg, attach)?;
             bar.wait()?;
             bar.wait()?;
             while !c.stop.load(Ordering::Relaxed) {
@@ -555,10 +583,12 @@ fn xdp_throughput(net: &Net, cpus: [usize; 2], size: usize, secs: f64) -> Result
                     continue;
                 }
                 let (mut p, mut b) = (0, 0);
-                e.xsk.recv(64, |f| {
-                    p += 1;
-                    b += (f.len() - xp::HEADERS) as u64;
+                e.xsk.recv(64, |f, last| {
+                    p += u64::from(last);
+                    b += f.len() as u64;
                 });
+                // Payload bytes: frames less their headers.
+                b -= p * xp::HEADERS as u64;
                 c.packets.fetch_add(p, Ordering::Relaxed);
                 c.bytes.fetch_add(b, Ordering::Relaxed);
             }
@@ -728,7 +758,7 @@ fn probe_modes(net: &Net) -> Result<Vec<String>> {
         },
         move |bar| {
             let mut out = Vec::new();
-            let st = Steering::load(1)?;
+            let st = Steering::load(1, false)?;
             let show = |r: &std::io::Result<OwnedFd>| match r {
                 Ok(_) => "ok".to_string(),
                 Err(e) => format!("refused ({e})"),
@@ -766,7 +796,7 @@ fn probe_modes(net: &Net) -> Result<Vec<String>> {
             bar.wait()?;
             bar.wait()?;
             std::thread::sleep(Duration::from_millis(50));
-            let n = x.recv(1024, |_| {});
+            let n = x.recv(1024, |_, _| {});
             out.push(format!(
                 "native program on the receiving veth only (none on its peer): {n}/100 UDP-4791 datagrams from a kernel socket reached the AF_XDP socket"
             ));
@@ -799,7 +829,7 @@ pub fn run(o: &Options) -> Result<()> {
         println!("  {l}");
     }
     let placements = [("1 core", [o.cpus[0], o.cpus[0]]), ("2 cores", o.cpus)];
-    let want = |name: &str| o.only.is_empty() || o.only.iter().any(|p| name.starts_with(p));
+    let want = |name: &str| o.only.is_empty() || o.only.iter().any(|p| p == name);
 
     type Lat = Vec<(String, Vec<(f64, f64)>)>;
     let mut lat: Lat = Vec::new();
@@ -826,7 +856,11 @@ pub fn run(o: &Options) -> Result<()> {
             let mut lv: Vec<(&str, Measure<'_>)> = vec![
                 (
                     "xdp-poll",
-                    Box::new(|| xdp_pingpong(&net, cpus, o.iters, Wait::Block)),
+                    Box::new(|| xdp_pingpong(&net, cpus, o.iters, Wait::Block, NATIVE)),
+                ),
+                (
+                    "xdp-skb-poll",
+                    Box::new(|| xdp_pingpong(&net, cpus, o.iters, Wait::Block, GENERIC)),
                 ),
                 ("udp", Box::new(|| udp_pingpong(cpus, o.iters, Wait::Block))),
                 ("tcp", Box::new(|| tcp_pingpong(cpus, o.iters))),
@@ -835,7 +869,7 @@ pub fn run(o: &Options) -> Result<()> {
             if !same {
                 lv.push((
                     "xdp-busy",
-                    Box::new(|| xdp_pingpong(&net, cpus, o.iters, Wait::Busy)),
+                    Box::new(|| xdp_pingpong(&net, cpus, o.iters, Wait::Busy, NATIVE)),
                 ));
                 lv.push((
                     "udp-busy",
@@ -847,7 +881,7 @@ pub fn run(o: &Options) -> Result<()> {
                     continue;
                 }
                 match f() {
-                    Ok(v) => put(&mut lat, format!("{name:<9} {pl}"), v),
+                    Ok(v) => put(&mut lat, format!("{name:<12} {pl}"), v),
                     Err(e) => note(&format!("latency {name} {pl}"), e),
                 }
             }
@@ -855,10 +889,20 @@ pub fn run(o: &Options) -> Result<()> {
         // 3 KiB at MTU 3500: about the largest frame native XDP on veth takes without
         // multi-buffer (a page less headroom and skb_shared_info).
         for (mtu, size) in [(1500, 1024), (3500, 3072), (9000, 4096)] {
+            if !o.sizes.is_empty() && !o.sizes.contains(&size) {
+                continue;
+            }
             net.set_mtu(mtu)?;
             for (pl, cpus) in placements {
                 let tv: Vec<(&str, Measure<'_>)> = vec![
-                    ("xdp", Box::new(|| xdp_throughput(&net, cpus, size, o.secs))),
+                    (
+                        "xdp",
+                        Box::new(|| xdp_throughput(&net, cpus, size, o.secs, NATIVE)),
+                    ),
+                    (
+                        "xdp-skb",
+                        Box::new(|| xdp_throughput(&net, cpus, size, o.secs, GENERIC)),
+                    ),
                     (
                         "udp-mmsg",
                         Box::new(|| udp_throughput(cpus, size, o.secs, false)),
@@ -895,7 +939,7 @@ pub fn run(o: &Options) -> Result<()> {
     for (k, v) in &lat {
         let p50 = median(v.iter().map(|x| x.0).collect());
         let p99 = median(v.iter().map(|x| x.1).collect());
-        println!("{k:<20} {p50:>9.1} {p99:>9.1}");
+        println!("{k:<23} {p50:>9.1} {p99:>9.1}");
     }
     println!(
         "\none-way throughput (payload bytes received), median of {} rounds:",

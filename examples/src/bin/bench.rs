@@ -8,7 +8,8 @@
 //! (root): redis-benchmark under the shim with random faults on the wire for N minutes, then a
 //! check of every key of a known data set (see `examples::soak`).
 //!
-//! `bench xdp [--quick] [--rounds N] [--iters N] [--secs S] [--cpus A,B] [--only V,..]` (root):
+//! `bench xdp [--quick] [--rounds N] [--iters N] [--secs S] [--cpus A,B] [--only V,..]
+//! [--sizes N,..]` (root):
 //! issue 27's probe — AF_XDP against kernel UDP sockets (and TCP) across a veth pair, ping-pong
 //! latency and one-way throughput (see `examples::xdp_bench`).
 //!

@@ -136,6 +136,21 @@ pub(crate) fn prog_load(
     insns: &[Insn],
     license: &str,
 ) -> io::Result<OwnedFd> {
+    prog_load_flags(prog_type, name, insns, license, 0)
+}
+
+/// `BPF_F_XDP_HAS_FRAGS`: the XDP program copes with multi-buffer frames (it reads only the
+/// first buffer, between data and data_end).
+pub(crate) const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
+
+/// [`prog_load`] with `prog_flags` (`BPF_F_*`).
+pub(crate) fn prog_load_flags(
+    prog_type: u32,
+    name: &str,
+    insns: &[Insn],
+    license: &str,
+    prog_flags: u32,
+) -> io::Result<OwnedFd> {
     let code: Vec<u8> = insns.iter().flat_map(|i| i.encode()).collect();
     let license = CString::new(license).expect("license has no NUL");
     let mut log = vec![0u8; 256 * 1024];
@@ -147,6 +162,7 @@ pub(crate) fn prog_load(
         .u32(24, 1)
         .u32(28, log.len() as u32)
         .u64(32, log.as_mut_ptr() as u64)
+        .u32(44, prog_flags)
         .bytes(48, &name16(name));
     // The verifier gives up with EAGAIN when a signal is pending for the loading thread (a
     // SIGCHLD in a program that runs children, say): try again, as libbpf does.

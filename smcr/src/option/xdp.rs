@@ -35,6 +35,11 @@ pub const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 pub const XDP_COPY: u16 = 1 << 1;
 /// Force zero-copy mode (refused when the driver has no AF_XDP zero-copy support).
 pub const XDP_ZEROCOPY: u16 = 1 << 2;
+/// Multi-buffer: a frame larger than a UMEM chunk spans several descriptors, all but the last
+/// marked [`XDP_PKT_CONTD`] (Linux 6.6+; newer than Debian 12's header).
+pub const XDP_USE_SG: u16 = 1 << 4;
+/// `xdp_desc.options`: the packet continues in the next descriptor.
+pub const XDP_PKT_CONTD: u32 = 1;
 
 const AF_XDP: i32 = 44;
 const SOL_XDP: i32 = 283;
@@ -109,14 +114,16 @@ pub struct Steering {
 
 impl Steering {
     /// Creates the map (`queues` entries) and loads the program; a verifier rejection carries
-    /// the kernel's log.
-    pub fn load(queues: u32) -> io::Result<Self> {
+    /// the kernel's log. `frags`: load it as multi-buffer aware (`BPF_F_XDP_HAS_FRAGS`), which
+    /// native XDP on veth requires above an MTU of about a page.
+    pub fn load(queues: u32, frags: bool) -> io::Result<Self> {
         let map = sys::map_create(sys::BPF_MAP_TYPE_XSKMAP, "smcr_xsk", 4, 4, queues)?;
-        let prog = sys::prog_load(
+        let prog = sys::prog_load_flags(
             sys::BPF_PROG_TYPE_XDP,
             "smcr_xdp_roce",
             &program(map.as_raw_fd()),
             "GPL",
+            if frags { sys::BPF_F_XDP_HAS_FRAGS } else { 0 },
         )?;
         Ok(Self { map, prog })
     }
@@ -527,28 +534,52 @@ impl Xsk {
         self.comp.release(n);
     }
 
-    /// Queues up to `n` frames on the TX ring, each filled by `fill(i, buf)` (which returns
-    /// the frame's length; `buf` is a whole UMEM frame); returns how many were queued
-    /// (limited by free frames and ring space). Nothing is sent before [`Self::kick`].
+    /// Queues up to `n` frames on the TX ring, each written by `fill(i, buf)` into its first
+    /// UMEM chunk `buf`, which returns the frame's length. A length beyond a chunk (a socket
+    /// bound with [`XDP_USE_SG`]) takes further chunks, left as they are (the probe's payload
+    /// bytes do not matter). Returns how many frames were queued (limited by free chunks and
+    /// ring space); nothing is sent before [`Self::kick`].
     pub fn queue_tx(&mut self, n: u32, mut fill: impl FnMut(u32, &mut [u8]) -> usize) -> u32 {
         self.reclaim();
-        let n = n.min(self.tx.free()).min(self.free_tx.len() as u32);
         let frame = self.frame as usize;
-        for i in 0..n {
-            let addr = self.free_tx.pop().expect("counted above");
-            let len = fill(i, self.frame_mut(addr, frame));
-            debug_assert!(len <= frame);
-            self.tx.put(
-                i,
-                Desc {
-                    addr,
-                    len: len as u32,
-                    options: 0,
-                },
-            );
+        let mut slots = self.tx.free();
+        let mut used = 0;
+        let mut queued = 0;
+        while queued < n && slots > 0 {
+            let Some(addr) = self.free_tx.pop() else {
+                break;
+            };
+            let len = fill(queued, self.frame_mut(addr, frame));
+            let chunks = len.div_ceil(frame).max(1) as u32;
+            if chunks > slots || chunks as usize - 1 > self.free_tx.len() {
+                self.free_tx.push(addr);
+                break;
+            }
+            let mut rest = len;
+            let mut at = addr;
+            for c in 0..chunks {
+                let this = rest.min(frame);
+                rest -= this;
+                let more = c + 1 < chunks;
+                let options = if more { XDP_PKT_CONTD } else { 0 };
+                self.tx.put(
+                    used,
+                    Desc {
+                        addr: at,
+                        len: this as u32,
+                        options,
+                    },
+                );
+                used += 1;
+                if more {
+                    at = self.free_tx.pop().expect("counted above");
+                }
+            }
+            slots -= chunks;
+            queued += 1;
         }
-        self.tx.submit(n);
-        n
+        self.tx.submit(used);
+        queued
     }
 
     /// Makes the kernel transmit what the TX ring holds: in copy mode it only does so inside
@@ -578,9 +609,11 @@ impl Xsk {
         Ok(())
     }
 
-    /// Calls `f` with each received frame (Ethernet onwards), then hands the frames back to
-    /// the fill ring; returns how many there were. Does not wait.
-    pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
+    /// Calls `f` with each received buffer (a frame from its Ethernet header on; with
+    /// [`XDP_USE_SG`] a frame may take several, and `f`'s flag says whether this is the last
+    /// of its frame), then hands the chunks back to the fill ring; returns how many buffers
+    /// there were. Does not wait.
+    pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8], bool)) -> u32 {
         let n = self.rx.ready().min(max);
         if n == 0 {
             return 0;
@@ -591,9 +624,10 @@ impl Xsk {
             assert!(d.addr as usize + d.len as usize <= self.umem_len);
             // SAFETY: the kernel gave us this frame (inside the UMEM, checked) until we put
             // it back on the fill ring below.
-            f(unsafe {
+            let buf = unsafe {
                 std::slice::from_raw_parts(self.umem.add(d.addr as usize), d.len as usize)
-            });
+            };
+            f(buf, d.options & XDP_PKT_CONTD == 0);
             // The fill ring has room: every RX frame came from it.
             self.fill.put(i, d.addr & mask);
         }
@@ -738,7 +772,7 @@ mod tests {
         if !root() {
             return;
         }
-        let s = Steering::load(4).unwrap();
+        let s = Steering::load(4, false).unwrap();
         let roce = udp_frame(ROCE_PORT);
         let other = udp_frame(4792);
         let mut frag = roce.clone();
