@@ -398,8 +398,7 @@ impl Env {
                 if let Some(cpu) = cpu {
                     let mut set: libc::cpu_set_t = std::mem::zeroed();
                     libc::CPU_SET(cpu, &mut set);
-                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-                        != 0
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
                     {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -970,8 +969,16 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
                     s.name(),
                     p.name()
                 );
-                v.push((format!("sockperf pp 64 B {} p50 (us)", p.name()), false, p50));
-                v.push((format!("sockperf pp 64 B {} p99 (us)", p.name()), false, p99));
+                v.push((
+                    format!("sockperf pp 64 B {} p50 (us)", p.name()),
+                    false,
+                    p50,
+                ));
+                v.push((
+                    format!("sockperf pp 64 B {} p99 (us)", p.name()),
+                    false,
+                    p99,
+                ));
             }
             Ok(v)
         }),
