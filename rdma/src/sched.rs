@@ -99,9 +99,11 @@ impl CqScheduler {
     }
 
     /// Within a drive, before sleeping: polls the same-host rings for a short, adaptive while
-    /// (see [`crate::DeviceConfig::spin`]); true if a completion arrived meanwhile.
-    pub fn drive_spin(&self) -> bool {
-        self.guard.shared.drive_spin(&self.shared)
+    /// (see [`crate::DeviceConfig::spin`]); true if a completion arrived meanwhile. With `rx`
+    /// (the caller receives from the device's socket itself when it wakes) the spin also
+    /// receives from the socket, unless another thread is receiving.
+    pub fn drive_spin(&self, rx: bool) -> bool {
+        self.guard.shared.drive_spin_rx(&self.shared, rx)
     }
 
     /// Within a drive: the sleep that followed a failed [`Self::drive_spin`] ended after

@@ -274,7 +274,7 @@ pub static SETTINGS: &[Setting] = &[
         var: "SMCR_SPIN_US",
         kind: Kind::Whole("microseconds, a whole number (at most 10000 is used)"),
         default: "15",
-        about: "how long a blocked thread polls same-host rings before it sleeps",
+        about: "how long a blocked thread polls (same-host rings, its RoCE socket) before it sleeps",
     },
     Setting {
         key: "smcr.app_drive",

@@ -4,6 +4,7 @@
 //! while they wait ([`Shared::drive_wait`]). A waiter receives from the socket itself when no
 //! one else does.
 
+use super::rx::RxState;
 use super::{Shared, drain_eventfd, timespec, wait_readable};
 use crate::notify::{Notify, Sleepers, Wake};
 use crate::rc::WorkCompletion;
@@ -34,6 +35,11 @@ pub(crate) struct CqShared {
     pub(crate) drive_ended: AtomicU64,
     /// Driver spins in a row that caught nothing (each halves the next one).
     pub(crate) spin_fails: AtomicU32,
+    /// No spinning before this (device nanoseconds): a spin lost the CPU to another task
+    /// (see [`SPIN_BACKOFF`]).
+    pub(crate) spin_off_until: AtomicU64,
+    /// Spins in a row that lost the CPU.
+    pub(crate) spin_lost: AtomicU32,
     /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
     /// turns their ring entries into completions.
     pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<super::QpShared>>>,
@@ -53,6 +59,8 @@ impl CqShared {
             notify: Notify::new(),
             drive_ended: AtomicU64::new(0),
             spin_fails: AtomicU32::new(0),
+            spin_off_until: AtomicU64::new(0),
+            spin_lost: AtomicU32::new(0),
             shm_qps: Mutex::new(Vec::new()),
             shm_live: Arc::new(AtomicUsize::new(0)),
         })
@@ -243,12 +251,17 @@ impl Shared {
         }
     }
 
-    /// A driver about to sleep spins on `cq`'s same-host rings first (adaptively, see
-    /// [`DeviceConfig::spin`](super::DeviceConfig::spin)); true if something arrived (it is in
-    /// the CQ).
-    pub(crate) fn drive_spin(&self, cq: &CqShared) -> bool {
+    /// A driver about to sleep spins first (adaptively, see
+    /// [`DeviceConfig::spin`](super::DeviceConfig::spin)): on `cq`'s same-host rings when they
+    /// feed it alone, and on the socket when the driver holds it (`rx`). True if something
+    /// arrived (it is in the CQ).
+    pub(crate) fn drive_spin(&self, cq: &CqShared, rx: Option<&mut RxState>) -> bool {
         let max = self.cfg.spin;
-        if max.is_zero() || !self.shm_only(cq) {
+        if max.is_zero() || (rx.is_none() && !self.shm_only(cq)) {
+            return false;
+        }
+        let now = Instant::now();
+        if self.nanos(now) < cq.spin_off_until.load(Ordering::Relaxed) {
             return false;
         }
         let fails = cq.spin_fails.load(Ordering::Relaxed);
@@ -256,12 +269,71 @@ impl Shared {
         if budget < Duration::from_micros(1) {
             return false;
         }
-        if self.shm_spin(cq, budget) {
-            cq.spin_fails.store(0, Ordering::Relaxed);
-            return true;
+        let spun = self.spin(cq, rx, now + budget);
+        if !matches!(spun, Spun::Lost) {
+            cq.spin_lost.store(0, Ordering::Relaxed);
         }
-        cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
-        false
+        match spun {
+            Spun::Caught => {
+                cq.spin_fails.store(0, Ordering::Relaxed);
+                true
+            }
+            Spun::Missed => {
+                cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
+                false
+            }
+            Spun::Lost => {
+                // Once in a while a yield comes back late on an idle machine too (the other
+                // spinner and a kernel thread on this CPU): only spins that keep losing stop it.
+                if cq.spin_lost.fetch_add(1, Ordering::Relaxed) + 1 >= LOST_IN_A_ROW {
+                    cq.spin_lost.store(0, Ordering::Relaxed);
+                    let off = self.nanos(Instant::now() + SPIN_BACKOFF);
+                    cq.spin_off_until.store(off, Ordering::Relaxed);
+                }
+                false
+            }
+        }
+    }
+
+    /// [`Self::drive_spin`] for a driver that receives for itself when it wakes (`rx`): the
+    /// spin receives too, unless another thread is receiving.
+    pub(crate) fn drive_spin_rx(&self, cq: &CqShared, rx: bool) -> bool {
+        match rx.then(|| self.rx_try()).flatten() {
+            Some(mut g) => self.drive_spin(cq, Some(&mut g)),
+            None => self.drive_spin(cq, None),
+        }
+    }
+
+    /// Polls the rings (and the socket, with `rx`) until something completes on `cq` or
+    /// `until`. Each turn yields the CPU, so that a peer on this very CPU runs (and answers)
+    /// instead of waiting for us to give up; a yield that comes back late means other work
+    /// wants this CPU (a busy machine): then the spin ends as [`Spun::Lost`].
+    fn spin(&self, cq: &CqShared, mut rx: Option<&mut RxState>, until: Instant) -> Spun {
+        loop {
+            if let Some(rx) = rx.as_deref_mut() {
+                self.rx_drain(rx, 4);
+            }
+            if self.shm_pending(cq) {
+                self.shm_poll(cq);
+            }
+            if !cq.queue.lock().is_empty() {
+                return Spun::Caught;
+            }
+            if rx.is_none() {
+                // (A turn on the socket is a system call already.)
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            }
+            let before = Instant::now();
+            if before >= until {
+                return Spun::Missed;
+            }
+            rustix::thread::sched_yield();
+            if before.elapsed() > YIELD_LOST {
+                return Spun::Lost;
+            }
+        }
     }
 
     /// A driver that slept woke after `slept`: had it arrived within a spin, spinning resumes.
@@ -275,11 +347,6 @@ impl Shared {
     /// descriptor, and it takes over receiving from the socket when it can.
     pub(crate) fn drive_wait(&self, cq: &CqShared, timeout: Option<Duration>) -> io::Result<()> {
         let shm_only = self.shm_only(cq);
-        if self.drive_spin(cq) {
-            return Ok(());
-        }
-        let slept = Instant::now();
-        let deadline = timeout.map(|t| slept + t);
         // A CQ fed by shared memory only has nothing to receive from the socket.
         // Nor while an event loop watches it (it hands our completions over).
         let delegated = || self.delegated.load(Ordering::SeqCst) > 0;
@@ -291,6 +358,15 @@ impl Shared {
         if rx.is_some() {
             self.rx_take();
         }
+        if self.drive_spin(cq, rx.as_deref_mut()) {
+            if rx.is_some() {
+                drop(rx);
+                self.rx_give();
+            }
+            return Ok(());
+        }
+        let slept = Instant::now();
+        let deadline = timeout.map(|t| slept + t);
         let res = loop {
             if self.drive_sleep(cq, true) {
                 self.shm_poll(cq);
@@ -343,7 +419,7 @@ impl Shared {
                 self.engine_rx_interest(true);
             }
             self.shm_poll(cq);
-            if ev_ready {
+            if ev_ready || sock_ready {
                 self.drive_woke_after(cq, slept.elapsed());
             }
             // Signalled: even with the queue empty now (another driver took what came), the
@@ -367,6 +443,30 @@ impl Shared {
         }
         res
     }
+}
+
+/// A spin's yield that returns later than this lost the CPU to other work for a scheduler
+/// slice (milliseconds; a peer on the same CPU answering, or a kernel thread, takes
+/// microseconds): spinning on would cost a slice per yield (a busy loop per CPU beside a
+/// same-host ping-pong made its p50 4 ms).
+const YIELD_LOST: Duration = Duration::from_micros(250);
+
+/// How many spins in a row must lose the CPU before the CQ stops spinning for
+/// [`SPIN_BACKOFF`].
+const LOST_IN_A_ROW: u32 = 3;
+
+/// How long a CQ does not spin after spins kept losing the CPU (a few lost slices per this at
+/// most).
+const SPIN_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How a driver's spin ended.
+enum Spun {
+    /// Something completed.
+    Caught,
+    /// The spin's time ran out.
+    Missed,
+    /// A yield came back late: other work wants the CPU.
+    Lost,
 }
 
 /// How long after the last drive a CQ's other sleepers keep leaving the socket to drivers

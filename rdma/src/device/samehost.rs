@@ -9,7 +9,7 @@ use crate::notify::Sleepers;
 use rustix::event::epoll;
 use rustix::fd::{AsFd, OwnedFd};
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Shared {
     /// Accepts connections on the rendezvous; their offers are read when they arrive.
@@ -144,32 +144,6 @@ impl Shared {
             let mut core = qp.core.lock();
             if core.shm.as_ref().is_some_and(|s| s.rx_pending(&core.rc)) {
                 self.drive(&mut core, now);
-            }
-        }
-    }
-
-    /// Polls `cq`'s same-host rings for up to `spin`; returns whether something arrived (and
-    /// was delivered into the CQ).
-    pub(super) fn shm_spin(&self, cq: &CqShared, spin: Duration) -> bool {
-        if !cq.has_live_rings() {
-            return false;
-        }
-        let until = Instant::now() + spin;
-        let mut n = 0u32;
-        loop {
-            if self.shm_pending(cq) || !cq.queue.lock().is_empty() {
-                self.shm_poll(cq);
-                return !cq.queue.lock().is_empty();
-            }
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
-            n = n.wrapping_add(1);
-            // A peer on this very CPU gets to run (and answer) instead of waiting for us to
-            // give up; on another CPU it costs a system call per turn.
-            rustix::thread::sched_yield();
-            if n.is_multiple_of(8) && Instant::now() >= until {
-                return false;
             }
         }
     }

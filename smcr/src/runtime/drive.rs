@@ -117,7 +117,7 @@ impl LinkGroup {
             h.sleeping += 1;
             h.last = Instant::now();
         }
-        if self.sched.drive_spin() || self.sched.drive_sleep(true) {
+        if self.sched.drive_spin(rx) || self.sched.drive_sleep(true) {
             self.hold_woke();
             self.sched.end_drive();
             self.progress();
