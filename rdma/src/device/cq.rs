@@ -5,6 +5,7 @@
 //! one else does.
 
 use super::rx::RxState;
+use super::spin::{SpinState, Spun, YIELD_LOST};
 use super::{Shared, drain_eventfd, timespec, wait_readable};
 use crate::notify::{Notify, Sleepers, Wake};
 use crate::rc::WorkCompletion;
@@ -14,7 +15,7 @@ use rustix::fd::OwnedFd;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Completion queue state shared by the application handle and the engine.
@@ -33,13 +34,8 @@ pub(crate) struct CqShared {
     pub(crate) notify: Notify,
     /// When the last drive ended (device nanoseconds; 0: never).
     pub(crate) drive_ended: AtomicU64,
-    /// Driver spins in a row that caught nothing (each halves the next one).
-    pub(crate) spin_fails: AtomicU32,
-    /// No spinning before this (device nanoseconds): a spin lost the CPU to another task
-    /// (see [`SPIN_BACKOFF`]).
-    pub(crate) spin_off_until: AtomicU64,
-    /// Spins in a row that lost the CPU.
-    pub(crate) spin_lost: AtomicU32,
+    /// The drivers' adaptive spin.
+    pub(crate) spin: SpinState,
     /// QPs receiving into this CQ through a same-host ring: whoever polls or waits on the CQ
     /// turns their ring entries into completions.
     pub(crate) shm_qps: Mutex<Vec<std::sync::Weak<super::QpShared>>>,
@@ -58,9 +54,7 @@ impl CqShared {
             event_driver: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
             notify: Notify::new(),
             drive_ended: AtomicU64::new(0),
-            spin_fails: AtomicU32::new(0),
-            spin_off_until: AtomicU64::new(0),
-            spin_lost: AtomicU32::new(0),
+            spin: SpinState::default(),
             shm_qps: Mutex::new(Vec::new()),
             shm_live: Arc::new(AtomicUsize::new(0)),
         })
@@ -256,43 +250,16 @@ impl Shared {
     /// feed it alone, and on the socket when the driver holds it (`rx`). True if something
     /// arrived (it is in the CQ).
     pub(crate) fn drive_spin(&self, cq: &CqShared, rx: Option<&mut RxState>) -> bool {
-        let max = self.cfg.spin;
-        if max.is_zero() || (rx.is_none() && !self.shm_only(cq)) {
+        if rx.is_none() && !self.shm_only(cq) {
             return false;
         }
         let now = Instant::now();
-        if self.nanos(now) < cq.spin_off_until.load(Ordering::Relaxed) {
+        let Some(budget) = cq.spin.budget(self.cfg.spin, self.nanos(now)) else {
             return false;
-        }
-        let fails = cq.spin_fails.load(Ordering::Relaxed);
-        let budget = max / (1u32 << fails.min(16));
-        if budget < Duration::from_micros(1) {
-            return false;
-        }
+        };
         let spun = self.spin(cq, rx, now + budget);
-        if !matches!(spun, Spun::Lost) {
-            cq.spin_lost.store(0, Ordering::Relaxed);
-        }
-        match spun {
-            Spun::Caught => {
-                cq.spin_fails.store(0, Ordering::Relaxed);
-                true
-            }
-            Spun::Missed => {
-                cq.spin_fails.store((fails + 1).min(16), Ordering::Relaxed);
-                false
-            }
-            Spun::Lost => {
-                // Once in a while a yield comes back late on an idle machine too (the other
-                // spinner and a kernel thread on this CPU): only spins that keep losing stop it.
-                if cq.spin_lost.fetch_add(1, Ordering::Relaxed) + 1 >= LOST_IN_A_ROW {
-                    cq.spin_lost.store(0, Ordering::Relaxed);
-                    let off = self.nanos(Instant::now() + SPIN_BACKOFF);
-                    cq.spin_off_until.store(off, Ordering::Relaxed);
-                }
-                false
-            }
-        }
+        cq.spin.record(spun, self.nanos(Instant::now()));
+        spun == Spun::Caught
     }
 
     /// [`Self::drive_spin`] for a driver that receives for itself when it wakes (`rx`): the
@@ -338,9 +305,7 @@ impl Shared {
 
     /// A driver that slept woke after `slept`: had it arrived within a spin, spinning resumes.
     pub(crate) fn drive_woke_after(&self, cq: &CqShared, slept: Duration) {
-        if slept < self.cfg.spin {
-            cq.spin_fails.store(0, Ordering::Relaxed);
-        }
+        cq.spin.woke_after(slept, self.cfg.spin);
     }
 
     /// A driver's blocking wait: like [`Self::wait_cq`], but signalled on the driver
@@ -443,30 +408,6 @@ impl Shared {
         }
         res
     }
-}
-
-/// A spin's yield that returns later than this lost the CPU to other work for a scheduler
-/// slice (milliseconds; a peer on the same CPU answering, or a kernel thread, takes
-/// microseconds): spinning on would cost a slice per yield (a busy loop per CPU beside a
-/// same-host ping-pong made its p50 4 ms).
-const YIELD_LOST: Duration = Duration::from_micros(250);
-
-/// How many spins in a row must lose the CPU before the CQ stops spinning for
-/// [`SPIN_BACKOFF`].
-const LOST_IN_A_ROW: u32 = 3;
-
-/// How long a CQ does not spin after spins kept losing the CPU (a few lost slices per this at
-/// most).
-const SPIN_BACKOFF: Duration = Duration::from_secs(1);
-
-/// How a driver's spin ended.
-enum Spun {
-    /// Something completed.
-    Caught,
-    /// The spin's time ran out.
-    Missed,
-    /// A yield came back late: other work wants the CPU.
-    Lost,
 }
 
 /// How long after the last drive a CQ's other sleepers keep leaving the socket to drivers

@@ -16,6 +16,7 @@ mod engine;
 mod ids;
 mod rx;
 mod samehost;
+mod spin;
 mod tx;
 
 pub use counters::{CounterWords, DeviceStats, SharedCounters};
