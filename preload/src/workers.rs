@@ -1,5 +1,6 @@
-//! Threads for server handshakes: each handshake runs on a thread of its own (a client that
-//! stalls in CLC must not hold up the others), but a thread that finished one waits a while
+//! Threads for handshakes: each handshake runs on a thread of its own (a client that stalls in
+//! CLC must not hold up the others; only a server connection first used by a blocking read
+//! runs on that reading thread, which would wait for it anyway), but a thread that finished one waits a while
 //! for the next instead of exiting, so a steady stream of connections does not pay a thread
 //! creation and exit each (about a hundred microseconds of system calls on these machines).
 

@@ -7,7 +7,7 @@
 //! over: one wake-up per completion, on the thread that needs it. While a CQ is driven its
 //! completions signal only [`CqScheduler::driver_fd`]; a driver may also receive the device's
 //! packets itself ([`CqScheduler::delegate_rx`], [`CqScheduler::receive`]), and spin briefly
-//! on same-host rings before sleeping ([`CqScheduler::drive_spin`]). docs/architecture.md
+//! on same-host rings and the socket before sleeping ([`CqScheduler::drive_spin`]). docs/architecture.md
 //! ("Threads, locks and wake-ups") shows who sleeps where.
 
 use crate::device::{CqShared, EngineGuard};

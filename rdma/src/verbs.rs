@@ -220,7 +220,10 @@ impl ProtectionDomain {
         ));
         shared.qps.write().insert(qpn, qp.clone());
         if same_host {
-            recv_cq.shared.shm_qps.lock().push(Arc::downgrade(&qp));
+            let mut list = recv_cq.shared.shm_qps.lock();
+            // (Pruned here too: polling, which prunes, skips CQs with no live ring.)
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(&qp));
         }
         Ok(QueuePair {
             qp,

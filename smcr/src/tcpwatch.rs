@@ -292,7 +292,8 @@ fn run(ep: &OwnedFd, wake: &OwnedFd) {
             }
         }
         timeout = close_lingering(ep, &ended);
-        if n > 0 {
+        // (A full batch: more may be queued, look again at once.)
+        if n > 0 && (n as usize) < evs.len() {
             std::thread::sleep(BATCH);
         }
     }

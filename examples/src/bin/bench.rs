@@ -174,7 +174,7 @@ fn main() -> Result<()> {
         return child_role(&args[2], &args[3]);
     }
     let what = args.get(1).map(String::as_str).unwrap_or("rdma");
-    if matches!(what, "--help" | "-h" | "help") {
+    if matches!(what, "help") || args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{}", usage());
         return Ok(());
     }

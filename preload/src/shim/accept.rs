@@ -21,6 +21,12 @@ use crate::guard::Bypass;
 use crate::sock::{Listener, Role, Settling, Sock, State};
 use crate::{log, real, table};
 
+// glibc's (not in the libc crate); `PTHREAD_CANCEL_DISABLE` from <pthread.h>.
+unsafe extern "C" {
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
 /// Marks `fd` for the TCP option (before `listen`).
 pub(crate) fn mark(fd: i32) -> bool {
     let _b = Bypass::new();
@@ -166,7 +172,24 @@ impl Settling {
         // Our duplicate, taken on the application's thread while `fd` is surely its socket.
         match hide(fd) {
             Ok(dup) if here => {
-                self.settle_accepted(fd, Some(dup));
+                // The reading thread is the application's: a pthread_cancel of it must not
+                // unwind through the handshake (the read after it stays a cancellation point),
+                // and a panic settles the connection as failed rather than leaving it
+                // negotiating for ever (the caller's guard turns the read into EIO).
+                let mut old = 0;
+                // SAFETY: changes this thread's cancel state only; restored below.
+                unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.settle_accepted(fd, Some(dup))
+                }));
+                // SAFETY: as above.
+                unsafe { pthread_setcancelstate(old, std::ptr::null_mut()) };
+                if let Err(p) = r {
+                    if self.st.lock().state != State::Done {
+                        self.finish(fd, Outcome::Failed);
+                    }
+                    std::panic::resume_unwind(p);
+                }
                 true
             }
             Ok(dup) => {

@@ -31,8 +31,8 @@ pub(crate) struct Settling {
     /// The application's O_NONBLOCK (kept by the fcntl and ioctl hooks).
     pub(crate) nonblock: AtomicBool,
     pub(crate) role: Role,
-    /// The process whose worker settles it (once [`State::Running`]): a child that forked
-    /// meanwhile holds a copy saying Running with no worker of its own.
+    /// The process whose worker (or reading thread) settles it (once [`State::Running`]): a
+    /// child that forked meanwhile holds a copy saying Running with no worker of its own.
     pub(crate) runner: AtomicU32,
 }
 

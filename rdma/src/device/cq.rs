@@ -265,6 +265,9 @@ impl Shared {
     /// [`Self::drive_spin`] for a driver that receives for itself when it wakes (`rx`): the
     /// spin receives too, unless another thread is receiving.
     pub(crate) fn drive_spin_rx(&self, cq: &CqShared, rx: bool) -> bool {
+        // Only while the engine's interest is off (delegated): else the engine, woken by each
+        // packet, would find the socket taken again and again.
+        let rx = rx && self.delegated.load(Ordering::SeqCst) > 0;
         match rx.then(|| self.rx_try()).flatten() {
             Some(mut g) => self.drive_spin(cq, Some(&mut g)),
             None => self.drive_spin(cq, None),
@@ -384,7 +387,9 @@ impl Shared {
                 self.engine_rx_interest(true);
             }
             self.shm_poll(cq);
-            if ev_ready || sock_ready {
+            // (A socket wake restores the spin only when it brought this CQ something: the
+            // socket carries every QP's packets.)
+            if ev_ready || (sock_ready && !cq.queue.lock().is_empty()) {
                 self.drive_woke_after(cq, slept.elapsed());
             }
             // Signalled: even with the queue empty now (another driver took what came), the

@@ -62,7 +62,7 @@ impl IcrcHeaders {
 /// from it (rxe's seed 0xDEBB20E3 is the same register before its final inversion).
 const AFTER_LRH: u32 = 0x2144_DF1C;
 
-/// At most this many bytes of the first piece after the BTH go into the header block with it
+/// Fewer than this many bytes of the first piece after the BTH go into the header block with it
 /// (a RETH, an AETH, a CDC message's start): one CRC call for the whole header instead of one per
 /// field, which cost more than the CRC of a 1 KiB payload (small calls take the byte-wise path).
 /// The block takes as many as leave a multiple of 32 bytes after it, so the vector CRC of the rest

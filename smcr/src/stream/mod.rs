@@ -500,16 +500,24 @@ fn linger_zero(tcp: &TcpStream) -> bool {
 /// Waits until `tcp` is ready for `events` (or has an error or hang-up); `false` on timeout.
 fn wait_fd(tcp: &TcpStream, events: libc::c_short, timeout: Option<Duration>) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
-    let ms = timeout.map_or(-1, |t| {
-        // Rounded up: a sub-millisecond remainder must not become a zero-timeout spin.
-        i32::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
-    });
+    // A signal (the application's thread runs handshakes too) does not restart the wait from
+    // the beginning: a periodic timer would otherwise keep a stalled peer's wait going.
+    let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
     let mut p = libc::pollfd {
         fd: tcp.as_raw_fd(),
         events,
         revents: 0,
     };
     loop {
+        let ms = match (timeout, deadline) {
+            (None, _) => -1,
+            (Some(_), None) => i32::MAX,
+            // Rounded up: a sub-millisecond remainder must not become a zero-timeout spin.
+            (Some(_), Some(d)) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                i32::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
+            }
+        };
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut p, 1, ms) };
         if r >= 0 {
