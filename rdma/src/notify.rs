@@ -12,16 +12,16 @@
 //! (docs/architecture.md, "Wake-up handshakes, model-checked").
 
 use std::sync::atomic::Ordering;
-use sync::{AtomicBool, AtomicU32, Mutex};
+use sync::{AtomicBool, AtomicU32, Mutex, fence};
 
 /// The synchronisation types: loom's under `cfg(loom)`, std's and parking_lot's otherwise.
 mod sync {
     #[cfg(loom)]
-    pub(super) use loom::sync::atomic::{AtomicBool, AtomicU32};
+    pub(super) use loom::sync::atomic::{AtomicBool, AtomicU32, fence};
     #[cfg(not(loom))]
     pub(super) use parking_lot::Mutex;
     #[cfg(not(loom))]
-    pub(super) use std::sync::atomic::{AtomicBool, AtomicU32};
+    pub(super) use std::sync::atomic::{AtomicBool, AtomicU32, fence};
 
     /// loom's mutex with parking_lot's `lock` (no poisoning).
     #[cfg(loom)]
@@ -210,18 +210,21 @@ impl Notify {
         change(&mut s);
         self.armed_driver.store(s.drivers > 0, Ordering::SeqCst);
         let word = self.waiting_word(&s);
-        self.published.store(word, Ordering::SeqCst);
+        self.published.store(word, Ordering::Relaxed);
+        // Pairs with the fence in `published`: `publish` looks at who has rings after it.
+        fence(Ordering::SeqCst);
         publish(word)
     }
 
     /// The waiting word last passed to a `publish` of [`Self::sleepers`], for a ring that
     /// joins without the sleepers' lock. Store-buffering pair with `publish`'s look at who
-    /// has rings: the joining ring first counts itself (SeqCst) then reads this word; a
-    /// `sleepers` call stores the word then looks at the count. Either it sees the new ring
-    /// (and, serialised behind the joiner's QP lock, stores its word there last) or the
-    /// joiner reads its word.
+    /// has rings: the joining ring first counts itself, then (fence) reads this word; a
+    /// `sleepers` call stores the word, then (fence) looks at the count. Either it sees the new
+    /// ring (and, serialised behind the joiner's QP lock, stores its word there last) or the
+    /// joiner reads its word (model: `notify::model`, a ring that joins).
     pub(crate) fn published(&self) -> u32 {
-        self.published.load(Ordering::SeqCst)
+        fence(Ordering::SeqCst);
+        self.published.load(Ordering::Relaxed)
     }
 
     /// The waiting word the same-host producers see: [`WAIT_DRIVER`] while a driver sleeps,

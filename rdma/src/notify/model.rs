@@ -12,10 +12,10 @@ use super::sync::Mutex;
 use super::*;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicU32 as Word32, AtomicU64};
+use loom::sync::atomic::{AtomicU32 as Word32, AtomicU64, AtomicUsize};
 use loom::thread;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 
 /// The preemption bound without `LOOM_MAX_PREEMPTIONS`.
 const PREEMPTIONS: usize = 5;
@@ -274,6 +274,51 @@ fn a_ring_entry_during_a_drive_is_handed_over() {
         assert!(
             !slept || event >= 1,
             "lost wake-up: the ring entry waits unseen"
+        );
+    });
+}
+
+/// (d) A ring joins the CQ while a poller registers. The joiner is a QP whose offer is about to
+/// leave: under its QP's lock it counts itself live (`samehost::Live`), then sets its waiting
+/// word from [`Notify::published`]; then its peer writes an entry. The poller's publish skips
+/// the rings while none is live (`Shared::shm_sleepers`), else sets their words under each
+/// QP's lock. The producer rings the poller, or the poller sees the entry.
+#[test]
+fn a_ring_that_joins_while_a_poller_registers_rings_it() {
+    model(|| {
+        let cq = Cq::new();
+        let live = Arc::new(AtomicUsize::new(0));
+        let core = Arc::new(Mutex::new(()));
+        let (c, l, k) = (cq.clone(), live.clone(), core.clone());
+        let joiner = thread::spawn(move || {
+            {
+                let _qp = k.lock();
+                l.fetch_add(1, SeqCst);
+                ring_set_waiting(&c.ring.waiting, c.notify.published());
+            }
+            c.produce();
+        });
+        let slept = cq.notify.event_sleep(
+            || {
+                cq.notify.sleepers(
+                    |s| s.event += 1,
+                    |word| {
+                        if live.load(Relaxed) == 0 {
+                            return false;
+                        }
+                        let _qp = core.lock();
+                        ring_set_waiting(&cq.ring.waiting, word);
+                        word != 0 && !ring_is_empty(&cq.ring.tail, &cq.ring.head)
+                    },
+                )
+            },
+            || cq.empty(),
+        );
+        joiner.join().unwrap();
+        let (event, _) = cq.events();
+        assert!(
+            !slept || event >= 1,
+            "lost wake-up: the joining ring's entry waits unseen"
         );
     });
 }
