@@ -658,13 +658,7 @@ fn udp_throughput(cpus: [usize; 2], size: usize, secs: f64, gso: bool) -> Result
                         iov_len: size,
                     })
                     .collect();
-                // SAFETY: zeroed mmsghdr is valid (null name, no control).
-                let mut msgs: Vec<libc::mmsghdr> =
-                    (0..64).map(|_| unsafe { std::mem::zeroed() }).collect();
-                for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
-                    m.msg_hdr.msg_iov = v;
-                    m.msg_hdr.msg_iovlen = 1;
-                }
+                let mut msgs = mmsghdrs(&mut iov);
                 while !c.stop.load(Ordering::Relaxed) {
                     // SAFETY: msgs point at iov entries that point at buf, all live.
                     let r = unsafe { libc::sendmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), 64, 0) };
@@ -706,13 +700,7 @@ fn udp_throughput(cpus: [usize; 2], size: usize, secs: f64, gso: bool) -> Result
                         iov_len: size,
                     })
                     .collect();
-                // SAFETY: as above.
-                let mut msgs: Vec<libc::mmsghdr> =
-                    (0..64).map(|_| unsafe { std::mem::zeroed() }).collect();
-                for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
-                    m.msg_hdr.msg_iov = v;
-                    m.msg_hdr.msg_iovlen = 1;
-                }
+                let mut msgs = mmsghdrs(&mut iov);
                 while !c.stop.load(Ordering::Relaxed) {
                     // SAFETY: msgs point at iov entries that point at bufs, all live.
                     let r = unsafe {
@@ -977,4 +965,18 @@ fn kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// One `mmsghdr` per iovec (one buffer each, no address, no control), for `sendmmsg` and
+/// `recvmmsg`; they point into `iov`, which must outlive their use.
+fn mmsghdrs(iov: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iov.iter_mut()
+        .map(|v| {
+            // SAFETY: an all-zero mmsghdr is valid (null name, no control).
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect()
 }

@@ -93,19 +93,7 @@ pub(crate) unsafe fn sendmmsg(
     flags: i32,
 ) -> io::Result<usize> {
     // SAFETY: per the function contract.
-    check(unsafe {
-        syscall6(
-            libc::SYS_sendmmsg,
-            [
-                fd as usize,
-                msgs.as_mut_ptr() as usize,
-                msgs.len(),
-                flags as usize,
-                0,
-                0,
-            ],
-        )
-    })
+    unsafe { mmsg(libc::SYS_sendmmsg, fd, msgs, flags) }
 }
 
 /// `recvmmsg(2)` without a timeout.
@@ -118,9 +106,23 @@ pub(crate) unsafe fn recvmmsg(
     flags: i32,
 ) -> io::Result<usize> {
     // SAFETY: per the function contract.
+    unsafe { mmsg(libc::SYS_recvmmsg, fd, msgs, flags) }
+}
+
+/// `sendmmsg`/`recvmmsg` (`nr`; no timeout): how many of `msgs` went.
+///
+/// # Safety
+/// As the two callers say.
+unsafe fn mmsg(
+    nr: libc::c_long,
+    fd: i32,
+    msgs: &mut [libc::mmsghdr],
+    flags: i32,
+) -> io::Result<usize> {
+    // SAFETY: per the function contract.
     check(unsafe {
         syscall6(
-            libc::SYS_recvmmsg,
+            nr,
             [
                 fd as usize,
                 msgs.as_mut_ptr() as usize,
