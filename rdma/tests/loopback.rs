@@ -470,10 +470,13 @@ fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
         }])
         .unwrap();
     };
-    // A few exchanges: one where B answered within the hold is enough (on a loaded machine
-    // the hold may end first, and the ACK then leaves alone: that exchange proves nothing).
+    // Exchanges until B answers within the hold once (on a loaded machine the hold may end
+    // first, and the ACK then leaves alone: that exchange proves nothing).
     let mut merged = 0;
-    for round in 0..5u64 {
+    for round in 0..40u64 {
+        if merged > 0 {
+            break;
+        }
         recv(&b, &mb, 100 + round);
         recv(&a, &ma, 200 + round);
         send(&a, &ma, 300 + round);
@@ -485,18 +488,18 @@ fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
         ids.sort();
         assert_eq!(ids, [200 + round, 300 + round]);
         let st = b.dev.stats();
-        if st.tx_packets - pkts == 2 {
-            assert_eq!(
-                st.tx_syscalls - calls,
-                1,
-                "answer and ACK in one call: {st:?}"
-            );
+        // Two packets in one call: the answer took the held ACK along. (Two calls happen
+        // when B's thread answered after the hold ended, on a loaded machine.)
+        if st.tx_packets - pkts == 2 && st.tx_syscalls - calls == 1 {
             merged += 1;
         }
         // B's SEND is not answered: A's ACK leaves alone after its hold.
         assert_eq!(wait_one(&b.cq).wr_id, 400 + round);
     }
-    assert!(merged > 0, "B never answered within 300 µs");
+    assert!(
+        merged > 0,
+        "B never answered within the 300 µs hold in 40 exchanges"
+    );
     assert_eq!(a.dev.stats().rc_probes + b.dev.stats().rc_probes, 0);
 }
 
@@ -534,10 +537,17 @@ fn a_held_socket_goes_back_to_the_engine_when_its_thread_does_not_return() {
         }])
         .unwrap();
     };
-    // Waits that come back at once keep the socket between them.
+    // Waits that come back at once keep the socket between them. B's thread waits before
+    // A sends: sent first, the engine thread could receive the SEND before B's thread takes
+    // the socket (the wait then finds the completion and never holds it).
     for id in 1..=2 {
-        send(10 + id, SendFlags::empty());
-        assert_eq!(wait_one(&b.cq).wr_id, id);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                send(10 + id, SendFlags::empty());
+            });
+            assert_eq!(wait_one(&b.cq).wr_id, id);
+        });
     }
     // B's thread does not wait again: nobody receives B's packets until the hold is over,
     // then the engine thread does, and B acknowledges the next SEND (A's completion).
