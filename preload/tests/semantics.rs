@@ -71,6 +71,11 @@ fn run(group: &str, idx: u16, shim: Option<&Path>) -> Run {
             .env("SMCR_ROCE_PORT", roce_port(idx).to_string())
             // A small RMB: "fill the connection" takes a few kilobytes.
             .env("SMCR_RMB_KIB", "16");
+        if group == "accept" {
+            // A thread blocked in accept gets a connect of its own process before the
+            // connect's entry is in (debug builds: the tests' `ci` profile).
+            c.env("SMCR_DEBUG_CONNECT_PAUSE_MS", "30");
+        }
     }
     let start = Instant::now();
     let mut child = c.spawn().unwrap();

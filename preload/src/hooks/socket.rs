@@ -71,10 +71,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }
     guarded(-1, || {
         let plan = shim::plan_connect(fd, dest);
+        // Until its entry is in: an accept of this process may get the connection first.
+        let _flight = matches!(plan, shim::ConnectPlan::Smc { .. }).then(|| shim::connecting(dest));
         let nonblocking = fds::is_nonblocking(fd);
         // SAFETY: forwarding.
         let r = unsafe { real::connect()(fd, addr, len) };
         let e = errno();
+        shim::debug_pause();
         let started = r == 0 || (nonblocking && e == libc::EINPROGRESS);
         let dup = match plan {
             shim::ConnectPlan::Tcp(reason) => {

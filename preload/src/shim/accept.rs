@@ -98,7 +98,7 @@ pub(crate) fn accept(
             table::insert(c, Arc::new(Sock::Accepted(acc.clone())));
             // From a connect of this very process: negotiated now (the program may wait on its
             // end of the connection before it uses this one).
-            if peer.is_some_and(table::connecting_from) {
+            if peer.is_some_and(|p| super::connect::own_connect(c, p)) {
                 acc.start(c);
             }
         }

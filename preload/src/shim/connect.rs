@@ -4,7 +4,9 @@
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use parking_lot::Mutex;
 use smcr::{FallbackReason, Mode, SmcStream};
 
 use super::numbers::{manage_cloexec, untrack};
@@ -14,6 +16,81 @@ use crate::fds::{borrowed, hide, is_nonblocking, sock_addr};
 use crate::guard::Bypass;
 use crate::sock::{Role, Settling, Sock};
 use crate::{log, table};
+
+/// Destinations of this process's connects between the kernel's connect and their entry in
+/// the table ([`connect_async`]): a thread of this process blocked in `accept` on that
+/// destination gets the connection in between, and must still learn that it is this
+/// process's own (its server side negotiates at once: see `accept`).
+static IN_FLIGHT: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+static IN_FLIGHT_N: AtomicUsize = AtomicUsize::new(0);
+
+/// A connect to `dest` in flight (see [`IN_FLIGHT`]) until dropped, after its entry is in.
+pub(crate) struct Connecting(SocketAddr);
+
+pub(crate) fn connecting(dest: SocketAddr) -> Connecting {
+    let dest = smcr::v4_of(dest).map_or(dest, SocketAddr::V4);
+    IN_FLIGHT.lock().push(dest);
+    IN_FLIGHT_N.fetch_add(1, Ordering::SeqCst);
+    Connecting(dest)
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        let mut v = IN_FLIGHT.lock();
+        if let Some(i) = v.iter().position(|d| *d == self.0) {
+            v.swap_remove(i);
+        }
+        IN_FLIGHT_N.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether the connection accepted at `c` from `peer` is a connect of this process being
+/// settled: one in the table, or one still between the kernel's connect and its entry, which
+/// this waits for (briefly: that thread has only the entry left to make).
+pub(crate) fn own_connect(c: i32, peer: SocketAddr) -> bool {
+    if table::connecting_from(peer) {
+        return true;
+    }
+    if IN_FLIGHT_N.load(Ordering::SeqCst) == 0 {
+        return false;
+    }
+    let Some(local) = sock_addr(c, false) else {
+        return false;
+    };
+    let local = smcr::v4_of(local).map_or(local, SocketAddr::V4);
+    let start = std::time::Instant::now();
+    while IN_FLIGHT.lock().contains(&local) && start.elapsed() < IN_FLIGHT_WAIT {
+        if table::connecting_from(peer) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(20));
+    }
+    table::connecting_from(peer)
+}
+
+/// The longest an accept waits for a connect of its own process to be entered (a connect to
+/// this destination from another thread may be slow to finish: then its connection is not
+/// the accepted one, whose own connect would have been entered within microseconds).
+const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Tests only (debug builds): `SMCR_DEBUG_CONNECT_PAUSE_MS` stretches the time between the
+/// kernel's connect and the connection's entry, where an accept of the same process can get
+/// the connection first (`own_connect`); a loaded machine stretches it too, by chance.
+pub(crate) fn debug_pause() {
+    #[cfg(debug_assertions)]
+    {
+        static PAUSE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let ms = *PAUSE.get_or_init(|| {
+            std::env::var("SMCR_DEBUG_CONNECT_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        });
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+}
 
 /// What `connect` does with a socket of ours, decided before the kernel's connect.
 pub(crate) enum ConnectPlan {

@@ -55,7 +55,9 @@ mod settling;
 
 pub(crate) use accept::{accept, listening, mark};
 pub(crate) use adopt::adopt;
-pub(crate) use connect::{ConnectPlan, connect_async, plain_connect, plan_connect};
+pub(crate) use connect::{
+    ConnectPlan, connect_async, connecting, debug_pause, plain_connect, plan_connect,
+};
 pub(crate) use fork::{forked, forked_child};
 pub(crate) use numbers::{exclude, set_nonblock, tcp_fd, unsupported_option, untrack};
 pub(crate) use runtime::{at_exit, enabled, init_settings, policy_allows};
