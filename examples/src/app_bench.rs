@@ -213,6 +213,34 @@ pub(crate) struct Env {
     next_port: std::cell::Cell<u16>,
     /// The programs started now are pinned so (see [`Placement`]).
     placement: std::cell::Cell<Option<Placement>>,
+    /// The engines' counters per workload and setup (see [`Engine`]), and the workload
+    /// running now.
+    engine: std::cell::RefCell<Vec<Engine>>,
+    workload: std::cell::Cell<&'static str>,
+}
+
+/// What the RoCE engines of one workload's programs (servers and clients, summed over the
+/// repetitions) sent and sent again: retransmissions, early ones (probes) and the probes that
+/// turned out needless (the ACK was late, not lost), and local ACK timeouts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Engine {
+    pub workload: String,
+    pub setup: &'static str,
+    pub packets: u64,
+    pub resent: u64,
+    pub probes: u64,
+    pub spurious: u64,
+    pub timeouts: u64,
+}
+
+impl Engine {
+    fn add(&mut self, d: &rdma::DeviceStats) {
+        self.packets += d.tx_packets;
+        self.resent += d.tx_retransmits;
+        self.probes += d.rc_probes;
+        self.spurious += d.rc_spurious_probes;
+        self.timeouts += d.rc_timeouts;
+    }
 }
 
 impl Env {
@@ -287,6 +315,8 @@ impl Env {
             ns: None,
             next_port: std::cell::Cell::new(10000 + (pid % 100) as u16 * 200),
             placement: std::cell::Cell::new(None),
+            engine: std::cell::RefCell::new(Vec::new()),
+            workload: std::cell::Cell::new(""),
         };
         if need_ns {
             let (a, b) = (format!("smcr-bench-{pid}-a"), format!("smcr-bench-{pid}-b"));
@@ -458,12 +488,56 @@ impl Env {
         Ok((server, addr, port))
     }
 
+    /// Adds the device counters of every stats area (the programs of this run, the exited
+    /// clients' too: read before [`smcr::view::Snapshot::collect`] removes those) to the
+    /// workload's [`Engine`] row.
+    fn count_engines(&self, s: Setup) {
+        let mut row = Engine {
+            workload: self.workload.get().to_string(),
+            setup: s.name(),
+            ..Engine::default()
+        };
+        for e in std::fs::read_dir(&self.stats)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "stats") {
+                continue;
+            }
+            let Ok(a) = smcr::stats::Area::open(&p) else {
+                continue;
+            };
+            for slot in 0..smcr::stats::DEV_SLOTS {
+                if let Some(d) = a.read_dev(slot) {
+                    row.add(&d.stats);
+                }
+            }
+        }
+        let mut rows = self.engine.borrow_mut();
+        match rows
+            .iter_mut()
+            .find(|r| r.workload == row.workload && r.setup == row.setup)
+        {
+            Some(r) => {
+                r.packets += row.packets;
+                r.resent += row.resent;
+                r.probes += row.probes;
+                r.spurious += row.spurious;
+                r.timeouts += row.timeouts;
+            }
+            None => rows.push(row),
+        }
+    }
+
     /// The server's stats say its connections were SMC-R (or TCP with PEERNOSMC for the
     /// fallback setup): at least `min` of them, none of the other kind.
     fn check(&self, s: Setup, server: &Child, min: u64, what: &str) -> Result<()> {
         if !s.shim(true) {
             return Ok(());
         }
+        self.count_engines(s);
         let snap = smcr::view::Snapshot::collect(&self.stats, Some(server.id()));
         let p = snap
             .procs
@@ -879,7 +953,7 @@ pub fn connect_loop(addr: &str, secs: u64) -> Result<()> {
 }
 
 /// Runs everything; returns the metrics.
-pub fn run(opt: &Options) -> Result<Vec<Metric>> {
+pub fn run(opt: &Options) -> Result<(Vec<Metric>, Vec<Engine>)> {
     let mut setups: Vec<Setup> = if opt.only.is_empty() {
         Setup::ALL.to_vec()
     } else {
@@ -1018,6 +1092,7 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
         let reps = if *what == "memory" { 1 } else { reps };
         for rep in 0..reps {
             eprintln!("== {what} ({}/{reps})", rep + 1);
+            env.workload.set(what);
             for &s in &setups {
                 for (name, higher, v) in w(&env, s)? {
                     put(name, higher, s, v);
@@ -1038,7 +1113,30 @@ pub fn run(opt: &Options) -> Result<Vec<Metric>> {
             }),
         }
     }
-    Ok(metrics)
+    let engine = env.engine.take();
+    Ok((metrics, engine))
+}
+
+/// The engines' counters per workload and setup ([`Engine`]).
+pub fn engine_table(rows: &[Engine]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<12} {:<12} {:>12} {:>9} {:>8} {:>9} {:>9}",
+        "engine", "setup", "packets out", "resent", "probes", "spurious", "timeouts"
+    );
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "{:<12} {:<12} {:>12} {:>9} {:>8} {:>9} {:>9}",
+            r.workload, r.setup, r.packets, r.resent, r.probes, r.spurious, r.timeouts
+        );
+    }
+    o.push_str(
+        "engine: RoCE packets the shimmed programs' engines sent and sent again (probes: early \
+         retransmissions; spurious: probes whose ACK was late, not lost), all repetitions\n",
+    );
+    o
 }
 
 /// The table: values per setup, and each smcr setup's ratio to its TCP baseline.
@@ -1091,7 +1189,7 @@ pub fn table(metrics: &[Metric]) -> String {
 
 /// JSON: `{"setups": [...], "metrics": [{name, higher_is_better, values{setup: v}, ratios{setup: r}}]}`.
 /// A value that is not a number (a run that measured nothing) is `null`: NaN is not JSON.
-pub fn json(metrics: &[Metric]) -> String {
+pub fn json(metrics: &[Metric], engine: &[Engine]) -> String {
     use serde_json::{Map, Value, json};
     let num = |v: f64| json_num(v, 15);
     let items: Vec<Value> = metrics
@@ -1118,7 +1216,24 @@ pub fn json(metrics: &[Metric]) -> String {
         })
         .collect();
     let setups: Vec<&str> = Setup::ALL.iter().map(|s| s.name()).collect();
-    format!("{}\n", json!({ "setups": setups, "metrics": items }))
+    let engine: Vec<Value> = engine
+        .iter()
+        .map(|r| {
+            json!({
+                "workload": r.workload,
+                "setup": r.setup,
+                "packets": r.packets,
+                "resent": r.resent,
+                "probes": r.probes,
+                "spurious_probes": r.spurious,
+                "timeouts": r.timeouts,
+            })
+        })
+        .collect();
+    format!(
+        "{}\n",
+        json!({ "setups": setups, "metrics": items, "engine": engine })
+    )
 }
 
 /// `v` rounded to `decimals` places as a JSON number, or `null` when it is not a number (NaN
@@ -1271,7 +1386,7 @@ mod json_tests {
             higher_is_better: true,
             values: vec![(Setup::ALL[0], 100.0), (Setup::ALL[1], f64::NAN)],
         };
-        let text = json(&[m]);
+        let text = json(&[m], &[]);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let metric = &v["metrics"][0];
         assert_eq!(metric["name"], "x \"quoted\" (req/s)");

@@ -60,6 +60,27 @@ fn bench_apps_smoke_run() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let metrics = doc["metrics"].as_array().unwrap();
     assert_eq!(metrics.len(), 22, "{doc}");
+    // The engines' counters: across the namespaces every workload's programs sent RoCE packets
+    // (counted from the exited clients' stats areas too), and a needless probe was a probe.
+    let engine = doc["engine"].as_array().unwrap();
+    for w in [
+        "redis",
+        "sockperf",
+        "placement",
+        "iperf3",
+        "connections",
+        "memory",
+    ] {
+        let row = engine
+            .iter()
+            .find(|r| r["workload"] == w && r["setup"] == "smcr-netns")
+            .unwrap_or_else(|| panic!("no engine row for {w}: {doc}"));
+        assert!(row["packets"].as_u64().unwrap() > 0, "{row}");
+        assert!(
+            row["spurious_probes"].as_u64() <= row["probes"].as_u64(),
+            "{row}"
+        );
+    }
     for m in metrics {
         let name = m["name"].as_str().unwrap();
         for s in [

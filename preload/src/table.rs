@@ -4,7 +4,6 @@
 //! sees on our numbers, and this process's id. Below everything but the types it holds (`sock`,
 //! `pair`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -23,8 +22,35 @@ static BITS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS /
 /// never holds an end that nothing serves any more; the application sees its own flag.
 static INHERIT: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
 /// Each entry with the process that made it: a forked child inherits our memory and our
-/// descriptors, but the connections belong to the parent.
-static MAP: RwLock<BTreeMap<i32, (u32, Arc<Sock>)>> = RwLock::new(BTreeMap::new());
+/// descriptors, but the connections belong to the parent. Indexed by the number (below
+/// [`MAX_FDS`]; it grows to the highest one seen): a lookup is the read lock and an index.
+static MAP: RwLock<Vec<Option<Entry>>> = RwLock::new(Vec::new());
+
+/// The process that made an entry, and the socket.
+type Entry = (u32, Arc<Sock>);
+
+/// The entry at `fd` of the table `m`.
+fn at(m: &[Option<Entry>], fd: i32) -> Option<&Entry> {
+    m.get(usize::try_from(fd).ok()?)?.as_ref()
+}
+
+/// The table's entries with their numbers.
+fn entries(m: &[Option<Entry>]) -> impl Iterator<Item = (i32, &Entry)> {
+    m.iter()
+        .enumerate()
+        .filter_map(|(fd, e)| Some((fd as i32, e.as_ref()?)))
+}
+
+/// Puts `e` at `fd` (below [`MAX_FDS`]: checked by the callers' `slot`).
+fn put(m: &mut Vec<Option<Entry>>, fd: usize, e: Option<Entry>) {
+    if m.len() <= fd {
+        if e.is_none() {
+            return;
+        }
+        m.resize(fd + 1, None);
+    }
+    m[fd] = e;
+}
 static PID: AtomicU32 = AtomicU32::new(0);
 static INHERITED: std::sync::OnceLock<Arc<Sock>> = std::sync::OnceLock::new();
 
@@ -62,7 +88,7 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
         return None;
     }
     let m = MAP.read();
-    let (owner, s) = m.get(&fd)?;
+    let (owner, s) = at(&m, fd)?;
     if *owner == pid() || !s.per_process() {
         Some(s.clone())
     } else {
@@ -77,14 +103,14 @@ pub(crate) fn get_any(fd: i32) -> Option<Arc<Sock>> {
     if BITS[w].load(Ordering::Acquire) & b == 0 {
         return None;
     }
-    MAP.read().get(&fd).map(|(_, s)| s.clone())
+    at(&MAP.read(), fd).map(|(_, s)| s.clone())
 }
 
 /// Records `fd` as ours (replacing what was there).
 pub(crate) fn insert(fd: i32, s: Arc<Sock>) {
     let Some((w, b)) = slot(fd) else { return };
     let owner = pid();
-    MAP.write().insert(fd, (owner, s));
+    put(&mut MAP.write(), fd as usize, Some((owner, s)));
     BITS[w].fetch_or(b, Ordering::Release);
 }
 
@@ -98,7 +124,7 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     }
     let mut m = MAP.write();
     BITS[w].fetch_and(!b, Ordering::Release);
-    let (owner, s) = m.remove(&fd)?;
+    let (owner, s) = m.get_mut(fd as usize)?.take()?;
     if owner == pid() {
         Some(s)
     } else {
@@ -110,10 +136,9 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
 /// The numbers showing SMC-R connections this process made (not a parent's).
 pub(crate) fn own_smc_numbers() -> Vec<i32> {
     let me = pid();
-    MAP.read()
-        .iter()
+    entries(&MAP.read())
         .filter(|(_, (owner, s))| *owner == me && matches!(**s, Sock::Smc(_)))
-        .map(|(&fd, _)| fd)
+        .map(|(fd, _)| fd)
         .collect()
 }
 
@@ -145,32 +170,30 @@ pub(crate) fn app_cloexec(fd: i32) -> bool {
 /// Whether some number of this process still shows `s` (after one was removed: dup'd
 /// numbers share the socket).
 pub(crate) fn shows(s: &Arc<Sock>) -> bool {
-    MAP.read().values().any(|(_, t)| Arc::ptr_eq(s, t))
+    entries(&MAP.read()).any(|(_, (_, t))| Arc::ptr_eq(s, t))
 }
 
 /// The numbers of this process's table that show `s` (dup'd numbers share one entry).
 pub(crate) fn numbers_of(s: &Arc<Sock>) -> Vec<i32> {
-    MAP.read()
-        .iter()
+    entries(&MAP.read())
         .filter(|(_, (_, t))| Arc::ptr_eq(s, t))
-        .map(|(&fd, _)| fd)
+        .map(|(fd, _)| fd)
         .collect()
 }
 
 /// The numbers whose entry reports readiness through `pair` (a connection being settled:
 /// pending or accepted, whichever process made the entry).
 pub(crate) fn numbers_with_pair(pair: &Arc<Pair>) -> Vec<i32> {
-    MAP.read()
-        .iter()
+    entries(&MAP.read())
         .filter(|(_, (_, t))| t.pair().is_some_and(|p| Arc::ptr_eq(p, pair)))
-        .map(|(&fd, _)| fd)
+        .map(|(fd, _)| fd)
         .collect()
 }
 
 /// Whether a connect of this process being settled comes from `peer` (its local address).
 pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
     let me = pid();
-    MAP.read().values().any(|(owner, s)| {
+    entries(&MAP.read()).any(|(_, (owner, s))| {
         *owner == me
             && matches!(&**s, Sock::Pending(p) if p.client_local().is_some_and(|l| {
                 l == peer || smcr::v4_of(l).is_some_and(|l| smcr::v4_of(peer) == Some(l))
@@ -182,17 +205,12 @@ pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
 pub(crate) fn replace_if(fd: i32, old: &Arc<Sock>, new: Option<Arc<Sock>>) -> bool {
     let Some((w, b)) = slot(fd) else { return false };
     let mut m = MAP.write();
-    if !m.get(&fd).is_some_and(|(_, s)| Arc::ptr_eq(s, old)) {
+    if !at(&m, fd).is_some_and(|(_, s)| Arc::ptr_eq(s, old)) {
         return false;
     }
-    match new {
-        Some(s) => {
-            m.insert(fd, (pid(), s));
-        }
-        None => {
-            m.remove(&fd);
-            BITS[w].fetch_and(!b, Ordering::Release);
-        }
+    if new.is_none() {
+        BITS[w].fetch_and(!b, Ordering::Release);
     }
+    put(&mut m, fd as usize, new.map(|s| (pid(), s)));
     true
 }

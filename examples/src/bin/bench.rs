@@ -214,10 +214,11 @@ fn main() -> Result<()> {
                 None => None,
             },
         };
-        let metrics = app_bench::run(&opt)?;
+        let (metrics, engine) = app_bench::run(&opt)?;
         print!("{}", app_bench::table(&metrics));
+        print!("{}", app_bench::engine_table(&engine));
         let json = arg("--json").unwrap_or_else(|| "bench-apps.json".into());
-        app_bench::write(json.as_ref(), &app_bench::json(&metrics))?;
+        app_bench::write(json.as_ref(), &app_bench::json(&metrics, &engine))?;
         let svg = arg("--svg").unwrap_or_else(|| "bench-apps.svg".into());
         app_bench::write(svg.as_ref(), &app_bench::svg(&metrics))?;
         eprintln!("wrote {json} and {svg}");
