@@ -99,6 +99,9 @@ device_counters! {
     rx_duplicates,
     /// Requests refused with a remote access error (bad rkey, range or rights).
     rx_access_errors,
+    /// Times the engine thread woke (its socket, a kick, a timer): while threads wait on the
+    /// socket they run the timers, and the engine looks only every 5 ms.
+    engine_wakes,
 }
 
 /// Words a device keeps its counters in, when its user provides them: smcr puts them in its

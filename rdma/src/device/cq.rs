@@ -129,6 +129,8 @@ impl Shared {
         };
         self.rx_take();
         let res = loop {
+            // Holding the socket, this thread keeps the timers (see `rx_take`).
+            self.run_due_timers(Instant::now());
             // Armed only while asleep: completions this thread produces itself need no signal.
             // The order of `Notify::event_sleep`: arm, register, look.
             cq.notify.arm();
@@ -148,13 +150,18 @@ impl Shared {
             }
             // Sleep first: poll returns at once if a packet is already waiting, which saves
             // a receive call that would find nothing.
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let now = Instant::now();
+            let left = deadline.map(|d| d.saturating_duration_since(now));
             let mut fds = [
                 rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
             ];
-            let ts = left.map(timespec);
+            let ts = match (left, self.until_next_timer(now)) {
+                (Some(l), Some(t)) => Some(l.min(t)),
+                (l, t) => l.or(t),
+            }
+            .map(timespec);
             let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => 0,
@@ -299,6 +306,8 @@ impl Shared {
             if before >= until {
                 return Spun::Missed;
             }
+            // (Rather than the engine thread, which would take this CPU to do it.)
+            self.run_due_timers(before);
             rustix::thread::sched_yield();
             if before.elapsed() > YIELD_LOST {
                 return Spun::Lost;
@@ -336,6 +345,7 @@ impl Shared {
         let slept = Instant::now();
         let deadline = timeout.map(|t| slept + t);
         let res = loop {
+            self.run_due_timers(Instant::now());
             if self.drive_sleep(cq, true) {
                 self.shm_poll(cq);
                 if cq.queue.lock().is_empty() {
@@ -343,8 +353,15 @@ impl Shared {
                 }
                 break Ok(());
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ts = left.map(timespec);
+            let now = Instant::now();
+            let left = deadline.map(|d| d.saturating_duration_since(now));
+            // Holding the socket, this thread keeps the timers (see `rx_take`).
+            let timer = rx.as_ref().and_then(|_| self.until_next_timer(now));
+            let ts = match (left, timer) {
+                (Some(l), Some(t)) => Some(l.min(t)),
+                (l, t) => l.or(t),
+            }
+            .map(timespec);
             let ev = rustix::event::PollFd::new(&cq.event_driver, rustix::event::PollFlags::IN);
             let (r, sock_ready, ev_ready) = match &rx {
                 Some(_) => {
@@ -384,6 +401,7 @@ impl Shared {
             if rx.is_some() && delegated() {
                 // An event loop watches the socket now: leave it to it.
                 rx = None;
+                self.timer_keeper(false);
                 self.engine_rx_interest(true);
             }
             self.shm_poll(cq);

@@ -156,8 +156,23 @@ impl Shared {
     /// its previous wait left (see [`Self::rx_give`]) costs nothing, else the engine's
     /// interest goes off.
     pub(super) fn rx_take(&self) {
+        self.timer_keeper(true);
         if !self.rx_sticky.swap(false, Ordering::SeqCst) {
             self.engine_rx_interest(false);
+        }
+    }
+
+    /// A waiting thread takes the socket (`true`) or gives it back: while it holds it, it
+    /// also runs the due timers and bounds its sleeps by the next one, and the engine thread
+    /// looks at the timers only every [`TIMER_GRACE`](super::engine::TIMER_GRACE) (until that
+    /// long after the last such thread let go).
+    pub(super) fn timer_keeper(&self, on: bool) {
+        if on {
+            self.timer_drivers.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.timer_driven_at
+                .store(self.nanos(Instant::now()), Ordering::Relaxed);
+            self.timer_drivers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -165,6 +180,7 @@ impl Shared {
     /// [`DeviceConfig::rx_hold`](super::DeviceConfig::rx_hold) only when the thread has not
     /// come back for it by then (the engine's `RX_HOLD_TIMER`).
     pub(super) fn rx_give(&self) {
+        self.timer_keeper(false);
         if self.cfg.rx_hold.is_zero() {
             self.engine_rx_interest(true);
             return;

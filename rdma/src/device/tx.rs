@@ -8,7 +8,6 @@ use super::{QpCore, Shared};
 use crate::transport::fault::FaultInjector;
 use crate::transport::udp::{MAX_DATAGRAM, MAX_GSO_SEGMENTS, UdpSocket};
 use crate::wire::IcrcHeaders;
-use std::cmp::Reverse;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Instant;
 
@@ -299,7 +298,7 @@ impl Shared {
         }
         drop(guard);
         if let Some(t) = next {
-            self.timers.lock().push(Reverse((t, FAULT_TIMER)));
+            self.schedule(t, FAULT_TIMER);
         }
     }
 }
