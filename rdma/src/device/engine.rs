@@ -157,13 +157,14 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
         let timeout = {
             let heap = shared.timers.lock();
             let now = Instant::now();
+            let next = heap.peek().map(|Reverse((t, _))| *t);
             let next = if shared.timers_driven(now) {
-                // The waiting threads run the timers: this thread looks only every
-                // TIMER_GRACE (not woken by each deadline they meet or move), which is as
-                // late as a deadline gets if they all stop waiting.
-                Some(now + TIMER_GRACE)
+                // The waiting threads run the timers: this thread looks TIMER_GRACE after the
+                // next one (not woken by each deadline they meet or move), which is as late as
+                // a deadline gets if they all stop waiting. No timer: no look (idle).
+                next.map(|t| t.max(now) + TIMER_GRACE)
             } else {
-                heap.peek().map(|Reverse((t, _))| *t)
+                next
             };
             shared.sleep_until.store(
                 next.map_or(u64::MAX, |t| shared.nanos(t).max(1)),
