@@ -492,11 +492,23 @@ impl Env {
     /// clients' too: read before [`smcr::view::Snapshot::collect`] removes those) to the
     /// workload's [`Engine`] row.
     fn count_engines(&self, s: Setup) {
-        let mut row = Engine {
-            workload: self.workload.get().to_string(),
-            setup: s.name(),
-            ..Engine::default()
+        let mut rows = self.engine.borrow_mut();
+        let what = self.workload.get();
+        let i = match rows
+            .iter()
+            .position(|r| r.workload == what && r.setup == s.name())
+        {
+            Some(i) => i,
+            None => {
+                rows.push(Engine {
+                    workload: what.to_string(),
+                    setup: s.name(),
+                    ..Engine::default()
+                });
+                rows.len() - 1
+            }
         };
+        let row = &mut rows[i];
         for e in std::fs::read_dir(&self.stats)
             .into_iter()
             .flatten()
@@ -514,20 +526,6 @@ impl Env {
                     row.add(&d.stats);
                 }
             }
-        }
-        let mut rows = self.engine.borrow_mut();
-        match rows
-            .iter_mut()
-            .find(|r| r.workload == row.workload && r.setup == row.setup)
-        {
-            Some(r) => {
-                r.packets += row.packets;
-                r.resent += row.resent;
-                r.probes += row.probes;
-                r.spurious += row.spurious;
-                r.timeouts += row.timeouts;
-            }
-            None => rows.push(row),
         }
     }
 

@@ -63,14 +63,7 @@ fn bench_apps_smoke_run() {
     // The engines' counters: across the namespaces every workload's programs sent RoCE packets
     // (counted from the exited clients' stats areas too), and a needless probe was a probe.
     let engine = doc["engine"].as_array().unwrap();
-    for w in [
-        "redis",
-        "sockperf",
-        "placement",
-        "iperf3",
-        "connections",
-        "memory",
-    ] {
+    for w in examples::app_bench::WORKLOADS {
         let row = engine
             .iter()
             .find(|r| r["workload"] == w && r["setup"] == "smcr-netns")

@@ -25,6 +25,18 @@ fn side_gso(faults: Option<FaultConfig>, gso: bool) -> Side {
     Side { dev, pd, cq, qp }
 }
 
+/// A side whose device keeps the socket with a waiting thread for `hold` between its waits
+/// ([`DeviceConfig::rx_hold`]).
+fn side_held(hold: Duration) -> Side {
+    let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.rx_hold = hold;
+    let dev = Device::open(cfg).unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq().unwrap();
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default(), false).unwrap();
+    Side { dev, pd, cq, qp }
+}
+
 fn connect(a: &Side, b: &Side, mtu: Mtu, timeout: u8) {
     connect_with(a, b, mtu, timeout, 7);
 }
@@ -508,16 +520,8 @@ fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
 /// is over, and what arrives meanwhile is received then (nothing waits for ever).
 #[test]
 fn a_held_socket_goes_back_to_the_engine_when_its_thread_does_not_return() {
-    let mk = || {
-        let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
-        cfg.rx_hold = Duration::from_millis(20);
-        let dev = Device::open(cfg).unwrap();
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq().unwrap();
-        let qp = pd.create_qp(&cq, &cq, QpCaps::default(), false).unwrap();
-        Side { dev, pd, cq, qp }
-    };
-    let (a, b) = (mk(), mk());
+    let hold = Duration::from_millis(20);
+    let (a, b) = (side_held(hold), side_held(hold));
     connect(&a, &b, Mtu::Mtu1024, 14);
     let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
@@ -669,16 +673,8 @@ fn two_blocked_readers_on_one_device_hand_the_socket_back() {
 fn waiting_threads_run_the_timers_and_the_engine_sleeps() {
     // As smcr opens its devices: the socket stays with a thread between its waits (else the
     // engine thread receives what arrives in between, and wakes for that).
-    let mk = || {
-        let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
-        cfg.rx_hold = Duration::from_millis(1);
-        let dev = Device::open(cfg).unwrap();
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq().unwrap();
-        let qp = pd.create_qp(&cq, &cq, QpCaps::default(), false).unwrap();
-        Side { dev, pd, cq, qp }
-    };
-    let (a, b) = (mk(), mk());
+    let hold = Duration::from_millis(1);
+    let (a, b) = (side_held(hold), side_held(hold));
     connect(&a, &b, Mtu::Mtu1024, 14);
     let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();

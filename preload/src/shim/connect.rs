@@ -22,6 +22,7 @@ use crate::{log, table};
 /// destination gets the connection in between, and must still learn that it is this
 /// process's own (its server side negotiates at once: see `accept`).
 static IN_FLIGHT: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+/// Its length, read without the lock by every accept (almost always 0).
 static IN_FLIGHT_N: AtomicUsize = AtomicUsize::new(0);
 
 /// A connect to `dest` in flight (see [`IN_FLIGHT`]) until dropped, after its entry is in.

@@ -100,7 +100,7 @@ device_counters! {
     /// Requests refused with a remote access error (bad rkey, range or rights).
     rx_access_errors,
     /// Times the engine thread woke (its socket, a kick, a timer): while threads wait on the
-    /// socket they run the timers, and the engine looks only every 5 ms.
+    /// socket they run the timers, and the engine looks only 5 ms after each deadline.
     engine_wakes,
 }
 

@@ -129,7 +129,7 @@ impl Shared {
         };
         self.rx_take();
         let res = loop {
-            // Holding the socket, this thread keeps the timers (see `rx_take`).
+            // Holding the socket, this thread keeps the timers (see `timer_keeper`).
             self.run_due_timers(Instant::now());
             // Armed only while asleep: completions this thread produces itself need no signal.
             // The order of `Notify::event_sleep`: arm, register, look.
@@ -157,11 +157,7 @@ impl Shared {
                 rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
             ];
-            let ts = match (left, self.until_next_timer(now)) {
-                (Some(l), Some(t)) => Some(l.min(t)),
-                (l, t) => l.or(t),
-            }
-            .map(timespec);
+            let ts = self.until_next_timer(now, left).map(timespec);
             let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => 0,
@@ -355,13 +351,12 @@ impl Shared {
             }
             let now = Instant::now();
             let left = deadline.map(|d| d.saturating_duration_since(now));
-            // Holding the socket, this thread keeps the timers (see `rx_take`).
-            let timer = rx.as_ref().and_then(|_| self.until_next_timer(now));
-            let ts = match (left, timer) {
-                (Some(l), Some(t)) => Some(l.min(t)),
-                (l, t) => l.or(t),
-            }
-            .map(timespec);
+            // Holding the socket, this thread keeps the timers (see `timer_keeper`).
+            let left = match rx {
+                Some(_) => self.until_next_timer(now, left),
+                None => left,
+            };
+            let ts = left.map(timespec);
             let ev = rustix::event::PollFd::new(&cq.event_driver, rustix::event::PollFlags::IN);
             let (r, sock_ready, ev_ready) = match &rx {
                 Some(_) => {

@@ -21,11 +21,11 @@ pub(super) const FAULT_TIMER: u32 = u32::MAX;
 /// The timer of a socket hand-back ([`DeviceConfig::rx_hold`](super::DeviceConfig::rx_hold)).
 pub(super) const RX_HOLD_TIMER: u32 = u32::MAX - 1;
 
-/// While threads wait in `drive_wait` (or did within this long), they run the due timers and
-/// the engine thread looks only this often: each wake-up of the engine took the CPU from a
-/// spinning thread for 3–4 µs, ~800 times a second in a ping-pong (RC deadlines met or moved
-/// by the waiting threads), which was the ping-pong's p99. A timer is at most this late when
-/// its thread stops waiting just before it.
+/// While a thread waiting on the socket keeps the timers (see `Shared::timer_keeper`), or did
+/// within this long, the engine thread sleeps until this long after the next deadline: each
+/// of its wake-ups took the CPU from a spinning thread for 3–4 µs, ~800 times a second in a
+/// ping-pong (RC deadlines met or moved by the waiting threads), which was the ping-pong's
+/// p99. A timer is at most this late when its thread stops waiting just before it.
 pub(crate) const TIMER_GRACE: Duration = Duration::from_millis(5);
 
 impl Shared {
@@ -34,16 +34,15 @@ impl Shared {
         let _ = rustix::io::write(&self.kick, &1u64.to_ne_bytes());
     }
 
-    /// Asks the engine to call back for `qpn` at `at` (or a thread in `drive_wait`, which runs
-    /// due timers itself: then the engine is woken only if it would be late by more than
-    /// [`TIMER_GRACE`]).
+    /// Asks the engine to call back for `qpn` at `at` (or the thread keeping the timers: then
+    /// the engine is woken only if it would be late by more than [`TIMER_GRACE`]).
     pub(super) fn schedule(&self, at: Instant, qpn: u32) {
         let mut heap = self.timers.lock();
         heap.push(Reverse((at, qpn)));
         let at = self.nanos(at);
         self.timer_next.fetch_min(at, Ordering::SeqCst);
         let sleeping = self.sleep_until.load(Ordering::Acquire);
-        let due = if self.timers_driven(Instant::now()) {
+        let due = if self.timers_kept(Instant::now()) {
             at.saturating_add(TIMER_GRACE.as_nanos() as u64)
         } else {
             at
@@ -120,25 +119,35 @@ impl Shared {
         }
     }
 
-    /// Whether threads in `drive_wait` run the timers (one is there now, or left it within
+    /// Whether a waiting thread keeps the timers (one holds the socket now, or let go within
     /// [`TIMER_GRACE`]): the engine then sleeps up to that much past a deadline.
-    pub(super) fn timers_driven(&self, now: Instant) -> bool {
-        let left = self.timer_driven_at.load(Ordering::Relaxed);
-        self.timer_drivers.load(Ordering::SeqCst) > 0
+    pub(super) fn timers_kept(&self, now: Instant) -> bool {
+        let left = self.timer_kept_at.load(Ordering::Relaxed);
+        self.timer_keepers.load(Ordering::SeqCst) > 0
             || (left != 0 && self.nanos(now).saturating_sub(left) < TIMER_GRACE.as_nanos() as u64)
     }
 
-    /// For a thread waiting in `drive_wait`: runs the timers that are due.
+    /// For a waiting thread: runs the timers that are due (a lock-free look when none is).
     pub(super) fn run_due_timers(&self, now: Instant) {
         if self.nanos(now) >= self.timer_next.load(Ordering::SeqCst) {
             run_timers(self, now);
         }
     }
 
-    /// How long a thread in `drive_wait` may sleep before the next timer is due.
-    pub(super) fn until_next_timer(&self, now: Instant) -> Option<Duration> {
+    /// A sleep of at most `left` (`None`: unbounded) cut short at the next timer, for the
+    /// thread that keeps the timers.
+    pub(super) fn until_next_timer(
+        &self,
+        now: Instant,
+        left: Option<Duration>,
+    ) -> Option<Duration> {
         let next = self.timer_next.load(Ordering::SeqCst);
-        (next != u64::MAX).then(|| Duration::from_nanos(next.saturating_sub(self.nanos(now))))
+        let timer =
+            (next != u64::MAX).then(|| Duration::from_nanos(next.saturating_sub(self.nanos(now))));
+        match (left, timer) {
+            (Some(l), Some(t)) => Some(l.min(t)),
+            (l, t) => l.or(t),
+        }
     }
 
     pub(crate) fn stop(&self) {
@@ -158,7 +167,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             let heap = shared.timers.lock();
             let now = Instant::now();
             let next = heap.peek().map(|Reverse((t, _))| *t);
-            let next = if shared.timers_driven(now) {
+            let next = if shared.timers_kept(now) {
                 // The waiting threads run the timers: this thread looks TIMER_GRACE after the
                 // next one (not woken by each deadline they meet or move), which is as late as
                 // a deadline gets if they all stop waiting. No timer: no look (idle).

@@ -212,13 +212,13 @@ pub(crate) struct Shared {
     pub(crate) next_pd: AtomicU32,
     timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
     /// The earliest entry of `timers` (ns since `base`; `u64::MAX`: none), read without the
-    /// lock by the threads that run due timers while they wait (`drive_wait`).
+    /// lock by the thread that keeps the timers while it waits.
     timer_next: AtomicU64,
-    /// Threads in `drive_wait` now, which run the due timers themselves (see
-    /// [`engine::TIMER_GRACE`]).
-    timer_drivers: AtomicU32,
-    /// When the last of them left `drive_wait` (ns since `base`).
-    timer_driven_at: AtomicU64,
+    /// Waiting threads holding the socket now, which keep the timers (see
+    /// `Shared::timer_keeper`).
+    timer_keepers: AtomicU32,
+    /// When one of them last let go of the socket (ns since `base`).
+    timer_kept_at: AtomicU64,
     /// When the engine will wake by itself (ns since `base`); 0 while it is awake.
     sleep_until: AtomicU64,
     base: Instant,
@@ -401,8 +401,8 @@ impl Shared {
             next_pd: AtomicU32::new(1),
             timers: Mutex::new(BinaryHeap::new()),
             timer_next: AtomicU64::new(u64::MAX),
-            timer_drivers: AtomicU32::new(0),
-            timer_driven_at: AtomicU64::new(0),
+            timer_keepers: AtomicU32::new(0),
+            timer_kept_at: AtomicU64::new(0),
             sleep_until: AtomicU64::new(0),
             base: Instant::now(),
             kick,

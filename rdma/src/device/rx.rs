@@ -164,15 +164,15 @@ impl Shared {
 
     /// A waiting thread takes the socket (`true`) or gives it back: while it holds it, it
     /// also runs the due timers and bounds its sleeps by the next one, and the engine thread
-    /// looks at the timers only every [`TIMER_GRACE`](super::engine::TIMER_GRACE) (until that
-    /// long after the last such thread let go).
+    /// sleeps until [`TIMER_GRACE`](super::engine::TIMER_GRACE) after the next deadline (until
+    /// that long after the last such thread let go).
     pub(super) fn timer_keeper(&self, on: bool) {
         if on {
-            self.timer_drivers.fetch_add(1, Ordering::SeqCst);
+            self.timer_keepers.fetch_add(1, Ordering::SeqCst);
         } else {
-            self.timer_driven_at
+            self.timer_kept_at
                 .store(self.nanos(Instant::now()), Ordering::Relaxed);
-            self.timer_drivers.fetch_sub(1, Ordering::SeqCst);
+            self.timer_keepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
