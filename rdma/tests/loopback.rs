@@ -743,3 +743,58 @@ fn waiting_threads_run_the_timers_and_the_engine_sleeps() {
         );
     }
 }
+
+/// A thread blocked on an idle connection keeps the timers, and there are none left: the
+/// engine thread then sleeps until woken (it looked every 5 ms once: 31 ms of CPU per 10 s for
+/// 101 idle connections).
+#[test]
+fn an_idle_blocked_reader_leaves_the_engine_asleep() {
+    let hold = Duration::from_millis(1);
+    let (a, b) = (side_held(hold), side_held(hold));
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let recv = |s: &Side, m: &MemoryRegion, id| {
+        s.qp.post_recv(&[RecvWr {
+            wr_id: id,
+            sg_list: &[m.sge(0, 64)],
+        }])
+        .unwrap();
+    };
+    let send = |s: &Side, m: &MemoryRegion, id| {
+        s.qp.post_send(&[SendWr {
+            wr_id: id,
+            opcode: WrOpcode::Send,
+            sg_list: &[m.sge(1024, 32)],
+            flags: SendFlags::SIGNALED,
+        }])
+        .unwrap();
+    };
+    // A few exchanges (timers armed, met, handed to the waiting threads), then B waits on an
+    // idle connection.
+    for id in 0..5u64 {
+        recv(&b, &mb, id);
+        send(&a, &ma, id);
+        assert_eq!(wait_one(&b.cq).wr_id, id);
+        assert_eq!(wait_one(&a.cq).wr_id, id);
+    }
+    recv(&b, &mb, 99);
+    // (The deadlines left behind — the hold, the probes — are met within 100 ms.)
+    let mut wc = [WorkCompletion::EMPTY];
+    assert_eq!(
+        b.cq.wait(&mut wc, Some(Duration::from_millis(100)))
+            .unwrap(),
+        0
+    );
+    let before = b.dev.stats().engine_wakes;
+    assert_eq!(
+        b.cq.wait(&mut wc, Some(Duration::from_millis(300)))
+            .unwrap(),
+        0
+    );
+    let woke = b.dev.stats().engine_wakes - before;
+    assert!(
+        woke <= 3,
+        "the engine woke {woke} times in 300 ms of idle waiting"
+    );
+}
