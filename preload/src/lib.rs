@@ -18,6 +18,7 @@
 mod bypass;
 mod epoll;
 mod fds;
+mod forkhold;
 mod guard;
 mod hooks;
 mod log;
@@ -50,6 +51,25 @@ static ON_LOAD: extern "C" fn() = {
         // their sockets).
         // SAFETY: registering a plain function without arguments.
         unsafe { libc::atexit(on_exit) };
+        // SAFETY: registering plain functions without arguments.
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    }
+    /// The forking thread takes our process-wide locks (`forkhold`), in the order code nests
+    /// them: the table first (a socket dropped under it may reach the others), smcr's and the
+    /// engine's last (the runtime's creation takes them).
+    extern "C" fn before_fork() {
+        guard::guarded((), || {
+            table::hold_for_fork();
+            shim::hold_for_fork();
+            workers::hold_for_fork();
+            smcr::hold_for_fork();
+        });
+    }
+    extern "C" fn after_fork() {
+        guard::guarded((), || {
+            smcr::release_after_fork();
+            forkhold::release();
+        });
     }
     extern "C" fn on_exit() {
         guard::guarded((), shim::at_exit);

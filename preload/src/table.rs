@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use parking_lot::RwLock;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::forkhold::{self, Held};
 
 use crate::pair::Pair;
 use crate::real;
@@ -24,7 +26,25 @@ static INHERIT: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FD
 /// Each entry with the process that made it: a forked child inherits our memory and our
 /// descriptors, but the connections belong to the parent. Indexed by the number (below
 /// [`MAX_FDS`]; it grows to the highest one seen): a lookup is the read lock and an index.
+/// A `std` lock: held across `fork` (`forkhold`).
 static MAP: RwLock<Vec<Option<Entry>>> = RwLock::new(Vec::new());
+
+/// The table to look at (a panic while it was held left it whole: entries are put in one go).
+fn read() -> Held<RwLockReadGuard<'static, Vec<Option<Entry>>>> {
+    forkhold::read(&MAP)
+}
+
+/// The table to change; in debug builds held longer on request (`forkhold::debug_stretch`).
+fn write() -> Held<RwLockWriteGuard<'static, Vec<Option<Entry>>>> {
+    let g = forkhold::write(&MAP);
+    forkhold::debug_stretch();
+    g
+}
+
+/// Before a fork: the forking thread takes the table (see `forkhold`).
+pub(crate) fn hold_for_fork() {
+    forkhold::hold_rwlock(&MAP);
+}
 
 /// The process that made an entry, and the socket.
 type Entry = (u32, Arc<Sock>);
@@ -87,7 +107,7 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
     if BITS[w].load(Ordering::Acquire) & b == 0 {
         return None;
     }
-    let m = MAP.read();
+    let m = read();
     let (owner, s) = at(&m, fd)?;
     if *owner == pid() || !s.per_process() {
         Some(s.clone())
@@ -103,14 +123,14 @@ pub(crate) fn get_any(fd: i32) -> Option<Arc<Sock>> {
     if BITS[w].load(Ordering::Acquire) & b == 0 {
         return None;
     }
-    at(&MAP.read(), fd).map(|(_, s)| s.clone())
+    at(&read(), fd).map(|(_, s)| s.clone())
 }
 
 /// Records `fd` as ours (replacing what was there).
 pub(crate) fn insert(fd: i32, s: Arc<Sock>) {
     let Some((w, b)) = slot(fd) else { return };
     let owner = pid();
-    put(&mut MAP.write(), fd as usize, Some((owner, s)));
+    put(&mut write(), fd as usize, Some((owner, s)));
     BITS[w].fetch_or(b, Ordering::Release);
 }
 
@@ -122,7 +142,7 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     if BITS[w].load(Ordering::Acquire) & b == 0 {
         return None;
     }
-    let mut m = MAP.write();
+    let mut m = write();
     BITS[w].fetch_and(!b, Ordering::Release);
     let (owner, s) = m.get_mut(fd as usize)?.take()?;
     if owner == pid() {
@@ -136,7 +156,7 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
 /// The numbers showing SMC-R connections this process made (not a parent's).
 pub(crate) fn own_smc_numbers() -> Vec<i32> {
     let me = pid();
-    entries(&MAP.read())
+    entries(&read())
         .filter(|(_, (owner, s))| *owner == me && matches!(**s, Sock::Smc(_)))
         .map(|(fd, _)| fd)
         .collect()
@@ -170,12 +190,12 @@ pub(crate) fn app_cloexec(fd: i32) -> bool {
 /// Whether some number of this process still shows `s` (after one was removed: dup'd
 /// numbers share the socket).
 pub(crate) fn shows(s: &Arc<Sock>) -> bool {
-    entries(&MAP.read()).any(|(_, (_, t))| Arc::ptr_eq(s, t))
+    entries(&read()).any(|(_, (_, t))| Arc::ptr_eq(s, t))
 }
 
 /// The numbers of this process's table that show `s` (dup'd numbers share one entry).
 pub(crate) fn numbers_of(s: &Arc<Sock>) -> Vec<i32> {
-    entries(&MAP.read())
+    entries(&read())
         .filter(|(_, (_, t))| Arc::ptr_eq(s, t))
         .map(|(fd, _)| fd)
         .collect()
@@ -184,7 +204,7 @@ pub(crate) fn numbers_of(s: &Arc<Sock>) -> Vec<i32> {
 /// The numbers whose entry reports readiness through `pair` (a connection being settled:
 /// pending or accepted, whichever process made the entry).
 pub(crate) fn numbers_with_pair(pair: &Arc<Pair>) -> Vec<i32> {
-    entries(&MAP.read())
+    entries(&read())
         .filter(|(_, (_, t))| t.pair().is_some_and(|p| Arc::ptr_eq(p, pair)))
         .map(|(fd, _)| fd)
         .collect()
@@ -193,7 +213,7 @@ pub(crate) fn numbers_with_pair(pair: &Arc<Pair>) -> Vec<i32> {
 /// Whether a connect of this process being settled comes from `peer` (its local address).
 pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
     let me = pid();
-    entries(&MAP.read()).any(|(_, (owner, s))| {
+    entries(&read()).any(|(_, (owner, s))| {
         *owner == me
             && matches!(&**s, Sock::Pending(p) if p.client_local().is_some_and(|l| {
                 l == peer || smcr::v4_of(l).is_some_and(|l| smcr::v4_of(peer) == Some(l))
@@ -204,7 +224,7 @@ pub(crate) fn connecting_from(peer: std::net::SocketAddr) -> bool {
 /// Puts `new` at `fd` (`None`: forgets it) if `fd` still shows `old`.
 pub(crate) fn replace_if(fd: i32, old: &Arc<Sock>, new: Option<Arc<Sock>>) -> bool {
     let Some((w, b)) = slot(fd) else { return false };
-    let mut m = MAP.write();
+    let mut m = write();
     if !at(&m, fd).is_some_and(|(_, s)| Arc::ptr_eq(s, old)) {
         return false;
     }

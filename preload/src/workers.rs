@@ -5,9 +5,12 @@
 //! creation and exit each (about a hundred microseconds of system calls on these machines).
 
 use std::collections::VecDeque;
+use std::sync::{Condvar, MutexGuard, PoisonError};
+
+use crate::forkhold::{self, Held};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -22,17 +25,27 @@ struct State {
     pid: u32,
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
+/// `std` locks: the state is held across `fork` (`forkhold`).
+static STATE: std::sync::Mutex<State> = std::sync::Mutex::new(State {
     jobs: VecDeque::new(),
     idle: 0,
     pid: 0,
 });
 static COND: Condvar = Condvar::new();
 
+fn state() -> Held<MutexGuard<'static, State>> {
+    forkhold::lock(&STATE)
+}
+
+/// Before a fork: the forking thread takes the workers' state (see `forkhold`).
+pub(crate) fn hold_for_fork() {
+    forkhold::hold_mutex(&STATE);
+}
+
 /// Runs `job` on an idle worker, or on a new one if none is free.
 pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
     let me = crate::table::pid();
-    let mut st = STATE.lock();
+    let mut st = state();
     if st.pid != me {
         // Forked: the parent's workers (and their queue) did not come along.
         st.jobs.clear();
@@ -78,7 +91,9 @@ pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
 fn worker() {
     loop {
         let job = {
-            let mut st = STATE.lock();
+            // The condition variable needs the plain guard; counted as held all the same.
+            let _holding = forkhold::Holding::new();
+            let mut st = STATE.lock().unwrap_or_else(PoisonError::into_inner);
             st.idle += 1;
             let deadline = std::time::Instant::now() + IDLE;
             loop {
@@ -86,7 +101,12 @@ fn worker() {
                     st.idle -= 1;
                     break Some(j);
                 }
-                if COND.wait_until(&mut st, deadline).timed_out() && st.jobs.is_empty() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let (g, t) = COND
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(PoisonError::into_inner);
+                st = g;
+                if t.timed_out() && st.jobs.is_empty() {
                     st.idle -= 1;
                     break None;
                 }
@@ -117,7 +137,7 @@ mod tests {
         let first = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         // Wait until that worker is idle again, then the next job is its.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while STATE.lock().idle == 0 {
+        while state().idle == 0 {
             assert!(std::time::Instant::now() < deadline, "worker never idle");
             std::thread::sleep(Duration::from_millis(1));
         }

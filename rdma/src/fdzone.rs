@@ -26,12 +26,19 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use std::sync::{Mutex, PoisonError};
+
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
 static ON: AtomicBool = AtomicBool::new(false);
-/// Serialises our raises of the soft limit.
+/// Serialises our raises of the soft limit. A `std` lock, held across `fork`
+/// (`crate::forkhold`): a child forked during a raise would keep the raised limit.
 static RAISE: Mutex<()> = Mutex::new(());
+
+/// Before a fork: the forking thread takes [`RAISE`] (the limit is the program's again).
+pub(crate) fn hold_for_fork() {
+    crate::forkhold::hold_mutex(&RAISE);
+}
 /// Descriptors placed, and placements refused, since start (diagnostics).
 static PLACED: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
@@ -122,7 +129,7 @@ pub fn place_copy(fd: impl AsFd) -> io::Result<OwnedFd> {
     }
     let r = match current() {
         Zone::Above { from, raise } => {
-            let _g = RAISE.lock();
+            let _g = RAISE.lock().unwrap_or_else(PoisonError::into_inner);
             let l = getrlimit(Resource::Nofile);
             let soft = l.current.unwrap_or(u64::MAX);
             if soft != from {

@@ -20,6 +20,7 @@ mod arena;
 mod device;
 pub mod env;
 pub mod fdzone;
+pub mod forkhold;
 pub mod mr;
 mod notify;
 pub mod rc;

@@ -45,6 +45,19 @@ pub use rdma::{DeviceStats, FaultConfig};
 /// [`rdma::fdzone`]).
 pub use rdma::{env, fdzone};
 pub use runtime::{ConfigError, Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
+
+/// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this library's
+/// process-wide locks, so that the child finds none held by a thread it does not have; then
+/// [`release_after_fork`] in both processes (see [`rdma::forkhold`]).
+pub fn hold_for_fork() {
+    tcpwatch::hold_for_fork();
+    rdma::forkhold::hold_for_fork();
+}
+
+/// After a `fork`, in the parent and in the child: releases what [`hold_for_fork`] took.
+pub fn release_after_fork() {
+    rdma::forkhold::release();
+}
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, Incoming, ListenerRecord, Mode, SmcListener,
     SmcStream, v4_of,

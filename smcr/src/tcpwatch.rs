@@ -12,7 +12,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Who is told of a hang-up (the link group: it probes its link). A trait, so this module
 /// depends on nothing above it.
@@ -52,7 +52,17 @@ struct Watcher {
     closing: HashMap<u64, (Arc<TcpStream>, std::time::Instant)>,
 }
 
+/// A `std` lock: held across `fork` (`rdma::forkhold`).
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
+
+fn watcher() -> MutexGuard<'static, Option<Watcher>> {
+    WATCHER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Before a fork: the forking thread takes the watcher (see `rdma::forkhold`).
+pub(crate) fn hold_for_fork() {
+    rdma::forkhold::hold_mutex(&WATCHER);
+}
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
 /// Watches `fd`, the TCP socket of connection `token` of `lg`, for a hang-up. If the watch
@@ -61,7 +71,7 @@ static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 pub(crate) fn watch<G: HangUp + 'static>(lg: &Arc<G>, token: u32, fd: Arc<TcpStream>) -> Watched {
     let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
-    let mut w = WATCHER.lock();
+    let mut w = watcher();
     if w.as_ref().is_none_or(|w| w.pid != pid) {
         // First use, or a child forked from a process that watched: the inherited set is
         // shared with the parent and its thread did not come along, so the child makes its
@@ -105,7 +115,7 @@ impl Watched {
 
 impl Drop for Watched {
     fn drop(&mut self) {
-        let mut w = WATCHER.lock();
+        let mut w = watcher();
         let Some(w) = w.as_mut().filter(|w| w.pid == std::process::id()) else {
             return;
         };
@@ -192,7 +202,7 @@ fn close_lingering(ep: &OwnedFd, keys: &[u64]) -> i32 {
     let now = std::time::Instant::now();
     let mut done = Vec::new();
     let next = {
-        let mut w = WATCHER.lock();
+        let mut w = watcher();
         let Some(w) = w.as_mut() else {
             return -1;
         };
@@ -254,7 +264,7 @@ fn run(ep: &OwnedFd, wake: &OwnedFd) {
         let mut hung = Vec::new();
         let mut ended = Vec::new();
         {
-            let mut w = WATCHER.lock();
+            let mut w = watcher();
             let Some(w) = w.as_mut() else {
                 continue;
             };

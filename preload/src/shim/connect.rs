@@ -6,7 +6,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
 use smcr::{FallbackReason, Mode, SmcStream};
 
 use super::numbers::{manage_cloexec, untrack};
@@ -21,23 +20,33 @@ use crate::{log, table};
 /// the table ([`connect_async`]): a thread of this process blocked in `accept` on that
 /// destination gets the connection in between, and must still learn that it is this
 /// process's own (its server side negotiates at once: see `accept`).
-static IN_FLIGHT: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+static IN_FLIGHT: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
 /// Its length, read without the lock by every accept (almost always 0).
 static IN_FLIGHT_N: AtomicUsize = AtomicUsize::new(0);
+
+/// [`IN_FLIGHT`], a `std` lock: held across `fork` (`forkhold`).
+fn in_flight() -> crate::forkhold::Held<std::sync::MutexGuard<'static, Vec<SocketAddr>>> {
+    crate::forkhold::lock(&IN_FLIGHT)
+}
+
+/// Before a fork: the forking thread takes the list (see `forkhold`).
+pub(crate) fn hold_for_fork() {
+    crate::forkhold::hold_mutex(&IN_FLIGHT);
+}
 
 /// A connect to `dest` in flight (see [`IN_FLIGHT`]) until dropped, after its entry is in.
 pub(crate) struct Connecting(SocketAddr);
 
 pub(crate) fn connecting(dest: SocketAddr) -> Connecting {
     let dest = smcr::v4_of(dest).map_or(dest, SocketAddr::V4);
-    IN_FLIGHT.lock().push(dest);
+    in_flight().push(dest);
     IN_FLIGHT_N.fetch_add(1, Ordering::SeqCst);
     Connecting(dest)
 }
 
 impl Drop for Connecting {
     fn drop(&mut self) {
-        let mut v = IN_FLIGHT.lock();
+        let mut v = in_flight();
         if let Some(i) = v.iter().position(|d| *d == self.0) {
             v.swap_remove(i);
         }
@@ -60,7 +69,7 @@ pub(crate) fn own_connect(c: i32, peer: SocketAddr) -> bool {
     };
     let local = smcr::v4_of(local).map_or(local, SocketAddr::V4);
     let start = std::time::Instant::now();
-    while IN_FLIGHT.lock().contains(&local) && start.elapsed() < IN_FLIGHT_WAIT {
+    while in_flight().contains(&local) && start.elapsed() < IN_FLIGHT_WAIT {
         if table::connecting_from(peer) {
             return true;
         }

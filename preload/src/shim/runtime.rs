@@ -7,8 +7,8 @@ use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
 use smcr::{FallbackReason, Mode, Runtime, RuntimeConfig};
+use std::sync::Mutex;
 
 use crate::guard::Bypass;
 use crate::{log, table};
@@ -16,11 +16,16 @@ use crate::{log, table};
 /// The process's runtime, created on first use, and again in a forked child (whose engine and
 /// poller threads did not survive the fork).
 /// This process's runtime with its pid (a forked child makes its own).
-static RT: OnceLock<Mutex<Option<(u32, Runtime)>>> = OnceLock::new();
+/// A `std` lock: held across `fork` (`forkhold`).
+static RT: Mutex<Option<(u32, Runtime)>> = Mutex::new(None);
+
+/// Before a fork: the forking thread takes the runtime's cell (see `forkhold`).
+pub(crate) fn hold_for_fork() {
+    crate::forkhold::hold_mutex(&RT);
+}
 
 pub(crate) fn runtime() -> Runtime {
-    let cell = RT.get_or_init(|| Mutex::new(None));
-    let mut g = cell.lock();
+    let mut g = crate::forkhold::lock(&RT);
     let pid = table::pid();
     match &*g {
         Some((p, rt)) if *p == pid => rt.clone(),
@@ -57,12 +62,15 @@ const EXIT_NEGOTIATION_WAIT: std::time::Duration = std::time::Duration::from_mil
 /// LINK), so that peers neither lose data nor wait out TEST LINK. Only the process that made
 /// the runtime: a forked child's copy of its parent's connections is not the child's to close.
 pub(crate) fn at_exit() {
-    let Some(rt) = RT.get().and_then(|c| {
-        let g = c.try_lock()?;
-        g.as_ref()
-            .filter(|(p, _)| *p == table::pid())
-            .map(|(_, rt)| rt.clone())
-    }) else {
+    let rt = {
+        let _holding = crate::forkhold::Holding::new();
+        RT.try_lock().ok().and_then(|g| {
+            g.as_ref()
+                .filter(|(p, _)| *p == table::pid())
+                .map(|(_, rt)| rt.clone())
+        })
+    };
+    let Some(rt) = rt else {
         return;
     };
     // Negotiations under way finish first (briefly: one whose server side nobody uses would
@@ -138,7 +146,6 @@ pub(crate) fn init_settings() {
     let _ = enabled();
     let _ = policy();
     let _ = crate::pair::lazy();
-    let _ = RT.get_or_init(|| Mutex::new(None));
     let _ = crate::epoll::app_drive();
     crate::epoll::vepoll::init();
 }
