@@ -1,6 +1,6 @@
 //! Process-wide locks across `fork`. A child has only the thread that forked: a lock another
 //! thread held at that instant stays held there for ever. A program that forks calls
-//! [`hold_for_fork`] before (`pthread_atfork`'s prepare: the preload library does) and
+//! `rdma::hold_for_fork` before (`pthread_atfork`'s prepare: the preload library does) and
 //! [`release`] after, in both processes; the forking thread then holds every such lock across
 //! the fork, and no child inherits one held by a thread it does not have.
 //!
@@ -28,7 +28,7 @@ pub fn keep<G: 'static>(guard: G) {
     let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
 }
 
-/// Takes `m` for the fork, trying for at most [`WAIT`].
+/// Takes `m` for the fork, trying for at most 100 ms.
 pub fn hold_mutex<T: 'static>(m: &'static Mutex<T>) {
     let start = Instant::now();
     loop {
@@ -39,11 +39,6 @@ pub fn hold_mutex<T: 'static>(m: &'static Mutex<T>) {
             Err(TryLockError::WouldBlock) => return,
         }
     }
-}
-
-/// Before a fork: this crate's process-wide locks (the descriptor zone's).
-pub fn hold_for_fork() {
-    crate::fdzone::hold_for_fork();
 }
 
 /// After the fork (in both processes): releases what was kept, the last taken first.

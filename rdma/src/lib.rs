@@ -39,6 +39,12 @@ pub use rc::{
     WcStatus, WorkCompletion, WrOpcode,
 };
 pub use sched::CqScheduler;
+
+/// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this crate's
+/// process-wide locks (the descriptor zone's), until [`forkhold::release`] (see [`forkhold`]).
+pub fn hold_for_fork() {
+    fdzone::hold_for_fork();
+}
 pub use transport::fault::{FaultConfig, FaultStats};
 pub use verbs::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair};
 pub use wire::Psn;

@@ -51,7 +51,7 @@ pub use runtime::{ConfigError, Negotiation, Readiness, ReadyState, Runtime, Runt
 /// [`release_after_fork`] in both processes (see [`rdma::forkhold`]).
 pub fn hold_for_fork() {
     tcpwatch::hold_for_fork();
-    rdma::forkhold::hold_for_fork();
+    rdma::hold_for_fork();
 }
 
 /// After a `fork`, in the parent and in the child: releases what [`hold_for_fork`] took.
