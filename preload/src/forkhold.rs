@@ -14,7 +14,6 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
 
 thread_local! {
     /// The guards the forking thread holds between prepare and parent/child.
@@ -129,7 +128,7 @@ pub(crate) fn debug_stretch() {
                 .unwrap_or(0)
         });
         if us > 0 {
-            std::thread::sleep(Duration::from_micros(us));
+            std::thread::sleep(std::time::Duration::from_micros(us));
         }
     }
 }

@@ -127,7 +127,8 @@ impl Shared {
             self.shm_poll(cq);
             return Ok(());
         };
-        self.rx_take();
+        let keep = self.may_keep_timers(cq);
+        self.rx_take(keep);
         let res = loop {
             // Holding the socket, this thread keeps the timers (see `timer_keeper`).
             self.run_due_timers(Instant::now());
@@ -157,7 +158,12 @@ impl Shared {
                 rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
             ];
-            let ts = self.until_next_timer(now, left).map(timespec);
+            let ts = if keep {
+                self.until_next_timer(now, left)
+            } else {
+                left
+            }
+            .map(timespec);
             let ready = match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => 0,
@@ -194,7 +200,7 @@ impl Shared {
         // Hand receiving back to the engine thread (it wakes at once if data is waiting):
         // release first, so that the engine never finds the socket readable and the state held.
         drop(rx);
-        self.rx_give();
+        self.rx_give(keep);
         res
     }
 
@@ -311,6 +317,15 @@ impl Shared {
         }
     }
 
+    /// Whether a thread about to hold the socket for `cq` should keep the timers. Not while the
+    /// CQ's spins keep losing the CPU (a busy machine): such a thread is often runnable but not
+    /// running, and a timer it keeps waits for it — for a whole scheduler slice of another task
+    /// (ping-pong p99 ~840 µs beside a busy loop per CPU) — where the engine thread, asleep most
+    /// of the time, gets a CPU at once.
+    fn may_keep_timers(&self, cq: &CqShared) -> bool {
+        !cq.spin.backed_off(self.nanos(Instant::now()))
+    }
+
     /// A driver that slept woke after `slept`: had it arrived within a spin, spinning resumes.
     pub(crate) fn drive_woke_after(&self, cq: &CqShared, slept: Duration) {
         cq.spin.woke_after(slept, self.cfg.spin);
@@ -328,13 +343,16 @@ impl Shared {
         } else {
             self.rx_try()
         };
+        // Whether this thread keeps the timers while it holds the socket.
+        let mut keep = false;
         if rx.is_some() {
-            self.rx_take();
+            keep = self.may_keep_timers(cq);
+            self.rx_take(keep);
         }
         if self.drive_spin(cq, rx.as_deref_mut()) {
             if rx.is_some() {
                 drop(rx);
-                self.rx_give();
+                self.rx_give(keep);
             }
             return Ok(());
         }
@@ -352,9 +370,10 @@ impl Shared {
             let now = Instant::now();
             let left = deadline.map(|d| d.saturating_duration_since(now));
             // Holding the socket, this thread keeps the timers (see `timer_keeper`).
-            let left = match rx {
-                Some(_) => self.until_next_timer(now, left),
-                None => left,
+            let left = if rx.is_some() && keep {
+                self.until_next_timer(now, left)
+            } else {
+                left
             };
             let ts = left.map(timespec);
             let ev = rustix::event::PollFd::new(&cq.event_driver, rustix::event::PollFlags::IN);
@@ -396,7 +415,10 @@ impl Shared {
             if rx.is_some() && delegated() {
                 // An event loop watches the socket now: leave it to it.
                 rx = None;
-                self.timer_keeper(false);
+                if keep {
+                    self.timer_keeper(false);
+                    keep = false;
+                }
                 self.engine_rx_interest(true);
             }
             self.shm_poll(cq);
@@ -416,13 +438,14 @@ impl Shared {
             if rx.is_none() && !shm_only && !delegated() {
                 rx = self.rx_try();
                 if rx.is_some() {
-                    self.rx_take();
+                    keep = self.may_keep_timers(cq);
+                    self.rx_take(keep);
                 }
             }
         };
         if rx.is_some() {
             drop(rx);
-            self.rx_give();
+            self.rx_give(keep);
         }
         res
     }

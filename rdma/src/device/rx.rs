@@ -154,9 +154,12 @@ impl Shared {
 
     /// A thread about to wait on the socket takes it from the engine thread: the hand-back
     /// its previous wait left (see [`Self::rx_give`]) costs nothing, else the engine's
-    /// interest goes off.
-    pub(super) fn rx_take(&self) {
-        self.timer_keeper(true);
+    /// interest goes off. `keep_timers`: it also keeps the timers meanwhile (see
+    /// [`Self::timer_keeper`]; [`Self::rx_give`] is told the same).
+    pub(super) fn rx_take(&self, keep_timers: bool) {
+        if keep_timers {
+            self.timer_keeper(true);
+        }
         if !self.rx_sticky.swap(false, Ordering::SeqCst) {
             self.engine_rx_interest(false);
         }
@@ -179,8 +182,10 @@ impl Shared {
     /// A thread's wait is over: the socket goes back to the engine thread, at once, or with
     /// [`DeviceConfig::rx_hold`](super::DeviceConfig::rx_hold) only when the thread has not
     /// come back for it by then (the engine's `RX_HOLD_TIMER`).
-    pub(super) fn rx_give(&self) {
-        self.timer_keeper(false);
+    pub(super) fn rx_give(&self, kept_timers: bool) {
+        if kept_timers {
+            self.timer_keeper(false);
+        }
         if self.cfg.rx_hold.is_zero() {
             self.engine_rx_interest(true);
             return;

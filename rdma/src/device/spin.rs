@@ -55,6 +55,11 @@ impl SpinState {
         (b >= Duration::from_micros(1)).then_some(b)
     }
 
+    /// Whether spinning is off at `now` because spins kept losing the CPU (a busy machine).
+    pub(crate) fn backed_off(&self, now: u64) -> bool {
+        now < self.off_until.load(Ordering::Relaxed)
+    }
+
     /// A spin ended at `now` (device nanoseconds) as `spun`.
     pub(crate) fn record(&self, spun: Spun, now: u64) {
         if spun != Spun::Lost {

@@ -165,20 +165,60 @@ fn two_hand_backs_leave_no_count_behind() {
     cfg.rx_hold = std::time::Duration::from_millis(1);
     let dev = super::Shared::open(cfg).unwrap();
     let away = || *dev.rx_away.lock();
-    dev.rx_take(); // thread 1 waits
+    dev.rx_take(true); // thread 1 waits
     assert_eq!(away(), 1);
-    dev.rx_take(); // thread 2 takes the receive state before thread 1's hand-back is set
+    dev.rx_take(true); // thread 2 takes the receive state before thread 1's hand-back is set
     assert_eq!(away(), 2);
-    dev.rx_give(); // thread 1's hand-back
-    dev.rx_give(); // thread 2's: one held count is enough
+    dev.rx_give(true); // thread 1's hand-back
+    dev.rx_give(true); // thread 2's: one held count is enough
     assert_eq!(away(), 1);
-    dev.rx_take(); // a thread comes back: takes the held one, no system call
+    dev.rx_take(true); // a thread comes back: takes the held one, no system call
     assert_eq!(away(), 1);
-    dev.rx_give();
+    dev.rx_give(true);
     assert_eq!(away(), 1);
     // Nobody comes back: the hold's timer gives the socket to the engine thread.
     std::thread::sleep(std::time::Duration::from_millis(3));
     dev.rx_hold_due(std::time::Instant::now());
     assert_eq!(away(), 0);
+    dev.stop();
+}
+
+/// A thread waiting on a CQ with the socket keeps the timers (the engine thread sleeps), unless
+/// the CQ's spins keep losing the CPU (a busy machine): such a thread is often runnable but not
+/// running, and the engine keeps the timers then. Both waits, the poller's and the driver's.
+#[test]
+fn a_waiter_keeps_the_timers_unless_its_spins_keep_losing_the_cpu() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    let dev = Arc::new(
+        super::Shared::open(super::DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap(),
+    );
+    for driver in [false, true] {
+        for busy in [false, true] {
+            let cq = Arc::new(super::cq::CqShared::new().unwrap());
+            if busy {
+                for _ in 0..super::spin::LOST_IN_A_ROW {
+                    cq.spin
+                        .record(super::spin::Spun::Lost, dev.nanos(Instant::now()));
+                }
+            }
+            let (d, c) = (dev.clone(), cq.clone());
+            let t = std::thread::spawn(move || {
+                let wait = Some(Duration::from_millis(150));
+                if driver {
+                    d.drive_wait(&c, wait)
+                } else {
+                    d.wait_cq(&c, wait)
+                }
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            let keepers = dev.timer_keepers.load(Ordering::SeqCst);
+            t.join().unwrap().unwrap();
+            assert_eq!(keepers, u32::from(!busy), "driver {driver}, busy {busy}");
+            assert_eq!(dev.timer_keepers.load(Ordering::SeqCst), 0);
+        }
+    }
     dev.stop();
 }
