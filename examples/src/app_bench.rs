@@ -144,14 +144,36 @@ impl Placement {
         }
     }
 
-    /// The CPU a side runs on, if pinned (CPU 1 only when the machine has one).
+    /// The CPU a side runs on, if pinned: the first of the CPUs this process may use, and for
+    /// the client on two cores the second (the first again when there is only one).
     fn cpu(self, server: bool) -> Option<usize> {
+        self.cpu_of(server, &allowed_cpus())
+    }
+
+    fn cpu_of(self, server: bool, allowed: &[usize]) -> Option<usize> {
+        let nth = |i: usize| allowed.get(i).or(allowed.first()).copied();
         match self {
-            Self::OneCore => Some(0),
-            Self::TwoCores => Some(usize::from(!server && cpus() > 1)),
+            Self::OneCore => nth(0),
+            Self::TwoCores => nth(usize::from(!server)),
             Self::Busy => None,
         }
     }
+}
+
+/// The CPUs this process may run on (its affinity mask: a container's cpuset, `taskset`), in
+/// order; empty if it cannot be read (then nothing is pinned).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is an empty set; the kernel fills at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
+    {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
 }
 
 fn cpus() -> usize {
@@ -1376,6 +1398,25 @@ pub(crate) fn require_tools(tools: &[&str]) -> Result<()> {
 #[cfg(test)]
 mod json_tests {
     use super::*;
+
+    #[test]
+    fn placement_pins_to_the_cpus_this_process_may_use() {
+        // A cpuset of CPUs 2 and 5 (a container): never CPU 0 or 1.
+        let set = [2, 5];
+        assert_eq!(Placement::OneCore.cpu_of(true, &set), Some(2));
+        assert_eq!(Placement::OneCore.cpu_of(false, &set), Some(2));
+        assert_eq!(Placement::TwoCores.cpu_of(true, &set), Some(2));
+        assert_eq!(Placement::TwoCores.cpu_of(false, &set), Some(5));
+        assert_eq!(Placement::Busy.cpu_of(false, &set), None);
+        // One CPU: both sides on it; none readable: nothing pinned.
+        assert_eq!(Placement::TwoCores.cpu_of(false, &[3]), Some(3));
+        assert_eq!(Placement::OneCore.cpu_of(true, &[]), None);
+        // This process's own mask has the CPU it runs on.
+        let mine = allowed_cpus();
+        // SAFETY: sched_getcpu has no preconditions.
+        let now = unsafe { libc::sched_getcpu() };
+        assert!(mine.contains(&(now as usize)), "{now} not in {mine:?}");
+    }
 
     #[test]
     fn not_a_number_is_null_and_the_document_parses() {
