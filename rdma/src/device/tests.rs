@@ -204,19 +204,31 @@ fn a_waiter_keeps_the_timers_unless_its_spins_keep_losing_the_cpu() {
                         .record(super::spin::Spun::Lost, dev.nanos(Instant::now()));
                 }
             }
-            let (d, c) = (dev.clone(), cq.clone());
+            let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (d, c, st) = (dev.clone(), cq.clone(), started.clone());
             let t = std::thread::spawn(move || {
-                let wait = Some(Duration::from_millis(150));
+                st.store(true, Ordering::SeqCst);
+                let wait = Some(Duration::from_millis(600));
                 if driver {
                     d.drive_wait(&c, wait)
                 } else {
                     d.wait_cq(&c, wait)
                 }
             });
-            std::thread::sleep(Duration::from_millis(50));
-            let keepers = dev.timer_keepers.load(Ordering::SeqCst);
+            while !started.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            // Watched for 400 ms of the 600 ms wait (a loaded machine may start it late): a
+            // keeper shows up, or never does.
+            let until = Instant::now() + Duration::from_millis(400);
+            let mut seen = 0;
+            while Instant::now() < until && seen < u32::from(!busy) {
+                seen = seen.max(dev.timer_keepers.load(Ordering::SeqCst));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            seen = seen.max(dev.timer_keepers.load(Ordering::SeqCst));
             t.join().unwrap().unwrap();
-            assert_eq!(keepers, u32::from(!busy), "driver {driver}, busy {busy}");
+            assert_eq!(seen, u32::from(!busy), "driver {driver}, busy {busy}");
             assert_eq!(dev.timer_keepers.load(Ordering::SeqCst), 0);
         }
     }
