@@ -10,14 +10,11 @@
 //! [`Held`], which counts what this thread holds: a fork from a thread that holds one (a signal
 //! handler run inside a hook) cannot wait for the others, and leaves them all alone.
 
-use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 thread_local! {
-    /// The guards the forking thread holds between prepare and parent/child.
-    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
     /// How many of our process-wide locks this thread holds now.
     static HOLDING: Cell<u32> = const { Cell::new(0) };
 }
@@ -85,33 +82,19 @@ fn may_wait() -> bool {
     HOLDING.try_with(Cell::get).is_ok_and(|n| n == 0)
 }
 
-/// Takes `m` for the fork (until [`release`]).
+/// Takes `m` for the fork, kept with smcr's and the engine's until
+/// `smcr::release_after_fork` (one list, released the last taken first).
 pub(crate) fn hold_mutex<T: 'static>(m: &'static Mutex<T>) {
     if may_wait() {
-        keep(m.lock().unwrap_or_else(PoisonError::into_inner));
+        smcr::forkhold::keep(m.lock().unwrap_or_else(PoisonError::into_inner));
     }
 }
 
-/// Takes `l` for writing for the fork (until [`release`]).
+/// Takes `l` for writing for the fork (as [`hold_mutex`]).
 pub(crate) fn hold_rwlock<T: 'static>(l: &'static RwLock<T>) {
     if may_wait() {
-        keep(l.write().unwrap_or_else(PoisonError::into_inner));
+        smcr::forkhold::keep(l.write().unwrap_or_else(PoisonError::into_inner));
     }
-}
-
-/// Keeps a guard until [`release`].
-fn keep<G: 'static>(guard: G) {
-    let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
-}
-
-/// After the fork (in both processes): releases what [`hold`] took, the last taken first.
-pub(crate) fn release() {
-    let _ = HELD.try_with(|h| {
-        let mut h = h.borrow_mut();
-        while let Some(g) = h.pop() {
-            drop(g);
-        }
-    });
 }
 
 /// Tests only (debug builds): `SMCR_DEBUG_LOCK_HOLD_US` keeps a process-wide lock this much
@@ -120,16 +103,9 @@ pub(crate) fn release() {
 pub(crate) fn debug_stretch() {
     #[cfg(debug_assertions)]
     {
-        static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-        let us = *US.get_or_init(|| {
-            std::env::var("SMCR_DEBUG_LOCK_HOLD_US")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        });
-        if us > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(us));
-        }
+        static HOLD: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+        let us = std::time::Duration::from_micros;
+        crate::debug::sleep_from_env(&HOLD, "SMCR_DEBUG_LOCK_HOLD_US", us);
     }
 }
 
@@ -141,7 +117,11 @@ mod tests {
     static B: RwLock<u32> = RwLock::new(0);
 
     fn held() -> usize {
-        HELD.with(|h| h.borrow().len())
+        smcr::forkhold::kept()
+    }
+
+    fn release() {
+        smcr::release_after_fork();
     }
 
     #[test]

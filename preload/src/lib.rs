@@ -16,6 +16,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod bypass;
+mod debug;
 mod epoll;
 mod fds;
 mod forkhold;
@@ -66,10 +67,7 @@ static ON_LOAD: extern "C" fn() = {
         });
     }
     extern "C" fn after_fork() {
-        guard::guarded((), || {
-            smcr::release_after_fork();
-            forkhold::release();
-        });
+        guard::guarded((), smcr::release_after_fork);
     }
     extern "C" fn on_exit() {
         guard::guarded((), shim::at_exit);

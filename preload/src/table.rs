@@ -4,13 +4,10 @@
 //! sees on our numbers, and this process's id. Below everything but the types it holds (`sock`,
 //! `pair`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::forkhold::{self, Held};
-
 use crate::pair::Pair;
 use crate::real;
 use crate::sock::{Sock, cloexec_managed};

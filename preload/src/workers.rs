@@ -6,11 +6,11 @@
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, MutexGuard, PoisonError};
-
-use crate::forkhold::{self, Held};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+
+use crate::forkhold::{self, Held};
 
 type Job = Box<dyn FnOnce() + Send>;
 

@@ -58,12 +58,17 @@ impl Run {
         let mut c = Command::new("python3");
         c.args(args);
         if shim {
-            c.env("LD_PRELOAD", lib())
-                .env("SMCR_LOG", &self.log)
-                .env("SMCR_NEGOTIATION", "assume")
-                .env("SMCR_ROCE_PORT", self.roce_port.to_string());
+            self.shim(&mut c);
         }
         c
+    }
+
+    /// `c` under the shim: the library, this test's log and RoCE port, assume negotiation.
+    fn shim<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        c.env("LD_PRELOAD", lib())
+            .env("SMCR_LOG", &self.log)
+            .env("SMCR_NEGOTIATION", "assume")
+            .env("SMCR_ROCE_PORT", self.roce_port.to_string())
     }
 
     fn server(&self, shim: bool, port: u16) -> Child {
@@ -79,12 +84,7 @@ impl Run {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        use std::io::BufRead;
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("READY"), "{line}");
+        wait_ready(&mut child);
         child
     }
 
@@ -112,6 +112,16 @@ impl Run {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// Waits for a server's first line, which must say READY.
+fn wait_ready(server: &mut Child) {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("READY"), "{line}");
 }
 
 fn finish(mut server: Child) -> String {
@@ -271,11 +281,7 @@ fn with_the_option_program_mixed_pairs_fall_back_with_peernosmc() {
             );
             opt(&mut sc);
             let mut server = sc.stdout(Stdio::piped()).spawn().unwrap();
-            use std::io::BufRead;
-            let mut line = String::new();
-            std::io::BufReader::new(server.stdout.as_mut().unwrap())
-                .read_line(&mut line)
-                .unwrap();
+            wait_ready(&mut server);
             let mut cc = run.cmd(
                 client_shim,
                 &[
@@ -384,12 +390,8 @@ fn fortified_reads_reach_the_smcr_connection() {
     }
     let p = port();
     let server = run.server(true, p);
-    let out = Command::new(&bin)
-        .args(["127.0.0.2", &p.to_string()])
-        .env("LD_PRELOAD", lib())
-        .env("SMCR_LOG", &run.log)
-        .env("SMCR_NEGOTIATION", "assume")
-        .env("SMCR_ROCE_PORT", run.roce_port.to_string())
+    let out = run
+        .shim(Command::new(&bin).args(["127.0.0.2", &p.to_string()]))
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&bin);
@@ -425,14 +427,7 @@ fn blocking_connects_to_a_busy_iterative_server_return_at_once() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        std::io::BufReader::new(server.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("READY"), "{line}");
-    }
+    wait_ready(&mut server);
     let mut client = run
         .cmd(
             true,
@@ -564,29 +559,17 @@ fn a_threaded_program_forks_while_its_threads_use_smcr() {
     };
     let run = Run::new("forkstorm");
     let p = port();
-    let shim = |c: &mut Command| {
-        c.env("LD_PRELOAD", lib())
-            .env("SMCR_LOG", &run.log)
-            .env("SMCR_NEGOTIATION", "assume")
-            .env("SMCR_ROCE_PORT", run.roce_port.to_string());
-    };
-    let mut sc = Command::new(&bin);
-    sc.args(["server", "127.0.0.2", &p.to_string()]);
-    shim(&mut sc);
-    let mut server = sc.stdout(Stdio::piped()).spawn().unwrap();
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        std::io::BufReader::new(server.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("READY"), "{line}");
-    }
-    let mut cc = Command::new(&bin);
-    cc.args(["client", "127.0.0.2", &p.to_string(), "3"])
-        .env("SMCR_DEBUG_LOCK_HOLD_US", "200");
-    shim(&mut cc);
-    let out = cc.output().unwrap();
+    let mut server = run
+        .shim(Command::new(&bin).args(["server", "127.0.0.2", &p.to_string()]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready(&mut server);
+    let out = run
+        .shim(Command::new(&bin).args(["client", "127.0.0.2", &p.to_string(), "3"]))
+        .env("SMCR_DEBUG_LOCK_HOLD_US", "200")
+        .output()
+        .unwrap();
     let _ = server.kill();
     let _ = server.wait();
     let _ = std::fs::remove_file(&bin);

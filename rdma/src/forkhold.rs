@@ -41,6 +41,11 @@ pub fn hold_mutex<T: 'static>(m: &'static Mutex<T>) {
     }
 }
 
+/// How many guards this thread keeps now (tests).
+pub fn kept() -> usize {
+    HELD.try_with(|h| h.borrow().len()).unwrap_or(0)
+}
+
 /// After the fork (in both processes): releases what was kept, the last taken first.
 pub fn release() {
     let _ = HELD.try_with(|h| {

@@ -32,19 +32,43 @@ fn side_of(cfg: DeviceConfig) -> Side {
 /// A side whose device keeps the socket with a waiting thread for `hold` between its waits
 /// ([`DeviceConfig::rx_hold`]).
 fn side_held(hold: Duration) -> Side {
+    side_of(held(hold))
+}
+
+fn held(hold: Duration) -> DeviceConfig {
     let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.rx_hold = hold;
-    side_of(cfg)
+    cfg
 }
 
 /// As [`side_held`], without spinning: the timer-keeper tests count the engine thread's
 /// wake-ups, and a waiter whose spins lose the CPU three times in a row (a loaded machine)
 /// hands the timers back to the engine for a second, by design.
 fn side_keeping(hold: Duration) -> Side {
-    let mut cfg = DeviceConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.rx_hold = hold;
-    cfg.spin = Duration::ZERO;
-    side_of(cfg)
+    side_of(DeviceConfig {
+        spin: Duration::ZERO,
+        ..held(hold)
+    })
+}
+
+/// A receive of 64 bytes at the start of `m`.
+fn post_recv(s: &Side, m: &MemoryRegion, id: u64) {
+    s.qp.post_recv(&[RecvWr {
+        wr_id: id,
+        sg_list: &[m.sge(0, 64)],
+    }])
+    .unwrap();
+}
+
+/// A SEND of `len` bytes from offset 1024 of `m`.
+fn post_send(s: &Side, m: &MemoryRegion, id: u64, len: usize, flags: SendFlags) {
+    s.qp.post_send(&[SendWr {
+        wr_id: id,
+        opcode: WrOpcode::Send,
+        sg_list: &[m.sge(1024, len)],
+        flags,
+    }])
+    .unwrap();
 }
 
 fn connect(a: &Side, b: &Side, mtu: Mtu, timeout: u8) {
@@ -476,22 +500,8 @@ fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
     connect(&a, &b, Mtu::Mtu1024, 14);
     let mr = |s: &Side| s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let (ma, mb) = (mr(&a), mr(&b));
-    let recv = |s: &Side, m: &MemoryRegion, id| {
-        s.qp.post_recv(&[RecvWr {
-            wr_id: id,
-            sg_list: &[m.sge(0, 64)],
-        }])
-        .unwrap();
-    };
-    let send = |s: &Side, m: &MemoryRegion, id| {
-        s.qp.post_send(&[SendWr {
-            wr_id: id,
-            opcode: WrOpcode::Send,
-            sg_list: &[m.sge(1024, 44)],
-            flags: SendFlags::SIGNALED,
-        }])
-        .unwrap();
-    };
+    let recv = post_recv;
+    let send = |s: &Side, m: &MemoryRegion, id| post_send(s, m, id, 44, SendFlags::SIGNALED);
     // Exchanges until B answers within the hold once (on a loaded machine the hold may end
     // first, and the ACK then leaves alone: that exchange proves nothing).
     let mut merged = 0;
@@ -689,22 +699,8 @@ fn waiting_threads_run_the_timers_and_the_engine_sleeps() {
     let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let run = Duration::from_millis(400);
-    let post = |s: &Side, m: &MemoryRegion, id: u64| {
-        s.qp.post_recv(&[RecvWr {
-            wr_id: id,
-            sg_list: &[m.sge(0, 64)],
-        }])
-        .unwrap();
-    };
-    let send = |s: &Side, m: &MemoryRegion, id: u64| {
-        s.qp.post_send(&[SendWr {
-            wr_id: id,
-            opcode: WrOpcode::Send,
-            sg_list: &[m.sge(1024, 32)],
-            flags: SendFlags::empty(),
-        }])
-        .unwrap();
-    };
+    let post = post_recv;
+    let send = |s: &Side, m: &MemoryRegion, id| post_send(s, m, id, 32, SendFlags::empty());
     let wakes = |s: &Side| s.dev.stats().engine_wakes;
     let (wa, wb) = (wakes(&a), wakes(&b));
     let start = std::time::Instant::now();
@@ -764,22 +760,8 @@ fn an_idle_blocked_reader_leaves_the_engine_asleep() {
     connect(&a, &b, Mtu::Mtu1024, 14);
     let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-    let recv = |s: &Side, m: &MemoryRegion, id| {
-        s.qp.post_recv(&[RecvWr {
-            wr_id: id,
-            sg_list: &[m.sge(0, 64)],
-        }])
-        .unwrap();
-    };
-    let send = |s: &Side, m: &MemoryRegion, id| {
-        s.qp.post_send(&[SendWr {
-            wr_id: id,
-            opcode: WrOpcode::Send,
-            sg_list: &[m.sge(1024, 32)],
-            flags: SendFlags::SIGNALED,
-        }])
-        .unwrap();
-    };
+    let recv = post_recv;
+    let send = |s: &Side, m: &MemoryRegion, id| post_send(s, m, id, 32, SendFlags::SIGNALED);
     // A few exchanges (timers armed, met, handed to the waiting threads), then B waits on an
     // idle connection.
     for id in 0..5u64 {

@@ -89,16 +89,9 @@ const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_millis(200
 pub(crate) fn debug_pause() {
     #[cfg(debug_assertions)]
     {
-        static PAUSE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-        let ms = *PAUSE.get_or_init(|| {
-            std::env::var("SMCR_DEBUG_CONNECT_PAUSE_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        });
-        if ms > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-        }
+        static PAUSE: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+        let ms = std::time::Duration::from_millis;
+        crate::debug::sleep_from_env(&PAUSE, "SMCR_DEBUG_CONNECT_PAUSE_MS", ms);
     }
 }
 

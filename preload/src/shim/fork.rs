@@ -2,7 +2,6 @@
 //! that an accepted connection can tell whether another process may hold it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-
 use std::sync::{Mutex, MutexGuard};
 
 use crate::forkhold::{self, Held};

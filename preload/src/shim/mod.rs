@@ -59,6 +59,8 @@ pub(crate) use connect::{
     ConnectPlan, connect_async, connecting, debug_pause, plain_connect, plan_connect,
 };
 pub(crate) use fork::{forked, forked_child};
+pub(crate) use numbers::{exclude, set_nonblock, tcp_fd, unsupported_option, untrack};
+pub(crate) use runtime::{at_exit, enabled, init_settings, policy_allows};
 
 /// Before a fork: the forking thread takes the shim's process-wide locks (see `forkhold`;
 /// none of them is taken while another is held).
@@ -67,5 +69,3 @@ pub(crate) fn hold_for_fork() {
     fork::hold_for_fork();
     runtime::hold_for_fork();
 }
-pub(crate) use numbers::{exclude, set_nonblock, tcp_fd, unsupported_option, untrack};
-pub(crate) use runtime::{at_exit, enabled, init_settings, policy_allows};

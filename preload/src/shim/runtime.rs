@@ -4,11 +4,10 @@
 //! (`describe`) and its claim on the socket (`claim`).
 
 use std::os::fd::BorrowedFd;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use smcr::{FallbackReason, Mode, Runtime, RuntimeConfig};
-use std::sync::Mutex;
 
 use crate::guard::Bypass;
 use crate::{log, table};
