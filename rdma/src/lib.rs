@@ -25,6 +25,7 @@ pub mod mr;
 mod notify;
 pub mod rc;
 mod samehost;
+pub mod sandbox;
 mod sched;
 pub mod shm;
 pub mod thread;

@@ -43,7 +43,7 @@ pub use rdma::thread;
 pub use rdma::{DeviceStats, FaultConfig};
 /// Where the runtime's descriptors go in a process shared with an application (see
 /// [`rdma::fdzone`]).
-pub use rdma::{env, fdzone, forkhold};
+pub use rdma::{env, fdzone, forkhold, sandbox};
 pub use runtime::{ConfigError, Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
 
 /// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this library's

@@ -2,29 +2,33 @@
 //! by a sock_ops eBPF program for the sockets we mark, exactly where Linux writes it.
 //!
 //! Two sides:
-//! * [`install`] (root, once per machine, done by the launcher or a test): loads the program and
-//!   its per-socket storage map, attaches it to the cgroup v2 root through a bpf link, and pins
-//!   map, program and link under a bpffs directory ([`DEFAULT_DIR`]) so they outlive the loader.
-//!   The map pin is made world-writable: marking needs no capability, and a process can only
-//!   name its own sockets (the key is a file descriptor of the caller).
-//! * [`OptionMap`] (every process using SMC-R): opens the pinned map, [`OptionMap::mark`]s a
-//!   socket before `connect`/`listen`, and reads [`OptionMap::state`] after the handshake to learn
-//!   whether the peer sent the option.
+//! * [`install`] (root, once per machine, done by `smcr bpf install`, the launcher or a test):
+//!   loads the program and its per-socket storage map, and two cgroup socket-option programs
+//!   ([`sockopt`]) that let any process mark its sockets and read their records; attaches all
+//!   three to the cgroup v2 root through bpf links and pins map and links under a bpffs
+//!   directory ([`DEFAULT_DIR`], root-only) so they outlive the loader.
+//! * [`OptionRecords`] (every process using SMC-R): [`OptionRecords::mark`]s a socket before
+//!   `connect`/`listen`, and reads [`OptionRecords::state`] after the handshake to learn whether
+//!   the peer sent the option — with `setsockopt`/`getsockopt` on a private level, which every
+//!   service's system-call filter allows: the application never calls `bpf(2)` (a
+//!   `SystemCallFilter=~@privileged` would kill it) and needs no pin, no capability and no
+//!   view of bpffs. A process can only name sockets it holds.
 //!
-//! Programs in other cgroup hierarchies or network namespaces are covered: the attachment is at
-//! the cgroup v2 root, and sock_ops programs run for every TCP socket in the cgroup whatever its
-//! namespace.
+//! Programs in other cgroup hierarchies, network namespaces, mount namespaces and user
+//! namespaces are covered: the attachment is at the cgroup v2 root, and the programs run for
+//! every TCP socket in the cgroup tree whatever its namespaces.
 
 pub(crate) mod asm;
 mod claim;
 mod prog;
+pub mod sockopt;
 pub(crate) mod sys;
 #[doc(hidden)]
 pub mod xdp;
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -86,9 +90,14 @@ pub fn ensure_mirror() -> io::Result<()> {
 const MAP_PIN: &str = "sk_opt_map_v1";
 const PROG_PIN: &str = "sk_opt_prog_v1";
 const LINK_PIN: &str = "sk_opt_link_v1";
+/// The socket-option programs' links ([`sockopt`]).
+const SET_LINK_PIN: &str = "sk_opt_set_link_v1";
+const GET_LINK_PIN: &str = "sk_opt_get_link_v1";
 
 /// Name of the program and map as `bpftool` shows them.
 const PROG_NAME: &str = "smcr_sk_opt";
+const SET_PROG_NAME: &str = "smcr_sk_opt_set";
+const GET_PROG_NAME: &str = "smcr_sk_opt_get";
 const MAP_NAME: &str = "smcr_sk_opt";
 /// The program is our own code; this licence string lets it use every helper it calls.
 const LICENSE: &str = "Dual MIT/GPL";
@@ -96,8 +105,7 @@ const LICENSE: &str = "Dual MIT/GPL";
 /// Why the option machinery is unavailable. Each maps to a local fallback reason.
 #[derive(Debug, thiserror::Error)]
 pub enum OptionError {
-    /// The caller may not use bpf(2) for this (`EPERM`/`EACCES`): not root for [`install`], or
-    /// the map pin's permissions for [`OptionMap::open`].
+    /// The caller may not use bpf(2) for this (`EPERM`/`EACCES`): not root for [`install`].
     #[error("no permission to use BPF ({what}): {source}")]
     NoPermission {
         /// The step that was refused.
@@ -105,12 +113,13 @@ pub enum OptionError {
         /// The kernel's error.
         source: io::Error,
     },
-    /// The program is not installed: no pinned map at the path.
+    /// The programs are not installed: the private socket option of the install pinned at
+    /// `path` is not answered (the kernel refuses the level).
     #[error(
-        "the SMC-R option program is not installed (no pin at {path}); run `smcr bpf install` as root"
+        "the SMC-R option program is not installed (the install under {path} does not answer its socket option); run `smcr bpf install` as root"
     )]
     NotInstalled {
-        /// The pin that is missing.
+        /// The pin directory of the install that was looked for.
         path: PathBuf,
     },
     /// No cgroup v2 hierarchy is mounted, so there is nothing to attach to.
@@ -193,22 +202,39 @@ pub enum Capability {
     NotMarked,
 }
 
-/// The pinned per-socket map, as each process using SMC-R opens it.
-#[derive(Debug)]
-pub struct OptionMap {
-    map: OwnedFd,
+/// The option program's per-socket records, as each process using SMC-R reaches them: socket
+/// options on the private level [`sockopt::SOL_SMCR`], answered by the install's cgroup
+/// programs. Holds no descriptor.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionRecords {
+    /// [`sockopt::install_id`] of the install.
+    id: u16,
 }
 
-impl OptionMap {
-    /// Opens the map pinned under `dir` (normally [`DEFAULT_DIR`]).
+impl OptionRecords {
+    /// The records of the install pinned under `dir` (normally [`DEFAULT_DIR`]), after
+    /// checking that its programs answer (one `getsockopt` on a throwaway TCP socket); touches
+    /// nothing under `dir`, which a sandboxed process may not see.
     pub fn open(dir: &Path) -> Result<Self, OptionError> {
-        let path = dir.join(MAP_PIN);
-        match sys::obj_get(&path.to_string_lossy()) {
-            Ok(map) => Ok(Self { map }),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                Err(OptionError::NotInstalled { path })
+        let me = Self {
+            id: sockopt::install_id(dir),
+        };
+        let probe = raw::socket().map_err(|e| OptionError::from_io("open a probe socket", e))?;
+        match me.record(probe.as_fd()) {
+            Ok(_) => Ok(me),
+            // The kernel's own answer for an unknown level (ip_getsockopt: EOPNOTSUPP;
+            // setsockopt: ENOPROTOOPT).
+            Err(OptionError::Kernel { source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+                ) =>
+            {
+                Err(OptionError::NotInstalled {
+                    path: dir.to_path_buf(),
+                })
             }
-            Err(e) => Err(OptionError::from_io("open the pinned map", e)),
+            Err(e) => Err(e),
         }
     }
 
@@ -223,23 +249,120 @@ impl OptionMap {
         };
         let mut v = [0u8; 8];
         v[..4].copy_from_slice(&flags.to_ne_bytes());
-        sys::sk_storage_update(self.map.as_raw_fd(), sock.as_raw_fd(), &v)
+        self.set_record(sock, &v)
             .map_err(|e| OptionError::from_io("mark the socket", e))
     }
 
     /// Removes the mark (and any record) from `sock`.
     pub fn unmark(&self, sock: BorrowedFd<'_>) -> Result<(), OptionError> {
-        sys::sk_storage_delete(self.map.as_raw_fd(), sock.as_raw_fd())
-            .map_err(|e| OptionError::from_io("unmark the socket", e))
+        raw::setsockopt(
+            sock,
+            sockopt::SOL_SMCR,
+            sockopt::optname(self.id, sockopt::OP_DELETE),
+            &[0; 8],
+        )
+        .map_err(|e| OptionError::from_io("unmark the socket", e))
     }
 
     /// The program's record for `sock` (all flags clear when it has none).
     pub fn state(&self, sock: BorrowedFd<'_>) -> Result<SockOption, OptionError> {
-        let v = sys::sk_storage_lookup(self.map.as_raw_fd(), sock.as_raw_fd())
-            .map_err(|e| OptionError::from_io("read the socket's record", e))?;
-        Ok(SockOption(v.map_or(0, |v| {
-            u32::from_ne_bytes(v[..4].try_into().expect("4 bytes"))
-        })))
+        let v = self.record(sock)?;
+        Ok(SockOption(u32::from_ne_bytes(
+            v[..4].try_into().expect("4 bytes"),
+        )))
+    }
+
+    /// The socket's 8-byte record (zeros when it has none).
+    fn record(&self, sock: BorrowedFd<'_>) -> Result<[u8; 8], OptionError> {
+        raw::getsockopt(
+            sock,
+            sockopt::SOL_SMCR,
+            sockopt::optname(self.id, sockopt::OP_RECORD),
+        )
+        .map_err(|e| OptionError::from_io("read the socket's record", e))
+    }
+
+    fn set_record(&self, sock: BorrowedFd<'_>, v: &[u8; 8]) -> io::Result<()> {
+        raw::setsockopt(
+            sock,
+            sockopt::SOL_SMCR,
+            sockopt::optname(self.id, sockopt::OP_RECORD),
+            v,
+        )
+    }
+}
+
+/// The three calls the records need, as raw system calls: inside the preload, libc's
+/// `setsockopt`/`getsockopt`/`socket` are our own hooks.
+mod raw {
+    use std::io;
+    use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+
+    fn check(r: libc::c_long) -> io::Result<libc::c_long> {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    /// A TCP socket to probe with (close-on-exec).
+    pub(super) fn socket() -> io::Result<OwnedFd> {
+        // SAFETY: socket(2) with constant arguments; the result is a new descriptor we own.
+        let fd = check(unsafe {
+            libc::syscall(
+                libc::SYS_socket,
+                libc::AF_INET,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+            )
+        })?;
+        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+
+    pub(super) fn setsockopt(
+        sock: BorrowedFd<'_>,
+        level: i32,
+        name: i32,
+        value: &[u8; 8],
+    ) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: value is valid for reads of its 8 bytes for the whole call.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_setsockopt,
+                sock.as_raw_fd(),
+                level,
+                name,
+                value.as_ptr(),
+                value.len() as libc::socklen_t,
+            )
+        })
+        .map(drop)
+    }
+
+    pub(super) fn getsockopt(sock: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<[u8; 8]> {
+        use std::os::fd::AsRawFd;
+        let mut v = [0u8; 8];
+        let mut len = v.len() as libc::socklen_t;
+        // SAFETY: v and len are valid for writes for the whole call; len says v's size.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_getsockopt,
+                sock.as_raw_fd(),
+                level,
+                name,
+                v.as_mut_ptr(),
+                &mut len,
+            )
+        })?;
+        if len as usize != v.len() {
+            return Err(io::Error::other(format!(
+                "the option program returned {len} bytes, not 8"
+            )));
+        }
+        Ok(v)
     }
 }
 
@@ -249,18 +372,81 @@ impl OptionMap {
 pub fn install(dir: &Path) -> Result<Installed, OptionError> {
     let mirror = || {
         if dir.starts_with("/sys/fs/bpf") {
-            // Best effort: without it, programs under `ip netns exec` fall back (NOBPF).
+            // Best effort: without it, `smcr run` under `ip netns exec` does not see the pins
+            // (the programs themselves serve every namespace).
             let _ = ensure_mirror();
         }
     };
+    // An install from before the socket-option programs opened the map to every user; only
+    // installers open it now.
+    let restrict = || {
+        let _ = fs::set_permissions(dir.join(MAP_PIN), fs::Permissions::from_mode(0o600));
+    };
     if is_installed(dir) {
         mirror();
+        restrict();
         return Ok(Installed::Present);
     }
     ensure_bpffs(dir)?;
     mirror();
     let cgroup = cgroup2_root()?.ok_or(OptionError::NoCgroup2)?;
+    let cg = fs::File::open(&cgroup).map_err(|e| OptionError::from_io("open the cgroup", e))?;
+    let mut fresh = false;
+    if !(dir.join(LINK_PIN).exists() && dir.join(MAP_PIN).exists()) {
+        fresh |= install_sock_ops(dir, &cg)?;
+    }
+    restrict();
+    // The pinned map, ours or a concurrent installer's: the socket-option programs must
+    // serve the map the sock_ops program reads.
+    let map = sys::obj_get(&dir.join(MAP_PIN).to_string_lossy())
+        .map_err(|e| OptionError::from_io("open the pinned map", e))?;
+    let id = sockopt::install_id(dir);
+    type Build = fn(i32, u16) -> Vec<asm::Insn>;
+    let sockopts: [(&str, u32, &str, Build); 2] = [
+        (
+            SET_LINK_PIN,
+            sys::BPF_CGROUP_SETSOCKOPT,
+            SET_PROG_NAME,
+            sockopt::set_program,
+        ),
+        (
+            GET_LINK_PIN,
+            sys::BPF_CGROUP_GETSOCKOPT,
+            GET_PROG_NAME,
+            sockopt::get_program,
+        ),
+    ];
+    for (pin, hook, name, build) in sockopts {
+        if dir.join(pin).exists() {
+            continue;
+        }
+        let prog = sys::prog_load_for(
+            sys::BPF_PROG_TYPE_CGROUP_SOCKOPT,
+            hook,
+            name,
+            &build(map.as_raw_fd(), id),
+            LICENSE,
+        )
+        .map_err(|e| OptionError::from_io("load a socket-option program", e))?;
+        let link = sys::link_create_cgroup(prog.as_raw_fd(), cg.as_raw_fd(), hook)
+            .map_err(|e| OptionError::from_io("attach a socket-option program", e))?;
+        match sys::obj_pin(link.as_raw_fd(), &dir.join(pin).to_string_lossy()) {
+            Ok(()) => fresh = true,
+            // A concurrent installer's is there; dropping ours detaches it.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(OptionError::from_io("pin a socket-option link", e)),
+        }
+    }
+    Ok(if fresh {
+        Installed::Fresh { cgroup }
+    } else {
+        Installed::Present
+    })
+}
 
+/// Loads the sock_ops program and its map, attaches it to `cg` and pins both under `dir`;
+/// false when a concurrent installer pinned its own first.
+fn install_sock_ops(dir: &Path, cg: &fs::File) -> Result<bool, OptionError> {
     let btf = sys::btf_load(&prog::btf()).map_err(|e| OptionError::from_io("load BTF", e))?;
     let map = sys::sk_storage_create(
         MAP_NAME,
@@ -272,7 +458,6 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
     .map_err(|e| OptionError::from_io("create the sk_storage map", e))?;
     let program = sys::prog_load_sock_ops(PROG_NAME, &prog::program(map.as_raw_fd()), LICENSE)
         .map_err(|e| OptionError::from_io("load the sock_ops program", e))?;
-    let cg = fs::File::open(&cgroup).map_err(|e| OptionError::from_io("open the cgroup", e))?;
     let link = sys::link_create_cgroup_sock_ops(program.as_raw_fd(), cg.as_raw_fd())
         .map_err(|e| OptionError::from_io("attach to the cgroup", e))?;
 
@@ -290,26 +475,26 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
     let pin =
         |fd: &OwnedFd, name: &str| sys::obj_pin(fd.as_raw_fd(), &dir.join(name).to_string_lossy());
     pin(&map, MAP_PIN).map_err(|e| OptionError::from_io("pin the map", e))?;
-    fs::set_permissions(dir.join(MAP_PIN), fs::Permissions::from_mode(0o666))
-        .map_err(|e| OptionError::from_io("open the map pin to all users", e))?;
     pin(&program, PROG_PIN).map_err(|e| OptionError::from_io("pin the program", e))?;
     match pin(&link, LINK_PIN) {
-        Ok(()) => Ok(Installed::Fresh { cgroup }),
+        Ok(()) => Ok(true),
         // A concurrent installer won; dropping our link detaches our copy.
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(Installed::Present),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
         Err(e) => Err(OptionError::from_io("pin the link", e)),
     }
 }
 
 /// Whether a complete install is pinned under `dir`.
 pub fn is_installed(dir: &Path) -> bool {
-    dir.join(LINK_PIN).exists() && dir.join(MAP_PIN).exists()
+    [LINK_PIN, MAP_PIN, SET_LINK_PIN, GET_LINK_PIN]
+        .iter()
+        .all(|p| dir.join(p).exists())
 }
 
-/// Removes the pins under `dir`; the program is detached once no process holds the link.
+/// Removes the pins under `dir`; each program is detached once no process holds its link.
 /// Sockets that were marked keep working as plain TCP sockets.
 pub fn uninstall(dir: &Path) -> Result<(), OptionError> {
-    for name in [LINK_PIN, PROG_PIN, MAP_PIN] {
+    for name in [SET_LINK_PIN, GET_LINK_PIN, LINK_PIN, PROG_PIN, MAP_PIN] {
         match fs::remove_file(dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -422,7 +607,7 @@ mod tests {
     #[test]
     fn missing_install_is_a_clear_error() {
         let dir = Path::new("/nonexistent/smcr-bpf");
-        let e = OptionMap::open(dir).unwrap_err();
+        let e = OptionRecords::open(dir).unwrap_err();
         assert!(matches!(e, OptionError::NotInstalled { .. }), "{e:?}");
         let text = e.to_string();
         assert!(

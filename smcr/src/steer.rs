@@ -211,9 +211,11 @@ pub fn ensure_attached(
 
 /// What a runtime does before opening a device on `ip` (the RoCE port): with `policy` not
 /// [`SteerAttach::Off`] and the capabilities to attach, [`ensure_attached`]. Errors leave the
-/// device to find out for itself (it probes whether packets are steered).
+/// device to find out for itself (it probes whether packets are steered). Never under a
+/// seccomp filter: `bpf(2)` is in systemd's `@privileged`, and a filtered call kills the
+/// process (a root service under such a filter relies on `smcr bpf install` instead).
 pub(crate) fn runtime_attach(policy: SteerAttach, dir: &Path, ip: Ipv4Addr) {
-    if policy == SteerAttach::Off || !may_attach() {
+    if policy == SteerAttach::Off || !may_attach() || rdma::sandbox::filtered() {
         return;
     }
     let _ = ensure_attached(dir, ip, policy == SteerAttach::Load);

@@ -5,12 +5,12 @@
 mod common;
 
 use std::net::{SocketAddr, SocketAddrV4, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use smcr::option::{self, Capability, OptionMap};
+use smcr::option::{self, Capability, OptionRecords};
 use socket2::{Domain, Socket, Type};
 
 use common::{ACK, Capture, NetPair, SYN, TestInstall, contains, in_netns, privileged};
@@ -22,7 +22,7 @@ fn fresh_install(tag: &str) -> TestInstall {
     i
 }
 
-fn listener(map: Option<&OptionMap>, addr: SocketAddrV4) -> Socket {
+fn listener(map: Option<&OptionRecords>, addr: SocketAddrV4) -> Socket {
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     if let Some(map) = map {
         map.mark(s.as_fd(), false).unwrap();
@@ -33,7 +33,7 @@ fn listener(map: Option<&OptionMap>, addr: SocketAddrV4) -> Socket {
     s
 }
 
-fn connect(map: Option<&OptionMap>, to: SocketAddrV4) -> (TcpStream, Capability) {
+fn connect(map: Option<&OptionRecords>, to: SocketAddrV4) -> (TcpStream, Capability) {
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     if let Some(map) = map {
         map.mark(s.as_fd(), true).unwrap();
@@ -70,7 +70,7 @@ fn option_in_syn_and_synack_only_between_marked_sockets() {
     let server = {
         let dir = dir.clone();
         in_netns(&net.b, move || {
-            let map = OptionMap::open(&dir).unwrap();
+            let map = OptionRecords::open(&dir).unwrap();
             let marked = listener(Some(&map), SocketAddrV4::new(server_addr, marked_port));
             let plain = listener(None, SocketAddrV4::new(server_addr, plain_port));
             ready_tx.send(()).unwrap();
@@ -93,7 +93,7 @@ fn option_in_syn_and_synack_only_between_marked_sockets() {
     let client = {
         let dir = dir.clone();
         in_netns(&net.a, move || {
-            let map = OptionMap::open(&dir).unwrap();
+            let map = OptionRecords::open(&dir).unwrap();
             let (s1, v1) = connect(Some(&map), SocketAddrV4::new(server_addr, marked_port));
             let (s2, v2) = connect(None, SocketAddrV4::new(server_addr, marked_port));
             let (s3, v3) = connect(Some(&map), SocketAddrV4::new(server_addr, plain_port));
@@ -167,8 +167,49 @@ fn option_in_syn_and_synack_only_between_marked_sockets() {
     }
 }
 
-/// Run by `unprivileged_process_can_mark_its_sockets` as user nobody: marking and reading work
-/// through the world-writable map pin, installing does not.
+/// Kills this process at its first `bpf(2)`, as a service's `SystemCallFilter=~@privileged` does.
+fn forbid_bpf() {
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let filter = [
+        // A = the system call number.
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_bpf as u32,
+        },
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_KILL_PROCESS),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut _,
+    };
+    // SAFETY: prctl with a filter program that outlives the call.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog
+            ),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Run by `unprivileged_process_can_mark_its_sockets` as user nobody, then under a seccomp
+/// filter that kills on `bpf(2)`: marking and reading work (socket options answered by the
+/// install's cgroup programs), installing does not, and the map pin is root's alone.
 #[test]
 #[ignore = "run as a child process by unprivileged_process_can_mark_its_sockets"]
 fn unprivileged_child() {
@@ -180,7 +221,15 @@ fn unprivileged_child() {
     assert_ne!(unsafe { libc::geteuid() }, 0, "must run unprivileged");
     let e = option::install(&dir.with_file_name("smcr-should-not-exist")).unwrap_err();
     assert!(matches!(e, option::OptionError::NoPermission { .. }), "{e}");
-    let map = OptionMap::open(&dir).expect("open the pinned map as nobody");
+    use std::os::unix::fs::PermissionsExt;
+    for pin in std::fs::read_dir(&dir).unwrap() {
+        let pin = pin.unwrap();
+        let mode = pin.metadata().unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{:?} is open to others", pin.file_name());
+    }
+    // From here a bpf(2) call kills the process, and the parent sees it.
+    forbid_bpf();
+    let map = OptionRecords::open(&dir).expect("reach the records as nobody, without bpf(2)");
     let l = listener(Some(&map), "127.0.0.1:0".parse().unwrap());
     let port = l.local_addr().unwrap().as_socket_ipv4().unwrap().port();
     let (_c, verdict) = connect(Some(&map), SocketAddrV4::new([127, 0, 0, 1].into(), port));
@@ -212,5 +261,66 @@ fn unprivileged_process_can_mark_its_sockets() {
         out.status.success() && stdout.contains("UNPRIVILEGED-OK"),
         "child failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The records of one install are its own, and every other socket option behaves as without
+/// the programs (they pass everything but their own level and names through).
+#[test]
+fn installs_keep_apart_and_other_options_pass_through() {
+    if !privileged("socket-option programs") {
+        return;
+    }
+    let (a, b) = (fresh_install("apart-a"), fresh_install("apart-b"));
+    let ra = OptionRecords::open(&a.0).unwrap();
+    let rb = OptionRecords::open(&b.0).unwrap();
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    ra.mark(s.as_fd(), true).unwrap();
+    assert!(ra.state(s.as_fd()).unwrap().marked());
+    assert!(
+        !rb.state(s.as_fd()).unwrap().marked(),
+        "marked for the other install"
+    );
+    ra.claim(s.as_fd(), true, 4242).unwrap();
+    assert_eq!(
+        ra.claimed(s.as_fd()).unwrap(),
+        Some(option::Claim {
+            smc: true,
+            pid: 4242
+        })
+    );
+    assert!(
+        ra.state(s.as_fd()).unwrap().connecting(),
+        "a claim keeps the flags"
+    );
+    ra.unmark(s.as_fd()).unwrap();
+    assert_eq!(ra.state(s.as_fd()).unwrap(), option::SockOption(0));
+    assert_eq!(ra.claimed(s.as_fd()).unwrap(), None);
+
+    // Other options, set and read, on TCP and UDP sockets.
+    s.set_tcp_nodelay(true).unwrap();
+    assert!(s.tcp_nodelay().unwrap());
+    s.set_recv_buffer_size(200_000).unwrap();
+    assert!(s.recv_buffer_size().unwrap() >= 200_000);
+    let u = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+    u.set_broadcast(true).unwrap();
+    assert!(u.broadcast().unwrap());
+    // The private level under a name no install answers: the kernel's own refusal.
+    let mut v = [0u8; 8];
+    let mut len = 8 as libc::socklen_t;
+    // SAFETY: v and len are valid for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            option::sockopt::SOL_SMCR,
+            option::sockopt::optname(0xfffe, option::sockopt::OP_RECORD),
+            v.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
     );
 }

@@ -224,7 +224,7 @@ impl Settling {
         let sock = dup.as_ref().map_or(fd, AsRawFd::as_raw_fd);
         let outcome = loop {
             let c = rt
-                .option_map()
+                .option_records()
                 .and_then(|m| m.claimed(borrowed(sock)).ok().flatten());
             match c {
                 Some(c) if c.smc && c.pid != table::pid() => break Outcome::Foreign,
@@ -234,7 +234,7 @@ impl Settling {
                     }
                     break Outcome::Plain(dup);
                 }
-                None if !alive(parent) || rt.option_map().is_none() => {
+                None if !alive(parent) || rt.option_records().is_none() => {
                     log::line(format_args!(
                         "fd {fd}: inherited while process {parent} negotiated it, which \
                          recorded no outcome: not usable here"
@@ -265,7 +265,7 @@ impl Settling {
             .flatten();
         // Settled by another holder already (it recorded it on the socket).
         if let Some(c) = rt
-            .option_map()
+            .option_records()
             .and_then(|m| m.claimed(borrowed(sock)).ok().flatten())
         {
             log::line(format_args!(

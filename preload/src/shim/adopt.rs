@@ -47,7 +47,7 @@ pub(crate) fn adopt() {
                 let smcr::Negotiation::TcpOption { dir } = &cfg.negotiation else {
                     return;
                 };
-                let Ok(m) = smcr::option::OptionMap::open(dir) else {
+                let Ok(m) = smcr::option::OptionRecords::open(dir) else {
                     return;
                 };
                 map.insert(m)

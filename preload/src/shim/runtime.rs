@@ -142,6 +142,8 @@ fn policy() -> Option<&'static smcr::policy::Policy> {
 /// the program forks, the child would find that initialisation running for ever. (So is the
 /// epoll sets' kick handed to `wake`, see `vepoll::init`.)
 pub(crate) fn init_settings() {
+    // Which seccomp filters the service manager put there, before the program adds its own.
+    let _ = smcr::sandbox::Seccomp::at_load();
     let _ = enabled();
     let _ = policy();
     let _ = crate::pair::lazy();
@@ -181,7 +183,7 @@ pub(super) fn describe(m: &Mode) -> impl std::fmt::Display + '_ {
 
 /// Records who settled the connection on the socket itself (see the module docs).
 pub(super) fn claim(rt: &Runtime, fd: BorrowedFd<'_>, smc: bool) {
-    if let Some(m) = rt.option_map() {
+    if let Some(m) = rt.option_records() {
         let _ = m.claim(fd, smc, table::pid());
     }
 }

@@ -846,7 +846,7 @@ fn install_steer(dir: &Path) -> bool {
 }
 
 fn option_status(dir: &Path) -> bool {
-    match option::OptionMap::open(dir) {
+    match option::OptionRecords::open(dir) {
         Ok(_) if option::is_installed(dir) => {
             println!(
                 "option: installed under {} and usable by this user",
@@ -856,7 +856,7 @@ fn option_status(dir: &Path) -> bool {
         }
         Ok(_) => {
             println!(
-                "option: map pinned under {} but the link is missing",
+                "option: the socket option is answered but the pins under {} are incomplete (run `smcr bpf install`)",
                 dir.display()
             );
             false

@@ -1,14 +1,14 @@
 //! Who settled a connection that several processes may hold (inherited through `fork` or
-//! `exec`): the socket's record in the option map carries it, so every holder — whatever its
+//! `exec`): the socket's record kept by the option program carries it, so every holder — whatever its
 //! memory says — learns it from the socket itself.
 //!
 //! The record's first word keeps the program's flags (it only ORs bits in, at connect, listen
 //! and establishment); we add [`CLAIMED_SMC`] or [`CLAIMED_TCP`] and put the claiming process's
 //! id in the second word, after the handshake (or the decision not to have one).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
-use super::{OptionError, OptionMap, sys};
+use super::{OptionError, OptionRecords};
 
 /// The connection was negotiated as SMC-R by the process in [`Claim::pid`].
 pub const CLAIMED_SMC: u32 = 1 << 8;
@@ -28,34 +28,28 @@ pub struct Claim {
     pub pid: u32,
 }
 
-impl OptionMap {
+impl OptionRecords {
     /// Records that `pid` settled `sock` (SMC-R or TCP), keeping the program's flags.
     pub fn claim(&self, sock: BorrowedFd<'_>, smc: bool, pid: u32) -> Result<(), OptionError> {
-        let fd = sock.as_raw_fd();
-        let old = sys::sk_storage_lookup(self.map.as_raw_fd(), fd)
-            .map_err(|e| OptionError::from_io("read the socket's record", e))?
-            .unwrap_or([0; 8]);
+        let old = self.record(sock)?;
         let flags = u32::from_ne_bytes(old[..4].try_into().expect("4 bytes"))
             & !(CLAIMED_SMC | CLAIMED_TCP)
             | if smc { CLAIMED_SMC } else { CLAIMED_TCP };
         let mut v = [0u8; 8];
         v[..4].copy_from_slice(&flags.to_ne_bytes());
         v[4..].copy_from_slice(&pid.to_ne_bytes());
-        sys::sk_storage_update(self.map.as_raw_fd(), fd, &v)
+        self.set_record(sock, &v)
             .map_err(|e| OptionError::from_io("record the socket's claim", e))
     }
 
     /// The claim recorded for `sock`, if any.
     pub fn claimed(&self, sock: BorrowedFd<'_>) -> Result<Option<Claim>, OptionError> {
-        let v = sys::sk_storage_lookup(self.map.as_raw_fd(), sock.as_raw_fd())
-            .map_err(|e| OptionError::from_io("read the socket's record", e))?;
-        Ok(v.and_then(|v| {
-            let flags = u32::from_ne_bytes(v[..4].try_into().expect("4 bytes"));
-            let pid = u32::from_ne_bytes(v[4..].try_into().expect("4 bytes"));
-            (flags & (CLAIMED_SMC | CLAIMED_TCP) != 0).then_some(Claim {
-                smc: flags & CLAIMED_SMC != 0,
-                pid,
-            })
+        let v = self.record(sock)?;
+        let flags = u32::from_ne_bytes(v[..4].try_into().expect("4 bytes"));
+        let pid = u32::from_ne_bytes(v[4..].try_into().expect("4 bytes"));
+        Ok((flags & (CLAIMED_SMC | CLAIMED_TCP) != 0).then_some(Claim {
+            smc: flags & CLAIMED_SMC != 0,
+            pid,
         }))
     }
 }

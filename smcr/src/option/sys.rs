@@ -1,4 +1,5 @@
-//! The handful of bpf(2) commands the option and steering programs need, over `libc::syscall`.
+//! The handful of bpf(2) commands the option and steering programs' installers need, over
+//! `libc::syscall` (processes running SMC-R make none: see `option::sockopt`).
 //!
 //! `union bpf_attr` is passed as a zeroed 144-byte buffer with the fields of one command written
 //! at their UAPI offsets (checked with offsetof against /usr/include/linux/bpf.h); the kernel
@@ -13,9 +14,7 @@ use super::asm::Insn;
 const ATTR_SIZE: usize = 144;
 
 const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
@@ -42,6 +41,12 @@ pub(crate) const BPF_TCX_INGRESS: u32 = 46;
 /// `BPF_LINK_TYPE_TCX`.
 pub(crate) const BPF_LINK_TYPE_TCX: u32 = 11;
 const BPF_CGROUP_SOCK_OPS: u32 = 3;
+/// `BPF_PROG_TYPE_CGROUP_SOCKOPT`.
+pub(crate) const BPF_PROG_TYPE_CGROUP_SOCKOPT: u32 = 25;
+/// `BPF_CGROUP_GETSOCKOPT` (`enum bpf_attach_type`).
+pub(crate) const BPF_CGROUP_GETSOCKOPT: u32 = 21;
+/// `BPF_CGROUP_SETSOCKOPT`.
+pub(crate) const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_F_CLONE: u32 = 1 << 9;
 
@@ -139,6 +144,18 @@ pub(crate) fn prog_load(
     prog_load_flags(prog_type, name, insns, license, 0)
 }
 
+/// Loads a program that the kernel checks against the hook it will be attached to
+/// (`expected_attach_type`, e.g. [`BPF_CGROUP_SETSOCKOPT`]).
+pub(crate) fn prog_load_for(
+    prog_type: u32,
+    attach_type: u32,
+    name: &str,
+    insns: &[Insn],
+    license: &str,
+) -> io::Result<OwnedFd> {
+    prog_load_attr(prog_type, name, insns, license, 0, attach_type)
+}
+
 /// `BPF_F_XDP_HAS_FRAGS`: the XDP program copes with multi-buffer frames (it reads only the
 /// first buffer, between data and data_end).
 pub(crate) const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
@@ -150,6 +167,17 @@ pub(crate) fn prog_load_flags(
     insns: &[Insn],
     license: &str,
     prog_flags: u32,
+) -> io::Result<OwnedFd> {
+    prog_load_attr(prog_type, name, insns, license, prog_flags, 0)
+}
+
+fn prog_load_attr(
+    prog_type: u32,
+    name: &str,
+    insns: &[Insn],
+    license: &str,
+    prog_flags: u32,
+    attach_type: u32,
 ) -> io::Result<OwnedFd> {
     let code: Vec<u8> = insns.iter().flat_map(|i| i.encode()).collect();
     let license = CString::new(license).expect("license has no NUL");
@@ -163,7 +191,8 @@ pub(crate) fn prog_load_flags(
         .u32(28, log.len() as u32)
         .u64(32, log.as_mut_ptr() as u64)
         .u32(44, prog_flags)
-        .bytes(48, &name16(name));
+        .bytes(48, &name16(name))
+        .u32(68, attach_type);
     // The verifier gives up with EAGAIN when a signal is pending for the loading thread (a
     // SIGCHLD in a program that runs children, say): try again, as libbpf does.
     let mut tries = 0;
@@ -178,10 +207,19 @@ pub(crate) fn prog_load_flags(
 /// Attaches a sock_ops program to a cgroup through a bpf link (multi-attach: other sock_ops
 /// programs keep running).
 pub(crate) fn link_create_cgroup_sock_ops(prog: RawFd, cgroup: RawFd) -> io::Result<OwnedFd> {
+    link_create_cgroup(prog, cgroup, BPF_CGROUP_SOCK_OPS)
+}
+
+/// Attaches a cgroup program at hook `attach_type` through a bpf link (multi-attach).
+pub(crate) fn link_create_cgroup(
+    prog: RawFd,
+    cgroup: RawFd,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
     let mut a = Attr::new();
     a.u32(0, prog as u32)
         .u32(4, cgroup as u32)
-        .u32(8, BPF_CGROUP_SOCK_OPS);
+        .u32(8, attach_type);
     bpf_fd(BPF_LINK_CREATE, &mut a)
 }
 
@@ -296,43 +334,6 @@ pub(crate) fn obj_get(path: &str) -> io::Result<OwnedFd> {
     let mut a = Attr::new();
     a.u64(0, path.as_ptr() as u64);
     bpf_fd(BPF_OBJ_GET, &mut a)
-}
-
-/// Writes `value` for the socket `sock` into the sk_storage map `map`.
-pub(crate) fn sk_storage_update(map: RawFd, sock: RawFd, value: &[u8; 8]) -> io::Result<()> {
-    let key: i32 = sock;
-    let mut a = Attr::new();
-    a.u32(0, map as u32)
-        .u64(8, &key as *const i32 as u64)
-        .u64(16, value.as_ptr() as u64)
-        .u64(24, 0);
-    bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
-}
-
-/// Reads the value for socket `sock`; `None` when the socket has none.
-pub(crate) fn sk_storage_lookup(map: RawFd, sock: RawFd) -> io::Result<Option<[u8; 8]>> {
-    let key: i32 = sock;
-    let mut value = [0u8; 8];
-    let mut a = Attr::new();
-    a.u32(0, map as u32)
-        .u64(8, &key as *const i32 as u64)
-        .u64(16, value.as_mut_ptr() as u64);
-    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
-        Ok(_) => Ok(Some(value)),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes the value for socket `sock` (no error when there is none).
-pub(crate) fn sk_storage_delete(map: RawFd, sock: RawFd) -> io::Result<()> {
-    let key: i32 = sock;
-    let mut a = Attr::new();
-    a.u32(0, map as u32).u64(8, &key as *const i32 as u64);
-    match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
-        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
-        _ => Ok(()),
-    }
 }
 
 fn name16(name: &str) -> [u8; 16] {

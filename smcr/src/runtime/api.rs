@@ -4,7 +4,7 @@
 use super::*;
 
 impl Runtime {
-    /// A runtime with `cfg`. With TCP-option negotiation, the pinned map is opened now; if
+    /// A runtime with `cfg`. With TCP-option negotiation, the option records are probed now; if
     /// that fails every connection falls back to TCP with the reason (see [`crate::Mode`]).
     pub fn new(mut cfg: RuntimeConfig) -> Self {
         if !cfg.alt_addrs.is_empty() {
@@ -24,7 +24,7 @@ impl Runtime {
             })
             .map(Arc::new);
         let option = match &cfg.negotiation {
-            Negotiation::TcpOption { dir } => OptionMap::open(dir).map_err(|e| e.to_string()),
+            Negotiation::TcpOption { dir } => OptionRecords::open(dir).map_err(|e| e.to_string()),
             Negotiation::Assume => Err("not used".into()),
         };
         if let (Negotiation::TcpOption { .. }, Err(_), Some(a)) =

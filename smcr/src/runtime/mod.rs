@@ -36,7 +36,7 @@ use crate::group::{GroupCore, GroupDown, GroupEvent, PathIds, RkeyError};
 use crate::handshake;
 use crate::lgr::{LgrCore, Route, Slot};
 use crate::link::{self, LinkParams};
-use crate::option::OptionMap;
+use crate::option::OptionRecords;
 
 mod api;
 mod config;
@@ -104,7 +104,7 @@ pub struct Runtime {
 
 pub(crate) struct Inner {
     pub(crate) cfg: RuntimeConfig,
-    pub(crate) option: Result<OptionMap, String>,
+    pub(crate) option: Result<OptionRecords, String>,
     devices: Mutex<HashMap<Ipv4Addr, Arc<Dev>>>,
     groups: Mutex<Vec<Arc<LinkGroup>>>,
     next_token: AtomicU32,

@@ -39,7 +39,7 @@ pub fn remedy(code: u32) -> &'static str {
     use crate::FallbackReason as F;
     match code {
         F::CODE_NO_BPF => {
-            "load the TCP option program: `smcr bpf install` as root (smcr run does it as root); it also makes the pins visible under /run/smcr/bpf for programs whose /sys is another one (`ip netns exec`)"
+            "load the TCP option program and its socket-option programs: `smcr bpf install` as root, once per machine (smcr run does it as root; an older install lacks the socket-option programs: run it again)"
         }
         F::CODE_OPTION_NOT_OBSERVED => {
             "run the program inside the cgroup v2 hierarchy the option program is attached to (`smcr bpf status`)"

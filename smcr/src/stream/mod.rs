@@ -297,7 +297,7 @@ pub struct ListenerRecord {
 impl Runtime {
     /// The TCP option program's per-socket map, when negotiation uses it and it could be
     /// opened (for claims of connections several processes hold: [`crate::option::Claim`]).
-    pub fn option_map(&self) -> Option<&crate::option::OptionMap> {
+    pub fn option_records(&self) -> Option<&crate::option::OptionRecords> {
         match (&self.inner.cfg.negotiation, &self.inner.option) {
             (Negotiation::TcpOption { .. }, Ok(m)) => Some(m),
             _ => None,
