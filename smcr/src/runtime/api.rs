@@ -20,7 +20,7 @@ impl Runtime {
             .as_deref()
             .and_then(|d| {
                 crate::stats::clean_stale(d);
-                crate::stats::Area::create(d, STATS_CONN_SLOTS, STATS_LG_SLOTS).ok()
+                crate::stats::Area::create_anywhere(d, STATS_CONN_SLOTS, STATS_LG_SLOTS).ok()
             })
             .map(Arc::new);
         let option = match &cfg.negotiation {

@@ -16,7 +16,21 @@ pub struct Area {
     /// Where the next connection-slot search starts (slots just freed are found at once, and
     /// a process with many long-lived rows does not rescan them on every claim).
     next_conn: std::sync::atomic::AtomicUsize,
+    /// The owner keeps its file open, out of the program's numbers: `smc-stat` finds the areas
+    /// of processes whose `/dev/shm` is not its own (another mount namespace or root: a
+    /// systemd unit's `PrivateDevices=`/`PrivateTmp=`, a chroot, a container) through
+    /// `/proc/PID/fd`. `None` for readers, or when no descriptor was left.
+    keep: Option<std::os::fd::OwnedFd>,
+    /// The owner's pid as this reader sees it, for an area opened through `/proc/PID/fd`: in
+    /// another pid namespace the header's pid is not.
+    seen_pid: Option<u32>,
+    /// Device and inode of the file, for readers.
+    file_id: (u64, u64),
 }
+
+/// The name of an area that has no file ([`Area::create_anywhere`] when the directory cannot
+/// be used): what `/proc/PID/fd` shows for it, without the kernel's " (deleted)".
+pub const ANONYMOUS_NAME: &str = "/memfd:smcr-stats";
 
 // SAFETY: the mapping is only accessed through atomics; the pointer stays valid until drop.
 unsafe impl Send for Area {}
@@ -62,9 +76,46 @@ impl Area {
             .write(true)
             .create_new(true)
             .open(&tmp)?;
+        let area = Self::init(f, words, path.clone(), conn_slots, lg_slots)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(area)
+    }
+
+    /// [`Area::create`] in `dir`, or, when the directory cannot be used (read-only, missing or
+    /// not ours: a chroot, `ProtectSystem=strict`), an area without a file (a memfd, named
+    /// [`ANONYMOUS_NAME`]) that `smc-stat` finds through `/proc/PID/fd` (as root, or as the
+    /// same user).
+    pub fn create_anywhere(dir: &Path, conn_slots: usize, lg_slots: usize) -> io::Result<Self> {
+        Self::create(dir, conn_slots, lg_slots)
+            .or_else(|_| Self::create_anonymous(conn_slots, lg_slots))
+    }
+
+    /// An area without a file (see [`Area::create_anywhere`]).
+    pub fn create_anonymous(conn_slots: usize, lg_slots: usize) -> io::Result<Self> {
+        let words =
+            HEADER_WORDS + conn_slots * CONN_WORDS + lg_slots * LG_WORDS + DEV_SLOTS * DEV_WORDS;
+        let fd = rustix::fs::memfd_create(
+            &ANONYMOUS_NAME["/memfd:".len()..],
+            rustix::fs::MemfdFlags::CLOEXEC,
+        )?;
+        // Nothing to remove when dropped: the memory goes with the last mapping and descriptor.
+        let path = PathBuf::from(ANONYMOUS_NAME);
+        Self::init(File::from(fd), words, path, conn_slots, lg_slots)
+    }
+
+    /// Sizes `f`, maps it and writes the header; the area keeps `f` open (see `keep`).
+    fn init(
+        f: File,
+        words: usize,
+        path: PathBuf,
+        conn_slots: usize,
+        lg_slots: usize,
+    ) -> io::Result<Self> {
+        let pid = std::process::id();
         f.set_len((words * 8) as u64)?;
-        let mut area = Self::map(&f, words, true, path.clone())?;
+        let mut area = Self::map(&f, words, true, path)?;
         debug_assert!(area.owner);
+        area.keep = rdma::fdzone::place(std::os::fd::OwnedFd::from(f)).ok();
         (area.conn_slots, area.lg_slots) = (conn_slots, lg_slots);
         let h = area.slice();
         h[H_VERSION].store(VERSION, Ordering::Relaxed);
@@ -86,7 +137,6 @@ impl Area {
         h[H_LG_SLOTS].store(lg_slots as u64, Ordering::Relaxed);
         // The magic last: a reader never sees a half-initialised header as valid.
         h[H_MAGIC].store(MAGIC, Ordering::Release);
-        std::fs::rename(&tmp, &path)?;
         Ok(area)
     }
 
@@ -101,13 +151,63 @@ impl Area {
         Self::open_with(path, true)
     }
 
+    /// Maps, read-only, the area a process holds at descriptor `fd` (found by
+    /// [`Area::held_by`]), whatever its mount namespace or root; [`Area::pid`] is then `pid`.
+    pub fn open_held(pid: u32, fd: i32) -> io::Result<Self> {
+        let path = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+        // The magic link is followed (it is the kernel's, not a planted one).
+        let mut a = Self::open_file(&path, false, 0)?;
+        a.seen_pid = Some(pid);
+        Ok(a)
+    }
+
+    /// The descriptors of process `pid` that hold stats areas (ours, a file of a stats
+    /// directory or [`ANONYMOUS_NAME`]), as its `/proc/PID/fd` links show them.
+    pub fn held_by(pid: u32) -> Vec<i32> {
+        let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+                let l = std::fs::read_link(e.path()).ok()?;
+                let l = l.to_string_lossy();
+                let l = l.strip_suffix(" (deleted)").unwrap_or(&l);
+                (l == ANONYMOUS_NAME || (l.ends_with(".stats") && l.contains("/smcr/")))
+                    .then_some(fd)
+            })
+            .collect()
+    }
+
+    /// Whether `pid` (as this reader sees it) is the process that made the area: a forked
+    /// child keeps its parent's descriptor until it execs, and in another pid namespace the
+    /// header's pid is the one the owner sees (the last of its `NSpid`).
+    pub fn made_by(&self, pid: u32) -> bool {
+        let header = self.slice()[H_PID].load(Ordering::Relaxed) as u32;
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last()?.parse::<u32>().ok())
+                == Some(header)
+        })
+    }
+
+    /// The file's device and inode (one area seen two ways is one area).
+    pub fn file_id(&self) -> (u64, u64) {
+        self.file_id
+    }
+
     fn open_with(path: &Path, rw: bool) -> io::Result<Self> {
-        use std::os::unix::fs::OpenOptionsExt;
         // Not through a symlink, and never blocking on a FIFO someone planted.
+        Self::open_file(path, rw, libc::O_NOFOLLOW)
+    }
+
+    fn open_file(path: &Path, rw: bool, flags: i32) -> io::Result<Self> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(rw)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .custom_flags(flags | libc::O_NONBLOCK)
             .open(path)?;
         let meta = f.metadata()?;
         if !meta.is_file() {
@@ -125,6 +225,7 @@ impl Area {
         }
         let mut area = Self::map(&f, len / 8, rw, path.to_owned())?;
         area.owner = false;
+        area.file_id = (meta.dev(), meta.ino());
         let h = area.slice();
         if h[H_MAGIC].load(Ordering::Acquire) != MAGIC
             || h[H_VERSION].load(Ordering::Relaxed) != VERSION
@@ -184,6 +285,9 @@ impl Area {
             conn_slots: 0,
             lg_slots: 0,
             next_conn: std::sync::atomic::AtomicUsize::new(0),
+            keep: None,
+            seen_pid: None,
+            file_id: (0, 0),
         })
     }
 
@@ -200,12 +304,16 @@ impl Area {
 
     /// Removes the file (readers stop finding the area; the mapping stays valid).
     pub fn unlink(&self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.path != Path::new(ANONYMOUS_NAME) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 
-    /// The process that owns the area.
+    /// The process that owns the area: as the reader sees it when opened through
+    /// `/proc/PID/fd`, else as the header says.
     pub fn pid(&self) -> u32 {
-        self.slice()[H_PID].load(Ordering::Relaxed) as u32
+        self.seen_pid
+            .unwrap_or_else(|| self.slice()[H_PID].load(Ordering::Relaxed) as u32)
     }
 
     /// Its command name.
@@ -231,8 +339,8 @@ impl Area {
     /// started at another time.
     pub fn is_stale(&self) -> bool {
         let h = self.slice();
-        let pid = h[H_PID].load(Ordering::Relaxed) as u32;
-        match start_time(pid) {
+        // The start time is counted from boot, the same in every pid namespace.
+        match start_time(self.pid()) {
             None => true,
             Some(t) => {
                 let recorded = h[H_START].load(Ordering::Relaxed);
@@ -627,7 +735,7 @@ impl Drop for Area {
     fn drop(&mut self) {
         // SAFETY: unmapping what `map` mapped.
         unsafe { libc::munmap(self.map.cast(), self.words * 8) };
-        if self.owner {
+        if self.owner && self.path != Path::new(ANONYMOUS_NAME) {
             let _ = std::fs::remove_file(&self.path);
         }
     }

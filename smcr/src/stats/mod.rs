@@ -401,7 +401,7 @@ pub struct LgRecord {
 mod area;
 mod codes;
 
-pub use area::{Area, clean_stale};
+pub use area::{ANONYMOUS_NAME, Area, clean_stale};
 pub use codes::{reason, remedy};
 
 #[cfg(test)]

@@ -406,6 +406,43 @@ impl Link {
     }
 }
 
+/// The areas of processes whose `/dev/shm` may not be ours — in another mount namespace or
+/// under another root (a systemd unit's `PrivateDevices=`/`PrivateTmp=`, a chroot, a
+/// container) — found through their `/proc/PID/fd` (each area's maker keeps it open; readable
+/// by root, or by the same user where the process allows it); `pid` only, if given.
+fn sandboxed_areas(pid: Option<u32>) -> Vec<Area> {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    let root = |p: &str| std::fs::read_link(format!("/proc/{p}/root")).ok();
+    let (my_ns, my_root) = (ns("self"), root("self"));
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid.is_some_and(|want| want != p) {
+            continue;
+        }
+        let key = p.to_string();
+        // Unreadable (another user's process): nothing we could open either.
+        let (Some(n), Some(r)) = (ns(&key), root(&key)) else {
+            continue;
+        };
+        if Some(&n) == my_ns.as_ref() && Some(&r) == my_root.as_ref() {
+            continue; // its areas are in the directory, or it has none
+        }
+        out.extend(
+            Area::held_by(p)
+                .into_iter()
+                .filter_map(|fd| Area::open_held(p, fd).ok())
+                .filter(|a| a.made_by(p) && !a.is_stale()),
+        );
+    }
+    out
+}
+
 /// Whether `/proc/PID/fd/FD` is still the socket with `inode`.
 fn still_open(pid: u32, fd: i32, inode: u64) -> bool {
     std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
@@ -428,6 +465,12 @@ impl Snapshot {
                     .collect()
             })
             .unwrap_or_default();
+        let seen: std::collections::HashSet<_> = areas.iter().map(Area::file_id).collect();
+        areas.extend(
+            sandboxed_areas(pid)
+                .into_iter()
+                .filter(|a| !seen.contains(&a.file_id())),
+        );
         areas.sort_by_key(|a| (a.pid(), a.path().to_owned()));
         let mut procs: Vec<Proc> = Vec::new();
         for a in &areas {
@@ -435,8 +478,12 @@ impl Snapshot {
             let mut p = Proc {
                 pid: a.pid(),
                 // A command name is the program's to choose: no control characters in tables.
-                comm: a
-                    .comm()
+                // A chrooted maker may not have read its own name (no /proc in its jail).
+                comm: Some(a.comm())
+                    .filter(|c| !c.is_empty())
+                    .or_else(|| std::fs::read_to_string(format!("/proc/{}/comm", a.pid())).ok())
+                    .unwrap_or_default()
+                    .trim_end()
                     .chars()
                     .map(|c| if c.is_control() { '?' } else { c })
                     .collect(),
