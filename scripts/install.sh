@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs smcr under a prefix, or removes it (issue 26):
-#   PREFIX/lib/libsmcr.so      the preload library: LD_PRELOAD=libsmcr.so finds it by name
+#   LIBDIR/libsmcr.so          the preload library: LD_PRELOAD=libsmcr.so finds it by name;
+#                              LIBDIR is /usr/lib for the default prefix: hardened systemd
+#                              units map executable code only from their ExecPaths (Debian's:
+#                              /usr/lib and /lib), so a library under /usr/local/lib would be
+#                              dropped by the loader there (docs/running.md)
 #   PREFIX/bin/smcr            the launcher (`smcr run`), `smcr bpf install|uninstall`
 #   PREFIX/bin/smc-stat        connections, link groups, fallbacks
 #   PREFIX/share/doc/smcr/     README, running, limitations
@@ -12,9 +16,10 @@
 # /etc/ld.so.conf.d/smcr.conf; then ldconfig runs. Without root (or with --no-ldconfig), use
 # LD_LIBRARY_PATH=PREFIX/lib, or `smcr run`, which finds the library itself.
 #
-# usage: bash scripts/install.sh [--prefix DIR] [--from DIR] [--lib FILE] [--no-ldconfig]
+# usage: bash scripts/install.sh [--prefix DIR] [--libdir DIR] [--from DIR] [--lib FILE] [--no-ldconfig]
 #        bash scripts/install.sh --uninstall [--prefix DIR] [--keep-bpf] [--no-ldconfig]
 #   --prefix DIR   where to install (default /usr/local)
+#   --libdir DIR   where the library goes (default /usr/lib with the default prefix, else PREFIX/lib)
 #   --from DIR     take `smcr` and `smc-stat` from DIR instead of building (release) them
 #   --lib FILE     take the library from FILE (default: DIR/libsmcr_preload.so)
 #   --uninstall    remove what the install put there; as root also the TCP option program and
@@ -22,20 +27,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-prefix=/usr/local from= lib= ldconfig=1 uninstall=0 keep_bpf=0
+prefix=/usr/local libdir= from= lib= ldconfig=1 uninstall=0 keep_bpf=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
+    --libdir) libdir=${2:?--libdir needs a directory}; shift 2 ;;
     --from) from=${2:?--from needs a directory}; shift 2 ;;
     --lib) lib=${2:?--lib needs a file}; shift 2 ;;
     --no-ldconfig) ldconfig=0; shift ;;
     --uninstall) uninstall=1; shift ;;
     --keep-bpf) keep_bpf=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
+if [ -z "$libdir" ]; then
+  if [ "$prefix" = /usr/local ]; then libdir=/usr/lib; else libdir="$prefix/lib"; fi
+fi
+case "$libdir" in /*) ;; *) libdir="$PWD/$libdir" ;; esac
 manifest="$prefix/share/smcr/installed"
 conf=/etc/ld.so.conf.d/smcr.conf
 is_root() { [ "$(id -u)" -eq 0 ]; }
@@ -89,7 +99,7 @@ put() { # MODE SRC DEST
   install -m "$1" -- "$2" "$3"
   files+=("$3")
 }
-put 0755 "$lib" "$prefix/lib/libsmcr.so"
+put 0755 "$lib" "$libdir/libsmcr.so"
 put 0755 "$from/smcr" "$prefix/bin/smcr"
 put 0755 "$from/smc-stat" "$prefix/bin/smc-stat"
 for d in README.md docs/running.md docs/limitations.md docs/smcr.toml.example; do
@@ -113,7 +123,6 @@ mkd "$prefix/share/smcr"
 
 # The loader: LD_PRELOAD=libsmcr.so (a bare name) is searched like dlopen's: LD_LIBRARY_PATH,
 # then ld.so.cache (the directories of /etc/ld.so.conf*), then /lib and /usr/lib.
-libdir="$prefix/lib"
 searched() { cat /etc/ld.so.conf /etc/ld.so.conf.d/*.conf 2>/dev/null | grep -qxF "$libdir"; }
 if [ "$ldconfig" -eq 1 ] && is_root; then
   if ! searched && [ "$libdir" != /lib ] && [ "$libdir" != /usr/lib ]; then

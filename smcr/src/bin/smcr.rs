@@ -299,6 +299,8 @@ fn find_lib(given: Option<PathBuf>) -> Result<PathBuf, String> {
                 dir.join("libsmcr_preload.so"),
                 dir.join("libsmcr.so"),
                 dir.join("../lib/libsmcr.so"),
+                // scripts/install.sh's default, where hardened units may map it.
+                PathBuf::from("/usr/lib/libsmcr.so"),
             ]
         }
     };
