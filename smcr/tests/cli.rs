@@ -487,3 +487,59 @@ fn stats_count_a_live_smcr_connection() {
     );
     rt.shutdown();
 }
+
+/// `smcr service` as an administrator uses it on Debian's redis unit (when installed):
+/// enable writes the drop-in, check judges it (a library outside the unit's ExecPaths= is a
+/// problem, /usr/lib is not), disable removes it.
+#[test]
+fn service_enable_check_disable_on_a_real_unit() {
+    if !Path::new("/lib/systemd/system/redis-server.service").exists() {
+        eprintln!("SKIP: no redis-server unit on this machine");
+        return;
+    }
+    let d = TestDir::new("smcr-cli", "service");
+    let dropins = d.0.join("redis-server.service.d");
+    let dir = dropins.to_str().unwrap();
+    // A library the unit cannot map.
+    let lib_local = d.0.join("libsmcr.so");
+    std::fs::write(&lib_local, b"").unwrap();
+    let out = smcr(&[
+        "service",
+        "enable",
+        "redis-server",
+        "--dropin-dir",
+        dir,
+        "--lib",
+        lib_local.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let conf = std::fs::read_to_string(dropins.join("smcr.conf")).unwrap();
+    assert!(
+        conf.contains(&format!(
+            "Environment=\"LD_PRELOAD={}\"",
+            lib_local.display()
+        )),
+        "{conf}"
+    );
+    let out = smcr(&["service", "check", "redis-server", "--dropin-dir", dir]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("problem: NoExecPaths=") && l.contains("/usr/lib")),
+        "{said}"
+    );
+    // The install's place passes (the file's presence aside).
+    let out = smcr(&["service", "enable", "redis-server", "--dropin-dir", dir]);
+    assert!(out.status.success());
+    let out = smcr(&["service", "check", "redis-server", "--dropin-dir", dir]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("ok: NoExecPaths=/ExecPaths= let the loader map /usr/lib/libsmcr.so"),
+        "{said}"
+    );
+    assert!(!said.contains("problem: NoExecPaths"), "{said}");
+    let out = smcr(&["service", "disable", "redis-server", "--dropin-dir", dir]);
+    assert!(out.status.success());
+    assert!(!dropins.join("smcr.conf").exists());
+}

@@ -8,6 +8,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+#[path = "smcr/service.rs"]
+mod service;
+
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use smcr::view::{self, Snapshot};
 use smcr::{option, settings, stats, steer};
@@ -62,6 +65,10 @@ enum Cmd {
         #[command(subcommand)]
         action: Option<UeidAction>,
     },
+    /// Turn smcr on or off for a systemd service (a drop-in with LD_PRELOAD), or check what
+    /// the unit's hardening means for smcr
+    #[command(subcommand_required = true, arg_required_else_help = true)]
+    Service(ServiceArgs),
     /// Write the man pages or shell completions (used by scripts/install.sh)
     #[command(hide = true, subcommand_required = true)]
     Generate {
@@ -113,6 +120,36 @@ struct RunArgs {
     /// The program and its arguments
     #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
     cmd: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct ServiceArgs {
+    #[command(subcommand)]
+    action: ServiceAction,
+    /// The unit, e.g. redis-server (.service is added) or postgresql@15-main
+    #[arg(global = true, value_name = "UNIT")]
+    unit: Option<String>,
+    /// The library to preload (default /usr/lib/libsmcr.so, where scripts/install.sh and the
+    /// .deb put it)
+    #[arg(long, global = true, value_name = "PATH")]
+    lib: Option<PathBuf>,
+    /// The drop-in directory (default /etc/systemd/system/UNIT.service.d); check reads it
+    /// after the unit's own
+    #[arg(long, global = true, value_name = "DIR")]
+    dropin_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+enum ServiceAction {
+    /// Write the drop-in that preloads the library (keeping the unit's other preloads); then
+    /// `systemctl daemon-reload && systemctl restart UNIT`
+    Enable,
+    /// Remove the drop-in
+    Disable,
+    /// Say what the unit's settings mean for smcr: the preload, ExecPaths=,
+    /// SystemCallFilter=, RestrictAddressFamilies=, private namespaces, thread limits (exit 1
+    /// on a problem)
+    Check,
 }
 
 #[derive(Args, Debug)]
@@ -457,6 +494,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Config(a) => config(a),
+        Cmd::Service(a) => service_cmd(a),
         Cmd::Ueid { action } => ueid(action.unwrap_or(UeidAction::Show)),
         Cmd::Generate { what } => match generate(what) {
             Ok(()) => ExitCode::SUCCESS,
@@ -906,6 +944,107 @@ fn steer_status(dir: &Path) -> bool {
         s.links.len()
     );
     here
+}
+
+/// `smcr service enable|disable|check UNIT`.
+fn service_cmd(a: ServiceArgs) -> ExitCode {
+    let Some(unit) = a.unit else {
+        eprintln!("smcr service: name the unit (e.g. `smcr service check redis-server`)");
+        return ExitCode::from(2);
+    };
+    let lib = a
+        .lib
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/libsmcr.so"));
+    let (full, _) = service::unit_names(&unit);
+    let dir = a
+        .dropin_dir
+        .clone()
+        .unwrap_or_else(|| Path::new("/etc/systemd/system").join(format!("{full}.d")));
+    let file = dir.join(service::DROPIN);
+    match a.action {
+        ServiceAction::Enable => {
+            if !lib.is_file() {
+                eprintln!(
+                    "smcr service: warning: {} does not exist (install it: scripts/install.sh, or --lib)",
+                    lib.display()
+                );
+            }
+            // Keep the unit's own preloads (ours not counted: it is rewritten).
+            let existing = service::load(&unit, None).ok().and_then(|(s, _)| {
+                s.environment()
+                    .into_iter()
+                    .find(|(k, _)| k == "LD_PRELOAD")
+                    .map(|(_, v)| v)
+            });
+            let text = service::dropin(&lib, existing.as_deref());
+            if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, text))
+            {
+                eprintln!("smcr service: {}: {e}", file.display());
+                return ExitCode::FAILURE;
+            }
+            println!("wrote {}", file.display());
+            println!("now: systemctl daemon-reload && systemctl restart {full}");
+            ExitCode::SUCCESS
+        }
+        ServiceAction::Disable => match std::fs::remove_file(&file) {
+            Ok(()) => {
+                let _ = std::fs::remove_dir(&dir);
+                println!("removed {}", file.display());
+                println!("now: systemctl daemon-reload && systemctl restart {full}");
+                ExitCode::SUCCESS
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                println!("no drop-in of smcr for {full} ({})", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("smcr service: {}: {e}", file.display());
+                ExitCode::FAILURE
+            }
+        },
+        ServiceAction::Check => {
+            let (settings, files) = match service::load(&unit, a.dropin_dir.as_deref()) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("smcr service: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            for f in &files {
+                println!("read {}", f.display());
+            }
+            let filters = settings.list("SystemCallFilter");
+            let allowed = (!filters.is_empty())
+                .then(|| service::allowed_calls(&filters))
+                .flatten();
+            let mut findings = service::check(&settings, &lib, allowed.as_ref(), allowed.is_some());
+            if let Some(p) = service::preloaded_library(&settings)
+                && p.is_absolute()
+                && !p.is_file()
+            {
+                findings.push(service::Finding::Problem(format!(
+                    "{} does not exist: install it (scripts/install.sh, or the .deb)",
+                    p.display()
+                )));
+            }
+            let mut bad = false;
+            for f in findings {
+                match f {
+                    service::Finding::Ok(t) => println!("ok: {t}"),
+                    service::Finding::Note(t) => println!("note: {t}"),
+                    service::Finding::Problem(t) => {
+                        bad = true;
+                        println!("problem: {t}");
+                    }
+                }
+            }
+            if bad {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+    }
 }
 
 fn fail(e: &dyn std::fmt::Display) -> bool {
