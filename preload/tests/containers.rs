@@ -1,6 +1,7 @@
 //! Programs where containers put them (issue 23): in a network namespace of their own made by
-//! `unshare -n` (no name under /run/netns, nobody attached anything there beforehand), and in
-//! a cgroup below the cgroup v2 root (systemd services, containers). redis-server and
+//! `unshare -n` (no name under /run/netns, nobody attached anything there beforehand), in
+//! a cgroup below the cgroup v2 root (systemd services, containers), and in a user namespace
+//! of their own (systemd's `PrivateUsers=`, issue 35). redis-server and
 //! redis-benchmark under the shim, both on 127.0.0.1, with the real TCP option program (its
 //! default pins, as `smcr bpf install` leaves them): every request succeeds and every
 //! connection is SMC-R (the shim's log, and the server's TCP sockets carried at most the
@@ -165,4 +166,64 @@ fn a_cgroup_below_the_root() {
     let (text, logged) = run("cgroup", &["env"], &script);
     let _ = std::fs::remove_dir(&cg);
     check("child cgroup", &text, &logged);
+}
+
+/// A server in a user namespace of its own (systemd's `PrivateUsers=`: only its user mapped,
+/// here `nobody`) sees every unmapped peer as the overflow uid 65534 — its own uid. A root
+/// client (which would share memory with anyone) must not get the server's memory for it:
+/// the server takes no unmapped peer for its own user, so the pair talks RoCE over UDP on
+/// loopback; requests succeed and the connections are SMC-R. smc-stat, as root, shows the
+/// server (found through /proc/PID/fd when its area has no file) and the link's transport.
+#[test]
+fn a_user_namespace_does_not_pass_an_unmapped_peer_off_as_its_own_user() {
+    if !ready() || !common::have("setpriv") {
+        return;
+    }
+    let smc_stat = common::bin("smc-stat");
+    let script = format!(
+        r#"
+set -e
+# The stats directory is root's: the server's area has no file (a memfd).
+mkdir -p $DIR/stats; chmod 755 $DIR/stats
+setpriv --reuid nobody --regid nogroup --clear-groups unshare -U --map-current-user \
+  env LD_PRELOAD=$LIB SMCR_LOG=$LOG.srv redis-server --bind 127.0.0.1 --port $PORT --save "" \
+  --appendonly no --dir / >$DIR/redis.out 2>&1 &
+srv=$!
+for i in $(seq 100); do
+  (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '^ *65534 *65534 *1$' /proc/$(pgrep -n -f "redis-server 127.0.0.1:$PORT")/uid_map
+LD_PRELOAD=$LIB SMCR_LOG=$LOG redis-benchmark -h 127.0.0.1 -p $PORT -c 4 -n 60000 \
+  -t get --csv &
+bench=$!
+sleep 1.5
+{smc_stat} --json --dir $DIR/stats >$DIR/stat.json
+echo "STAT $(tr -d '\n' <$DIR/stat.json)"
+wait $bench
+kill $srv
+"#,
+        smc_stat = smc_stat.display()
+    );
+    let (text, logged) = run("userns", &["env"], &script);
+    assert!(
+        text.lines().any(|l| l.starts_with("\"GET\"")),
+        "no GET result:\n{text}"
+    );
+    assert!(logged.contains("): SMC-R"), "not SMC-R:\n{logged}");
+    let stat: serde_json::Value = serde_json::from_str(
+        text.lines()
+            .find_map(|l| l.strip_prefix("STAT "))
+            .expect("STAT line"),
+    )
+    .unwrap();
+    let links = stat["link_groups"].as_array().expect("link_groups");
+    let server: Vec<_> = links
+        .iter()
+        .filter(|l| l["command"] == "redis-server")
+        .collect();
+    assert!(!server.is_empty(), "the server's area not found: {stat}");
+    for l in links {
+        assert_eq!(l["transport"], "udp", "shared memory across users: {l}");
+    }
 }

@@ -10,7 +10,8 @@
 //!   rendezvous socket (an abstract Unix socket named after the device's address, so only
 //!   processes in the same network namespace can reach it) and sends the arena, the ring and
 //!   its receive CQ's eventfd (the doorbell) with SCM_RIGHTS. Offers are accepted only from
-//!   processes of our own user (or root), checked with SO_PEERCRED.
+//!   processes of our own user (or root), checked with SO_PEERCRED; in a user namespace an
+//!   unmapped peer (the overflow uid) is no one user, and root only the host's.
 //! * A QP that holds its peer's offer, is in RTS and has nothing in flight on UDP switches to
 //!   shared memory for good: an RDMA WRITE is a copy into the peer's arena, a SEND (or the
 //!   immediate of a WRITE) is one or more ring entries, an RDMA READ a copy out; completions

@@ -76,12 +76,15 @@ pub(crate) fn listen(ip: Ipv4Addr, range: u32) -> io::Result<OwnedFd> {
 }
 
 /// Whether the process at the other end of `conn` may share memory with us: the same user,
-/// or root on either side.
+/// or root on either side. In a user namespace (systemd's `PrivateUsers=`, a container) an
+/// unmapped peer shows as the overflow uid, which is no one user, and root counts only where
+/// it is the host's root.
 pub(crate) fn trusted(conn: BorrowedFd<'_>) -> bool {
     match rustix::net::sockopt::socket_peercred(conn) {
         Ok(c) => {
-            let me = rustix::process::geteuid();
-            c.uid == me || c.uid.is_root() || me.is_root()
+            let ns = crate::sandbox::UserNs::now();
+            let (peer, me) = (c.uid.as_raw(), rustix::process::geteuid().as_raw());
+            ns.names_one_user(peer) && (peer == me || ((peer == 0 || me == 0) && ns.root_is_real()))
         }
         Err(_) => false,
     }

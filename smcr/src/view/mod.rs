@@ -406,12 +406,18 @@ impl Link {
     }
 }
 
-/// The areas of processes whose `/dev/shm` may not be ours — in another mount namespace or
-/// under another root (a systemd unit's `PrivateDevices=`/`PrivateTmp=`, a chroot, a
-/// container) — found through their `/proc/PID/fd` (each area's maker keeps it open; readable
-/// by root, or by the same user where the process allows it); `pid` only, if given.
+/// The areas of processes in a sandbox, whose `/dev/shm` may not be ours or whose area may
+/// have no file — in another mount or user namespace or under another root (a systemd unit's
+/// `PrivateDevices=`/`PrivateTmp=`/`PrivateUsers=`, a chroot, a container) — found through
+/// their `/proc/PID/fd` (each area's maker keeps it open; readable by root, or by the same user
+/// where the process allows it); `pid` only, if given.
 fn sandboxed_areas(pid: Option<u32>) -> Vec<Area> {
-    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    let ns = |p: &str| {
+        Some((
+            std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok()?,
+            std::fs::read_link(format!("/proc/{p}/ns/user")).ok()?,
+        ))
+    };
     let root = |p: &str| std::fs::read_link(format!("/proc/{p}/root")).ok();
     let (my_ns, my_root) = (ns("self"), root("self"));
     let Ok(rd) = std::fs::read_dir("/proc") else {
