@@ -24,8 +24,22 @@ fn path() -> Option<&'static str> {
 /// `log` facade's records of smcr and rdma (links up and down, failovers, engine errors) go
 /// there too, filtered by `SMCR_LOG_LEVEL`.
 pub(crate) fn init() {
-    if path().is_none() {
+    let Some(p) = path() else {
         return;
+    };
+    // The file opened now too, for when its path no longer leads there (a daemon that
+    // chroots, as haproxy's worker does).
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        && let Ok(id) = f.metadata().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        })
+        && let Ok(fd) = smcr::fdzone::place(std::os::fd::OwnedFd::from(f))
+    {
+        let _ = KEPT.set((fd, id));
     }
     let (level, bad) = match smcr::env::var("SMCR_LOG_LEVEL").as_deref().map(str::trim) {
         None | Some("") => (::log::LevelFilter::Info, None),
@@ -68,18 +82,40 @@ pub(crate) fn enabled() -> bool {
     path().is_some()
 }
 
-/// Appends one line (with the pid) to the log file, if logging was asked for.
+/// The log file as opened at load, with its device and inode.
+static KEPT: OnceLock<(std::os::fd::OwnedFd, (u64, u64))> = OnceLock::new();
+
+/// Appends one line (with the pid) to the log file, if logging was asked for: opened by its
+/// path (so a file rotated or removed meanwhile is made again), else through the descriptor
+/// kept since load, when it still is that file (a program may have closed it and reused the
+/// number: no line is ever written into one of its own files or sockets).
 pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(p) = path() else { return };
     let _b = crate::bypass::Bypass::new();
+    // One write per line: O_APPEND keeps it whole among other processes' lines.
+    let line = format!("smcr[{}]: {args}\n", std::process::id());
     // std opens with O_CLOEXEC.
-    if let Ok(mut f) = std::fs::OpenOptions::new()
+    match std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .open(p)
     {
-        // One write per line: O_APPEND keeps it whole among other processes' lines.
-        let line = format!("smcr[{}]: {args}\n", std::process::id());
-        let _ = f.write_all(line.as_bytes());
+        Ok(mut f) => {
+            let _ = f.write_all(line.as_bytes());
+        }
+        Err(_) => {
+            use std::os::fd::{AsRawFd, FromRawFd};
+            let Some((fd, id)) = KEPT.get() else { return };
+            // SAFETY: fstat of our descriptor into a zeroed stat.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0 && (st.st_dev, st.st_ino) == *id
+            {
+                // SAFETY: our open descriptor, borrowed for one write (never closed here).
+                let mut f = std::mem::ManuallyDrop::new(unsafe {
+                    std::fs::File::from_raw_fd(fd.as_raw_fd())
+                });
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
     }
 }
