@@ -1398,3 +1398,56 @@ impl Drop for Netns {
             .status();
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Programs several suites run.
+
+pub const BENCH_ARGS: &[&str] = &["-c", "50", "-n", "20000", "-t", "set,get", "--csv"];
+
+pub fn redis_benchmark(w: &World, spec: Spec, addr: &str, port: u16) -> Proc {
+    let port = port.to_string();
+    let mut args = vec!["-h", addr, "-p", &port];
+    args.extend(BENCH_ARGS);
+    w.spawn(&spec, "redis-benchmark", &args)
+}
+
+/// redis-benchmark succeeded and printed a rate for SET and GET (`--csv`: a row per test,
+/// written only when all its requests completed).
+pub fn check_benchmark(w: &World, f: &Finished) {
+    w.expect_ok(f);
+    for t in ["SET", "GET"] {
+        let rps = f.stdout.lines().find_map(|l| {
+            let cols: Vec<&str> = l.split(',').map(|c| c.trim_matches('"')).collect();
+            (cols.len() > 1 && cols[0] == t).then(|| cols[1].parse::<f64>().ok())?
+        });
+        assert!(
+            rps.is_some_and(|r| r > 0.0),
+            "[{}] {}: no {t} rate in its CSV:\n{}\n{}",
+            w.mode(),
+            f.name,
+            f.describe(),
+            w.log_summary()
+        );
+    }
+    eprintln!(
+        "{} [{}]: {}",
+        f.name,
+        w.mode(),
+        f.stdout.lines().skip(1).collect::<Vec<_>>().join("; ")
+    );
+}
+
+/// The newest PostgreSQL's binaries (`/usr/lib/postgresql/*/bin`).
+pub fn pg_bin() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b)
+}
