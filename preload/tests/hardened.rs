@@ -27,7 +27,9 @@
 //! that smc-stat (run as root at its default location, as an administrator runs it) shows
 //! the server's connections as SMC-R while they run, and that the server's TCP sockets carried
 //! only the CLC handshake (`ss`). Scenarios: redis-server (`redis-server.service`) with
-//! redis-benchmark; memcached (`memcached.service`, root dropping to `memcache`) with a Python
+//! redis-benchmark (and again with a /dev/shm of its own, so that smc-stat must find its stats
+//! area in another mount namespace); memcached (`memcached.service`, root dropping to
+//! `memcache`) with a Python
 //! client; PostgreSQL (`postgresql@VERSION-main.service`, the postmaster forking a backend per
 //! connection) with pgbench; haproxy (`haproxy.service`, Debian's default configuration:
 //! chroot, user haproxy, master-worker, RLIMIT_NPROC 0 once started) proxying in TCP mode to
@@ -255,16 +257,34 @@ fn redis_unit_server(w: &World, spec: Spec, port: u16) -> (Proc, Markers) {
 
 /// Scenario 1: redis-server under `redis-server.service` (user redis, PrivateUsers=,
 /// ProtectSystem=strict, NoExecPaths=/, SystemCallFilter=@system-service ~@privileged
-/// @resources …); redis-benchmark `-c 50 -n 20000 -t set,get` as nobody.
-fn redis(shim: bool) {
-    let Some((w, _lib)) = world("redis", shim, &["redis-server", "redis-benchmark"]) else {
+/// @resources …); redis-benchmark `-c 50 -n 20000 -t set,get` as nobody. `private_shm`: an
+/// administrator's drop-in also gives it a /dev/shm of its own (`TemporaryFileSystem=`;
+/// systemd 252's PrivateDevices= keeps the host's), so its stats area is in another mount
+/// namespace, where smc-stat must still find it.
+fn redis(shim: bool, private_shm: bool) {
+    let tag = if private_shm { "redis-shm" } else { "redis" };
+    let Some((w, _lib)) = world(tag, shim, &["redis-server", "redis-benchmark"]) else {
         return;
     };
     let nobody = User::or_nobody("nobody");
     let port = common::port(BASE);
-    let (mut server, _pidfile) =
-        redis_unit_server(&w, w.spec("redis-server").unit("redis-server"), port);
+    let mut spec = w.spec("redis-server").unit("redis-server");
+    if private_shm {
+        spec = spec.unit_conf("TemporaryFileSystem=/dev/shm:mode=1777");
+    }
+    let (mut server, _pidfile) = redis_unit_server(&w, spec, port);
     assert_up(&w, &mut server, port);
+    if private_shm {
+        use std::os::unix::fs::MetadataExt;
+        let inside = std::fs::metadata(format!("/proc/{}/root/dev/shm", server.pid()))
+            .unwrap()
+            .dev();
+        assert_ne!(
+            inside,
+            std::fs::metadata("/dev/shm").unwrap().dev(),
+            "redis-server's /dev/shm is the host's"
+        );
+    }
     let sampler = w.sampler(&Net::Host, &[port]);
     let bench = redis_benchmark(
         &w,
@@ -1995,7 +2015,11 @@ mod rig {
 mod baseline {
     #[test]
     fn redis_server_unit() {
-        super::redis(false);
+        super::redis(false, false);
+    }
+    #[test]
+    fn redis_server_unit_private_dev_shm() {
+        super::redis(false, true);
     }
     #[test]
     fn memcached_unit() {
@@ -2015,7 +2039,12 @@ mod baseline {
 mod over_smcr {
     #[test]
     fn redis_server_unit() {
-        super::redis(true);
+        super::redis(true, false);
+    }
+    /// smc-stat finds the stats area of a service whose /dev/shm is its own.
+    #[test]
+    fn redis_server_unit_private_dev_shm() {
+        super::redis(true, true);
     }
     #[test]
     fn memcached_unit() {
