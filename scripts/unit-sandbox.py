@@ -911,7 +911,7 @@ def make_mount_point_inode(src, dst):
     if os.path.isdir(src):
         os.makedirs(dst, 0o755, exist_ok=True)
     elif not os.path.exists(dst):
-        open(dst, "a").close()
+        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))  # mode & ~0111, as systemd
 
 
 def apply_one(e, plan, inacc):
