@@ -48,7 +48,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::NetPair;
-use harness::{CLIENT_TIMEOUT, Finished, Net, Proc, User, World};
+use harness::{
+    CLIENT_TIMEOUT, Finished, Net, Proc, User, World, check_benchmark, pg_bin, redis_benchmark,
+};
 
 /// Ports: `common::port(BASE)` (64 per test process).
 const BASE: u16 = 12000;
@@ -77,41 +79,6 @@ fn redis_server(w: &World, spec: harness::Spec, addr: &str, port: u16, data: &Pa
             data.to_str().unwrap(),
         ],
     )
-}
-
-const BENCH_ARGS: &[&str] = &["-c", "50", "-n", "20000", "-t", "set,get", "--csv"];
-
-fn redis_benchmark(w: &World, spec: harness::Spec, addr: &str, port: u16) -> Proc {
-    let port = port.to_string();
-    let mut args = vec!["-h", addr, "-p", &port];
-    args.extend(BENCH_ARGS);
-    w.spawn(&spec, "redis-benchmark", &args)
-}
-
-/// redis-benchmark succeeded and printed a rate for SET and GET (`--csv`: a row per test,
-/// written only when all its requests completed).
-fn check_benchmark(w: &World, f: &Finished) {
-    w.expect_ok(f);
-    for t in ["SET", "GET"] {
-        let rps = f.stdout.lines().find_map(|l| {
-            let cols: Vec<&str> = l.split(',').map(|c| c.trim_matches('"')).collect();
-            (cols.len() > 1 && cols[0] == t).then(|| cols[1].parse::<f64>().ok())?
-        });
-        assert!(
-            rps.is_some_and(|r| r > 0.0),
-            "[{}] {}: no {t} rate in its CSV:\n{}\n{}",
-            w.mode(),
-            f.name,
-            f.describe(),
-            w.log_summary()
-        );
-    }
-    eprintln!(
-        "{} [{}]: {}",
-        f.name,
-        w.mode(),
-        f.stdout.lines().skip(1).collect::<Vec<_>>().join("; ")
-    );
 }
 
 /// Group name of `u`'s primary group (nginx's `user` directive takes names).
@@ -266,21 +233,6 @@ fn access_log_by_pid(
         &short[..short.len().min(10)]
     );
     by_pid
-}
-
-/// The newest PostgreSQL's binaries (`/usr/lib/postgresql/*/bin`).
-fn pg_bin() -> Option<PathBuf> {
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("postgres").exists().then_some((v, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, b)| b)
 }
 
 /// An echo server on one thread (selectors: epoll), as small daemons are written; errors
@@ -509,78 +461,8 @@ public class Server {
 }
 "#;
 
-/// A memcached client of the text protocol, as small programs write one: N connections
-/// (blocking, or with a socket timeout of TIMEOUT seconds as python-memcached sets one: then
-/// CPython connects without blocking and polls before every send and receive), each in a
-/// thread doing ROUNDS `set` of a 1 KiB value then `get` of it, every reply checked and timed;
-/// then the server's own `stats` (`stats cmd_set=… get_hits=… …`), the slowest reply
-/// (`slowest S`), `done`, and the connections stay open until a line on stdin (the test
-/// samples meanwhile).
-const MEMCACHED_CLIENT: &str = r#"
-import socket, sys, threading, time
-host, port, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-timeout = None if sys.argv[5] == "none" else float(sys.argv[5])
-socks, files = [], []
-for i in range(n):
-    try:
-        s = socket.create_connection((host, port), timeout=timeout)
-    except OSError as e:
-        sys.exit("ERROR connect %d of %d: %r" % (i + 1, n, e))
-    socks.append(s)
-    files.append(s.makefile("rb"))
-print("connected", n, flush=True)
-errors = []
-slowest = [0.0]
-
-def expect(f, want, what):
-    got = f.readline() if want.endswith(b"\r\n") else f.read(len(want))
-    if got != want:
-        raise OSError("%s: expected %r, got %r" % (what, want[:60], got[:60]))
-
-def work(i):
-    s, f = socks[i], files[i]
-    r = 0
-    try:
-        for r in range(rounds):
-            key = b"c%d-r%d" % (i, r)
-            val = (b"%04d:%05d;" % (i, r) * 103)[:1024]
-            t = time.monotonic()
-            s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key, len(val), val))
-            expect(f, b"STORED\r\n", "set " + key.decode())
-            t2 = time.monotonic()
-            s.sendall(b"get %s\r\n" % key)
-            expect(f, b"VALUE %s 0 %d\r\n" % (key, len(val)), "get " + key.decode())
-            expect(f, val + b"\r\n", "value of " + key.decode())
-            expect(f, b"END\r\n", "end of get " + key.decode())
-            slowest[0] = max(slowest[0], t2 - t, time.monotonic() - t2)
-    except (OSError, ValueError) as e:
-        errors.append("connection %d, round %d: %r" % (i + 1, r, e))
-
-threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-if errors:
-    sys.exit("ERROR %d of %d connections failed; first: %s" % (len(errors), n, errors[0]))
-socks[0].sendall(b"stats\r\n")
-stats = {}
-while True:
-    line = files[0].readline()
-    if not line or line == b"END\r\n":
-        break
-    f = line.split()
-    if len(f) == 3 and f[0] == b"STAT":
-        stats[f[1].decode()] = f[2].decode()
-keys = ["cmd_set", "cmd_get", "get_hits", "get_misses", "curr_connections", "total_connections"]
-print("stats " + " ".join("%s=%s" % (k, stats.get(k, "?")) for k in keys), flush=True)
-print("slowest %.3f" % slowest[0], flush=True)
-print("done", n * rounds * 2, "commands", flush=True)
-sys.stdin.readline()
-for s in socks:
-    s.close()
-print("closed", flush=True)
-"#;
+/// The memcached client (`tests/py/memcached_client.py`).
+const MEMCACHED_CLIENT: &str = include_str!("py/memcached_client.py");
 
 // ---------------------------------------------------------------------------------------
 // Scenarios (`shim`: under the shim with the SMC-R checks, else the plain TCP baseline).

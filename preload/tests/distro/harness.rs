@@ -119,6 +119,20 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     /// A pipe to its stdin (closed by `Proc::close_stdin` or on drop).
     pub stdin: bool,
+    /// Run as a systemd unit runs it (`scripts/unit-sandbox.py`), not as `user`/`nofile` say.
+    pub unit: Option<UnitSpec>,
+}
+
+/// A program run with a systemd unit's settings applied as systemd applies them
+/// (`scripts/unit-sandbox.py`: the unit's user, limits, environment, namespaces and seccomp
+/// filters); under the shim the library is turned on by a drop-in, as an administrator does
+/// (`systemctl edit UNIT` → `Environment=LD_PRELOAD=…`).
+#[derive(Clone, Debug)]
+pub struct UnitSpec {
+    /// The unit (`redis-server`, `postgresql@15-main`), or the path of a unit file.
+    pub name: String,
+    /// [Service] lines of the test's own drop-in (a data directory in `ReadWritePaths=`, …).
+    pub conf: Vec<String>,
 }
 
 impl Spec {
@@ -151,6 +165,32 @@ impl Spec {
         self.shim = false;
         self
     }
+    /// Under systemd unit `name`'s settings.
+    pub fn unit(mut self, name: &str) -> Self {
+        self.unit = Some(UnitSpec {
+            name: name.to_owned(),
+            conf: Vec::new(),
+        });
+        self
+    }
+    /// One more [Service] line in the unit's drop-in (after `unit`).
+    pub fn unit_conf(mut self, line: &str) -> Self {
+        self.unit
+            .as_mut()
+            .expect("unit_conf without unit")
+            .conf
+            .push(line.to_owned());
+        self
+    }
+}
+
+/// The unit runner (`scripts/unit-sandbox.py`), run by Debian's Python, which has
+/// python3-seccomp (a pyenv `python3` first in PATH does not).
+pub fn unit_sandbox() -> (PathBuf, PathBuf) {
+    (
+        PathBuf::from("/usr/bin/python3"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/unit-sandbox.py"),
+    )
 }
 
 /// A program of the test, in a process group of its own: the group (workers, forked
@@ -171,6 +211,11 @@ impl Proc {
 
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// How it ended, if it has.
+    pub fn status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     pub fn stdout(&self) -> String {
@@ -390,12 +435,23 @@ pub struct World {
     pub logs: PathBuf,
     pub out: PathBuf,
     pub shim: bool,
+    /// Programs keep their stats areas where they would by default (no `SMCR_STATS_DIR`) and
+    /// `smc-stat` looks where it looks by default (no `--dir`): what an administrator sees.
+    pub default_stats: bool,
+    /// The library a unit's drop-in preloads (default: the world's copy in `bin/`).
+    pub unit_lib: Option<PathBuf>,
 }
 
 impl World {
     /// `None` (a skip) without root or without one of `tools`; SMCR_REQUIRE_TOOLS=1 makes
     /// those failures.
     pub fn new(tag: &str, shim: bool, tools: &[&str]) -> Option<Self> {
+        Self::new_at("/tmp/smcr-distro", tag, shim, tools)
+    }
+
+    /// [`Self::new`] in `PREFIX-<pid>-<tag>-<smcr|tcp>/` (outside /tmp for programs whose
+    /// unit gives them a private /tmp).
+    pub fn new_at(prefix: &str, tag: &str, shim: bool, tools: &[&str]) -> Option<Self> {
         if !common::root(&format!(
             "{tag}: programs run as distribution users (setpriv, prlimit)"
         )) {
@@ -410,7 +466,7 @@ impl World {
             }
         }
         let dir = PathBuf::from(format!(
-            "/tmp/smcr-distro-{}-{tag}-{}",
+            "{prefix}-{}-{tag}-{}",
             std::process::id(),
             if shim { "smcr" } else { "tcp" }
         ));
@@ -423,6 +479,8 @@ impl World {
             out: dir.join("out"),
             dir,
             shim,
+            default_stats: false,
+            unit_lib: None,
         };
         for (d, mode) in [
             (&w.dir, 0o755),
@@ -463,6 +521,7 @@ impl World {
             cwd: None,
             env: Vec::new(),
             stdin: false,
+            unit: None,
         }
     }
 
@@ -516,50 +575,72 @@ impl World {
                 push(ns);
             }
         }
-        // Diagnosis only: SMCR_DISTRO_NOFILE=N lifts every program's limit (to see what
-        // fails past the descriptor limit).
-        let nofile = std::env::var("SMCR_DISTRO_NOFILE")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(spec.nofile);
-        push(&"prlimit");
-        push(&format!("--nofile={nofile}:{nofile}"));
-        push(&"--");
-        if let Some(u) = &spec.user {
-            push(&"setpriv");
-            push(&format!("--reuid={}", u.uid));
-            push(&format!("--regid={}", u.gid));
-            push(&"--clear-groups");
-            push(&"--");
-        }
-        push(&"env");
-        for (k, v) in &spec.env {
-            push(&format!("{k}={v}"));
-        }
-        if spec.shim {
-            // Diagnosis only: SMCR_DISTRO_ENV="K=V K=V" adds variables to shimmed programs.
-            for kv in std::env::var("SMCR_DISTRO_ENV")
-                .unwrap_or_default()
-                .split_whitespace()
-            {
-                push(&kv);
-            }
-            let log = self.log_path(&spec.name);
-            File::create(&log).unwrap();
-            chmod(&log, 0o666);
-            push(&format!("SMCR_STATS_DIR={}", self.stats.display()));
-            if spec.launcher {
-                push(&self.bin.join("smcr"));
-                push(&"run");
-                push(&"--log");
-                push(&log);
-                push(&"--");
+        if let Some(unit) = &spec.unit {
+            // The unit gives the user, limits and environment (the runner builds it from
+            // scratch, as systemd does); the shim comes in by the administrator's drop-in.
+            let (python, runner) = unit_sandbox();
+            push(&python);
+            push(&runner);
+            // A path is a unit file of the test's own.
+            push(&if unit.name.starts_with('/') {
+                "--unit-file"
             } else {
-                push(&format!(
-                    "LD_PRELOAD={}",
-                    self.bin.join("libsmcr_preload.so").display()
-                ));
-                push(&format!("SMCR_LOG={}", log.display()));
+                "--unit"
+            });
+            push(&unit.name);
+            push(&"--dropin-dir");
+            push(&self.unit_dropins(spec, unit));
+            push(&"--report");
+            push(&self.out.join(format!("{}.unit.json", spec.name)));
+            push(&"--");
+        } else {
+            // Diagnosis only: SMCR_DISTRO_NOFILE=N lifts every program's limit (to see what
+            // fails past the descriptor limit).
+            let nofile = std::env::var("SMCR_DISTRO_NOFILE")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(spec.nofile);
+            push(&"prlimit");
+            push(&format!("--nofile={nofile}:{nofile}"));
+            push(&"--");
+            if let Some(u) = &spec.user {
+                push(&"setpriv");
+                push(&format!("--reuid={}", u.uid));
+                push(&format!("--regid={}", u.gid));
+                push(&"--clear-groups");
+                push(&"--");
+            }
+            push(&"env");
+            for (k, v) in &spec.env {
+                push(&format!("{k}={v}"));
+            }
+            if spec.shim {
+                // Diagnosis only: SMCR_DISTRO_ENV="K=V K=V" adds variables to shimmed programs.
+                for kv in std::env::var("SMCR_DISTRO_ENV")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                {
+                    push(&kv);
+                }
+                let log = self.log_path(&spec.name);
+                File::create(&log).unwrap();
+                chmod(&log, 0o666);
+                if !self.default_stats {
+                    push(&format!("SMCR_STATS_DIR={}", self.stats.display()));
+                }
+                if spec.launcher {
+                    push(&self.bin.join("smcr"));
+                    push(&"run");
+                    push(&"--log");
+                    push(&log);
+                    push(&"--");
+                } else {
+                    push(&format!(
+                        "LD_PRELOAD={}",
+                        self.bin.join("libsmcr_preload.so").display()
+                    ));
+                    push(&format!("SMCR_LOG={}", log.display()));
+                }
             }
         }
         push(&prog);
@@ -575,6 +656,54 @@ impl World {
             .current_dir(spec.cwd.as_deref().unwrap_or(&self.dir))
             .process_group(0);
         c
+    }
+
+    /// The drop-in directory of `spec`'s unit: the test's own lines (`10-test.conf`) and,
+    /// under the shim, the administrator's `override.conf` (`Environment=LD_PRELOAD=LIB`, as
+    /// `systemctl edit` writes it) and the test's shim log (`90-smcr-log.conf`).
+    fn unit_dropins(&self, spec: &Spec, unit: &UnitSpec) -> PathBuf {
+        let dir = self.dir.join("units").join(&spec.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut test = String::from("[Service]\n");
+        for l in &unit.conf {
+            let _ = writeln!(test, "{l}");
+        }
+        std::fs::write(dir.join("10-test.conf"), test).unwrap();
+        if spec.shim {
+            let lib = self
+                .unit_lib
+                .clone()
+                .unwrap_or_else(|| self.bin.join("libsmcr_preload.so"));
+            std::fs::write(
+                dir.join("override.conf"),
+                format!("[Service]\nEnvironment=LD_PRELOAD={}\n", lib.display()),
+            )
+            .unwrap();
+            let log = self.log_path(&spec.name);
+            File::create(&log).unwrap();
+            chmod(&log, 0o666);
+            let mut conf = format!(
+                "[Service]\nEnvironment=SMCR_LOG={}\nReadWritePaths={}\n",
+                log.display(),
+                self.logs.display()
+            );
+            if !self.default_stats {
+                let _ = writeln!(
+                    conf,
+                    "Environment=SMCR_STATS_DIR={0}\nReadWritePaths={0}",
+                    self.stats.display()
+                );
+            }
+            // Diagnosis only, as for the other programs.
+            for kv in std::env::var("SMCR_DISTRO_ENV")
+                .unwrap_or_default()
+                .split_whitespace()
+            {
+                let _ = writeln!(conf, "Environment={kv}");
+            }
+            std::fs::write(dir.join("90-smcr-log.conf"), conf).unwrap();
+        }
+        dir
     }
 
     /// Starts a program (stdout and stderr to `out/NAME.out`, `out/NAME.err`).
@@ -709,12 +838,12 @@ impl World {
         if !self.shim {
             return None;
         }
-        let out = Command::new(self.bin.join("smc-stat"))
-            .arg("--json")
-            .arg("--dir")
-            .arg(&self.stats)
-            .output()
-            .ok()?;
+        let mut c = Command::new(self.bin.join("smc-stat"));
+        c.arg("--json");
+        if !self.default_stats {
+            c.arg("--dir").arg(&self.stats);
+        }
+        let out = c.output().ok()?;
         if !out.status.success() {
             return None;
         }
@@ -741,12 +870,15 @@ impl World {
         if self.shim {
             let (stop, seen, ports) = (stop.clone(), seen.clone(), ports.to_vec());
             let (bin, stats) = (self.bin.join("smc-stat"), self.stats.clone());
+            let default_stats = self.default_stats;
             threads.push(std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let doc = Command::new(&bin)
-                        .arg("--json")
-                        .arg("--dir")
-                        .arg(&stats)
+                    let mut c = Command::new(&bin);
+                    c.arg("--json");
+                    if !default_stats {
+                        c.arg("--dir").arg(&stats);
+                    }
+                    let doc = c
                         .output()
                         .ok()
                         .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok());
@@ -1397,4 +1529,57 @@ impl Drop for Netns {
             .env("PATH", CLEAN_PATH)
             .status();
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Programs several suites run.
+
+pub const BENCH_ARGS: &[&str] = &["-c", "50", "-n", "20000", "-t", "set,get", "--csv"];
+
+pub fn redis_benchmark(w: &World, spec: Spec, addr: &str, port: u16) -> Proc {
+    let port = port.to_string();
+    let mut args = vec!["-h", addr, "-p", &port];
+    args.extend(BENCH_ARGS);
+    w.spawn(&spec, "redis-benchmark", &args)
+}
+
+/// redis-benchmark succeeded and printed a rate for SET and GET (`--csv`: a row per test,
+/// written only when all its requests completed).
+pub fn check_benchmark(w: &World, f: &Finished) {
+    w.expect_ok(f);
+    for t in ["SET", "GET"] {
+        let rps = f.stdout.lines().find_map(|l| {
+            let cols: Vec<&str> = l.split(',').map(|c| c.trim_matches('"')).collect();
+            (cols.len() > 1 && cols[0] == t).then(|| cols[1].parse::<f64>().ok())?
+        });
+        assert!(
+            rps.is_some_and(|r| r > 0.0),
+            "[{}] {}: no {t} rate in its CSV:\n{}\n{}",
+            w.mode(),
+            f.name,
+            f.describe(),
+            w.log_summary()
+        );
+    }
+    eprintln!(
+        "{} [{}]: {}",
+        f.name,
+        w.mode(),
+        f.stdout.lines().skip(1).collect::<Vec<_>>().join("; ")
+    );
+}
+
+/// The newest PostgreSQL's binaries (`/usr/lib/postgresql/*/bin`).
+pub fn pg_bin() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b)
 }
