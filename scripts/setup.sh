@@ -4,8 +4,9 @@
 set -euo pipefail
 # nginx, wrk, postgresql, util-linux (setpriv, prlimit, nsenter, runuser), gunicorn, memcached,
 # nodejs and openjdk-17-jdk-headless (javac, java; both are on this project's machines already:
-# listed so that a plain Debian 12 gets them too): preload/tests/distro.rs.
-packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless)
+# listed so that a plain Debian 12 gets them too): preload/tests/distro.rs. haproxy:
+# preload/tests/lockdown.rs.
+packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless haproxy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
