@@ -6,8 +6,9 @@ set -euo pipefail
 # nodejs and openjdk-17-jdk-headless (javac, java; both are on this project's machines already:
 # listed so that a plain Debian 12 gets them too): preload/tests/distro.rs.
 # python3-seccomp (libseccomp for Debian's /usr/bin/python3), systemd (systemd-analyze: the
-# syscall groups as this systemd defines them) and haproxy: scripts/unit-sandbox.py and
-# preload/tests/hardened.rs, which run services under their Debian units' settings.
+# syscall groups as this systemd defines them) and haproxy: scripts/unit-sandbox.py,
+# preload/tests/hardened.rs (services under their Debian units' settings) and
+# preload/tests/lockdown.rs.
 packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless python3-seccomp systemd haproxy)
 missing=()
 for p in "${packages[@]}"; do

@@ -80,4 +80,36 @@ real! {
     pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int;
     sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
     fork: fn() -> libc::pid_t;
+    setrlimit: fn(c_int, *const libc::rlimit) -> c_int;
+    setrlimit64: fn(c_int, *const libc::rlimit64) -> c_int;
+    prlimit: fn(libc::pid_t, c_int, *const libc::rlimit, *mut libc::rlimit) -> c_int;
+    prlimit64: fn(libc::pid_t, c_int, *const libc::rlimit64, *mut libc::rlimit64) -> c_int;
+    chroot: fn(*const libc::c_char) -> c_int;
+}
+
+/// libc's `prctl`, variadic as it is declared (`int prctl(int option, ...)`).
+pub(crate) fn prctl() -> unsafe extern "C" fn(c_int, ...) -> c_int {
+    static CACHE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let p = resolve(&CACHE, b"prctl\0");
+    // SAFETY: libc's prctl has exactly this signature.
+    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, ...) -> c_int>(p) }
+}
+
+/// libseccomp's `seccomp_load`, if a library after ours defines it (`None`: a program that
+/// reached our export without libseccomp loaded, which cannot happen through the linker).
+pub(crate) fn seccomp_load() -> Option<unsafe extern "C" fn(*mut c_void) -> c_int> {
+    static CACHE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let mut p = CACHE.load(Ordering::Acquire);
+    if p.is_null() {
+        // SAFETY: a NUL-terminated name; dlsym has no other preconditions.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"seccomp_load".as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        CACHE.store(p, Ordering::Release);
+    }
+    // SAFETY: libseccomp's seccomp_load has exactly this signature.
+    Some(unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(p)
+    })
 }

@@ -3,8 +3,14 @@
 //! runs on that reading thread, which would wait for it anyway), but a thread that finished one waits a while
 //! for the next instead of exiting, so a steady stream of connections does not pay a thread
 //! creation and exit each (about a hundred microseconds of system calls on these machines).
+//! A worker's thread comes from the library's reserve of spare threads (`smcr::thread`) when
+//! more than the runtime may still need are parked, and goes back there when the worker
+//! exits: a program that forbids new threads (haproxy's `RLIMIT_NPROC` 0) still gets its
+//! handshakes off its own threads while spares last, and never at the cost of the threads
+//! SMC-R cannot do without (the engine, a link group's poller).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -42,8 +48,9 @@ pub(crate) fn hold_for_fork() {
     forkhold::hold_mutex(&STATE);
 }
 
-/// Runs `job` on an idle worker, or on a new one if none is free.
-pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
+/// Runs `job` on an idle worker, or on a new one if none is free (on a spare thread if more
+/// than `keep` are parked).
+pub(crate) fn run(keep: usize, job: impl FnOnce() + Send + 'static) {
     let me = crate::table::pid();
     let mut st = state();
     if st.pid != me {
@@ -65,7 +72,7 @@ pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
     // The job waits for a thread to take it (a failed spawn takes it back: it runs here).
     let slot = std::sync::Arc::new(Mutex::new(Some(Box::new(job) as Job)));
     let theirs = slot.clone();
-    let spawned = smcr::thread::spawn("smcr-handshake".into(), move || {
+    let spawned = smcr::thread::spawn_keeping(keep, "smcr-handshake".into(), move || {
         let _b = crate::guard::Bypass::new();
         let job = theirs.lock().take();
         if let Some(job) = job {
@@ -74,11 +81,15 @@ pub(crate) fn run(job: impl FnOnce() + Send + 'static) {
         worker();
     });
     if let Err(e) = spawned {
-        // No thread (a process limit): the handshake runs on the caller's thread rather than
-        // never.
-        crate::log::line(format_args!(
-            "no thread for a handshake ({e}): it runs on the calling thread"
-        ));
+        // No thread (the program forbids new ones, no spare beyond `keep`): the handshake runs
+        // on the caller's thread rather than never. Said once per process (it then holds for
+        // every handshake that finds no spare).
+        static SAID: AtomicU32 = AtomicU32::new(0);
+        if SAID.swap(me, Ordering::Relaxed) != me {
+            crate::log::line(format_args!(
+                "no thread for a handshake ({e}): it runs on the calling thread (so do later ones that find no spare)"
+            ));
+        }
         let job = slot.lock().take();
         if let Some(job) = job {
             let _b = crate::guard::Bypass::new();
@@ -93,9 +104,16 @@ fn worker() {
         let job = {
             // The condition variable needs the plain guard; counted as held all the same.
             let _holding = forkhold::Holding::new();
+            // Once the program forbids new threads, a finished worker gives its thread back
+            // to the reserve at once: an engine or a poller may need it.
+            let idle = if smcr::thread::locked() {
+                Duration::ZERO
+            } else {
+                IDLE
+            };
             let mut st = STATE.lock().unwrap_or_else(PoisonError::into_inner);
             st.idle += 1;
-            let deadline = std::time::Instant::now() + IDLE;
+            let deadline = std::time::Instant::now() + idle;
             loop {
                 if let Some(j) = st.jobs.pop_front() {
                     st.idle -= 1;
@@ -133,7 +151,7 @@ mod tests {
     fn a_finished_worker_takes_the_next_job_and_a_busy_one_does_not_block_others() {
         let (tx, rx) = mpsc::channel();
         let t = tx.clone();
-        run(move || t.send(tid()).unwrap());
+        run(0, move || t.send(tid()).unwrap());
         let first = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         // Wait until that worker is idle again, then the next job is its.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -142,19 +160,19 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let t = tx.clone();
-        run(move || t.send(tid()).unwrap());
+        run(0, move || t.send(tid()).unwrap());
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), first);
 
         // A job that blocks (a client stalled in CLC) keeps its worker: the next runs anyway.
         let (release, blocked) = mpsc::channel::<()>();
         let t = tx.clone();
-        run(move || {
+        run(0, move || {
             t.send(tid()).unwrap();
             blocked.recv().unwrap();
         });
         let busy = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         let t = tx.clone();
-        run(move || t.send(tid()).unwrap());
+        run(0, move || t.send(tid()).unwrap());
         let other = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_ne!(other, busy, "ran beside the blocked job");
         release.send(()).unwrap();

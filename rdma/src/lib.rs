@@ -42,8 +42,10 @@ pub use rc::{
 pub use sched::CqScheduler;
 
 /// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this crate's
-/// process-wide locks (the descriptor zone's), until [`forkhold::release`] (see [`forkhold`]).
+/// process-wide locks (the thread reserve's, the descriptor zone's), until
+/// [`forkhold::release`] (see [`forkhold`]).
 pub fn hold_for_fork() {
+    thread::hold_for_fork();
     fdzone::hold_for_fork();
 }
 pub use transport::fault::{FaultConfig, FaultStats};

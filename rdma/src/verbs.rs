@@ -43,9 +43,11 @@ pub struct Device {
 impl Device {
     /// Opens a device and starts its engine thread.
     pub fn open(cfg: DeviceConfig) -> io::Result<Self> {
+        // The thread first: without one (`crate::thread::NoThread`) nothing is opened.
+        let engine = crate::thread::claim()?;
         let shared = Shared::open(cfg)?;
         let s2 = shared.clone();
-        let thread = crate::thread::spawn("smcr-rdma".into(), move || run_engine(s2))?;
+        let thread = engine.run("smcr-rdma".into(), move || run_engine(s2))?;
         Ok(Self {
             guard: Arc::new(EngineGuard {
                 shared,

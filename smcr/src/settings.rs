@@ -277,6 +277,13 @@ pub static SETTINGS: &[Setting] = &[
         about: "how long a blocked thread polls (same-host rings, its RoCE socket) before it sleeps",
     },
     Setting {
+        key: "smcr.spare_threads",
+        var: "SMCR_SPARE_THREADS",
+        kind: Kind::WholeUpTo("threads, a whole number, at most 256; 0: none", 256),
+        default: "4",
+        about: "threads kept parked for SMC-R, ready when the program forbids new ones (RLIMIT_NPROC, a seccomp filter, a pids limit)",
+    },
+    Setting {
         key: "smcr.app_drive",
         var: "SMCR_APP_DRIVE",
         kind: Kind::Flag,
@@ -694,6 +701,15 @@ pub fn resolve(
 /// (a value [`check_process`] refuses).
 pub fn flag(var: &str) -> Option<bool> {
     crate::runtime::config_flag(&crate::env::var(var)?)
+}
+
+/// `SMCR_SPARE_THREADS` of the process ([`crate::env::var`]): how many threads the preload
+/// keeps parked (`rdma::thread`); the default when unset (or refused by [`check_process`]).
+pub fn spare_threads() -> usize {
+    crate::env::var("SMCR_SPARE_THREADS")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n <= 256)
+        .unwrap_or(rdma::thread::DEFAULT_TARGET)
 }
 
 /// A setting's value for a tool (`smcr`, `smc-stat`) that follows the programs' settings:

@@ -63,6 +63,14 @@ fn watcher() -> MutexGuard<'static, Option<Watcher>> {
 pub(crate) fn hold_for_fork() {
     rdma::forkhold::hold_mutex(&WATCHER);
 }
+
+/// Whether this process's watch runs (its thread exists).
+pub(crate) fn runs() -> bool {
+    watcher()
+        .as_ref()
+        .is_some_and(|w| w.pid == std::process::id())
+}
+
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
 /// Watches `fd`, the TCP socket of connection `token` of `lg`, for a hang-up. If the watch
@@ -183,7 +191,17 @@ fn start(pid: u32) -> Option<Watcher> {
         return None;
     }
     let (mine, woken) = (ep.clone(), wake.clone());
-    rdma::thread::spawn("smcr-tcpwatch".into(), move || run(&mine, &woken)).ok()?;
+    if let Err(e) = rdma::thread::spawn("smcr-tcpwatch".into(), move || run(&mine, &woken)) {
+        // A program that forbids new threads, no spare left: the links' keepalive (TEST
+        // LINK) still finds a dead peer. Said once per process; tried again per connection.
+        static SAID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        if SAID.swap(pid, Ordering::Relaxed) != pid {
+            log::warn!(
+                "no thread for the TCP hang-up watch ({e}): hang-ups are found by TEST LINK until a later connection gets one"
+            );
+        }
+        return None;
+    }
     Some(Watcher {
         pid,
         ep,

@@ -3,13 +3,15 @@
 //!
 //! By call family: `socket` (socket, connect, listen, accept), `rw` (the read and write
 //! family, with glibc's FORTIFY variants), `fd` (close, shutdown, fcntl, ioctl, dup),
-//! `sockopt` (socket names and options), `readiness` (poll, select, epoll) and `misc`
-//! (sendfile, fork). This module holds the dispatch they share: whether a call goes to an
+//! `sockopt` (socket names and options), `readiness` (poll, select, epoll), `misc`
+//! (sendfile, fork) and `lockdown` (the calls by which a program locks itself down:
+//! setrlimit, prlimit, prctl(PR_SET_SECCOMP), seccomp_load, chroot). This module holds the dispatch they share: whether a call goes to an
 //! SMC-R connection, to one not settled yet, or to libc.
 // The exports are reached by the dynamic linker, not by Rust paths.
 #![allow(unreachable_pub)]
 
 mod fd;
+mod lockdown;
 mod misc;
 mod readiness;
 mod rw;

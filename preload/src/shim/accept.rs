@@ -15,7 +15,7 @@ use smcr::{FallbackReason, Mode, Runtime, SmcStream};
 
 use super::fork::{children_since, forks};
 use super::outcome::Outcome;
-use super::runtime::{NEGOTIATING, claim, describe, runtime};
+use super::runtime::{NEGOTIATING, claim, describe, runtime, spares_to_keep};
 use crate::fds::{borrowed, hide, hide_owned, inode, sock_addr, sockaddr_of};
 use crate::guard::Bypass;
 use crate::sock::{Listener, Role, Settling, Sock, State};
@@ -158,7 +158,7 @@ impl Settling {
                 let _b = Bypass::new();
                 let dup = hide(fd).ok();
                 let me2 = self.clone();
-                crate::workers::run(move || me2.follow_runner(fd, dup, parent));
+                crate::workers::run(spares_to_keep(), move || me2.follow_runner(fd, dup, parent));
                 return false;
             }
             State::Idle => {
@@ -194,7 +194,7 @@ impl Settling {
             }
             Ok(dup) => {
                 let me = self.clone();
-                crate::workers::run(move || me.settle_accepted(fd, Some(dup)));
+                crate::workers::run(spares_to_keep(), move || me.settle_accepted(fd, Some(dup)));
                 false
             }
             Err(_) => {

@@ -10,7 +10,7 @@ use smcr::{FallbackReason, Mode, SmcStream};
 
 use super::numbers::{manage_cloexec, untrack};
 use super::outcome::{Outcome, tcp_of};
-use super::runtime::{claim, describe, runtime};
+use super::runtime::{claim, describe, runtime, spares_to_keep};
 use crate::fds::{borrowed, hide, is_nonblocking, sock_addr};
 use crate::guard::Bypass;
 use crate::sock::{Role, Settling, Sock};
@@ -146,7 +146,9 @@ pub(crate) fn connect_async(fd: i32, dup: OwnedFd, marked: bool, connected: bool
     );
     table::insert(fd, Arc::new(Sock::Pending(s.clone())));
     manage_cloexec(fd);
-    crate::workers::run(move || finish_connect(fd, marked, dup, &s));
+    crate::workers::run(spares_to_keep(), move || {
+        finish_connect(fd, marked, dup, &s)
+    });
 }
 
 fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {

@@ -60,7 +60,9 @@ pub(crate) use connect::{
 };
 pub(crate) use fork::{forked, forked_child};
 pub(crate) use numbers::{exclude, set_nonblock, tcp_fd, unsupported_option, untrack};
-pub(crate) use runtime::{at_exit, enabled, init_settings, policy_allows};
+pub(crate) use runtime::{
+    at_exit, before_chroot, enabled, init_settings, locking_down, policy_allows,
+};
 
 /// Before a fork: the forking thread takes the shim's process-wide locks (see `forkhold`;
 /// none of them is taken while another is held).

@@ -32,6 +32,11 @@ pub(crate) fn runtime() -> Runtime {
             let _b = Bypass::new();
             smcr::fdzone::enable();
             let rt = Runtime::new(RuntimeConfig::from_env());
+            // The threads the first connection will want (engine, TCP watch, a link group's
+            // poller, a handshake worker, with the default 4), made now: the program may
+            // forbid new ones later in ways we do not see (a pids limit, a seccomp filter
+            // through syscall()).
+            smcr::thread::reserve(smcr::thread::target());
             if let Some(why) = rt.negotiation_problem() {
                 log::line(format_args!(
                     "SMC-R unavailable, all connections stay TCP: {why}"
@@ -45,6 +50,49 @@ pub(crate) fn runtime() -> Runtime {
             rt
         }
     }
+}
+
+/// The program is about to forbid itself new threads (`what`: it lowers `RLIMIT_NPROC`,
+/// installs a seccomp filter): parks `SMCR_SPARE_THREADS` spares now, plus the engine and the
+/// TCP watch if this process does not run them yet, and keeps every thread of ours from then
+/// on (see `smcr::thread`).
+pub(crate) fn locking_down(what: &str) {
+    if !enabled() {
+        return;
+    }
+    let _b = Bypass::new();
+    // Without waiting: a signal handler's call could come while this thread holds the cell.
+    let to_come = {
+        let _holding = crate::forkhold::Holding::new();
+        RT.try_lock().ok().and_then(|g| {
+            g.as_ref()
+                .filter(|(p, _)| *p == table::pid())
+                .map(|(_, rt)| rt.threads_to_come())
+        })
+    };
+    let parked = smcr::thread::lock_down(to_come.unwrap_or(2));
+    let why = smcr::thread::last_refusal()
+        .map(|w| format!(" (no more: {w})"))
+        .unwrap_or_default();
+    log::line(format_args!(
+        "{what}: no new threads from now on; {parked} spare threads parked for SMC-R{why} (SMCR_SPARE_THREADS={})",
+        smcr::thread::target()
+    ));
+}
+
+/// The program is about to chroot: `/proc`, where a seccomp filter it adds later is seen, is
+/// kept open first (see `smcr::thread`).
+pub(crate) fn before_chroot() {
+    if enabled() {
+        let _b = Bypass::new();
+        smcr::thread::keep_proc();
+    }
+}
+
+/// The spare threads a handshake worker leaves parked: those the runtime may still need (its
+/// engine, its TCP watch) and one for the next link group's poller.
+pub(super) fn spares_to_keep() -> usize {
+    runtime().threads_to_come() + 1
 }
 
 /// Negotiations running in this process (connects being settled, accepted connections whose
@@ -142,8 +190,9 @@ fn policy() -> Option<&'static smcr::policy::Policy> {
 /// the program forks, the child would find that initialisation running for ever. (So is the
 /// epoll sets' kick handed to `wake`, see `vepoll::init`.)
 pub(crate) fn init_settings() {
-    // Which seccomp filters the service manager put there, before the program adds its own.
-    let _ = smcr::sandbox::Seccomp::at_load();
+    // Before the program can install a seccomp filter of its own (see `smcr::thread`).
+    smcr::thread::note_start();
+    smcr::thread::set_target(smcr::settings::spare_threads());
     let _ = enabled();
     let _ = policy();
     let _ = crate::pair::lazy();

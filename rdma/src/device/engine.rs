@@ -8,12 +8,12 @@ use super::{
     Shared, drain_eventfd, timespec,
 };
 use crate::rc::{CqSide, WcStatus};
+use crate::thread::JoinHandle;
 use parking_lot::Mutex;
 use rustix::event::epoll;
 use std::cmp::Reverse;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Pseudo QP number used for the fault injector's timer.
@@ -271,8 +271,10 @@ pub(crate) struct EngineGuard {
 impl Drop for EngineGuard {
     fn drop(&mut self) {
         self.shared.stop();
+        // Not from the engine's own job (the last handle dropped there): it would wait for
+        // itself.
         if let Some(t) = self.thread.lock().take()
-            && t.thread().id() != std::thread::current().id()
+            && !t.is_running_here()
         {
             let _ = t.join();
         }

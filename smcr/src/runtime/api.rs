@@ -97,6 +97,14 @@ impl Runtime {
         self.inner.problem.lock().clone()
     }
 
+    /// Threads this runtime will need for its first SMC-R connection and does not run yet:
+    /// the device's engine (until one is open) and the TCP hang-up watch (until it runs in
+    /// this process). The preload parks that many spares beyond `SMCR_SPARE_THREADS` before
+    /// the program forbids new threads.
+    pub fn threads_to_come(&self) -> usize {
+        usize::from(self.inner.devices.lock().is_empty()) + usize::from(!crate::tcpwatch::runs())
+    }
+
     /// Link groups currently alive.
     pub fn link_groups(&self) -> usize {
         self.inner

@@ -87,6 +87,7 @@ impl LinkGroup {
         peer_id: PeerId,
         mtu: QpMtu,
     ) -> io::Result<Arc<Self>> {
+        let poller = rdma::thread::claim()?;
         let cq = dev.device.create_cq()?;
         let caps = QpCaps {
             max_send_wr: 4096,
@@ -142,6 +143,7 @@ impl LinkGroup {
             link_id: AtomicU32::new(1),
             sched: cq.scheduler(),
             cq,
+            poller: Mutex::new(Some(poller)),
             driver: Mutex::new(()),
             blocking_driver: AtomicBool::new(false),
             hold: Mutex::new(Hold {
@@ -376,7 +378,11 @@ impl LinkGroup {
             self.flush_llc(&mut st);
         }
         let me = self.clone();
-        rdma::thread::spawn(format!("smcr-lgr-{}", self.id), move || me.poll_loop())?;
+        let name = format!("smcr-lgr-{}", self.id);
+        match self.poller.lock().take() {
+            Some(claim) => claim.run(name, move || me.poll_loop())?,
+            None => rdma::thread::spawn(name, move || me.poll_loop())?,
+        };
         Ok(())
     }
 

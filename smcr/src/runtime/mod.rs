@@ -237,6 +237,10 @@ pub(crate) struct LinkGroup {
     /// The active link's id (for the stats record).
     link_id: AtomicU32,
     cq: CompletionQueue,
+    /// The poller's thread, claimed when the group is made (a group that could get none is
+    /// never made: NOTHREAD), taken by [`LinkGroup::start`] — the server starts its group
+    /// after the client's Confirm, when declining is no longer possible.
+    poller: Mutex<Option<rdma::thread::Claim>>,
     /// Which thread takes `cq`'s completions and how it sleeps for them (drives, holds).
     sched: rdma::CqScheduler,
     /// Held by whoever takes and handles completions (the poller, or an application thread in

@@ -23,6 +23,10 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
             "SHARED",
             "the connection was held by several processes (fork) when first used",
         ),
+        F::CODE_NO_THREAD => (
+            "NOTHREAD",
+            "no thread could be created for SMC-R (RLIMIT_NPROC, a pids limit, or a seccomp filter installed after start-up) and the spare threads were in use",
+        ),
         0 => ("OTHER", "codes beyond the area's counters"),
         c => {
             let r = clc::DeclineReason(c);
@@ -55,6 +59,9 @@ pub fn remedy(code: u32) -> &'static str {
         }
         F::CODE_SHARED => {
             "none needed (the connection works over TCP); have one process use each connection"
+        }
+        F::CODE_NO_THREAD => {
+            "raise SMCR_SPARE_THREADS (threads parked before the program can lock itself down; a link group keeps one for its life, a handshake in progress one), or lift the lock-down (RLIMIT_NPROC, TasksMax=, clone in the seccomp filter)"
         }
         0x0101_0000 => {
             "the RMB budget is used up: lower the RMB size (smcr run --rmb-kib, SMCR_RMB_KIB)"

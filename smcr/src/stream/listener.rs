@@ -27,6 +27,21 @@ fn accept_error(e: &io::Error) -> AcceptError {
     }
 }
 
+type Deliver = Arc<dyn Fn(SmcStream, SocketAddr) + Send + Sync>;
+
+/// An accepted connection waiting for the thread that negotiates it (taken once).
+type Pending = Arc<parking_lot::Mutex<Option<(TcpStream, SocketAddr)>>>;
+
+/// Negotiates the server side of the connection in `job` (if no one took it) and delivers it.
+fn handshake(rt: &Runtime, deliver: &Deliver, job: &Pending) {
+    let taken = job.lock().take();
+    if let Some((tcp, peer)) = taken
+        && let Ok(s) = SmcStream::negotiate_server(rt, tcp, peer)
+    {
+        deliver(s, peer);
+    }
+}
+
 /// A listening socket's background acceptor: takes TCP connections, negotiates each on a
 /// thread of its own and hands the finished streams to `deliver`. Stops when dropped.
 pub(crate) struct Acceptor {
@@ -92,12 +107,16 @@ impl Acceptor {
                         AcceptError::Stop => return,
                     },
                 };
-                let (rt, deliver) = (rt.clone(), deliver.clone());
-                let _ = rdma::thread::spawn("smcr-handshake".into(), move || {
-                    if let Ok(s) = SmcStream::negotiate_server(&rt, tcp, peer) {
-                        deliver(s, peer);
-                    }
+                // On a thread of its own; without one (a program that forbids new threads, no
+                // spare left) here, rather than dropping the connection.
+                let job = Arc::new(parking_lot::Mutex::new(Some((tcp, peer))));
+                let (theirs, rt2, deliver2) = (job.clone(), rt.clone(), deliver.clone());
+                let spawned = rdma::thread::spawn("smcr-handshake".into(), move || {
+                    handshake(&rt2, &deliver2, &theirs)
                 });
+                if spawned.is_err() {
+                    handshake(&rt, &deliver, &job);
+                }
             }
         })?;
         Ok(Self {

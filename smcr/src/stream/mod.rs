@@ -56,6 +56,11 @@ pub enum FallbackReason {
     /// Local: the connection was held by more than one process (inherited through `fork`)
     /// when it was first used; one SMC-R connection cannot be served to several processes.
     Shared,
+    /// Local: SMC-R needed a thread (the device's engine, a link group's poller) and none
+    /// could be had: no spare was parked (`rdma::thread`) and the program forbids new ones
+    /// (`RLIMIT_NPROC`, a pids limit, a seccomp filter installed after start-up); the cause,
+    /// in words. The peer is declined (`MEM`) when it had offered SMC-R.
+    NoThread(String),
 }
 
 /// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
@@ -73,6 +78,8 @@ impl FallbackReason {
     pub const CODE_NO_FD: u32 = 0x7f00_0005;
     /// Local code: the connection was shared by several processes at its first use.
     pub const CODE_SHARED: u32 = 0x7f00_0006;
+    /// Local code: no thread could be had for SMC-R.
+    pub const CODE_NO_THREAD: u32 = 0x7f00_0007;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
     pub fn code(&self) -> u32 {
@@ -84,6 +91,7 @@ impl FallbackReason {
             Self::NotIpv4 => Self::CODE_NOT_IPV4,
             Self::NoDescriptors => Self::CODE_NO_FD,
             Self::Shared => Self::CODE_SHARED,
+            Self::NoThread(_) => Self::CODE_NO_THREAD,
         }
     }
 }
@@ -116,6 +124,11 @@ impl std::fmt::Display for FallbackReason {
             Self::Shared => write!(
                 f,
                 "used by several processes (SHARED {:#010x})",
+                self.code()
+            ),
+            Self::NoThread(why) => write!(
+                f,
+                "no thread for SMC-R: {why} (NOTHREAD {:#010x})",
                 self.code()
             ),
         }

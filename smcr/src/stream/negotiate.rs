@@ -129,23 +129,26 @@ impl SmcStream {
             Some(ip) => rt.inner.rmb_size_for(ip),
             None => rt.inner.rmb_size(),
         };
-        // No descriptor left for the device or the group (EMFILE): declined with MEM on the
-        // wire, recorded as NOFD.
-        let nofd = std::cell::Cell::new(false);
-        let fd_short = |e: &io::Error, other: DeclineReason| {
-            if out_of_descriptors(e) {
-                nofd.set(true);
+        // No descriptor (EMFILE) or no thread left for the device or the group: declined with
+        // MEM on the wire, recorded as NOFD or NOTHREAD.
+        let short = std::cell::RefCell::new(None);
+        let local_short = |e: &io::Error, other: DeclineReason| match short_of(e) {
+            Some(r) => {
+                *short.borrow_mut() = Some(r);
                 DeclineReason::MEM
-            } else {
-                other
             }
+            None => other,
         };
         let setup = || -> Result<(Arc<LinkGroup>, Arc<rdma::MemoryRegion>), DeclineReason> {
             let lg = if server.first_contact {
-                let dev = rt
-                    .inner
-                    .device(*local.ip())
-                    .map_err(|e| fd_short(&e, DeclineReason::NOSMCRDEV))?;
+                let dev = rt.inner.device(*local.ip()).map_err(|e| {
+                    let r = local_short(&e, DeclineReason::NOSMCRDEV);
+                    if r == DeclineReason::NOSMCRDEV {
+                        rt.inner
+                            .note(format!("the RoCE device could not be opened: {e}"));
+                    }
+                    r
+                })?;
                 // A device that cannot receive RoCE from elsewhere (another process owns the
                 // port and no steering program shares it) serves only peers on this host.
                 if let Some(ip) = peer.gid.to_ipv4()
@@ -163,9 +166,9 @@ impl SmcStream {
                     server.peer_id,
                     mtu,
                 )
-                .map_err(|e| fd_short(&e, DeclineReason::ERR_RDYLNK))?;
+                .map_err(|e| local_short(&e, DeclineReason::ERR_RDYLNK))?;
                 lg.start(&peer, mtu, &negotiated, &rt.inner.cfg)
-                    .map_err(|e| fd_short(&e, DeclineReason::ERR_RDYLNK))?;
+                    .map_err(|e| local_short(&e, DeclineReason::ERR_RDYLNK))?;
                 rt.inner.add_group(lg.clone());
                 lg
             } else {
@@ -197,10 +200,9 @@ impl SmcStream {
                     reason, by_peer, ..
                 } = ev
                 {
-                    self.mode = Mode::Tcp(if nofd.get() && !by_peer {
-                        FallbackReason::NoDescriptors
-                    } else {
-                        FallbackReason::Declined { reason, by_peer }
+                    self.mode = Mode::Tcp(match short.take() {
+                        Some(r) if !by_peer => r,
+                        _ => FallbackReason::Declined { reason, by_peer },
                     });
                     return Ok(());
                 }
@@ -238,8 +240,17 @@ impl SmcStream {
 }
 
 /// Whether an error is the process (or the system) running out of descriptors.
-pub(super) fn out_of_descriptors(e: &io::Error) -> bool {
+fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// The local reason when an error is the process running out of descriptors (NOFD) or of
+/// threads (NOTHREAD): the peer is declined with MEM, as Linux does when it lacks memory.
+pub(super) fn short_of(e: &io::Error) -> Option<FallbackReason> {
+    if out_of_descriptors(e) {
+        return Some(FallbackReason::NoDescriptors);
+    }
+    rdma::thread::no_thread(e).map(|why| FallbackReason::NoThread(why.to_string()))
 }
 
 /// Whether `dev` can run a link with the peer of `tcp` (at `peer_ip`): a device that cannot
@@ -437,17 +448,19 @@ impl SmcStream {
                 ev => Err(SetupError::Unexpected(format!("{ev:?}")).into()),
             }
         };
-        // No descriptor left for the device or the group: MEM on the wire, NOFD recorded.
-        let decline_nofd = |s: &mut Self, hs: &mut handshake::Server| -> io::Result<()> {
-            decline(s, hs, DeclineReason::MEM)?;
-            if matches!(
-                s.mode,
-                Mode::Tcp(FallbackReason::Declined { by_peer: false, .. })
-            ) {
-                s.mode = Mode::Tcp(FallbackReason::NoDescriptors);
-            }
-            Ok(())
-        };
+        // No descriptor or no thread left for the device or the group: MEM on the wire, NOFD
+        // or NOTHREAD recorded.
+        let decline_short =
+            |s: &mut Self, hs: &mut handshake::Server, r: FallbackReason| -> io::Result<()> {
+                decline(s, hs, DeclineReason::MEM)?;
+                if matches!(
+                    s.mode,
+                    Mode::Tcp(FallbackReason::Declined { by_peer: false, .. })
+                ) {
+                    s.mode = Mode::Tcp(r);
+                }
+                Ok(())
+            };
         let (client_gid, client_id) = match drive(&self.tcp, &mut hs, &mut self.timeline)? {
             Event::Proposed {
                 client_gid,
@@ -497,10 +510,16 @@ impl SmcStream {
                 None => {
                     let dev = match rt.inner.device(*local.ip()) {
                         Ok(d) => d,
-                        Err(e) if out_of_descriptors(&e) => {
-                            return decline_nofd(self, &mut hs);
+                        Err(e) => {
+                            return match short_of(&e) {
+                                Some(r) => decline_short(self, &mut hs, r),
+                                None => {
+                                    rt.inner
+                                        .note(format!("the RoCE device could not be opened: {e}"));
+                                    decline(self, &mut hs, DeclineReason::NOSMCRDEV)
+                                }
+                            };
                         }
-                        Err(_) => return decline(self, &mut hs, DeclineReason::NOSMCRDEV),
                     };
                     // See the client's first contact: a local-only device serves this host.
                     if let Err(why) = link_possible(rt, &dev, &self.tcp, peer_ip) {
@@ -516,10 +535,12 @@ impl SmcStream {
                         mtu,
                     ) {
                         Ok(lg) => lg,
-                        Err(e) if out_of_descriptors(&e) => {
-                            return decline_nofd(self, &mut hs);
+                        Err(e) => {
+                            return match short_of(&e) {
+                                Some(r) => decline_short(self, &mut hs, r),
+                                None => decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
+                            };
                         }
-                        Err(_) => return decline(self, &mut hs, DeclineReason::ERR_RDYLNK),
                     }
                 }
             };

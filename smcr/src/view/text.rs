@@ -393,6 +393,7 @@ pub fn all_codes() -> Vec<u32> {
         F::CODE_EXCLUDED,
         F::CODE_NO_FD,
         F::CODE_SHARED,
+        F::CODE_NO_THREAD,
     ]);
     v
 }
