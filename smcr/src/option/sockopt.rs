@@ -5,8 +5,8 @@
 //! loads nothing.
 //!
 //! * `setsockopt(fd, SOL_SMCR, optname(id, OP_RECORD), &[u8; 8], 8)`: the socket's record
-//!   (flags, then the claiming pid; [`super::prog`]'s layout) becomes those 8 bytes;
-//!   `optname(id, OP_DELETE)` removes it. The kernel's own handler is skipped (`optlen = -1`),
+//!   (flags, then the claiming pid: [`super::SockOption`], [`super::Claim`]) becomes those 8
+//!   bytes; `optname(id, OP_DELETE)` removes it. The kernel's own handler is skipped (`optlen = -1`),
 //!   so the call returns 0.
 //! * `getsockopt(fd, SOL_SMCR, optname(id, OP_RECORD), buf, &8)`: the record (zeros when the
 //!   socket has none); the program turns the kernel's refusal of the unknown level into
