@@ -47,6 +47,7 @@ pub(crate) const LIBRARY_SYSCALLS: &[&str] = &[
     "mmap",
     "mprotect",
     "munmap",
+    "open",
     "openat",
     "poll",
     "ppoll",
