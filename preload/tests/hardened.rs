@@ -4,9 +4,11 @@
 //! seccomp filters (`SystemCallFilter=@system-service ~@privileged @resources`, whose default
 //! action kills the process), `RestrictAddressFamilies=`, `MemoryDenyWriteExecute=`, a private
 //! `/dev` and `/tmp`, a read-only root, a user namespace, `NoExecPaths=/` with `ExecPaths=` …
-//! An administrator turns smcr on for such a service with a drop-in (`systemctl edit
-//! redis-server` → `Environment=LD_PRELOAD=libsmcr.so`); the library must then neither get the
-//! service killed nor leave it on TCP. These machines have no systemd as PID 1, so
+//! An administrator turns smcr on for such a service with a drop-in (`smcr service enable
+//! redis-server`, or by hand `systemctl edit redis-server` → `Environment=LD_PRELOAD=…`); the
+//! library must then neither get the service killed nor leave it on TCP. The tests write the
+//! drop-in with `smcr service enable` and check the unit with `smcr service check`, which must
+//! find no problem (and must name the library under /usr/local/lib). These machines have no systemd as PID 1, so
 //! `scripts/unit-sandbox.py` applies each unit's [Service] settings the way systemd 252
 //! (Debian 12) applies them, and says which it does not apply (`out/NAME.unit.json`).
 //!

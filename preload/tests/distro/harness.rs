@@ -659,8 +659,10 @@ impl World {
     }
 
     /// The drop-in directory of `spec`'s unit: the test's own lines (`10-test.conf`) and,
-    /// under the shim, the administrator's `override.conf` (`Environment=LD_PRELOAD=LIB`, as
-    /// `systemctl edit` writes it) and the test's shim log (`90-smcr-log.conf`).
+    /// under the shim, the administrator's drop-in as `smcr service enable UNIT` writes it
+    /// (`smcr.conf`: `Environment=LD_PRELOAD=LIB`, what `systemctl edit` would hold) and the
+    /// test's shim log (`90-smcr-log.conf`). `smcr service check UNIT` must then find no
+    /// problem, unless the library is outside the unit's `ExecPaths=` (it must say so).
     fn unit_dropins(&self, spec: &Spec, unit: &UnitSpec) -> PathBuf {
         let dir = self.dir.join("units").join(&spec.name);
         std::fs::create_dir_all(&dir).unwrap();
@@ -674,11 +676,43 @@ impl World {
                 .unit_lib
                 .clone()
                 .unwrap_or_else(|| self.bin.join("libsmcr_preload.so"));
-            std::fs::write(
-                dir.join("override.conf"),
-                format!("[Service]\nEnvironment=LD_PRELOAD={}\n", lib.display()),
-            )
-            .unwrap();
+            let smcr = |action: &str| {
+                Command::new(self.bin.join("smcr"))
+                    .args(["service", action, &unit.name, "--dropin-dir"])
+                    .arg(&dir)
+                    .arg("--lib")
+                    .arg(&lib)
+                    .env("SMCR_CONFIG", "off")
+                    .output()
+                    .unwrap()
+            };
+            assert!(
+                !unit.name.contains('/'),
+                "a unit under the shim is named, as an administrator names it"
+            );
+            let enable = smcr("enable");
+            assert!(
+                enable.status.success(),
+                "smcr service enable {}: {}",
+                unit.name,
+                String::from_utf8_lossy(&enable.stderr)
+            );
+            let check = smcr("check");
+            let said = String::from_utf8_lossy(&check.stdout);
+            let outside = !lib.starts_with("/usr/lib") && !lib.starts_with("/lib");
+            if outside {
+                assert!(
+                    said.contains("problem: NoExecPaths="),
+                    "smcr service check {} did not name the library outside ExecPaths=:\n{said}",
+                    unit.name
+                );
+            } else {
+                assert!(
+                    check.status.success() && !said.contains("problem:"),
+                    "smcr service check {}:\n{said}",
+                    unit.name
+                );
+            }
             let log = self.log_path(&spec.name);
             File::create(&log).unwrap();
             chmod(&log, 0o666);
