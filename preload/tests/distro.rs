@@ -559,23 +559,7 @@ fn postgres_pgbench(shim: bool) {
     let data = root.join("data");
     let sock = w.private_dir("pg-sock", &pg);
     let prog = |p: &str| bin.join(p).to_str().unwrap().to_owned();
-    let init = w.run(
-        &w.spec("initdb").user(&pg).plain(),
-        &prog("initdb"),
-        &[
-            "-D",
-            data.to_str().unwrap(),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-N",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ],
-        Duration::from_secs(120),
-    );
-    w.expect_ok(&init);
+    w.initdb(&pg, &bin, &data);
     let mut server = w.spawn(
         &w.spec("postgres").user(&pg),
         &prog("postgres"),

@@ -1604,6 +1604,30 @@ pub fn check_benchmark(w: &World, f: &Finished) {
 }
 
 /// The newest PostgreSQL's binaries (`/usr/lib/postgresql/*/bin`).
+impl World {
+    /// `initdb` of PostgreSQL's `bin` (see [`pg_bin`]) as `pg` into `data`: trust
+    /// authentication, user `postgres`, no fsync, UTF-8 with the C locale.
+    pub fn initdb(&self, pg: &User, bin: &Path, data: &Path) {
+        let init = self.run(
+            &self.spec("initdb").user(pg).plain(),
+            bin.join("initdb").to_str().unwrap(),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-N",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+            Duration::from_secs(120),
+        );
+        self.expect_ok(&init);
+    }
+}
+
 pub fn pg_bin() -> Option<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
