@@ -85,33 +85,11 @@ impl World {
         }
     }
 
-    /// Builds `tests/c/lockdown.c` into the directory; false (skip) without a C compiler.
+    /// Builds `tests/c/lockdown.c` (world-readable, for the programs' user); false (skip)
+    /// without a C compiler.
     fn build(&mut self) -> bool {
-        let ok = Command::new("cc")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            assert_ne!(
-                std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
-                Ok("1"),
-                "cc missing (scripts/setup.sh installs gcc)"
-            );
-            eprintln!("SKIP: no C compiler");
-            return false;
-        }
-        let bin = self.dir.join("lockdown");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lockdown.c");
-        let st = Command::new("cc")
-            .args(["-O2", "-pthread", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .unwrap();
-        assert!(st.success(), "building lockdown.c failed");
-        self.bin = Some(bin);
-        true
+        self.bin = common::build_c("lockdown", &["-O2", "-pthread"]);
+        self.bin.is_some()
     }
 
     /// `prog args` under the shim (as the programs' user), with `env` over the defaults.

@@ -3,6 +3,8 @@
 //! SMC-R (the log says so for both); one end plain → TCP with the reason; data intact either
 //! way.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -345,41 +347,11 @@ fn smcr_sockets_never_cross_exec_and_sendfile_onto_them_is_exact() {
     assert!(log.contains("connect") && log.contains("): SMC-R"), "{log}");
 }
 
-/// Builds `tests/c/<name>.c` with `flags`; `None` (skip) without a C compiler, which CI
-/// (SMCR_REQUIRE_TOOLS=1) does not accept.
-fn build_c(name: &str, flags: &[&str]) -> Option<PathBuf> {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert_ne!(
-            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
-            Ok("1"),
-            "cc missing (scripts/setup.sh installs gcc)"
-        );
-        eprintln!("SKIP: no C compiler");
-        return None;
-    }
-    let bin = std::env::temp_dir().join(format!("smcr-{name}-{}", std::process::id()));
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let st = Command::new("cc")
-        .args(flags)
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success(), "building {name}.c failed");
-    Some(bin)
-}
-
 /// A C program built with `-D_FORTIFY_SOURCE=2` (as Debian builds packages) reads through
 /// glibc's `__read_chk`, `__recv_chk` and `__recvfrom_chk`.
 #[test]
 fn fortified_reads_reach_the_smcr_connection() {
-    let Some(bin) = build_c("fortify", &["-O2", "-D_FORTIFY_SOURCE=2"]) else {
+    let Some(bin) = common::build_c("fortify", &["-O2", "-D_FORTIFY_SOURCE=2"]) else {
         return;
     };
     let run = Run::new("fortify");
@@ -554,7 +526,7 @@ fn a_child_forked_while_its_parent_negotiates_follows_the_parents_outcome() {
 /// longer (debug builds), and without that handling a child hung within a few forks.
 #[test]
 fn a_threaded_program_forks_while_its_threads_use_smcr() {
-    let Some(bin) = build_c("forkstorm", &["-O2", "-pthread"]) else {
+    let Some(bin) = common::build_c("forkstorm", &["-O2", "-pthread"]) else {
         return;
     };
     let run = Run::new("forkstorm");

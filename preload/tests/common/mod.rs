@@ -46,6 +46,36 @@ pub fn bin(name: &str) -> PathBuf {
     bin
 }
 
+/// Builds `tests/c/<name>.c` with `flags`; `None` (skip) without a C compiler, which CI
+/// (SMCR_REQUIRE_TOOLS=1) does not accept.
+pub fn build_c(name: &str, flags: &[&str]) -> Option<PathBuf> {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert_ne!(
+            std::env::var("SMCR_REQUIRE_TOOLS").as_deref(),
+            Ok("1"),
+            "cc missing (scripts/setup.sh installs gcc)"
+        );
+        eprintln!("SKIP: no C compiler");
+        return None;
+    }
+    let bin = std::env::temp_dir().join(format!("smcr-{name}-{}", std::process::id()));
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let st = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "building {name}.c failed");
+    Some(bin)
+}
+
 /// Whether `tool` is installed; with SMCR_REQUIRE_TOOLS=1 (CI as root) a missing tool fails.
 pub fn have(tool: &str) -> bool {
     let ok = Command::new("sh")
