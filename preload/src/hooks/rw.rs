@@ -415,9 +415,55 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             m.msg_flags = 0;
             readv_smc(s, m.msg_iov, m.msg_iovlen as c_int, flags)
         },
-        // SAFETY: forwarding.
-        || unsafe { real::recvmsg()(fd, msg, flags) },
+        || {
+            // SAFETY: forwarding.
+            let r = unsafe { real::recvmsg()(fd, msg, flags) };
+            if r >= 0 && !bypassed() {
+                // SAFETY: the caller's msghdr, as the kernel filled it.
+                unsafe { received_descriptors(fd, msg) };
+            }
+            r
+        },
     )
+}
+
+/// After a `recvmsg` on a socket of the kernel's: the descriptors it carried (SCM_RIGHTS) may
+/// be TCP sockets another process marked or accepted (`shim::received`). The call's result
+/// and errno stay as the kernel gave them.
+///
+/// # Safety
+/// `msg` is the caller's msghdr as `recvmsg` filled it.
+unsafe fn received_descriptors(on: c_int, msg: *const msghdr) {
+    // SAFETY: the caller's msghdr.
+    let m = unsafe { &*msg };
+    if m.msg_control.is_null() || (m.msg_controllen as usize) < std::mem::size_of::<libc::cmsghdr>()
+    {
+        return;
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walking the control buffer the kernel filled, with libc's CMSG macros; the
+    // descriptors are read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<c_int>();
+                for i in 0..n {
+                    fds.push(data.add(i).read_unaligned());
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    if fds.is_empty() {
+        return;
+    }
+    let e = errno();
+    // A panic in here must not turn the program's successful call into a failure.
+    let _ = std::panic::catch_unwind(|| shim::received(on, &fds));
+    set_errno(e);
 }
 
 /// # Safety

@@ -54,7 +54,7 @@ mod runtime;
 mod settling;
 
 pub(crate) use accept::{accept, listening, mark};
-pub(crate) use adopt::adopt;
+pub(crate) use adopt::{adopt, received};
 pub(crate) use connect::{
     ConnectPlan, connect_async, connecting, debug_pause, plain_connect, plan_connect,
 };
