@@ -436,8 +436,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 unsafe fn received_descriptors(on: c_int, msg: *const msghdr) {
     // SAFETY: the caller's msghdr.
     let m = unsafe { &*msg };
-    if m.msg_control.is_null() || (m.msg_controllen as usize) < std::mem::size_of::<libc::cmsghdr>()
-    {
+    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
         return;
     }
     let mut fds = Vec::new();
