@@ -85,6 +85,14 @@ real! {
     prlimit: fn(libc::pid_t, c_int, *const libc::rlimit, *mut libc::rlimit) -> c_int;
     prlimit64: fn(libc::pid_t, c_int, *const libc::rlimit64, *mut libc::rlimit64) -> c_int;
     chroot: fn(*const libc::c_char) -> c_int;
+    execve: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+    execv: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
+    execvp: fn(*const libc::c_char, *const *const libc::c_char) -> c_int;
+    execvpe: fn(*const libc::c_char, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+    fexecve: fn(c_int, *const *const libc::c_char, *const *const libc::c_char) -> c_int;
+    execveat: fn(c_int, *const libc::c_char, *const *const libc::c_char, *const *const libc::c_char, c_int) -> c_int;
+    posix_spawn: fn(*mut libc::pid_t, *const libc::c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, *const *mut libc::c_char, *const *mut libc::c_char) -> c_int;
+    posix_spawnp: fn(*mut libc::pid_t, *const libc::c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, *const *mut libc::c_char, *const *mut libc::c_char) -> c_int;
 }
 
 /// libc's `prctl`, variadic as it is declared (`int prctl(int option, ...)`).

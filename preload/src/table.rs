@@ -159,6 +159,17 @@ pub(crate) fn own_smc_numbers() -> Vec<i32> {
         .collect()
 }
 
+/// Every number of the table that would survive an `exec` (not close-on-exec as the
+/// application sees it), with its entry.
+pub(crate) fn inherited_by_exec() -> Vec<(i32, Arc<Sock>)> {
+    let all: Vec<(i32, Arc<Sock>)> = entries(&read())
+        .map(|(fd, (_, s))| (fd, s.clone()))
+        .collect();
+    all.into_iter()
+        .filter(|(fd, _)| !app_cloexec(*fd))
+        .collect()
+}
+
 /// Records the close-on-exec flag the application believes `fd` has.
 pub(crate) fn set_cloexec_view(fd: i32, cloexec: bool) {
     let Some((w, b)) = slot(fd) else { return };

@@ -88,17 +88,33 @@ pub fn ensure_mirror() -> io::Result<()> {
 /// Pin names (bpffs refuses names with a dot); the suffix changes whenever the program or the value layout does, so an old pin
 /// is never used with a new layout.
 const MAP_PIN: &str = "sk_opt_map_v1";
-const PROG_PIN: &str = "sk_opt_prog_v1";
-const LINK_PIN: &str = "sk_opt_link_v1";
+const PROG_PIN: &str = "sk_opt_prog_v3";
+const LINK_PIN: &str = "sk_opt_link_v3";
 /// The socket-option programs' links ([`sockopt`]).
-const SET_LINK_PIN: &str = "sk_opt_set_link_v1";
-const GET_LINK_PIN: &str = "sk_opt_get_link_v1";
+const SET_LINK_PIN: &str = "sk_opt_set_link_v3";
+const GET_LINK_PIN: &str = "sk_opt_get_link_v3";
+/// The listening ports whose SYN-ACKs may offer SMC-R ([`prog`]).
+const PORTS_PIN: &str = "sk_opt_ports_v1";
+/// Pins of earlier programs, removed by [`install`] and [`uninstall`]: the new sock_ops
+/// program would otherwise run beside an old one.
+const LEGACY_PINS: [&str; 9] = [
+    "sk_opt_link_v1",
+    "sk_opt_prog_v1",
+    "sk_opt_set_link_v1",
+    "sk_opt_get_link_v1",
+    "sk_opt_link_v2",
+    "sk_opt_prog_v2",
+    "sk_opt_set_link_v2",
+    "sk_opt_get_link_v2",
+    "sk_opt_quiet_v1",
+];
 
 /// Name of the program and map as `bpftool` shows them.
 const PROG_NAME: &str = "smcr_sk_opt";
 const SET_PROG_NAME: &str = "smcr_sk_opt_set";
 const GET_PROG_NAME: &str = "smcr_sk_opt_get";
 const MAP_NAME: &str = "smcr_sk_opt";
+const PORTS_MAP_NAME: &str = "smcr_ports";
 /// The program is our own code; this licence string lets it use every helper it calls.
 const LICENSE: &str = "Dual MIT/GPL";
 
@@ -264,6 +280,20 @@ impl OptionRecords {
         .map_err(|e| OptionError::from_io("unmark the socket", e))
     }
 
+    /// Makes listener `sock` quiet: its record goes, and no SYN-ACK from its port (in its
+    /// network namespace) carries the option until a marked socket listens there again —
+    /// before the listener reaches a program that cannot negotiate (an `exec` without the
+    /// library, a process without it), so that no peer is told we speak SMC-R.
+    pub fn quiet(&self, sock: BorrowedFd<'_>) -> Result<(), OptionError> {
+        raw::setsockopt(
+            sock,
+            sockopt::SOL_SMCR,
+            sockopt::optname(self.id, sockopt::OP_QUIET),
+            &[0; 8],
+        )
+        .map_err(|e| OptionError::from_io("quiet the listener", e))
+    }
+
     /// The program's record for `sock` (all flags clear when it has none).
     pub fn state(&self, sock: BorrowedFd<'_>) -> Result<SockOption, OptionError> {
         let v = self.record(sock)?;
@@ -391,9 +421,37 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
     mirror();
     let cgroup = cgroup2_root()?.ok_or(OptionError::NoCgroup2)?;
     let cg = fs::File::open(&cgroup).map_err(|e| OptionError::from_io("open the cgroup", e))?;
+    // Earlier programs detach as their links' pins go (programs started before keep working
+    // with what they marked, as TCP when the new programs do not know their marks).
+    for name in LEGACY_PINS {
+        let _ = fs::remove_file(dir.join(name));
+    }
     let mut fresh = false;
+    if !dir.join(PORTS_PIN).exists() {
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(OptionError::from_io("create the pin directory", e)),
+        }
+        let q = sys::map_create(
+            sys::BPF_MAP_TYPE_LRU_HASH,
+            PORTS_MAP_NAME,
+            prog::PORT_KEY_SIZE,
+            prog::PORT_VALUE_SIZE,
+            prog::PORT_ENTRIES,
+        )
+        .map_err(|e| OptionError::from_io("create the listening-ports map", e))?;
+        match sys::obj_pin(q.as_raw_fd(), &dir.join(PORTS_PIN).to_string_lossy()) {
+            Ok(()) => fresh = true,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(OptionError::from_io("pin the listening-ports map", e)),
+        }
+        let _ = fs::set_permissions(dir.join(PORTS_PIN), fs::Permissions::from_mode(0o600));
+    }
+    let ports = sys::obj_get(&dir.join(PORTS_PIN).to_string_lossy())
+        .map_err(|e| OptionError::from_io("open the listening-ports map", e))?;
     if !(dir.join(LINK_PIN).exists() && dir.join(MAP_PIN).exists()) {
-        fresh |= install_sock_ops(dir, &cg)?;
+        fresh |= install_sock_ops(dir, &cg, ports.as_raw_fd())?;
     }
     restrict();
     // The pinned map, ours or a concurrent installer's: the socket-option programs must
@@ -401,22 +459,22 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
     let map = sys::obj_get(&dir.join(MAP_PIN).to_string_lossy())
         .map_err(|e| OptionError::from_io("open the pinned map", e))?;
     let id = sockopt::install_id(dir);
-    type Build = fn(i32, u16) -> Vec<asm::Insn>;
-    let sockopts: [(&str, u32, &str, Build); 2] = [
+    let (map_fd, ports_fd) = (map.as_raw_fd(), ports.as_raw_fd());
+    let sockopts: [(&str, u32, &str, Vec<asm::Insn>); 2] = [
         (
             SET_LINK_PIN,
             sys::BPF_CGROUP_SETSOCKOPT,
             SET_PROG_NAME,
-            sockopt::set_program,
+            sockopt::set_program(map_fd, ports_fd, id),
         ),
         (
             GET_LINK_PIN,
             sys::BPF_CGROUP_GETSOCKOPT,
             GET_PROG_NAME,
-            sockopt::get_program,
+            sockopt::get_program(map_fd, id),
         ),
     ];
-    for (pin, hook, name, build) in sockopts {
+    for (pin, hook, name, insns) in sockopts {
         if dir.join(pin).exists() {
             continue;
         }
@@ -424,7 +482,7 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
             sys::BPF_PROG_TYPE_CGROUP_SOCKOPT,
             hook,
             name,
-            &build(map.as_raw_fd(), id),
+            &insns,
             LICENSE,
         )
         .map_err(|e| OptionError::from_io("load a socket-option program", e))?;
@@ -446,7 +504,7 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
 
 /// Loads the sock_ops program and its map, attaches it to `cg` and pins both under `dir`;
 /// false when a concurrent installer pinned its own first.
-fn install_sock_ops(dir: &Path, cg: &fs::File) -> Result<bool, OptionError> {
+fn install_sock_ops(dir: &Path, cg: &fs::File, ports_fd: i32) -> Result<bool, OptionError> {
     let btf = sys::btf_load(&prog::btf()).map_err(|e| OptionError::from_io("load BTF", e))?;
     let map = sys::sk_storage_create(
         MAP_NAME,
@@ -456,8 +514,12 @@ fn install_sock_ops(dir: &Path, cg: &fs::File) -> Result<bool, OptionError> {
         prog::BTF_VALUE_TYPE,
     )
     .map_err(|e| OptionError::from_io("create the sk_storage map", e))?;
-    let program = sys::prog_load_sock_ops(PROG_NAME, &prog::program(map.as_raw_fd()), LICENSE)
-        .map_err(|e| OptionError::from_io("load the sock_ops program", e))?;
+    let program = sys::prog_load_sock_ops(
+        PROG_NAME,
+        &prog::program(map.as_raw_fd(), ports_fd),
+        LICENSE,
+    )
+    .map_err(|e| OptionError::from_io("load the sock_ops program", e))?;
     let link = sys::link_create_cgroup_sock_ops(program.as_raw_fd(), cg.as_raw_fd())
         .map_err(|e| OptionError::from_io("attach to the cgroup", e))?;
 
@@ -486,7 +548,7 @@ fn install_sock_ops(dir: &Path, cg: &fs::File) -> Result<bool, OptionError> {
 
 /// Whether a complete install is pinned under `dir`.
 pub fn is_installed(dir: &Path) -> bool {
-    [LINK_PIN, MAP_PIN, SET_LINK_PIN, GET_LINK_PIN]
+    [LINK_PIN, MAP_PIN, SET_LINK_PIN, GET_LINK_PIN, PORTS_PIN]
         .iter()
         .all(|p| dir.join(p).exists())
 }
@@ -494,7 +556,15 @@ pub fn is_installed(dir: &Path) -> bool {
 /// Removes the pins under `dir`; each program is detached once no process holds its link.
 /// Sockets that were marked keep working as plain TCP sockets.
 pub fn uninstall(dir: &Path) -> Result<(), OptionError> {
-    for name in [SET_LINK_PIN, GET_LINK_PIN, LINK_PIN, PROG_PIN, MAP_PIN] {
+    let pins = [
+        SET_LINK_PIN,
+        GET_LINK_PIN,
+        LINK_PIN,
+        PROG_PIN,
+        MAP_PIN,
+        PORTS_PIN,
+    ];
+    for name in pins.into_iter().chain(LEGACY_PINS) {
         match fs::remove_file(dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

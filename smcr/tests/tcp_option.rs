@@ -324,3 +324,48 @@ fn installs_keep_apart_and_other_options_pass_through() {
         Some(libc::EOPNOTSUPP)
     );
 }
+
+/// A listener made quiet (before it goes to a program that cannot negotiate) sends no option
+/// in its SYN-ACKs: a marked client sees a plain peer (PEERNOSMC), and the accepted socket has
+/// no record. A marked socket that listens on the port again offers SMC-R again.
+#[test]
+fn a_quiet_listener_offers_nothing_until_a_marked_socket_listens_again() {
+    if !privileged("quiet listeners") {
+        return;
+    }
+    let install = fresh_install("quiet");
+    let m = OptionRecords::open(&install.0).unwrap();
+    let addr: SocketAddrV4 = "127.0.0.1:0".parse().unwrap();
+    let l = listener(Some(&m), addr);
+    let port = l.local_addr().unwrap().as_socket_ipv4().unwrap().port();
+    let to = SocketAddrV4::new([127, 0, 0, 1].into(), port);
+    let (_c1, before) = connect(Some(&m), to);
+    assert_eq!(before, Capability::PeerCapable);
+    let _ = l.accept().unwrap();
+
+    m.quiet(l.as_fd()).unwrap();
+    assert!(!m.state(l.as_fd()).unwrap().marked(), "the record goes");
+    let (_c2, quiet) = connect(Some(&m), to);
+    assert_eq!(
+        quiet,
+        Capability::PeerNotCapable,
+        "a quiet port offered SMC-R"
+    );
+    let (a, _) = l.accept().unwrap();
+    assert_eq!(m.state(a.as_fd()).unwrap(), option::SockOption(0));
+    drop((l, a));
+
+    // Another marked listener on that port advertises again.
+    let l2 = listener(Some(&m), to);
+    let (_c3, again) = connect(Some(&m), to);
+    assert_eq!(again, Capability::PeerCapable);
+    let _ = l2.accept().unwrap();
+
+    // Quiet is per install: another install's listener on another port is untouched.
+    let other = fresh_install("quiet-other");
+    let mo = OptionRecords::open(&other.0).unwrap();
+    let lo = listener(Some(&mo), addr);
+    let po = lo.local_addr().unwrap().as_socket_ipv4().unwrap().port();
+    let (_c4, v) = connect(Some(&mo), SocketAddrV4::new([127, 0, 0, 1].into(), po));
+    assert_eq!(v, Capability::PeerCapable);
+}

@@ -10,6 +10,7 @@
 // The exports are reached by the dynamic linker, not by Rust paths.
 #![allow(unreachable_pub)]
 
+mod exec;
 mod fd;
 mod lockdown;
 mod misc;

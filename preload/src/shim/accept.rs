@@ -44,6 +44,7 @@ pub(crate) fn listening(fd: i32) {
         Arc::new(Sock::Listener(Arc::new(Listener {
             stat: Mutex::new(stat),
             bound,
+            handed_off: Default::default(),
         }))),
     );
 }
@@ -70,15 +71,27 @@ pub(crate) fn accept(
     let _b = Bypass::new();
     crate::epoll::forget(c);
     let peer = sockaddr_of(&ss, sl);
-    let local = table::get_any(fd)
-        .and_then(|s| match &*s {
-            Sock::Listener(l) => l.bound,
-            _ => None,
-        })
+    let listener = table::get_any(fd).and_then(|s| match &*s {
+        Sock::Listener(l) => Some(l.clone()),
+        _ => None,
+    });
+    let local = listener
+        .as_ref()
+        .and_then(|l| l.bound)
         .filter(|a| !a.ip().is_unspecified());
     let rt = runtime();
     let addrs = local.zip(peer);
-    match SmcStream::accept_verdict(&rt, borrowed(c), addrs) {
+    let verdict = if listener
+        .as_ref()
+        .is_some_and(|l| l.handed_off.load(Ordering::Acquire))
+    {
+        // Quiet since it went to a program without smcr: no peer was offered SMC-R.
+        SmcStream::record_local(&rt, borrowed(c), true, FallbackReason::HandedOff);
+        Err(FallbackReason::HandedOff)
+    } else {
+        SmcStream::accept_verdict(&rt, borrowed(c), addrs)
+    };
+    match verdict {
         Err(why) => {
             log::line(format_args!(
                 "fd {fd} accept {peer:?}: {}",
@@ -134,6 +147,16 @@ unsafe fn copy_addr(
 }
 
 impl Settling {
+    /// The accepted connection at `fd` is about to go to a program that cannot negotiate:
+    /// settled as TCP now, on this thread (the peer's Proposal read and declined, HANDOFF);
+    /// one already being settled elsewhere is waited for (at most the CLC wait).
+    pub(crate) fn hand_off(self: &Arc<Self>, fd: i32) {
+        self.st.lock().handed_off = true;
+        if !self.start_on(fd, true) {
+            self.wait(Duration::from_secs(30));
+        }
+    }
+
     /// The application uses the connection at `fd`: an accepted one starts negotiating, in
     /// this process, on a worker (a connect's worker runs already). Whether it is settled.
     pub(crate) fn start(self: &Arc<Self>, fd: i32) -> bool {
@@ -282,7 +305,9 @@ impl Settling {
                 Outcome::Plain(dup)
             };
         }
-        let local = if native_v6 {
+        let local = if self.st.lock().handed_off {
+            Some(FallbackReason::HandedOff)
+        } else if native_v6 {
             Some(FallbackReason::NotIpv4)
         } else if shared(pid, at, sock) {
             Some(FallbackReason::Shared)

@@ -135,6 +135,7 @@ fn entry_for(fd: i32, m: &OptionRecords, origin: Origin) -> Option<Arc<Sock>> {
         Arc::new(Sock::Listener(Arc::new(Listener {
             stat: Mutex::new(None),
             bound,
+            handed_off: Default::default(),
         })))
     } else if let Some(c) = claim {
         if !c.smc {

@@ -29,6 +29,7 @@ impl Settling {
                 shut_rd: false,
                 shut_wr: false,
                 settled: None,
+                handed_off: false,
             }),
             done: Condvar::new(),
             nonblock: AtomicBool::new(nonblock),

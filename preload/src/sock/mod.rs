@@ -304,6 +304,9 @@ pub(crate) struct Listener {
     pub(crate) stat: Mutex<Option<smcr::ListenerRecord>>,
     /// The address it is bound to (`0.0.0.0`/`::` for every address).
     pub(crate) bound: Option<SocketAddr>,
+    /// Made quiet before it went to a program that cannot negotiate (`shim::handing_off`):
+    /// what this process still accepts on it is plain TCP (HANDOFF).
+    pub(crate) handed_off: std::sync::atomic::AtomicBool,
 }
 
 impl Listener {

@@ -50,6 +50,9 @@ pub(crate) struct Phase {
     pub(crate) connected: bool,
     /// What the application wrote before the connection was settled.
     pub(crate) staged: Vec<u8>,
+    /// The connection is about to go to a program that cannot negotiate: settled as TCP
+    /// (HANDOFF), the peer declined.
+    pub(crate) handed_off: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

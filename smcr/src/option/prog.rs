@@ -13,6 +13,15 @@
 //!   [`ESTABLISHED`] and, when the SYN-ACK (client) or the SYN (server) carried the option,
 //!   [`PEER`]; then turn the header callbacks off so data packets pay nothing.
 //!
+//! * The SYN-ACK callbacks run on the request socket, which has no storage: what they can look
+//!   up is the listener's port. So a marked socket that starts to listen puts its port, in its
+//!   network namespace, in the *listening* map, and a SYN-ACK carries the option only from a
+//!   port there (and only this install's: with several installs, each answers for the
+//!   listeners it marked). A listener handed to a program image that cannot negotiate (an
+//!   `exec` that drops the library, a process without it) is made *quiet*:
+//!   [`crate::option::sockopt`]'s set program takes its port out, and its SYN-ACKs offer
+//!   nothing. A SYN carries the option only for a socket marked in this install's map.
+//!
 //! Listener marks reach accepted sockets because the map is created with `BPF_F_CLONE`.
 
 use super::asm::{Asm, Insn, R0, R1, R2, R3, R4, R5, R6, R7, R8, R10};
@@ -36,6 +45,7 @@ const CTX_ARGS0: i16 = 4;
 const CTX_CB_FLAGS: i16 = 84;
 const CTX_SK: i16 = 184;
 const CTX_SKB_TCP_FLAGS: i16 = 212;
+const CTX_LOCAL_PORT: i16 = 68;
 
 // `enum bpf_sock_ops_op`.
 const OP_TCP_CONNECT_CB: i32 = 3;
@@ -54,7 +64,10 @@ const SOL_TCP: i32 = 6;
 const TCP_SAVE_SYN: i32 = 27;
 
 // Helper function numbers (`___BPF_FUNC_MAPPER`).
+const HELPER_MAP_LOOKUP: i32 = 1;
+const HELPER_MAP_UPDATE: i32 = 2;
 const HELPER_SETSOCKOPT: i32 = 49;
+const HELPER_GET_NETNS_COOKIE: i32 = 122;
 const HELPER_SOCK_OPS_CB_FLAGS_SET: i32 = 59;
 const HELPER_SK_STORAGE_GET: i32 = 107;
 const HELPER_LOAD_HDR_OPT: i32 = 142;
@@ -64,6 +77,29 @@ const HELPER_RESERVE_HDR_OPT: i32 = 144;
 // Stack slots.
 const STACK_OPTION: i16 = -8;
 const STACK_ONE: i16 = -16;
+/// The listening map's key ([`PORT_KEY_SIZE`] bytes): the network namespace's cookie, the port.
+pub(crate) const STACK_PORT_KEY: i16 = -32;
+/// The listening map's value slot.
+const STACK_PORT_VALUE: i16 = -40;
+
+/// Listening map: key `{ u64 netns cookie; u32 port (host order); u32 zero }`, value a u32.
+pub(crate) const PORT_KEY_SIZE: u32 = 16;
+pub(crate) const PORT_VALUE_SIZE: u32 = 4;
+/// Entries. LRU: when a host has more marked listening ports than this, the least recently
+/// used ones lose their option (their peers fall back to TCP, never worse); a closed
+/// listener's entry stays until then, harmless (only a socket marked here makes SYN-ACKs
+/// with the callbacks that look).
+pub(crate) const PORT_ENTRIES: u32 = 16384;
+
+/// Emits: the listening-map key of this context's network namespace and `port` (a register)
+/// at [`STACK_PORT_KEY`]; r1 = the context (r6) for the cookie. Clobbers r0-r5.
+pub(crate) fn port_key(a: &mut Asm, port: super::asm::Reg) {
+    a.stx_w(R10, STACK_PORT_KEY + 8, port)
+        .st_w(R10, STACK_PORT_KEY + 12, 0)
+        .mov(R1, R6)
+        .call(HELPER_GET_NETNS_COOKIE)
+        .stx_dw(R10, STACK_PORT_KEY, R0);
+}
 
 /// Emits: r0 = this socket's storage, or jump to `out` when the socket is not a full socket or
 /// has no storage or is not marked. Clobbers r1-r5.
@@ -80,15 +116,18 @@ fn storage_or(a: &mut Asm, map_fd: i32, out: &str) {
         .jeq_imm(R1, 0, out);
 }
 
-/// Emits: for a SYN-ACK, jump to `out` unless it may carry the option (not a cookie, and the SYN
-/// carried it); for anything but a SYN or SYN-ACK, jump to `out`; else fall through.
-fn only_syn_or_echo(a: &mut Asm, out: &str, go: &str) {
+/// Emits: for a SYN-ACK, jump to `out` unless it may carry the option (not a cookie, the SYN
+/// carried it, and its port is one of this install's listening ports); for a SYN, jump to
+/// `out` unless its socket is marked in this install's map, else to `go`; for anything else,
+/// jump to `out`.
+fn only_syn_or_echo(a: &mut Asm, map_fd: i32, ports_fd: i32, out: &str, go: &str) {
+    let syn = format!("{go}_syn");
     a.ldx_w(R1, R6, CTX_SKB_TCP_FLAGS)
         .mov(R2, R1)
         .and_imm(R2, TCPHDR_SYN)
         .jeq_imm(R2, 0, out)
         .and_imm(R1, TCPHDR_ACK)
-        .jeq_imm(R1, 0, go)
+        .jeq_imm(R1, 0, &syn)
         .ldx_w(R1, R6, CTX_ARGS0)
         .jeq_imm(R1, WRITE_HDR_SYNACK_COOKIE, out)
         .mov(R1, R6)
@@ -97,7 +136,18 @@ fn only_syn_or_echo(a: &mut Asm, out: &str, go: &str) {
         .mov_imm(R3, OPTION.len() as i32)
         .mov_imm(R4, LOAD_HDR_OPT_TCP_SYN)
         .call(HELPER_LOAD_HDR_OPT)
-        .jslt_imm(R0, 0, out);
+        .jslt_imm(R0, 0, out)
+        .ldx_w(R7, R6, CTX_LOCAL_PORT);
+    port_key(a, R7);
+    a.ld_map_fd(R1, ports_fd)
+        .mov(R2, R10)
+        .add_imm(R2, STACK_PORT_KEY as i32)
+        .call(HELPER_MAP_LOOKUP)
+        .jeq_imm(R0, 0, out)
+        .ja(go);
+    a.label(&syn);
+    storage_or(a, map_fd, out);
+    a.ja(go);
 }
 
 /// Emits the established handler: record the peer's option and turn the callbacks off.
@@ -126,8 +176,9 @@ fn established(a: &mut Asm, map_fd: i32, load_flags: i32, name: &str) {
         .ja("out");
 }
 
-/// The program's instructions, with `map_fd` (the sk_storage map) built in.
-pub(crate) fn program(map_fd: i32) -> Vec<Insn> {
+/// The program's instructions, with `map_fd` (the sk_storage map) and `ports_fd` (the
+/// listening ports) built in.
+pub(crate) fn program(map_fd: i32, ports_fd: i32) -> Vec<Insn> {
     let option = u64::from_le_bytes([
         OPTION[0], OPTION[1], OPTION[2], OPTION[3], OPTION[4], OPTION[5], 0, 0,
     ]);
@@ -146,6 +197,17 @@ pub(crate) fn program(map_fd: i32) -> Vec<Insn> {
 
     a.label("listen");
     storage_or(&mut a, map_fd, "out");
+    // Its SYN-ACKs may carry the option (the port's entry; it goes when made quiet).
+    a.ldx_w(R7, R6, CTX_LOCAL_PORT);
+    port_key(&mut a, R7);
+    a.st_w(R10, STACK_PORT_VALUE, 1)
+        .ld_map_fd(R1, ports_fd)
+        .mov(R2, R10)
+        .add_imm(R2, STACK_PORT_KEY as i32)
+        .mov(R3, R10)
+        .add_imm(R3, STACK_PORT_VALUE as i32)
+        .mov_imm(R4, 0)
+        .call(HELPER_MAP_UPDATE);
     a.st_w(R10, STACK_ONE, 1)
         .mov(R1, R6)
         .mov_imm(R2, SOL_TCP)
@@ -166,7 +228,7 @@ pub(crate) fn program(map_fd: i32) -> Vec<Insn> {
         .ja("out");
 
     a.label("hdr_len");
-    only_syn_or_echo(&mut a, "out", "reserve");
+    only_syn_or_echo(&mut a, map_fd, ports_fd, "out", "reserve");
     a.label("reserve")
         .mov(R1, R6)
         .mov_imm(R2, OPTION.len() as i32)
@@ -175,7 +237,7 @@ pub(crate) fn program(map_fd: i32) -> Vec<Insn> {
         .ja("out");
 
     a.label("hdr_write");
-    only_syn_or_echo(&mut a, "out", "store");
+    only_syn_or_echo(&mut a, map_fd, ports_fd, "out", "store");
     a.label("store")
         .mov(R1, R6)
         .mov(R2, R10)
@@ -248,14 +310,14 @@ mod tests {
 
     #[test]
     fn program_builds_and_ends_with_exit() {
-        let p = program(42);
+        let p = program(42, 43);
         eprintln!("{} instructions", p.len());
         assert!(p.len() < 200, "{} instructions", p.len());
         assert_eq!(p.last().unwrap().code, 0x95);
         // Every map load names our fd.
         let map_loads: Vec<_> = p.iter().filter(|i| i.code == 0x18 && i.src == 1).collect();
         assert!(!map_loads.is_empty());
-        assert!(map_loads.iter().all(|i| i.imm == 42));
+        assert!(map_loads.iter().all(|i| i.imm == 42 || i.imm == 43));
         // No jump leaves the program.
         for (pc, i) in p.iter().enumerate() {
             if i.code & 0x07 == 0x05 && i.code != 0x85 && i.code != 0x95 {
@@ -267,7 +329,7 @@ mod tests {
 
     #[test]
     fn option_constant_in_the_program_is_the_linux_option() {
-        let p = program(3);
+        let p = program(3, 4);
         // ld_imm64 r1: low word, then high word.
         let lo = p[2].imm as u32;
         let hi = p[3].imm as u32;

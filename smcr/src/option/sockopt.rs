@@ -6,8 +6,9 @@
 //!
 //! * `setsockopt(fd, SOL_SMCR, optname(id, OP_RECORD), &[u8; 8], 8)`: the socket's record
 //!   (flags, then the claiming pid: [`super::SockOption`], [`super::Claim`]) becomes those 8
-//!   bytes; `optname(id, OP_DELETE)` removes it. The kernel's own handler is skipped (`optlen = -1`),
-//!   so the call returns 0.
+//!   bytes; `optname(id, OP_DELETE)` removes it; `optname(id, OP_QUIET)` also makes a
+//!   listener's port quiet. The kernel's own handler is skipped (`optlen = -1`), so the call
+//!   returns 0.
 //! * `getsockopt(fd, SOL_SMCR, optname(id, OP_RECORD), buf, &8)`: the record (zeros when the
 //!   socket has none); the program turns the kernel's refusal of the unknown level into
 //!   success.
@@ -22,7 +23,7 @@
 
 use std::path::Path;
 
-use super::asm::{Asm, Insn, R0, R1, R2, R3, R4, R6, R7, R8};
+use super::asm::{Asm, Insn, R0, R1, R2, R3, R4, R6, R7, R8, R10};
 
 /// The private option level (`"SMCR"`), far from every `SOL_*` Linux defines (below 300).
 pub const SOL_SMCR: i32 = 0x534d_4352;
@@ -30,6 +31,10 @@ pub const SOL_SMCR: i32 = 0x534d_4352;
 pub const OP_RECORD: i32 = 1;
 /// Remove the socket's record (set only).
 pub const OP_DELETE: i32 = 2;
+/// A listener about to reach a program that cannot negotiate: remove its record, and make its
+/// port quiet (its port leaves the listening map: no SYN-ACK from it carries the option until
+/// a marked socket listens there again; see [`super::prog`]) (set only).
+pub const OP_QUIET: i32 = 3;
 
 /// The option name of `op` for the install `id`.
 pub const fn optname(id: u16, op: i32) -> i32 {
@@ -63,6 +68,7 @@ const CTX_OPTNAME: i16 = 28;
 const CTX_OPTLEN: i16 = 32;
 const CTX_RETVAL: i16 = 36;
 
+const HELPER_MAP_DELETE: i32 = 3;
 const HELPER_SK_STORAGE_GET: i32 = 107;
 const HELPER_SK_STORAGE_DELETE: i32 = 108;
 const SK_STORAGE_GET_F_CREATE: i32 = 1;
@@ -80,9 +86,11 @@ fn optval_or(a: &mut Asm, out: &str) {
         .jgt(R4, R3, out);
 }
 
-/// The `BPF_CGROUP_SETSOCKOPT` program for install `id`, with the sk_storage map `map_fd` built
-/// in.
-pub(crate) fn set_program(map_fd: i32, id: u16) -> Vec<Insn> {
+/// `struct bpf_sock`'s `src_port` (host order).
+const SOCK_SRC_PORT: i16 = 44;
+/// The `BPF_CGROUP_SETSOCKOPT` program for install `id`, with the sk_storage map `map_fd` and
+/// the listening ports `ports_fd` built in.
+pub(crate) fn set_program(map_fd: i32, ports_fd: i32, id: u16) -> Vec<Insn> {
     let mut a = Asm::default();
     a.mov(R6, R1)
         .ldx_w(R1, R6, CTX_LEVEL)
@@ -90,6 +98,7 @@ pub(crate) fn set_program(map_fd: i32, id: u16) -> Vec<Insn> {
         .ldx_w(R7, R6, CTX_OPTNAME)
         .jeq_imm(R7, optname(id, OP_RECORD), "record")
         .jeq_imm(R7, optname(id, OP_DELETE), "delete")
+        .jeq_imm(R7, optname(id, OP_QUIET), "quiet")
         .ja("out");
 
     // A short value is left to the kernel, which refuses the level (ENOPROTOOPT).
@@ -104,6 +113,15 @@ pub(crate) fn set_program(map_fd: i32, id: u16) -> Vec<Insn> {
         .jeq_imm(R0, 0, "out")
         .stx_dw(R0, 0, R8)
         .ja("done");
+
+    a.label("quiet")
+        .ldx_dw(R2, R6, CTX_SK)
+        .ldx_w(R7, R2, SOCK_SRC_PORT);
+    super::prog::port_key(&mut a, R7);
+    a.ld_map_fd(R1, ports_fd)
+        .mov(R2, R10)
+        .add_imm(R2, super::prog::STACK_PORT_KEY as i32)
+        .call(HELPER_MAP_DELETE);
 
     a.label("delete")
         .ldx_dw(R2, R6, CTX_SK)
@@ -164,7 +182,7 @@ mod tests {
 
     #[test]
     fn programs_build_name_their_map_and_their_install() {
-        for p in [set_program(42, 7), get_program(42, 7)] {
+        for p in [set_program(42, 42, 7), get_program(42, 7)] {
             jumps_stay_inside(&p);
             let maps: Vec<_> = p.iter().filter(|i| i.code == 0x18 && i.src == 1).collect();
             assert!(!maps.is_empty() && maps.iter().all(|i| i.imm == 42));

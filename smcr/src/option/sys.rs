@@ -28,6 +28,8 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
 /// `BPF_MAP_TYPE_XSKMAP`: AF_XDP sockets by receive queue (the XDP probe).
 pub(crate) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+/// `BPF_MAP_TYPE_LRU_HASH`: the quiet ports.
+pub(crate) const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 /// `BPF_PROG_TYPE_XDP`.
 pub(crate) const BPF_PROG_TYPE_XDP: u32 = 6;
 /// `BPF_XDP` (`enum bpf_attach_type`): an XDP program attached through a bpf link.

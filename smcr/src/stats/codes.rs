@@ -27,6 +27,10 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
             "NOTHREAD",
             "no thread could be created for SMC-R (RLIMIT_NPROC, a pids limit, or a seccomp filter installed after start-up) and the spare threads were in use",
         ),
+        F::CODE_HANDED_OFF => (
+            "HANDOFF",
+            "the socket went to a program without smcr (an exec whose environment drops the library, a process without it), so it was made plain TCP first",
+        ),
         0 => ("OTHER", "codes beyond the area's counters"),
         c => {
             let r = clc::DeclineReason(c);
@@ -62,6 +66,9 @@ pub fn remedy(code: u32) -> &'static str {
         }
         F::CODE_NO_THREAD => {
             "raise SMCR_SPARE_THREADS (threads parked before the program can lock itself down; a link group keeps one for its life, a handshake in progress one), or lift the lock-down (RLIMIT_NPROC, TasksMax=, clone in the seccomp filter)"
+        }
+        F::CODE_HANDED_OFF => {
+            "keep the library in the environment of the program that gets the socket (e.g. `systemd-socket-activate -E LD_PRELOAD`, or start it with `smcr run`), or leave it on TCP"
         }
         0x0101_0000 => {
             "the RMB budget is used up: lower the RMB size (smcr run --rmb-kib, SMCR_RMB_KIB)"

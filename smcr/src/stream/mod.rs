@@ -61,6 +61,11 @@ pub enum FallbackReason {
     /// (`RLIMIT_NPROC`, a pids limit, a seccomp filter installed after start-up); the cause,
     /// in words. The peer is declined (`MEM`) when it had offered SMC-R.
     NoThread(String),
+    /// Local: the socket went to a program image that cannot negotiate — an `exec` whose
+    /// environment drops the library, a process without it (SCM_RIGHTS) — so it was made
+    /// plain TCP before it left: a listener quiet (its peers fall back, PEERNOSMC), an accepted
+    /// connection declined (`MEM` on the wire).
+    HandedOff,
 }
 
 /// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
@@ -80,6 +85,8 @@ impl FallbackReason {
     pub const CODE_SHARED: u32 = 0x7f00_0006;
     /// Local code: no thread could be had for SMC-R.
     pub const CODE_NO_THREAD: u32 = 0x7f00_0007;
+    /// Local code: handed to a program that cannot negotiate.
+    pub const CODE_HANDED_OFF: u32 = 0x7f00_0008;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
     pub fn code(&self) -> u32 {
@@ -92,6 +99,7 @@ impl FallbackReason {
             Self::NoDescriptors => Self::CODE_NO_FD,
             Self::Shared => Self::CODE_SHARED,
             Self::NoThread(_) => Self::CODE_NO_THREAD,
+            Self::HandedOff => Self::CODE_HANDED_OFF,
         }
     }
 }
@@ -129,6 +137,11 @@ impl std::fmt::Display for FallbackReason {
             Self::NoThread(why) => write!(
                 f,
                 "no thread for SMC-R: {why} (NOTHREAD {:#010x})",
+                self.code()
+            ),
+            Self::HandedOff => write!(
+                f,
+                "handed to a program without smcr (HANDOFF {:#010x})",
                 self.code()
             ),
         }

@@ -394,6 +394,7 @@ pub fn all_codes() -> Vec<u32> {
         F::CODE_NO_FD,
         F::CODE_SHARED,
         F::CODE_NO_THREAD,
+        F::CODE_HANDED_OFF,
     ]);
     v
 }

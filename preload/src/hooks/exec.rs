@@ -1,0 +1,200 @@
+//! The exec family and posix_spawn: a new program image gets the descriptors that are not
+//! close-on-exec. One that will not load the library (its environment has no `LD_PRELOAD`
+//! naming it: `systemd-socket-activate` execs its command with a fresh environment, `env -u
+//! LD_PRELOAD`, a program that cleans its environment) cannot negotiate, so before the real
+//! call our sockets that would reach it are made plain TCP (`shim::handing_off`): a marked
+//! listener goes quiet (its peers are no longer told we speak SMC-R), an accepted connection
+//! nobody settled yet is declined now. An image that loads the library recognises them itself
+//! (`shim::adopt`). The call, its result and errno are libc's.
+//!
+//! Not hooked: the variadic `execl`, `execle`, `execlp` (stable Rust cannot define a C
+//! variadic function; glibc's reach `execve` internally), and the exec inside glibc's own
+//! `system`/`popen` (internal calls), whose shells keep the environment.
+
+use libc::{c_char, c_int, pid_t};
+
+use crate::guard::{bypassed, errno, guarded, set_errno};
+use crate::{real, shim};
+
+/// The environment the new image gets.
+enum Env {
+    /// This one (`environ`).
+    Current,
+    /// The caller's `envp` (null: empty).
+    Given(*const *const c_char),
+}
+
+/// Before an exec (or spawn): our sockets that would reach an image without the library are
+/// made plain TCP. Keeps the program's errno.
+fn before_exec(env: Env) {
+    if bypassed() {
+        return;
+    }
+    let e = errno();
+    guarded((), || {
+        let envp = match env {
+            // SAFETY: glibc's environment array, as the exec would read it.
+            Env::Current => unsafe { environ },
+            Env::Given(p) => p,
+        };
+        // SAFETY: a NULL-terminated array of NUL-terminated strings, or null.
+        let preload = unsafe { find_preload(envp) };
+        if !shim::library_in(preload.as_deref()) {
+            shim::handing_off("an exec without the library");
+        }
+    });
+    set_errno(e);
+}
+
+unsafe extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// The value of `LD_PRELOAD` in `envp`, if any.
+///
+/// # Safety
+/// `envp` is null or a NULL-terminated array of NUL-terminated strings.
+unsafe fn find_preload(envp: *const *const c_char) -> Option<String> {
+    if envp.is_null() {
+        return None;
+    }
+    let mut i = 0;
+    loop {
+        // SAFETY: within the array, up to its NULL.
+        let p = unsafe { *envp.add(i) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a NUL-terminated string of the environment.
+        let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+        if let Some(v) = s.strip_prefix(b"LD_PRELOAD=") {
+            return Some(String::from_utf8_lossy(v).into_owned());
+        }
+        i += 1;
+    }
+}
+
+/// # Safety
+/// libc's contract for execve(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    before_exec(Env::Given(envp));
+    // SAFETY: forwarding.
+    unsafe { real::execve()(path, argv, envp) }
+}
+
+/// # Safety
+/// libc's contract for execv(3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    before_exec(Env::Current);
+    // SAFETY: forwarding.
+    unsafe { real::execv()(path, argv) }
+}
+
+/// # Safety
+/// libc's contract for execvp(3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    before_exec(Env::Current);
+    // SAFETY: forwarding.
+    unsafe { real::execvp()(file, argv) }
+}
+
+/// # Safety
+/// libc's contract for execvpe(3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    before_exec(Env::Given(envp));
+    // SAFETY: forwarding.
+    unsafe { real::execvpe()(file, argv, envp) }
+}
+
+/// # Safety
+/// libc's contract for fexecve(3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    before_exec(Env::Given(envp));
+    // SAFETY: forwarding.
+    unsafe { real::fexecve()(fd, argv, envp) }
+}
+
+/// # Safety
+/// libc's contract for execveat(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    flags: c_int,
+) -> c_int {
+    before_exec(Env::Given(envp));
+    // SAFETY: forwarding.
+    unsafe { real::execveat()(dirfd, path, argv, envp, flags) }
+}
+
+/// # Safety
+/// libc's contract for posix_spawn(3). The child gets our descriptors that are not
+/// close-on-exec (its file actions aside): the parent's listener is shared with it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    before_exec(Env::Given(envp.cast()));
+    // SAFETY: forwarding.
+    unsafe { real::posix_spawn()(pid, path, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// libc's contract for posix_spawnp(3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    before_exec(Env::Given(envp.cast()));
+    // SAFETY: forwarding.
+    unsafe { real::posix_spawnp()(pid, file, actions, attr, argv, envp) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preload_of_an_environment() {
+        let vars = [c"A=1", c"LD_PRELOAD=/usr/lib/libsmcr.so /x.so", c"B=2"];
+        let mut ptrs: Vec<*const c_char> = vars.iter().map(|v| v.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        // SAFETY: a NULL-terminated array of C strings that outlive the call.
+        let got = unsafe { find_preload(ptrs.as_ptr()) };
+        assert_eq!(got.as_deref(), Some("/usr/lib/libsmcr.so /x.so"));
+        let none = [c"A=1".as_ptr(), std::ptr::null()];
+        // SAFETY: as above.
+        assert_eq!(unsafe { find_preload(none.as_ptr()) }, None);
+        // SAFETY: null is allowed.
+        assert_eq!(unsafe { find_preload(std::ptr::null()) }, None);
+    }
+}
