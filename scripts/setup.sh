@@ -8,7 +8,8 @@ set -euo pipefail
 # python3-seccomp (libseccomp for Debian's /usr/bin/python3), systemd (systemd-analyze: the
 # syscall groups as this systemd defines them) and haproxy: scripts/unit-sandbox.py,
 # preload/tests/hardened.rs (services under their Debian units' settings) and
-# preload/tests/lockdown.rs.
+# preload/tests/lockdown.rs; systemd's systemd-socket-activate, nodejs and wrk:
+# preload/tests/handover.rs.
 packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless python3-seccomp systemd haproxy)
 missing=()
 for p in "${packages[@]}"; do
