@@ -2,9 +2,12 @@
 //! close-on-exec. One that will not load the library (its environment has no `LD_PRELOAD`
 //! naming it: `systemd-socket-activate` execs its command with a fresh environment, `env -u
 //! LD_PRELOAD`, a program that cleans its environment) cannot negotiate, so before the real
-//! call our sockets that would reach it are made plain TCP (`shim::handing_off`): a marked
-//! listener goes quiet (its peers are no longer told we speak SMC-R), an accepted connection
-//! nobody settled yet is declined now. An image that loads the library recognises them itself
+//! call our sockets handed to it are made plain TCP (`shim::handing_off`): a marked listener
+//! goes quiet (its peers are no longer told we speak SMC-R), an accepted connection nobody
+//! settled yet is declined now. Handed to it: at 0, 1 or 2 (inetd's), or at 3 and up to the
+//! new environment's `LISTEN_FDS` (socket activation's); a socket merely left open elsewhere
+//! (not close-on-exec by oversight) is not the new program's to use, and quieting it would take
+//! SMC-R from the process that does use it. An image that loads the library recognises them itself
 //! (`shim::adopt`). The call, its result and errno are libc's.
 //!
 //! Not hooked: the variadic `execl`, `execle`, `execlp` (stable Rust cannot define a C
@@ -38,9 +41,13 @@ fn before_exec(env: Env) {
             Env::Given(p) => p,
         };
         // SAFETY: a NULL-terminated array of NUL-terminated strings, or null.
-        let preload = unsafe { find_preload(envp) };
+        let preload = unsafe { find_var(envp, b"LD_PRELOAD=") };
         if !shim::library_in(preload.as_deref()) {
-            shim::handing_off("an exec without the library");
+            // SAFETY: as above.
+            let listen_fds = unsafe { find_var(envp, b"LISTEN_FDS=") }
+                .and_then(|v| v.trim().parse::<i32>().ok())
+                .unwrap_or(0);
+            shim::handing_off("an exec without the library", listen_fds);
         }
     });
     set_errno(e);
@@ -50,11 +57,11 @@ unsafe extern "C" {
     static environ: *const *const c_char;
 }
 
-/// The value of `LD_PRELOAD` in `envp`, if any.
+/// The value of the variable `name` (with its `=`) in `envp`, if any.
 ///
 /// # Safety
 /// `envp` is null or a NULL-terminated array of NUL-terminated strings.
-unsafe fn find_preload(envp: *const *const c_char) -> Option<String> {
+unsafe fn find_var(envp: *const *const c_char, name: &[u8]) -> Option<String> {
     if envp.is_null() {
         return None;
     }
@@ -67,7 +74,7 @@ unsafe fn find_preload(envp: *const *const c_char) -> Option<String> {
         }
         // SAFETY: a NUL-terminated string of the environment.
         let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
-        if let Some(v) = s.strip_prefix(b"LD_PRELOAD=") {
+        if let Some(v) = s.strip_prefix(name) {
             return Some(String::from_utf8_lossy(v).into_owned());
         }
         i += 1;
@@ -189,12 +196,12 @@ mod tests {
         let mut ptrs: Vec<*const c_char> = vars.iter().map(|v| v.as_ptr()).collect();
         ptrs.push(std::ptr::null());
         // SAFETY: a NULL-terminated array of C strings that outlive the call.
-        let got = unsafe { find_preload(ptrs.as_ptr()) };
+        let got = unsafe { find_var(ptrs.as_ptr(), b"LD_PRELOAD=") };
         assert_eq!(got.as_deref(), Some("/usr/lib/libsmcr.so /x.so"));
         let none = [c"A=1".as_ptr(), std::ptr::null()];
         // SAFETY: as above.
-        assert_eq!(unsafe { find_preload(none.as_ptr()) }, None);
+        assert_eq!(unsafe { find_var(none.as_ptr(), b"LD_PRELOAD=") }, None);
         // SAFETY: null is allowed.
-        assert_eq!(unsafe { find_preload(std::ptr::null()) }, None);
+        assert_eq!(unsafe { find_var(std::ptr::null(), b"LD_PRELOAD=") }, None);
     }
 }

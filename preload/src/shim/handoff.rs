@@ -50,16 +50,21 @@ pub(crate) fn library_in(preload: Option<&str>) -> bool {
         || std::fs::read_to_string("/etc/ld.so.preload").is_ok_and(|s| names(&s))
 }
 
-/// Before our sockets that survive an exec reach an image that cannot negotiate (`why`): a
+/// Before our sockets that an exec hands to an image that cannot negotiate (`why`) reach it: a
 /// marked listener goes quiet (no SYN-ACK of its port offers SMC-R any more: its peers fall
 /// back with PEERNOSMC; what this process still accepts on it is TCP, HANDOFF); an accepted
 /// connection nobody settled yet is settled as TCP now (the peer's Proposal read and
 /// declined, HANDOFF). A connection already running over SMC-R is close-on-exec for real.
-pub(crate) fn handing_off(why: &str) {
+/// `listen_fds`: the new environment's `LISTEN_FDS` (sockets at 3 and up are handed over).
+pub(crate) fn handing_off(why: &str, listen_fds: i32) {
     if !enabled() {
         return;
     }
-    let socks = table::inherited_by_exec();
+    let handed = |fd: i32| fd <= 2 || (3..3 + listen_fds.max(0)).contains(&fd);
+    let socks: Vec<_> = table::inherited_by_exec()
+        .into_iter()
+        .filter(|(fd, _)| handed(*fd))
+        .collect();
     if socks.is_empty() {
         return;
     }
