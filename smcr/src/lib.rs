@@ -60,5 +60,5 @@ pub fn release_after_fork() {
 }
 pub use stream::{
     Blocking, ConnStats, Driver, FallbackReason, Incoming, ListenerRecord, Mode, SmcListener,
-    SmcStream, v4_of,
+    SmcStream, not_clc, v4_of,
 };

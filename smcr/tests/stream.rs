@@ -1255,3 +1255,51 @@ fn time_wait_stays_with_the_side_that_closed_first() {
     assert_eq!(seen, (0, 1), "TIME_WAIT (server's port, client's)");
     rt.shutdown();
 }
+
+/// A server whose program reads our CLC Proposal as data (its end went to a program without
+/// smcr) answers with bytes that are not CLC — an echo of the Proposal, or its own protocol's
+/// error: the client's handshake fails with an error `smcr::not_clc` recognises, and the
+/// process counts NOTCLC, which smc-stat names with its meaning and remedy. A server that
+/// just closes is a failure of another kind.
+#[test]
+fn a_server_that_does_not_speak_clc_is_counted_as_notclc() {
+    let dir = stats_dir("notclc");
+    let mut cfg = config();
+    cfg.stats_dir = Some(dir.0.clone());
+    let rt = Runtime::new(cfg);
+    let answers: [(&str, &[u8]); 3] = [
+        ("echo", b""),
+        ("http", b"HTTP/1.1 400 Bad Request\r\n\r\n"),
+        ("close", b""),
+    ];
+    let mut not_clc = 0;
+    for (what, reply) in answers {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let reply = reply.to_vec();
+        let server = thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let n = c.read(&mut buf).unwrap();
+            match what {
+                "echo" => c.write_all(&buf[..n]).unwrap(),
+                "http" => c.write_all(&reply).unwrap(),
+                _ => {}
+            }
+            // Let the client read before the close.
+            thread::sleep(std::time::Duration::from_millis(100));
+        });
+        let e = SmcStream::connect(&rt, addr).expect_err(what);
+        server.join().unwrap();
+        let nc = smcr::not_clc(&e);
+        assert_eq!(nc, what != "close", "{what}: {e}");
+        not_clc += usize::from(nc);
+    }
+    assert_eq!(not_clc, 2);
+    let out = smc_stat(&dir.0, &["--fallback"]);
+    assert!(
+        out.lines()
+            .any(|l| l.contains("0x7f000009") && l.contains("NOTCLC") && l.contains(" 2")),
+        "{out}"
+    );
+}

@@ -199,6 +199,13 @@ fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {
                 log::line(format_args!(
                     "fd {fd} connect {peer:?}: closed before it was settled ({e})"
                 ));
+            } else if smcr::not_clc(&e) {
+                log::line(format_args!(
+                    "fd {fd} connect {peer:?}: handshake failed: the server does not speak CLC \
+                     (NOTCLC {:#010x}: the program reading its end got our Proposal as data; \
+                     it was handed a socket without smcr?): {e}",
+                    FallbackReason::CODE_NOT_CLC
+                ));
             } else {
                 log::line(format_args!(
                     "fd {fd} connect {peer:?}: handshake failed: {e}"

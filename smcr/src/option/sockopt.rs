@@ -33,7 +33,7 @@ pub const OP_RECORD: i32 = 1;
 pub const OP_DELETE: i32 = 2;
 /// A listener about to reach a program that cannot negotiate: remove its record, and make its
 /// port quiet (its port leaves the listening map: no SYN-ACK from it carries the option until
-/// a marked socket listens there again; see [`super::prog`]) (set only).
+/// a marked socket listens there again; docs/protocol.md) (set only).
 pub const OP_QUIET: i32 = 3;
 
 /// The option name of `op` for the install `id`.

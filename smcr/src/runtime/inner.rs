@@ -210,6 +210,14 @@ impl Inner {
             .cloned()
     }
 
+    /// Counts `code` among the process's codes (smc-stat's fallback counters) with no
+    /// connection of its own: a failure whose cause has a code ([`crate::not_clc`]).
+    pub(crate) fn count_code(&self, code: u32) {
+        if let Some(a) = &self.stats {
+            a.count_fallback(code);
+        }
+    }
+
     /// A handshake failed with no fallback (the connection was reset).
     pub(crate) fn handshake_failed(&self) {
         if let Some(a) = &self.stats {

@@ -31,6 +31,10 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
             "HANDOFF",
             "the socket went to a program without smcr (an exec whose environment drops the library, a process without it), so it was made plain TCP first",
         ),
+        F::CODE_NOT_CLC => (
+            "NOTCLC",
+            "a failed connection: the server answered our CLC Proposal with bytes that are not CLC (the process reading its end had no record of the connection: a program without smcr got the socket, or it lost its state)",
+        ),
         0 => ("OTHER", "codes beyond the area's counters"),
         c => {
             let r = clc::DeclineReason(c);
@@ -69,6 +73,9 @@ pub fn remedy(code: u32) -> &'static str {
         }
         F::CODE_HANDED_OFF => {
             "keep the library in the environment of the program that gets the socket (e.g. `systemd-socket-activate -E LD_PRELOAD`, or start it with `smcr run`), or leave it on TCP"
+        }
+        F::CODE_NOT_CLC => {
+            "on the server's host: keep smcr in every program that gets the server's sockets (exec, SCM_RIGHTS; smc-stat there shows HANDOFF where a socket went to a program without it), or leave that server on TCP (SMCR_EXCLUDE here)"
         }
         0x0101_0000 => {
             "the RMB budget is used up: lower the RMB size (smcr run --rmb-kib, SMCR_RMB_KIB)"

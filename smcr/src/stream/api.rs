@@ -44,6 +44,9 @@ impl SmcStream {
             Ok(()) => {
                 if let Err(e) = s.client_handshake(rt) {
                     rt.inner.handshake_failed();
+                    if not_clc(&e) {
+                        rt.inner.count_code(FallbackReason::CODE_NOT_CLC);
+                    }
                     return Err(e);
                 }
             }

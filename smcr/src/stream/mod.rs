@@ -87,6 +87,11 @@ impl FallbackReason {
     pub const CODE_NO_THREAD: u32 = 0x7f00_0007;
     /// Local code: handed to a program that cannot negotiate.
     pub const CODE_HANDED_OFF: u32 = 0x7f00_0008;
+    /// Local code of a *failed* client handshake (no fallback was possible): the server
+    /// answered the CLC Proposal with bytes that are not CLC ([`not_clc`]) — the process that
+    /// reads the server's end had no record of the connection. Counted among the process's
+    /// codes so that an administrator can tell it from other failures.
+    pub const CODE_NOT_CLC: u32 = 0x7f00_0009;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
     pub fn code(&self) -> u32 {
@@ -554,6 +559,24 @@ fn wait_fd(tcp: &TcpStream, events: libc::c_short, timeout: Option<Duration>) ->
             return Err(e);
         }
     }
+}
+
+/// Whether a client handshake failed because the server answered with bytes that are not CLC:
+/// no eye catcher where a message must start, or our own Proposal back (an echo server). The
+/// server's program got the Proposal as data: its end was read by a process without smcr, or
+/// one that lost the connection's state (see [`FallbackReason::CODE_NOT_CLC`]).
+pub fn not_clc(e: &io::Error) -> bool {
+    use crate::handshake::Error as H;
+    matches!(
+        e.get_ref().and_then(|i| i.downcast_ref::<SetupError>()),
+        Some(SetupError::Handshake(
+            H::Malformed(clc::Error::BadEyecatcher(_))
+                | H::Unexpected {
+                    got: clc::MsgType::Proposal,
+                    ..
+                }
+        ))
+    )
 }
 
 fn failed(e: handshake::Error) -> io::Error {

@@ -288,8 +288,8 @@ fn fallbacks() {
             "{c:#x} missing"
         );
     }
-    assert_eq!(all_codes().len(), 43);
-    assert_eq!(every.matches("  remedy: ").count(), 43);
+    assert_eq!(all_codes().len(), 45);
+    assert_eq!(every.matches("  remedy: ").count(), 45);
 }
 
 #[test]

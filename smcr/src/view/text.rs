@@ -395,6 +395,7 @@ pub fn all_codes() -> Vec<u32> {
         F::CODE_SHARED,
         F::CODE_NO_THREAD,
         F::CODE_HANDED_OFF,
+        F::CODE_NOT_CLC,
     ]);
     v
 }
