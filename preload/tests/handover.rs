@@ -235,12 +235,16 @@ fn hold_client(
 
 /// `handover ARGS` as nobody (it listens on `port`), then the holding client.
 fn c_run(w: &World, args: &[&str], port: u16, msgs: u32) -> Ran {
+    c_run_with(w, args, &[], port, msgs)
+}
+
+/// [`c_run`] with `env` added to the server's environment.
+fn c_run_with(w: &World, args: &[&str], env: &[(&str, &str)], port: u16, msgs: u32) -> Ran {
     let bin = program().unwrap();
-    let mut server = w.spawn(
-        &w.spec("server").user(&nobody()),
-        bin.to_str().unwrap(),
-        args,
-    );
+    let mut spec = w.spec("server").user(&nobody());
+    spec.env
+        .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let mut server = w.spawn(&spec, bin.to_str().unwrap(), args);
     assert!(
         wait_text(&mut server, "READY", Duration::from_secs(20)),
         "the server did not get ready:\n{}",
@@ -331,6 +335,66 @@ fn connections_passed_to_workers(shim: bool) {
     let workers = pids_after(&r.server.stdout, "WORKER ");
     assert_eq!(workers.len(), 2, "{}", r.context(&w));
     assert_smcr_in(&w, &r, "client", &workers, CONNS);
+}
+
+/// 1b and 2b. As 1 and 2, but the workers do not run the library (exec'd without
+///    LD_PRELOAD): before the primary sends a socket to such a process it is made plain TCP —
+///    an accepted connection declined (the clients: TCP, peer declined), the listener quiet
+///    (the clients: TCP, PEERNOSMC). Every echo intact; the primary's log names HANDOFF.
+fn passed_to_workers_without_the_library(listener: bool) {
+    let tag = if listener { "ho-plain-l" } else { "ho-plain-c" };
+    let Some(w) = World::new(tag, true, &[]) else {
+        return;
+    };
+    if program().is_none() {
+        return;
+    }
+    let port = common::port(BASE);
+    let (mode, n) = if listener {
+        ("listener", vec![port.to_string(), CONNS.to_string()])
+    } else {
+        (
+            "conn",
+            vec![port.to_string(), CONNS.to_string(), "2".into()],
+        )
+    };
+    let mut args = vec![mode];
+    args.extend(n.iter().map(String::as_str));
+    let r = c_run_with(&w, &args, &[("HANDOVER_PLAIN_WORKERS", "1")], port, 2);
+    r.assert_served(&w, CONNS);
+    let ctx = r.context(&w);
+    let connects: Vec<String> = log_lines(&w, "client")
+        .into_iter()
+        .map(|(_, l)| l)
+        .filter(|l| l.contains(" connect Some("))
+        .collect();
+    let want = if listener {
+        "TCP: peer did not offer SMC-R (PEERNOSMC"
+    } else {
+        "TCP: peer declined: MEM"
+    };
+    let tcp = connects.iter().filter(|l| l.contains(want)).count();
+    assert_eq!(
+        (tcp, connects.len()),
+        (CONNS as usize, CONNS as usize),
+        "{tcp} of {} connects '{want}':\n{}\n{ctx}",
+        connects.len(),
+        harness::head(&connects.join("\n"), 8)
+    );
+    let primary: Vec<String> = log_lines(&w, "server")
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect();
+    let said = if listener {
+        "a listener going to process"
+    } else {
+        "an accepted connection going to process"
+    };
+    assert!(
+        primary.iter().any(|l| l.contains(said)),
+        "the primary's log does not say '{said}':\n{}\n{ctx}",
+        harness::head(&primary.join("\n"), 8)
+    );
 }
 
 /// 2. The primary listens and sends the listener to a forked worker (SCM_RIGHTS), closing
@@ -851,6 +915,14 @@ mod baseline {
 /// Under the shim: SMC-R where both ends run smcr, TCP with a reason code where the reader
 /// cannot negotiate.
 mod over_smcr {
+    #[test]
+    fn connections_passed_to_workers_without_the_library() {
+        super::passed_to_workers_without_the_library(false);
+    }
+    #[test]
+    fn listener_passed_to_a_worker_without_the_library() {
+        super::passed_to_workers_without_the_library(true);
+    }
     #[test]
     fn connections_passed_to_workers() {
         super::connections_passed_to_workers(true);

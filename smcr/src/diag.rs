@@ -316,3 +316,118 @@ mod tests {
         }
     }
 }
+
+const UDIAG_SHOW_PEER: u32 = 4;
+const UNIX_DIAG_PEER: u16 = 2;
+
+/// The inode of the socket at the other end of the Unix socket with inode `ino` (sock_diag,
+/// as `ss -x` reads it): for a socketpair, whose `SO_PEERCRED` names its maker on both ends,
+/// this is how the holder of the other end is found. `None` without netlink (a sandbox's
+/// `RestrictAddressFamilies=`) or without a peer.
+pub fn unix_peer_inode(ino: u64) -> Option<u64> {
+    let ino = u32::try_from(ino).ok()?;
+    // SAFETY: creating a netlink socket; checked below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor we just created.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // struct unix_diag_req: family, protocol, pad, states, ino, show, cookie[2].
+    let mut req = [0u8; NLMSG_HDR + 24];
+    let len = req.len() as u32;
+    req[0..4].copy_from_slice(&len.to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    let body = &mut req[NLMSG_HDR..];
+    body[0] = libc::AF_UNIX as u8;
+    body[4..8].copy_from_slice(&u32::MAX.to_ne_bytes());
+    body[8..12].copy_from_slice(&ino.to_ne_bytes());
+    body[12..16].copy_from_slice(&UDIAG_SHOW_PEER.to_ne_bytes());
+    body[16..24].copy_from_slice(&[0xff; 8]);
+    // SAFETY: sending our buffer on our socket.
+    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4096];
+    // SAFETY: receiving into our buffer.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n <= 0 {
+        return None;
+    }
+    parse_unix_peer(&buf[..n as usize], ino)
+}
+
+/// The peer inode in a sock_diag answer about Unix socket `ino`. Malformed input is `None`,
+/// never a panic.
+pub fn parse_unix_peer(b: &[u8], ino: u32) -> Option<u64> {
+    let len = u32_at(b, 0)? as usize;
+    if u16_at(b, 4)? != SOCK_DIAG_BY_FAMILY || len < NLMSG_HDR || len > b.len() {
+        return None;
+    }
+    // struct unix_diag_msg: family, type, state, pad, ino, cookie[2] (16 bytes), then
+    // attributes.
+    let msg = &b[NLMSG_HDR..len];
+    if u32_at(msg, 4)? != ino {
+        return None;
+    }
+    let mut a = msg.get(16..)?;
+    while a.len() >= 4 {
+        let alen = u16_at(a, 0)? as usize;
+        let ty = u16_at(a, 2)?;
+        if alen < 4 || alen > a.len() {
+            return None;
+        }
+        if ty == UNIX_DIAG_PEER {
+            return u32_at(a, 4).map(u64::from);
+        }
+        a = &a[(alen + 3) & !3..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod unix_tests {
+    use super::*;
+
+    #[test]
+    fn a_socketpairs_peer_is_the_other_end() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ino = |s: &std::os::unix::net::UnixStream| {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: fstat of our socket via /proc is not needed: a File view of the fd.
+            std::fs::metadata(format!("/proc/self/fd/{}", s.as_raw_fd()))
+                .unwrap()
+                .ino()
+        };
+        assert_eq!(unix_peer_inode(ino(&a)), Some(ino(&b)));
+        assert_eq!(unix_peer_inode(ino(&b)), Some(ino(&a)));
+    }
+
+    #[test]
+    fn malformed_answers_are_none() {
+        assert_eq!(parse_unix_peer(&[], 1), None);
+        assert_eq!(parse_unix_peer(&[0xff; 40], 1), None);
+        let mut m = vec![0u8; NLMSG_HDR + 16 + 8];
+        let len = m.len() as u32;
+        m[0..4].copy_from_slice(&len.to_ne_bytes());
+        m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        m[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&7u32.to_ne_bytes());
+        let at = NLMSG_HDR + 16;
+        m[at..at + 2].copy_from_slice(&8u16.to_ne_bytes());
+        m[at + 2..at + 4].copy_from_slice(&UNIX_DIAG_PEER.to_ne_bytes());
+        m[at + 4..at + 8].copy_from_slice(&99u32.to_ne_bytes());
+        assert_eq!(parse_unix_peer(&m, 7), Some(99));
+        assert_eq!(parse_unix_peer(&m, 8), None, "another socket's answer");
+        // An attribute length running past the end.
+        m[at..at + 2].copy_from_slice(&200u16.to_ne_bytes());
+        assert_eq!(parse_unix_peer(&m, 7), None);
+    }
+}

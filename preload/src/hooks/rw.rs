@@ -434,14 +434,30 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 /// # Safety
 /// `msg` is the caller's msghdr as `recvmsg` filled it.
 unsafe fn received_descriptors(on: c_int, msg: *const msghdr) {
-    // SAFETY: the caller's msghdr.
-    let m = unsafe { &*msg };
-    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+    // SAFETY: as the caller says.
+    let fds = unsafe { message_fds(msg) };
+    if fds.is_empty() {
         return;
     }
+    let e = errno();
+    // A panic in here must not turn the program's successful call into a failure.
+    let _ = std::panic::catch_unwind(|| shim::received(on, &fds));
+    set_errno(e);
+}
+
+/// The descriptors a message carries (SCM_RIGHTS), read from its control buffer.
+///
+/// # Safety
+/// `msg` is a valid msghdr whose control buffer, if any, holds `msg_controllen` bytes.
+unsafe fn message_fds(msg: *const msghdr) -> Vec<c_int> {
+    // SAFETY: the caller's msghdr.
+    let m = unsafe { &*msg };
     let mut fds = Vec::new();
-    // SAFETY: walking the control buffer the kernel filled, with libc's CMSG macros; the
-    // descriptors are read unaligned.
+    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return fds;
+    }
+    // SAFETY: walking the control buffer with libc's CMSG macros; the descriptors are read
+    // unaligned.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(msg);
         while !c.is_null() {
@@ -456,13 +472,7 @@ unsafe fn received_descriptors(on: c_int, msg: *const msghdr) {
             c = libc::CMSG_NXTHDR(msg, c);
         }
     }
-    if fds.is_empty() {
-        return;
-    }
-    let e = errno();
-    // A panic in here must not turn the program's successful call into a failure.
-    let _ = std::panic::catch_unwind(|| shim::received(on, &fds));
-    set_errno(e);
+    fds
 }
 
 /// # Safety
@@ -478,6 +488,15 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         &|s| writev_smc(s, m.msg_iov, m.msg_iovlen as c_int, flags),
         &|| {
             fastopen(fd, flags);
+            if !bypassed() {
+                // SAFETY: the caller's msghdr.
+                let fds = unsafe { message_fds(msg) };
+                if !fds.is_empty() {
+                    let e = errno();
+                    let _ = std::panic::catch_unwind(|| shim::sending(fd, &fds));
+                    set_errno(e);
+                }
+            }
             // SAFETY: forwarding.
             unsafe { real::sendmsg()(fd, msg, flags) }
         },

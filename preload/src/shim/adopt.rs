@@ -77,7 +77,7 @@ pub(crate) fn received(on: i32, fds: &[i32]) {
 
 /// The pid of the process at the other end of Unix socket `fd` (as it connected, or made the
 /// pair).
-fn peer_pid(fd: i32) -> Option<u32> {
+pub(super) fn peer_pid(fd: i32) -> Option<u32> {
     // SAFETY: an all-zero ucred is valid; reading the option into it.
     let mut c: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;

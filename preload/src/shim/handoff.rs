@@ -69,30 +69,148 @@ pub(crate) fn handing_off(why: &str, listen_fds: i32) {
         return;
     }
     let _b = Bypass::new();
-    let rt = runtime();
     for (fd, s) in socks {
-        match &*s {
-            Sock::Listener(l) => {
-                if l.handed_off.swap(true, Ordering::AcqRel) {
-                    continue;
-                }
-                let r = rt.option_records().map(|m| m.quiet(borrowed(fd)));
-                log::line(format_args!(
-                    "fd {fd}: a listener going to {why}: {}",
-                    match r {
-                        Some(Ok(())) => "quiet (its peers fall back to TCP)".to_owned(),
-                        Some(Err(e)) => format!("could not be made quiet: {e}"),
-                        None => "no option program: it offers nothing".to_owned(),
-                    }
-                ));
-            }
-            Sock::Accepted(acc) => {
-                log::line(format_args!(
-                    "fd {fd}: an accepted connection going to {why}: settled as TCP first"
-                ));
-                acc.hand_off(fd);
-            }
-            _ => {}
+        make_tcp(fd, &s, why);
+    }
+}
+
+/// Before `sendmsg` passes `fds` over the Unix socket `on` (SCM_RIGHTS): when the process at
+/// its other end does not run the library, our listeners and accepted connections not
+/// settled yet among them are made plain TCP first, as for an exec without the library
+/// ([`handing_off`]). A receiver that runs it recognises them itself (`shim::received`).
+pub(crate) fn sending(on: i32, fds: &[i32]) {
+    if !enabled() {
+        return;
+    }
+    let ours: Vec<(i32, std::sync::Arc<Sock>)> = fds
+        .iter()
+        .filter_map(|&fd| table::get_any(fd).map(|s| (fd, s)))
+        .filter(|(_, s)| matches!(**s, Sock::Listener(_) | Sock::Accepted(_)))
+        .collect();
+    if ours.is_empty() {
+        return;
+    }
+    let _b = Bypass::new();
+    let (why, runs) = match receiver(on) {
+        Some(pid) if pid == std::process::id() => return,
+        Some(pid) => (
+            format!("process {pid}, which does not run smcr"),
+            receiver_runs_library(on, pid),
+        ),
+        // Not found (no credentials, no netlink, not a child of ours): nothing is offered
+        // on a guess.
+        None => ("a process that cannot be told".to_owned(), false),
+    };
+    if runs {
+        return;
+    }
+    for (fd, s) in &ours {
+        make_tcp(*fd, s, &why);
+    }
+}
+
+/// The process at the other end of Unix socket `on`: its credentials say, unless they name
+/// this process — a socketpair carries its maker's on both ends (a primary that made one per
+/// worker before forking it): then the child of ours that holds the other end (sock_diag
+/// gives its inode, `/proc/self/task/*/children` the children).
+fn receiver(on: i32) -> Option<u32> {
+    let me = std::process::id();
+    let pid = super::adopt::peer_pid(on)?;
+    if pid != me {
+        return Some(pid);
+    }
+    let peer = smcr::diag::unix_peer_inode(crate::fds::inode(on)?)?;
+    let want = format!("socket:[{peer}]");
+    // Our own end of a pair kept in this process: passing to ourselves.
+    let holds = |p: u32| {
+        std::fs::read_dir(format!("/proc/{p}/fd")).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+        })
+    };
+    if holds(me) {
+        return Some(me);
+    }
+    let children: Vec<u32> = std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    children.into_iter().find(|&c| holds(c))
+}
+
+/// [`runs_library`] for the peer `pid` of Unix socket `on`, remembered per socket for a
+/// second (a cluster's primary passes every connection over the same channel: one look at
+/// the worker's maps a second, not one per connection; a worker that execs another image is
+/// looked at again soon). Only ever tried for (never waited on), so a child forked while
+/// another thread held it is not stuck: it looks at the maps again.
+fn receiver_runs_library(on: i32, pid: u32) -> bool {
+    type Seen = Vec<((u64, u32), bool, std::time::Instant)>;
+    static SEEN: std::sync::Mutex<Seen> = std::sync::Mutex::new(Vec::new());
+    const FOR: std::time::Duration = std::time::Duration::from_secs(1);
+    let key = (crate::fds::inode(on).unwrap_or(0), pid);
+    let now = std::time::Instant::now();
+    if let Ok(v) = SEEN.try_lock()
+        && let Some((_, r, _)) = v
+            .iter()
+            .find(|(k, _, at)| *k == key && now.duration_since(*at) < FOR)
+    {
+        return *r;
+    }
+    let r = runs_library(pid);
+    if let Ok(mut v) = SEEN.try_lock() {
+        v.retain(|(k, _, at)| *k != key && now.duration_since(*at) < FOR);
+        if v.len() < 256 {
+            v.push((key, r, now));
         }
+    }
+    r
+}
+
+/// Whether process `pid` has this library loaded (its `/proc/PID/maps` names it); false when
+/// that cannot be read (another user's process, as non-root): nothing is offered on a guess.
+fn runs_library(pid: u32) -> bool {
+    let Some(ours) = our_name().and_then(|n| n.to_str()) else {
+        return true;
+    };
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .any(|path| Path::new(path).file_name().and_then(|n| n.to_str()) == Some(ours))
+}
+
+/// Makes our socket `s` at `fd`, about to reach a program that cannot negotiate (`why`),
+/// plain TCP: a marked listener goes quiet, an accepted connection nobody settled is declined
+/// now (HANDOFF).
+fn make_tcp(fd: i32, s: &Sock, why: &str) {
+    match s {
+        Sock::Listener(l) => {
+            if l.handed_off.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let r = runtime().option_records().map(|m| m.quiet(borrowed(fd)));
+            log::line(format_args!(
+                "fd {fd}: a listener going to {why}: {}",
+                match r {
+                    Some(Ok(())) => "quiet (its peers fall back to TCP)".to_owned(),
+                    Some(Err(e)) => format!("could not be made quiet: {e}"),
+                    None => "no option program: it offers nothing".to_owned(),
+                }
+            ));
+        }
+        Sock::Accepted(acc) => {
+            log::line(format_args!(
+                "fd {fd}: an accepted connection going to {why}: settled as TCP first"
+            ));
+            acc.hand_off(fd);
+        }
+        _ => {}
     }
 }

@@ -16,6 +16,9 @@
  *                                  serves the rest
  *   handover exec PORT N           listens, moves the listener to fd 3 and execs itself as
  *                                  `handover fd 3 N`
+ *   handover worker FD N           a worker on socketpair end FD (with HANDOVER_PLAIN_WORKERS
+ *                                  set, conn and listener exec their workers this way,
+ *                                  without LD_PRELOAD: workers that do not run the library)
  *   handover fd FD N               serves what FD is: a listener (N connections accepted on
  *                                  it) or a connection (served alone); with LISTEN_FDS set
  *                                  (systemd's protocol) it checks LISTEN_PID first
@@ -36,6 +39,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +302,17 @@ static void fork_workers(int w, int n, int *socks, pid_t *pids) {
         if (p == 0) {
             close(sv[0]);
             for (int j = 0; j < i; j++) close(socks[j]);
+            if (getenv("HANDOVER_PLAIN_WORKERS")) {
+                /* A worker that does not run the library: the same program, exec'd without
+                 * LD_PRELOAD, keeping its end of the socketpair. */
+                char fd_s[16], n_s[16];
+                snprintf(fd_s, sizeof fd_s, "%d", sv[1]);
+                snprintf(n_s, sizeof n_s, "%d", n);
+                if (fcntl(sv[1], F_SETFD, 0) != 0) die("fcntl");
+                unsetenv("LD_PRELOAD");
+                execl(self_path, self_path, "worker", fd_s, n_s, (char *)NULL);
+                die("execl");
+            }
             exit(worker(sv[1], n));
         }
         close(sv[1]);
@@ -505,6 +520,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "listener") && argc == 4) return primary_listener(atoi(argv[2]), atoi(argv[3]));
     if (!strcmp(mode, "exec") && argc == 4) return exec_listener(atoi(argv[2]), atoi(argv[3]));
     if (!strcmp(mode, "fd") && argc == 4) return serve_fd(atoi(argv[2]), atoi(argv[3]));
+    if (!strcmp(mode, "worker") && argc == 4) return worker(atoi(argv[2]), atoi(argv[3]));
     if (!strcmp(mode, "client") && argc == 7)
         return client(argv[2], atoi(argv[3]), atoi(argv[4]), (size_t)atol(argv[5]), atoi(argv[6]));
     fprintf(stderr, "usage: see the comment at the top of handover.c\n");

@@ -313,7 +313,7 @@ pub(crate) fn check(
             ));
         } else {
             out.push(Ok(
-                "RestrictAddressFamilies= allows AF_INET and AF_UNIX (AF_NETLINK is smc-stat's only)"
+                "RestrictAddressFamilies= allows AF_INET and AF_UNIX (without AF_NETLINK, sockets passed over a socketpair to a child go as TCP)"
                     .into(),
             ));
         }
