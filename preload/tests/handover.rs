@@ -497,6 +497,15 @@ fn established_connection_passed_to_a_worker(shim: bool) {
             "{smcr} SMC-R lines in the server's log (expected {CONNS}): {by_pid:?}\n{ctx}"
         );
         v.assert_all_smcr(u64::from(CONNS));
+        // The primary keeps serving them (the workers hold Unix sockets it relays).
+        let relayed = server_log
+            .iter()
+            .filter(|(_, l)| l.contains("this process relays it"))
+            .count();
+        assert_eq!(
+            relayed, CONNS as usize,
+            "relays in the primary's log\n{ctx}"
+        );
         let workers = pids_after(&r.server.stdout, "WORKER ");
         let lines: Vec<&str> = server_log
             .iter()
@@ -724,6 +733,12 @@ fn socket_activate_to_a_preloaded_child(shim: bool, accept: bool) {
 /// drops LD_PRELOAD) under an activator that runs smcr: every connection works, over TCP,
 /// with a reason code in the client's log (the listener must not have told the peers it
 /// speaks SMC-R, or the connection must have been settled as TCP before CMD got it).
+///
+/// Not yet (docs/limitations.md): without `--accept`, the connection that triggers the
+/// activation was answered with the option before the exec, so CMD reads its CLC Proposal as
+/// data. Pinned as it is: that first connection ends (an error, never a hang) and CMD reports
+/// the bad header; every later connection is TCP and served. When that changes, this test
+/// says so.
 fn socket_activate_to_a_child_without_the_library(accept: bool) {
     let tag = if accept {
         "ho-sa-accept-plain"
@@ -737,14 +752,44 @@ fn socket_activate_to_a_child_without_the_library(accept: bool) {
         return;
     }
     let a = activated_run(&w, accept, false);
-    a.assert_served(&w);
     let ctx = a.context(&w);
+    if accept {
+        a.assert_served(&w);
+    } else {
+        let n = a.n;
+        assert!(
+            a.ran.client.ok() && a.ran.client.stdout.contains(&format!("OK {n}")),
+            "not every later connection got its answers:\n{ctx}"
+        );
+        let first = a.first.as_ref().expect("a first connection");
+        assert!(
+            first.status.is_some() && !first.stdout.contains("OK 1"),
+            "the triggering connection: {} (the limitation is gone? update this test and docs/limitations.md)\n{ctx}",
+            if first.status.is_none() {
+                "hung (killed)"
+            } else {
+                "served"
+            }
+        );
+        let errors: Vec<&str> = a
+            .ran
+            .server
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("ERROR"))
+            .collect();
+        assert!(
+            errors.len() == 1 && errors[0].contains("CLC eye catcher"),
+            "CMD's errors should be the triggering connection's Proposal alone: {errors:?}\n{ctx}"
+        );
+    }
     assert!(
         a.ran.server.stdout.contains("LD_PRELOAD (unset)"),
         "CMD did not run, or ran with the library:\n{ctx}"
     );
     let mut reasons = BTreeMap::new();
-    for client in a.clients() {
+    // The triggering connection (without --accept) failed: it has no reason to check.
+    for client in a.clients().into_iter().filter(|c| accept || *c != "first") {
         let connects: Vec<String> = log_lines(&w, client)
             .into_iter()
             .map(|(_, l)| l)

@@ -445,6 +445,56 @@ unsafe fn received_descriptors(on: c_int, msg: *const msghdr) {
     set_errno(e);
 }
 
+/// Sends the caller's message with each SMC-R connection it carries replaced by the
+/// receiver's end of its relay's pair (`shim::relay`); the relays run once it went.
+///
+/// # Safety
+/// `msg` is the caller's valid msghdr.
+unsafe fn send_relayed(
+    fd: c_int,
+    msg: *const msghdr,
+    flags: c_int,
+    relays: Vec<shim::relay::Relay>,
+) -> ssize_t {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the caller's msghdr.
+    let mut m = unsafe { *msg };
+    // SAFETY: the control buffer holds msg_controllen bytes.
+    let mut control =
+        unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), m.msg_controllen) }
+            .to_vec();
+    m.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: walking our copy of the control buffer, as `message_fds` does, rewriting the
+    // relayed descriptors in place.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&m);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<c_int>();
+                for i in 0..n {
+                    let v = data.add(i).read_unaligned();
+                    if let Some(r) = relays.iter().find(|r| r.fd == v) {
+                        data.add(i).write_unaligned(r.theirs.as_raw_fd());
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&m, c);
+        }
+    }
+    // SAFETY: our copy of the caller's message.
+    let r = unsafe { real::sendmsg()(fd, &m, flags) };
+    let e = errno();
+    if r >= 0 {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            shim::relay::start(relays)
+        }));
+    }
+    set_errno(e);
+    r
+}
+
 /// The descriptors a message carries (SCM_RIGHTS), read from its control buffer.
 ///
 /// # Safety
@@ -493,8 +543,16 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
                 let fds = unsafe { message_fds(msg) };
                 if !fds.is_empty() {
                     let e = errno();
-                    let _ = std::panic::catch_unwind(|| shim::sending(fd, &fds));
+                    let relays = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        shim::sending(fd, &fds);
+                        shim::relay::prepare(&fds)
+                    }))
+                    .unwrap_or_default();
                     set_errno(e);
+                    if !relays.is_empty() {
+                        // SAFETY: the caller's msghdr; the relays' descriptors are open.
+                        return unsafe { send_relayed(fd, msg, flags, relays) };
+                    }
                 }
             }
             // SAFETY: forwarding.
