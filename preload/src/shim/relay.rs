@@ -87,9 +87,8 @@ pub(crate) fn start(relays: Vec<Relay>) {
             "fd {fd}: an SMC-R connection passed to another process: this process relays it (the receiver holds a Unix socket)"
         ));
         let ours = std::sync::Arc::new(ours);
-        let back = match conn.try_clone() {
-            Ok(c) => c,
-            Err(_) => continue,
+        let Ok(back) = conn.try_clone() else {
+            continue;
         };
         let (o1, o2) = (ours.clone(), ours);
         let down = smcr::thread::spawn("smcr-relay".into(), move || to_receiver(&conn, &o1));
