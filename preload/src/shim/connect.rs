@@ -178,7 +178,8 @@ fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {
     s.connected();
     let rt = runtime();
     let tcp = TcpStream::from(dup);
-    let peer = log::enabled().then(|| tcp.peer_addr().ok()).flatten();
+    let ends = (tcp.local_addr().ok(), tcp.peer_addr().ok());
+    let peer = ends.1;
     let outcome = match SmcStream::from_connected(&rt, tcp, marked) {
         Ok(st) => {
             log::line(format_args!(
@@ -199,14 +200,18 @@ fn finish_connect(fd: i32, marked: bool, dup: OwnedFd, s: &Arc<Settling>) {
                 log::line(format_args!(
                     "fd {fd} connect {peer:?}: closed before it was settled ({e})"
                 ));
-            } else if smcr::not_clc(&e) {
+            } else if let Some(again) = super::reconnect::plain_again(fd, s, &rt, ends, &e) {
                 log::line(format_args!(
-                    "fd {fd} connect {peer:?}: handshake failed: the server does not speak CLC \
-                     (NOTCLC {:#010x}: the program reading its end got our Proposal as data; \
-                     it was handed a socket without smcr?): {e}",
+                    "fd {fd} connect {peer:?}: {} [{:#010x}] (the server answered our Proposal \
+                     with {e}: the program reading its end had no record of the connection)",
+                    describe(&Mode::Tcp(FallbackReason::NotClc)),
                     FallbackReason::CODE_NOT_CLC
                 ));
+                return s.finish(fd, Outcome::Plain(Some(again)));
             } else {
+                if smcr::not_clc(&e) {
+                    rt.count_code(FallbackReason::CODE_NOT_CLC);
+                }
                 log::line(format_args!(
                     "fd {fd} connect {peer:?}: handshake failed: {e}"
                 ));

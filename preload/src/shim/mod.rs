@@ -51,6 +51,7 @@ mod fork;
 mod handoff;
 mod numbers;
 mod outcome;
+mod reconnect;
 pub(crate) mod relay;
 mod runtime;
 mod settling;

@@ -53,6 +53,12 @@ impl Runtime {
         }
     }
 
+    /// Counts `code` among the process's codes (smc-stat's fallback counters) for a
+    /// connection that has no row of its own (a failure whose cause has a code).
+    pub fn count_code(&self, code: u32) {
+        self.inner.count_code(code);
+    }
+
     /// The shared-memory stats area of this runtime (see [`crate::stats`]), if any.
     pub fn stats_path(&self) -> Option<&std::path::Path> {
         self.inner.stats.as_deref().map(crate::stats::Area::path)

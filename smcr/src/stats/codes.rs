@@ -33,7 +33,7 @@ pub fn reason(code: u32) -> (&'static str, &'static str) {
         ),
         F::CODE_NOT_CLC => (
             "NOTCLC",
-            "a failed connection: the server answered our CLC Proposal with bytes that are not CLC (the process reading its end had no record of the connection: a program without smcr got the socket, or it lost its state)",
+            "the server answered our CLC Proposal with bytes that are not CLC, or closed at it (the process reading its end had no record of the connection: a program without smcr got the socket, or it lost its state); the preload connected again over plain TCP (a Rust API connect fails with it)",
         ),
         0 => ("OTHER", "codes beyond the area's counters"),
         c => {

@@ -28,7 +28,13 @@ impl SmcStream {
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
         let marked = v4_of(addr).is_some() && mark(rt, &sock, true);
         sock.connect(&addr.into())?;
-        Self::from_connected(rt, sock.into(), marked)
+        let r = Self::from_connected(rt, sock.into(), marked);
+        if let Err(e) = &r
+            && not_clc(e)
+        {
+            rt.count_code(FallbackReason::CODE_NOT_CLC);
+        }
+        r
     }
 
     /// Negotiates on a TCP connection the caller connected (`marked`: the socket was marked
@@ -44,9 +50,6 @@ impl SmcStream {
             Ok(()) => {
                 if let Err(e) = s.client_handshake(rt) {
                     rt.inner.handshake_failed();
-                    if not_clc(&e) {
-                        rt.inner.count_code(FallbackReason::CODE_NOT_CLC);
-                    }
                     return Err(e);
                 }
             }

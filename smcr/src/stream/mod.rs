@@ -66,6 +66,10 @@ pub enum FallbackReason {
     /// plain TCP before it left: a listener quiet (its peers fall back, PEERNOSMC), an accepted
     /// connection declined (`MEM` on the wire).
     HandedOff,
+    /// Local: the server answered our CLC Proposal with bytes that are not CLC (or closed at
+    /// it): the process reading its end had no record of the connection. The preload then
+    /// connects again, unmarked, over plain TCP ([`not_clc`]).
+    NotClc,
 }
 
 /// Codes of our local reasons, outside Linux's `SMC_CLC_DECL_*` space.
@@ -87,10 +91,9 @@ impl FallbackReason {
     pub const CODE_NO_THREAD: u32 = 0x7f00_0007;
     /// Local code: handed to a program that cannot negotiate.
     pub const CODE_HANDED_OFF: u32 = 0x7f00_0008;
-    /// Local code of a *failed* client handshake (no fallback was possible): the server
-    /// answered the CLC Proposal with bytes that are not CLC ([`not_clc`]) — the process that
-    /// reads the server's end had no record of the connection. Counted among the process's
-    /// codes so that an administrator can tell it from other failures.
+    /// Local code: the server answered the CLC Proposal with bytes that are not CLC
+    /// ([`not_clc`]) — the process that reads the server's end had no record of the
+    /// connection ([`FallbackReason::NotClc`]; a Rust API client's connect fails with it).
     pub const CODE_NOT_CLC: u32 = 0x7f00_0009;
 
     /// A numeric code: Linux's decline codes where they apply, ours (0x7f00_00xx) otherwise.
@@ -105,6 +108,7 @@ impl FallbackReason {
             Self::Shared => Self::CODE_SHARED,
             Self::NoThread(_) => Self::CODE_NO_THREAD,
             Self::HandedOff => Self::CODE_HANDED_OFF,
+            Self::NotClc => Self::CODE_NOT_CLC,
         }
     }
 }
@@ -147,6 +151,11 @@ impl std::fmt::Display for FallbackReason {
             Self::HandedOff => write!(
                 f,
                 "handed to a program without smcr (HANDOFF {:#010x})",
+                self.code()
+            ),
+            Self::NotClc => write!(
+                f,
+                "the server did not speak CLC: connected again over plain TCP (NOTCLC {:#010x})",
                 self.code()
             ),
         }
