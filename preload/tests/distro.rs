@@ -580,41 +580,8 @@ fn postgres_pgbench(shim: bool) {
         Duration::from_secs(30),
     );
     w.wait_listening(&Net::Host, port, &mut server);
-    let conn = ["-h", "127.0.0.1", "-p", &ps, "-U", "postgres"];
-    let mut args = vec!["-i"];
-    args.extend(conn);
-    args.push("postgres");
-    let init = w.run(
-        &w.spec("pgbench-init").user(&pg),
-        &prog("pgbench"),
-        &args,
-        CLIENT_TIMEOUT,
-    );
-    w.expect_ok(&init);
-    let sampler = w.sampler(&Net::Host, &[port]);
-    let mut args = vec!["-c", "4", "-t", "500"];
-    args.extend(conn);
-    args.push("postgres");
-    let run = w.run(
-        &w.spec("pgbench").user(&pg),
-        &prog("pgbench"),
-        &args,
-        CLIENT_TIMEOUT,
-    );
-    let seen = sampler.stop();
-    w.expect_ok(&run);
-    for want in [
-        "number of transactions actually processed: 2000/2000",
-        "number of failed transactions: 0 ",
-    ] {
-        assert!(
-            run.stdout.contains(want),
-            "[{}] pgbench did not report {want:?}:\n{}\n{}",
-            w.mode(),
-            run.describe(),
-            w.log_summary()
-        );
-    }
+    let (run, seen) = w.pgbench(&pg, &bin, port);
+    w.check_pgbench(&run);
     eprintln!(
         "pgbench [{}]: {}",
         w.mode(),

@@ -457,42 +457,9 @@ fn postgres(shim: bool) {
     if cap_eff() >> 24 & 1 == 1 {
         assert_eq!(adj.trim(), "-900", "OOMScoreAdjust= of {unit} not applied");
     }
-    let conn = ["-h", "127.0.0.1", "-p", &ps, "-U", "postgres"];
-    let mut args = vec!["-i"];
-    args.extend(conn);
-    args.push("postgres");
-    let init = w.run(
-        &w.spec("pgbench-init").user(&nobody),
-        &prog("pgbench"),
-        &args,
-        CLIENT_TIMEOUT,
-    );
-    w.expect_ok(&init);
-    let sampler = w.sampler(&Net::Host, &[port]);
-    let mut args = vec!["-c", "4", "-t", "500"];
-    args.extend(conn);
-    args.push("postgres");
-    let run = w.run(
-        &w.spec("pgbench").user(&nobody),
-        &prog("pgbench"),
-        &args,
-        CLIENT_TIMEOUT,
-    );
-    let seen = sampler.stop();
+    let (run, seen) = w.pgbench(&nobody, &bin, port);
     assert_alive(&w, &mut server);
-    w.expect_ok(&run);
-    for want in [
-        "number of transactions actually processed: 2000/2000",
-        "number of failed transactions: 0 ",
-    ] {
-        assert!(
-            run.stdout.contains(want),
-            "[{}] pgbench did not report {want:?}:\n{}\n{}",
-            w.mode(),
-            run.describe(),
-            w.log_summary()
-        );
-    }
+    w.check_pgbench(&run);
     let v = w.verdict(&seen, &[&server]);
     if shim {
         // pgbench's 4 clients, each served by a backend the postmaster forked.

@@ -1628,6 +1628,55 @@ impl World {
     }
 }
 
+impl World {
+    /// `pgbench -i`, then `pgbench -c 4 -t 500` (PostgreSQL's `bin`) as `user` against user
+    /// `postgres` at 127.0.0.1:`port`, the server's sockets sampled meanwhile.
+    pub fn pgbench(&self, user: &User, bin: &Path, port: u16) -> (Finished, Seen) {
+        let prog = bin.join("pgbench");
+        let prog = prog.to_str().unwrap();
+        let ps = port.to_string();
+        let conn = ["-h", "127.0.0.1", "-p", &ps, "-U", "postgres"];
+        let mut args = vec!["-i"];
+        args.extend(conn);
+        args.push("postgres");
+        let init = self.run(
+            &self.spec("pgbench-init").user(user),
+            prog,
+            &args,
+            CLIENT_TIMEOUT,
+        );
+        self.expect_ok(&init);
+        let sampler = self.sampler(&Net::Host, &[port]);
+        let mut args = vec!["-c", "4", "-t", "500"];
+        args.extend(conn);
+        args.push("postgres");
+        let run = self.run(
+            &self.spec("pgbench").user(user),
+            prog,
+            &args,
+            CLIENT_TIMEOUT,
+        );
+        (run, sampler.stop())
+    }
+
+    /// [`World::pgbench`]'s run succeeded with every transaction.
+    pub fn check_pgbench(&self, run: &Finished) {
+        self.expect_ok(run);
+        for want in [
+            "number of transactions actually processed: 2000/2000",
+            "number of failed transactions: 0 ",
+        ] {
+            assert!(
+                run.stdout.contains(want),
+                "[{}] pgbench did not report {want:?}:\n{}\n{}",
+                self.mode(),
+                run.describe(),
+                self.log_summary()
+            );
+        }
+    }
+}
+
 pub fn pg_bin() -> Option<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
