@@ -158,6 +158,9 @@ fn finish(c: Child, what: &str) -> (bool, String) {
     if let Some(mut o) = c.0.stdout.take() {
         let _ = o.read_to_string(&mut out);
     }
+    if let Some(mut e) = c.0.stderr.take() {
+        let _ = e.read_to_string(&mut out);
+    }
     (status.success(), format!("{out}[{status}]"))
 }
 
@@ -186,13 +189,20 @@ fn echo(w: &World, how: &str, env: &[(&str, &str)]) -> Ran {
     let mut server = w
         .cmd(bin, &["server", "127.0.0.2", &p, &n, how], env)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    use std::io::BufRead;
+    use std::io::{BufRead, Read};
     let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
     out.read_line(&mut line).unwrap();
-    assert!(line.contains("READY"), "server: {line}\n{}", w.log());
+    if !line.contains("READY") {
+        // Why it ended (its stderr, its exit status: a signal such as SIGSYS).
+        let mut err = String::new();
+        let _ = server.stderr.take().map(|mut e| e.read_to_string(&mut err));
+        let status = server.wait();
+        panic!("server: {line:?} {status:?}\n{err}\n{}", w.log());
+    }
     server.stdout = Some(out.into_inner());
     let client = w
         .cmd(
