@@ -76,8 +76,15 @@ fn smcr_run_accelerates_and_the_policy_keeps_excluded_traffic_on_tcp() {
             drop(server);
         }
     });
+    // `smcr run` also pins its steering there; both go, and with them the directory.
+    let _ = smcr::steer::uninstall(&bpf);
     let _ = smcr::option::uninstall(&bpf);
     result.unwrap();
+    assert!(
+        !bpf.exists(),
+        "the test install left pins in {}",
+        bpf.display()
+    );
     let log = shim.log();
     let lines = |f: &dyn Fn(&str) -> bool| log.lines().filter(|l| f(l)).count();
     assert_eq!(

@@ -88,16 +88,16 @@ pub fn ensure_mirror() -> io::Result<()> {
 /// Pin names (bpffs refuses names with a dot); the suffix changes whenever the program or the value layout does, so an old pin
 /// is never used with a new layout.
 const MAP_PIN: &str = "sk_opt_map_v1";
-const PROG_PIN: &str = "sk_opt_prog_v3";
-const LINK_PIN: &str = "sk_opt_link_v3";
+const PROG_PIN: &str = "sk_opt_prog_v4";
+const LINK_PIN: &str = "sk_opt_link_v4";
 /// The socket-option programs' links ([`sockopt`]).
-const SET_LINK_PIN: &str = "sk_opt_set_link_v3";
-const GET_LINK_PIN: &str = "sk_opt_get_link_v3";
+const SET_LINK_PIN: &str = "sk_opt_set_link_v4";
+const GET_LINK_PIN: &str = "sk_opt_get_link_v4";
 /// The listening ports whose SYN-ACKs may offer SMC-R ([`prog`]).
 const PORTS_PIN: &str = "sk_opt_ports_v1";
 /// Pins of earlier programs, removed by [`install`] and [`uninstall`]: the new sock_ops
 /// program would otherwise run beside an old one.
-const LEGACY_PINS: [&str; 9] = [
+const LEGACY_PINS: [&str; 13] = [
     "sk_opt_link_v1",
     "sk_opt_prog_v1",
     "sk_opt_set_link_v1",
@@ -107,6 +107,10 @@ const LEGACY_PINS: [&str; 9] = [
     "sk_opt_set_link_v2",
     "sk_opt_get_link_v2",
     "sk_opt_quiet_v1",
+    "sk_opt_link_v3",
+    "sk_opt_prog_v3",
+    "sk_opt_set_link_v3",
+    "sk_opt_get_link_v3",
 ];
 
 /// Name of the program and map as `bpftool` shows them.
@@ -418,6 +422,13 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
         return Ok(Installed::Present);
     }
     ensure_bpffs(dir)?;
+    let _lock = lock_installs(dir)?;
+    if is_installed(dir) {
+        // Another installer finished while this one waited.
+        mirror();
+        restrict();
+        return Ok(Installed::Present);
+    }
     mirror();
     let cgroup = cgroup2_root()?.ok_or(OptionError::NoCgroup2)?;
     let cg = fs::File::open(&cgroup).map_err(|e| OptionError::from_io("open the cgroup", e))?;
@@ -428,11 +439,7 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
     }
     let mut fresh = false;
     if !dir.join(PORTS_PIN).exists() {
-        match fs::create_dir(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(OptionError::from_io("create the pin directory", e)),
-        }
+        // The map first: a user who may not make one leaves no directory behind.
         let q = sys::map_create(
             sys::BPF_MAP_TYPE_LRU_HASH,
             PORTS_MAP_NAME,
@@ -441,6 +448,11 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
             prog::PORT_ENTRIES,
         )
         .map_err(|e| OptionError::from_io("create the listening-ports map", e))?;
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(OptionError::from_io("create the pin directory", e)),
+        }
         match sys::obj_pin(q.as_raw_fd(), &dir.join(PORTS_PIN).to_string_lossy()) {
             Ok(()) => fresh = true,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -546,6 +558,25 @@ fn install_sock_ops(dir: &Path, cg: &fs::File, ports_fd: i32) -> Result<bool, Op
     }
 }
 
+/// Holds installs and uninstalls of `dir` apart (an exclusive `flock` on its parent, which
+/// exists when `dir` does not yet): two installers at once would otherwise each remove the
+/// other's half-made pins and leave programs that serve different maps. Released on drop.
+fn lock_installs(dir: &Path) -> Result<fs::File, OptionError> {
+    let parent = dir.parent().unwrap_or(dir);
+    let f = fs::File::open(parent)
+        .map_err(|e| OptionError::from_io("open the pin directory's parent", e))?;
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(f);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(OptionError::from_io("lock the pin directory", e));
+        }
+    }
+}
+
 /// Whether a complete install is pinned under `dir`.
 pub fn is_installed(dir: &Path) -> bool {
     [LINK_PIN, MAP_PIN, SET_LINK_PIN, GET_LINK_PIN, PORTS_PIN]
@@ -556,6 +587,8 @@ pub fn is_installed(dir: &Path) -> bool {
 /// Removes the pins under `dir`; each program is detached once no process holds its link.
 /// Sockets that were marked keep working as plain TCP sockets.
 pub fn uninstall(dir: &Path) -> Result<(), OptionError> {
+    // Without a bpffs there is nothing pinned to remove.
+    let _lock = lock_installs(dir).ok();
     let pins = [
         SET_LINK_PIN,
         GET_LINK_PIN,

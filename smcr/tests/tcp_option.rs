@@ -369,3 +369,113 @@ fn a_quiet_listener_offers_nothing_until_a_marked_socket_listens_again() {
     let (_c4, v) = connect(Some(&mo), SocketAddrV4::new([127, 0, 0, 1].into(), po));
     assert_eq!(v, Capability::PeerCapable);
 }
+
+/// Two marked listeners share a port (`SO_REUSEPORT`) and one is made quiet: the port's
+/// SYN-ACKs go without the option, so the other's accepted sockets must not count the client's
+/// SYN as a capable peer either — both ends agree on plain TCP. Quieting a socket that is not a
+/// listener (an accepted one) leaves the port offering.
+#[test]
+fn a_port_made_quiet_is_plain_on_both_ends_and_only_listeners_quiet_it() {
+    if !privileged("quiet listeners") {
+        return;
+    }
+    let install = fresh_install("quiet-shared");
+    let m = OptionRecords::open(&install.0).unwrap();
+    let shared = |to: SocketAddrV4| {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        m.mark(s.as_fd(), false).unwrap();
+        s.set_reuse_port(true).unwrap();
+        s.bind(&SocketAddr::V4(to).into()).unwrap();
+        s.listen(16).unwrap();
+        s
+    };
+    let first = shared("127.0.0.1:0".parse().unwrap());
+    let port = first.local_addr().unwrap().as_socket_ipv4().unwrap().port();
+    let to = SocketAddrV4::new([127, 0, 0, 1].into(), port);
+    let second = shared(to);
+
+    // Quieting an accepted socket leaves the port as it was.
+    let (_c0, before) = connect(Some(&m), to);
+    assert_eq!(before, Capability::PeerCapable);
+    first.set_nonblocking(true).unwrap();
+    second.set_nonblocking(true).unwrap();
+    let accept_one = || loop {
+        for l in [&first, &second] {
+            if let Ok((a, _)) = l.accept() {
+                return a;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    let a0 = accept_one();
+    m.quiet(a0.as_fd()).unwrap();
+    let (_c1, still) = connect(Some(&m), to);
+    assert_eq!(
+        still,
+        Capability::PeerCapable,
+        "an accepted socket quieted the port"
+    );
+    let _ = accept_one();
+
+    m.quiet(first.as_fd()).unwrap();
+    assert!(m.state(second.as_fd()).unwrap().marked());
+    for i in 0..8 {
+        let (_c, client) = connect(Some(&m), to);
+        assert_eq!(
+            client,
+            Capability::PeerNotCapable,
+            "connection {i}: SYN-ACK offered"
+        );
+        let a = accept_one();
+        let server = m.state(a.as_fd()).unwrap().capability();
+        assert_ne!(
+            server,
+            Capability::PeerCapable,
+            "connection {i}: the server counted a peer its SYN-ACK did not answer"
+        );
+    }
+}
+
+/// Installers racing on one directory (several services starting at boot) end with one
+/// working install: exactly one reports it fresh, and marked sockets negotiate through it.
+#[test]
+fn concurrent_installs_make_one_working_install() {
+    if !privileged("concurrent installs") {
+        return;
+    }
+    for round in 0..4 {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/bpf/smcr-test-{}-race{round}",
+            std::process::id()
+        ));
+        let start = Arc::new(std::sync::Barrier::new(4));
+        let racers: Vec<_> = (0..4)
+            .map(|_| {
+                let (dir, start) = (dir.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    option::install(&dir).unwrap()
+                })
+            })
+            .collect();
+        let fresh = racers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .filter(|i| matches!(i, option::Installed::Fresh { .. }))
+            .count();
+        assert_eq!(fresh, 1, "round {round}: installs that each made their own");
+        assert!(option::is_installed(&dir));
+        let m = OptionRecords::open(&dir).unwrap();
+        let l = listener(Some(&m), "127.0.0.1:0".parse().unwrap());
+        let to = l.local_addr().unwrap().as_socket_ipv4().unwrap();
+        let (_c, cap) = connect(Some(&m), to);
+        assert_eq!(cap, Capability::PeerCapable, "round {round}");
+        let (a, _) = l.accept().unwrap();
+        assert_eq!(
+            m.state(a.as_fd()).unwrap().capability(),
+            Capability::PeerCapable
+        );
+        option::uninstall(&dir).unwrap();
+        assert!(!dir.exists());
+    }
+}

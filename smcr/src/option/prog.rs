@@ -11,7 +11,9 @@
 //!   what Linux does (wire-spec §1.2). Callbacks only run for sockets whose flag was turned on.
 //! * `ACTIVE_ESTABLISHED_CB` / `PASSIVE_ESTABLISHED_CB`: for marked sockets, record
 //!   [`ESTABLISHED`] and, when the SYN-ACK (client) or the SYN (server) carried the option,
-//!   [`PEER`]; then turn the header callbacks off so data packets pay nothing.
+//!   [`PEER`] — on the server only while the port is still in the listening map, so that a
+//!   SYN-ACK that went without the option never leaves a server expecting CLC; then turn the
+//!   header callbacks off so data packets pay nothing.
 //!
 //! * The SYN-ACK callbacks run on the request socket, which has no storage: what they can look
 //!   up is the listener's port. So a marked socket that starts to listen puts its port, in its
@@ -150,8 +152,12 @@ fn only_syn_or_echo(a: &mut Asm, map_fd: i32, ports_fd: i32, out: &str, go: &str
     a.ja(go);
 }
 
-/// Emits the established handler: record the peer's option and turn the callbacks off.
-fn established(a: &mut Asm, map_fd: i32, load_flags: i32, name: &str) {
+/// Emits the established handler: record the peer's option and turn the callbacks off. With
+/// `ports_fd` (the passive side), the peer counts only when its SYN carried the option *and*
+/// the port is still in the listening map — the test the SYN-ACK passed to carry ours. A SYN
+/// with the option answered by a SYN-ACK without it (a quiet or evicted port) is plain TCP on
+/// both ends.
+fn established(a: &mut Asm, map_fd: i32, ports_fd: Option<i32>, load_flags: i32, name: &str) {
     let clear = format!("{name}_clear");
     storage_or(a, map_fd, "out");
     a.mov(R8, R0)
@@ -164,8 +170,17 @@ fn established(a: &mut Asm, map_fd: i32, load_flags: i32, name: &str) {
         .mov_imm(R3, OPTION.len() as i32)
         .mov_imm(R4, load_flags)
         .call(HELPER_LOAD_HDR_OPT)
-        .jslt_imm(R0, 0, &clear)
-        .ldx_w(R1, R8, 0)
+        .jslt_imm(R0, 0, &clear);
+    if let Some(ports_fd) = ports_fd {
+        a.ldx_w(R7, R6, CTX_LOCAL_PORT);
+        port_key(a, R7);
+        a.ld_map_fd(R1, ports_fd)
+            .mov(R2, R10)
+            .add_imm(R2, STACK_PORT_KEY as i32)
+            .call(HELPER_MAP_LOOKUP)
+            .jeq_imm(R0, 0, &clear);
+    }
+    a.ldx_w(R1, R8, 0)
         .or_imm(R1, PEER as i32)
         .stx_w(R8, 0, R1)
         .label(&clear)
@@ -248,9 +263,15 @@ pub(crate) fn program(map_fd: i32, ports_fd: i32) -> Vec<Insn> {
         .ja("out");
 
     a.label("active");
-    established(&mut a, map_fd, 0, "active");
+    established(&mut a, map_fd, None, 0, "active");
     a.label("passive");
-    established(&mut a, map_fd, LOAD_HDR_OPT_TCP_SYN, "passive");
+    established(
+        &mut a,
+        map_fd,
+        Some(ports_fd),
+        LOAD_HDR_OPT_TCP_SYN,
+        "passive",
+    );
 
     a.label("out").mov_imm(R0, 1).exit();
     a.finish()

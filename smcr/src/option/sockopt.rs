@@ -31,8 +31,8 @@ pub const SOL_SMCR: i32 = 0x534d_4352;
 pub const OP_RECORD: i32 = 1;
 /// Remove the socket's record (set only).
 pub const OP_DELETE: i32 = 2;
-/// A listener about to reach a program that cannot negotiate: remove its record, and make its
-/// port quiet (its port leaves the listening map: no SYN-ACK from it carries the option until
+/// A listener about to reach a program that cannot negotiate: remove its record, and, when it
+/// is a TCP listener, make its port quiet (its port leaves the listening map: no SYN-ACK from it carries the option until
 /// a marked socket listens there again; docs/protocol.md) (set only).
 pub const OP_QUIET: i32 = 3;
 
@@ -86,8 +86,14 @@ fn optval_or(a: &mut Asm, out: &str) {
         .jgt(R4, R3, out);
 }
 
+/// `struct bpf_sock`'s `protocol`.
+const SOCK_PROTOCOL: i16 = 12;
 /// `struct bpf_sock`'s `src_port` (host order).
 const SOCK_SRC_PORT: i16 = 44;
+/// `struct bpf_sock`'s `state`.
+const SOCK_STATE: i16 = 72;
+const IPPROTO_TCP: i32 = 6;
+const BPF_TCP_LISTEN: i32 = 10;
 /// The `BPF_CGROUP_SETSOCKOPT` program for install `id`, with the sk_storage map `map_fd` and
 /// the listening ports `ports_fd` built in.
 pub(crate) fn set_program(map_fd: i32, ports_fd: i32, id: u16) -> Vec<Insn> {
@@ -114,8 +120,14 @@ pub(crate) fn set_program(map_fd: i32, ports_fd: i32, id: u16) -> Vec<Insn> {
         .stx_dw(R0, 0, R8)
         .ja("done");
 
+    // Only a TCP listener's port goes quiet: any other socket that happens to share the port
+    // (an accepted one, a client's) just loses its record.
     a.label("quiet")
         .ldx_dw(R2, R6, CTX_SK)
+        .ldx_w(R1, R2, SOCK_PROTOCOL)
+        .jne_imm(R1, IPPROTO_TCP, "delete")
+        .ldx_w(R1, R2, SOCK_STATE)
+        .jne_imm(R1, BPF_TCP_LISTEN, "delete")
         .ldx_w(R7, R2, SOCK_SRC_PORT);
     super::prog::port_key(&mut a, R7);
     a.ld_map_fd(R1, ports_fd)
