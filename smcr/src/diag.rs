@@ -388,7 +388,8 @@ pub fn parse_unix_peer(b: &[u8], ino: u32) -> Option<u64> {
         if ty == UNIX_DIAG_PEER {
             return u32_at(a, 4).map(u64::from);
         }
-        a = &a[(alen + 3) & !3..];
+        // The padding to 4 may reach past a last attribute that ends the message.
+        a = a.get((alen + 3) & !3..).unwrap_or_default();
     }
     None
 }
@@ -396,6 +397,39 @@ pub fn parse_unix_peer(b: &[u8], ino: u32) -> Option<u64> {
 #[cfg(test)]
 mod unix_tests {
     use super::*;
+
+    /// A reply whose last attribute is not padded to 4 (it ends the message) is read without
+    /// a panic; any cut of a reply gives `None` or the peer, never a panic.
+    #[test]
+    fn unpadded_or_cut_replies() {
+        let ino = 77u32;
+        let mut msg = vec![0u8; 16];
+        msg[4..8].copy_from_slice(&ino.to_ne_bytes());
+        // An attribute of 5 bytes (type 9), unpadded, then nothing.
+        msg.extend_from_slice(&5u16.to_ne_bytes());
+        msg.extend_from_slice(&9u16.to_ne_bytes());
+        msg.push(1);
+        let reply = |msg: &[u8]| {
+            let mut b = Vec::new();
+            b.extend_from_slice(&((NLMSG_HDR + msg.len()) as u32).to_ne_bytes());
+            b.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+            b.resize(NLMSG_HDR, 0);
+            b.extend_from_slice(msg);
+            b
+        };
+        assert_eq!(parse_unix_peer(&reply(&msg), ino), None);
+        // With a peer attribute first.
+        let mut with_peer = msg[..16].to_vec();
+        with_peer.extend_from_slice(&8u16.to_ne_bytes());
+        with_peer.extend_from_slice(&UNIX_DIAG_PEER.to_ne_bytes());
+        with_peer.extend_from_slice(&4242u32.to_ne_bytes());
+        with_peer.extend_from_slice(&msg[16..]);
+        let full = reply(&with_peer);
+        assert_eq!(parse_unix_peer(&full, ino), Some(4242));
+        for cut in 0..full.len() {
+            let _ = parse_unix_peer(&full[..cut], ino);
+        }
+    }
 
     #[test]
     fn a_socketpairs_peer_is_the_other_end() {

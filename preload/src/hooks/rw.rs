@@ -464,23 +464,13 @@ unsafe fn send_relayed(
         unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), m.msg_controllen) }
             .to_vec();
     m.msg_control = control.as_mut_ptr().cast();
-    // SAFETY: walking our copy of the control buffer, as `message_fds` does, rewriting the
-    // relayed descriptors in place.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&m);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<c_int>();
-                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<c_int>();
-                for i in 0..n {
-                    let v = data.add(i).read_unaligned();
-                    if let Some(r) = relays.iter().find(|r| r.fd == v) {
-                        data.add(i).write_unaligned(r.theirs.as_raw_fd());
-                    }
-                }
-            }
-            c = libc::CMSG_NXTHDR(&m, c);
+    // SAFETY: our copy of the control buffer; the relayed descriptors are rewritten in place.
+    for slot in unsafe { rights_slots(&m) } {
+        // SAFETY: a slot inside our copy (`rights_slots`).
+        let v = unsafe { slot.read_unaligned() };
+        if let Some(r) = relays.iter().find(|r| r.fd == v) {
+            // SAFETY: as above.
+            unsafe { slot.write_unaligned(r.theirs.as_raw_fd()) };
         }
     }
     // SAFETY: our copy of the caller's message.
@@ -500,29 +490,41 @@ unsafe fn send_relayed(
 /// # Safety
 /// `msg` is a valid msghdr whose control buffer, if any, holds `msg_controllen` bytes.
 unsafe fn message_fds(msg: *const msghdr) -> Vec<c_int> {
-    // SAFETY: the caller's msghdr.
-    let m = unsafe { &*msg };
-    let mut fds = Vec::new();
+    // SAFETY: the caller's msghdr; each slot lies inside its control buffer.
+    unsafe { rights_slots(&*msg) }
+        .into_iter()
+        .map(|p| unsafe { p.read_unaligned() })
+        .collect()
+}
+
+/// Where the descriptors of `m`'s SCM_RIGHTS messages lie (unaligned), only those wholly
+/// inside its control buffer: a `cmsg_len` that claims more than the buffer holds (the kernel
+/// refuses such a message) is not read past the end.
+///
+/// # Safety
+/// `m.msg_control` is null or holds `m.msg_controllen` bytes.
+unsafe fn rights_slots(m: &msghdr) -> Vec<*mut c_int> {
+    let mut slots = Vec::new();
     if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
-        return fds;
+        return slots;
     }
-    // SAFETY: walking the control buffer with libc's CMSG macros; the descriptors are read
-    // unaligned.
+    let end = m.msg_control as usize + m.msg_controllen;
+    // SAFETY: walking the control buffer with libc's CMSG macros, which keep each header
+    // inside it; the data is bounded by `end` here.
     unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
+        let mut c = libc::CMSG_FIRSTHDR(m);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(c).cast::<c_int>();
-                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<c_int>();
-                for i in 0..n {
-                    fds.push(data.add(i).read_unaligned());
-                }
+                let claimed = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                let room = end.saturating_sub(data as usize);
+                let n = claimed.min(room) / std::mem::size_of::<c_int>();
+                slots.extend((0..n).map(|i| data.add(i)));
             }
-            c = libc::CMSG_NXTHDR(msg, c);
+            c = libc::CMSG_NXTHDR(m, c);
         }
     }
-    fds
+    slots
 }
 
 /// # Safety
@@ -654,5 +656,47 @@ mod tests {
         set_errno(0);
         let r = guarded_on(&Sock::Inet, -1isize, || panic!("on a socket"));
         assert_eq!((r, errno()), (-1, libc::EIO));
+    }
+
+    /// SCM_RIGHTS descriptors are read from the control buffer, never past its end, whatever
+    /// `cmsg_len` claims.
+    #[test]
+    fn rights_in_a_control_buffer_and_not_past_it() {
+        // Room for one header and 3 descriptors (8-byte aligned).
+        // SAFETY: arithmetic only.
+        let (space, len0) = unsafe { (libc::CMSG_SPACE(12) as usize, libc::CMSG_LEN(0) as usize) };
+        let mut control = vec![0u64; space.div_ceil(8)];
+        // SAFETY: a plain C struct, all zeros is valid.
+        let mut m: msghdr = unsafe { std::mem::zeroed() };
+        m.msg_control = control.as_mut_ptr().cast();
+        m.msg_controllen = space;
+        // SAFETY: the header and its data lie in `control`.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&m);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(12) as usize;
+            for (i, fd) in [7, 8, 9].into_iter().enumerate() {
+                libc::CMSG_DATA(c)
+                    .cast::<c_int>()
+                    .add(i)
+                    .write_unaligned(fd);
+            }
+        }
+        // SAFETY: a msghdr over `control`.
+        assert_eq!(unsafe { message_fds(&m) }, vec![7, 8, 9]);
+        // A length far beyond the buffer: only what it holds.
+        // SAFETY: as above.
+        unsafe { (*libc::CMSG_FIRSTHDR(&m)).cmsg_len = 1 << 20 };
+        // SAFETY: as above.
+        let n = unsafe { message_fds(&m) }.len();
+        let room = (space - len0) / 4;
+        assert!(
+            (3..=room).contains(&n),
+            "{n} descriptors from a {room}-slot buffer"
+        );
+        m.msg_controllen = 4;
+        // SAFETY: as above.
+        assert!(unsafe { message_fds(&m) }.is_empty());
     }
 }
