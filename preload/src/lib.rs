@@ -44,8 +44,12 @@ static ON_LOAD: extern "C" fn() = {
         guard::guarded((), || {
             // The configuration file, then the environment over it (`smcr::settings`).
             smcr::settings::load_process();
+            // From our first descriptor on (the kept log's), ours live outside the numbers
+            // the program gets: a daemon that closes or reuses 3, 4, … never meets them.
+            smcr::fdzone::enable();
             log::init();
             shim::init_settings();
+            hooks::prepare_exec();
             shim::adopt();
         });
         // Registered first, so run after the program's own handlers (which may still use

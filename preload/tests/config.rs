@@ -195,3 +195,32 @@ fn a_decline_is_logged_with_its_reason_on_both_sides() {
         "{log}"
     );
 }
+
+/// With a log (`SMCR_LOG`), the library keeps the file open from load on (for daemons that
+/// chroot later), outside the numbers the program gets: its first `open` still returns 3, as
+/// without the library (a daemon that closes or reuses low numbers never meets ours).
+#[test]
+fn the_kept_log_stays_out_of_the_programs_numbers() {
+    if !have("python3") {
+        return;
+    }
+    let shim = Shim::new("lognum");
+    let first = "import os; print(os.open('/dev/null', os.O_RDONLY))";
+    let plain = run_ok(Command::new("python3").args(["-c", first]), "plain python");
+    let shimmed = run_ok(
+        shim.cmd(true, "python3").args(["-c", first]),
+        "python under the shim",
+    );
+    assert_eq!(
+        shimmed.trim(),
+        plain.trim(),
+        "the first open under the shim"
+    );
+    // The file is open in the process all the same (its descriptor is ours, numbered high).
+    let fds = "import os; print(sum(os.path.realpath('/proc/self/fd/' + f) == os.environ['SMCR_LOG'] for f in os.listdir('/proc/self/fd')))";
+    let kept = run_ok(
+        shim.cmd(true, "python3").args(["-c", fds]),
+        "python under the shim",
+    );
+    assert_eq!(kept.trim(), "1", "descriptors of the log in the process");
+}

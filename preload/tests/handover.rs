@@ -543,6 +543,75 @@ fn listener_inherited_across_exec(shim: bool) {
     let server = pids_after(&r.server.stdout, "SERVER ");
     assert_eq!(server.len(), 1, "{}", r.context(&w));
     assert_smcr_in(&w, &r, "client", &server, CONNS);
+    // One stats area for the pid: the image before the exec removed its own (the new one's
+    // stays after its end, as every process's does until it is found stale).
+    let areas: Vec<String> = std::fs::read_dir(&w.stats)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{}-", server[0])) && n.ends_with(".stats"))
+        .collect();
+    assert_eq!(areas.len(), 1, "areas of pid {}: {areas:?}", server[0]);
+}
+
+/// 4b. As 4, but the new image does not run the library: the primary execs it with `call`
+///    (`execl`, `execle` with its own environment, or `execlp`: glibc's reach its internal
+///    `__execve`, past the `execve` hook) without LD_PRELOAD and with LISTEN_FDS=1. The
+///    listener goes quiet before the exec: every client TCP (PEERNOSMC), every echo intact
+///    (an image that read a CLC Proposal as data would echo the wrong bytes).
+fn listener_exec_without_the_library(call: &str) {
+    let Some(w) = World::new(&format!("ho-{call}"), true, &[]) else {
+        return;
+    };
+    if program().is_none() {
+        return;
+    }
+    let port = common::port(BASE);
+    let r = c_run_with(
+        &w,
+        &["exec", &port.to_string(), &CONNS.to_string()],
+        &[("HANDOVER_PLAIN_EXEC", call)],
+        port,
+        2,
+    );
+    r.assert_served(&w, CONNS);
+    let ctx = r.context(&w);
+    let connects: Vec<String> = log_lines(&w, "client")
+        .into_iter()
+        .map(|(_, l)| l)
+        .filter(|l| l.contains(" connect Some("))
+        .collect();
+    let want = "TCP: peer did not offer SMC-R (PEERNOSMC";
+    let tcp = connects.iter().filter(|l| l.contains(want)).count();
+    assert_eq!(
+        (tcp, connects.len()),
+        (CONNS as usize, CONNS as usize),
+        "{call}: {tcp} of {} connects '{want}':\n{}\n{ctx}",
+        connects.len(),
+        harness::head(&connects.join("\n"), 8)
+    );
+    let primary: Vec<String> = log_lines(&w, "server")
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect();
+    let said = "a listener going to an exec without the library: quiet";
+    assert!(
+        primary.iter().any(|l| l.contains(said)),
+        "{call}: the primary's log does not say '{said}':\n{}\n{ctx}",
+        harness::head(&primary.join("\n"), 8)
+    );
+    // The primary's stats area went before the exec: the image without the library would
+    // never update it, and it would look alive as long as the pid.
+    let server = pids_after(&r.server.stdout, "PRIMARY ");
+    let areas: Vec<String> = std::fs::read_dir(&w.stats)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{}-", server[0])))
+        .collect();
+    assert!(
+        areas.is_empty(),
+        "{call}: areas of pid {}: {areas:?}",
+        server[0]
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -993,6 +1062,21 @@ mod over_smcr {
     #[test]
     fn listener_inherited_across_exec() {
         super::listener_inherited_across_exec(true);
+    }
+
+    #[test]
+    fn listener_execl_without_the_library() {
+        super::listener_exec_without_the_library("execl");
+    }
+
+    #[test]
+    fn listener_execle_without_the_library() {
+        super::listener_exec_without_the_library("execle");
+    }
+
+    #[test]
+    fn listener_execlp_without_the_library() {
+        super::listener_exec_without_the_library("execlp");
     }
 
     #[test]

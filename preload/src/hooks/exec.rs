@@ -10,14 +10,31 @@
 //! SMC-R from the process that does use it. An image that loads the library recognises them itself
 //! (`shim::adopt`). The call, its result and errno are libc's.
 //!
-//! Not hooked: the variadic `execl`, `execle`, `execlp` (stable Rust cannot define a C
-//! variadic function; glibc's reach `execve` internally), and the exec inside glibc's own
+//! The variadic `execl`, `execle`, `execlp` (glibc's reach its internal `__execve`, past our
+//! hook): stable Rust cannot write a C variadic function's body, so ours are naked entry
+//! points that jump, registers and stack untouched, into C (`execl.c`), which builds the
+//! array and calls [`execve`] or [`execvp`] here. Not hooked: the exec inside glibc's own
 //! `system`/`popen` (internal calls), whose shells keep the environment.
 
 use libc::{c_char, c_int, pid_t};
 
 use crate::guard::{bypassed, errno, guarded, set_errno};
 use crate::{real, shim};
+
+/// At load: what the exec hooks need is looked up now, not in a forked child about to exec
+/// (`dlsym` and `dladdr` take the loader's lock, which another thread of the parent may have
+/// held at the fork).
+pub(crate) fn prepare() {
+    let _ = (
+        real::execve(),
+        real::execv(),
+        real::execvp(),
+        real::execvpe(),
+    );
+    let _ = (real::fexecve(), real::execveat());
+    let _ = (real::posix_spawn(), real::posix_spawnp());
+    shim::prepare_handoff();
+}
 
 /// The environment the new image gets.
 enum Env {
@@ -51,6 +68,22 @@ fn before_exec(env: Env) {
         }
     });
     set_errno(e);
+}
+
+/// An exec of this process: [`before_exec`], this process's stats area goes (the pid stays,
+/// the image that updated it does not), then `call`, which returns only when it failed.
+fn exec(env: Env, call: impl FnOnce() -> c_int) -> c_int {
+    before_exec(env);
+    if !bypassed() {
+        guarded((), shim::before_exec);
+    }
+    let r = call();
+    if !bypassed() {
+        let e = errno();
+        guarded((), || shim::exec_failed(e));
+        set_errno(e);
+    }
+    r
 }
 
 unsafe extern "C" {
@@ -89,27 +122,26 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec(Env::Given(envp));
     // SAFETY: forwarding.
-    unsafe { real::execve()(path, argv, envp) }
+    exec(Env::Given(envp), || unsafe {
+        real::execve()(path, argv, envp)
+    })
 }
 
 /// # Safety
 /// libc's contract for execv(3).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec(Env::Current);
     // SAFETY: forwarding.
-    unsafe { real::execv()(path, argv) }
+    exec(Env::Current, || unsafe { real::execv()(path, argv) })
 }
 
 /// # Safety
 /// libc's contract for execvp(3).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec(Env::Current);
     // SAFETY: forwarding.
-    unsafe { real::execvp()(file, argv) }
+    exec(Env::Current, || unsafe { real::execvp()(file, argv) })
 }
 
 /// # Safety
@@ -120,10 +152,65 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec(Env::Given(envp));
     // SAFETY: forwarding.
-    unsafe { real::execvpe()(file, argv, envp) }
+    exec(Env::Given(envp), || unsafe {
+        real::execvpe()(file, argv, envp)
+    })
 }
+
+/// What `execl.c`'s `execl`/`execle` call: [`execve`].
+///
+/// # Safety
+/// libc's contract for execve(2).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn smcr_preload_execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { execve(path, argv, envp) }
+}
+
+/// What `execl.c`'s `execlp` calls: [`execvp`].
+///
+/// # Safety
+/// libc's contract for execvp(3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn smcr_preload_execvp(
+    file: *const c_char,
+    argv: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { execvp(file, argv) }
+}
+
+unsafe extern "C" {
+    // execl.c's variadic bodies; only jumped to.
+    fn smcr_execl();
+    fn smcr_execlp();
+    fn smcr_execle();
+}
+
+/// Exported `execl`, `execlp`, `execle`: a jump to the C body of the same call. Naked, so the
+/// variadic arguments (registers, stack, and on x86-64 `al`) reach it exactly as the program
+/// passed them.
+macro_rules! variadic_exec {
+    ($($name:ident => $body:ident),*) => {$(
+        /// # Safety
+        #[doc = concat!("libc's contract for ", stringify!($name), "(3).")]
+        #[unsafe(no_mangle)]
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn $name() {
+            #[cfg(target_arch = "x86_64")]
+            core::arch::naked_asm!("jmp {}", sym $body);
+            #[cfg(target_arch = "aarch64")]
+            core::arch::naked_asm!("b {}", sym $body);
+        }
+    )*};
+}
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+variadic_exec!(execl => smcr_execl, execlp => smcr_execlp, execle => smcr_execle);
 
 /// # Safety
 /// libc's contract for fexecve(3).
@@ -133,9 +220,10 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec(Env::Given(envp));
     // SAFETY: forwarding.
-    unsafe { real::fexecve()(fd, argv, envp) }
+    exec(Env::Given(envp), || unsafe {
+        real::fexecve()(fd, argv, envp)
+    })
 }
 
 /// # Safety
@@ -148,9 +236,10 @@ pub unsafe extern "C" fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
-    before_exec(Env::Given(envp));
     // SAFETY: forwarding.
-    unsafe { real::execveat()(dirfd, path, argv, envp, flags) }
+    exec(Env::Given(envp), || unsafe {
+        real::execveat()(dirfd, path, argv, envp, flags)
+    })
 }
 
 /// # Safety

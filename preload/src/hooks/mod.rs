@@ -159,3 +159,5 @@ fn ret_len(r: io::Result<usize>) -> ssize_t {
         }
     }
 }
+
+pub(crate) use exec::prepare as prepare_exec;

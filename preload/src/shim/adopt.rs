@@ -26,7 +26,7 @@ enum Origin {
 }
 
 /// The option records of this process's configuration (opened once: a probe socket each).
-fn records() -> Option<OptionRecords> {
+pub(super) fn records() -> Option<OptionRecords> {
     static R: OnceLock<Option<OptionRecords>> = OnceLock::new();
     *R.get_or_init(|| {
         let cfg = RuntimeConfig::from_env();

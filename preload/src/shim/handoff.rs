@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 
-use super::runtime::{enabled, runtime};
+use super::runtime::enabled;
 use crate::fds::borrowed;
 use crate::guard::Bypass;
 use crate::sock::Sock;
@@ -32,6 +32,11 @@ fn our_name() -> Option<&'static OsString> {
             .map(|n| n.to_os_string())
     })
     .as_ref()
+}
+
+/// At load: the library's own file name, found now (`dladdr`; see `hooks::exec::prepare`).
+pub(crate) fn prepare() {
+    let _ = our_name();
 }
 
 /// Whether a new image with `LD_PRELOAD` = `preload` loads this library (named in it, or in
@@ -128,11 +133,13 @@ fn receiver(on: i32) -> Option<u32> {
                 .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
         })
     };
-    if holds(me) {
-        return Some(me);
-    }
+    // A child holding the other end first: a primary that forgot to close its copy after
+    // the fork would otherwise be taken for the reader, and a child without the library would
+    // get sockets that offer SMC-R. Judging by the child at worst makes them TCP needlessly.
     let children: Vec<u32> = std::fs::read_dir("/proc/self/task")
-        .ok()?
+        .ok()
+        .into_iter()
+        .flatten()
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
         .flat_map(|s| {
@@ -141,7 +148,10 @@ fn receiver(on: i32) -> Option<u32> {
                 .collect::<Vec<u32>>()
         })
         .collect();
-    children.into_iter().find(|&c| holds(c))
+    children
+        .into_iter()
+        .find(|&c| holds(c))
+        .or_else(|| holds(me).then_some(me))
 }
 
 /// [`runs_library`] for the peer `pid` of Unix socket `on`, remembered per socket for a
@@ -195,7 +205,9 @@ fn make_tcp(fd: i32, s: &Sock, why: &str) {
             if l.handed_off.swap(true, Ordering::AcqRel) {
                 return;
             }
-            let r = runtime().option_records().map(|m| m.quiet(borrowed(fd)));
+            // The records without the runtime: a forked child about to exec has none of its
+            // own, and making one (threads, a stats area) just for this would outlive it.
+            let r = super::adopt::records().map(|m| m.quiet(borrowed(fd)));
             log::line(format_args!(
                 "fd {fd}: a listener going to {why}: {}",
                 match r {

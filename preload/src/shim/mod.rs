@@ -62,10 +62,11 @@ pub(crate) use connect::{
     ConnectPlan, connect_async, connecting, debug_pause, plain_connect, plan_connect,
 };
 pub(crate) use fork::{forked, forked_child};
-pub(crate) use handoff::{handing_off, library_in, sending};
+pub(crate) use handoff::{handing_off, library_in, prepare as prepare_handoff, sending};
 pub(crate) use numbers::{exclude, set_nonblock, tcp_fd, unsupported_option, untrack};
 pub(crate) use runtime::{
-    at_exit, before_chroot, enabled, init_settings, locking_down, policy_allows,
+    at_exit, before_chroot, before_exec, enabled, exec_failed, init_settings, locking_down,
+    policy_allows,
 };
 
 /// Before a fork: the forking thread takes the shim's process-wide locks (see `forkhold`;

@@ -62,6 +62,14 @@ pub(crate) fn prepare(fds: &[i32]) -> Vec<Relay> {
         let Ok(ours) = crate::fds::hide_owned(sv[1]) else {
             continue;
         };
+        // The receiver's number behaves as the sender's did: non-blocking stays so.
+        if c.nonblock.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: fcntl on the pair's end we own.
+            unsafe {
+                let fl = libc::fcntl(theirs.as_raw_fd(), libc::F_GETFL);
+                libc::fcntl(theirs.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+        }
         out.push(Relay {
             fd,
             theirs,
@@ -87,13 +95,21 @@ pub(crate) fn start(relays: Vec<Relay>) {
             "fd {fd}: an SMC-R connection passed to another process: this process relays it (the receiver holds a Unix socket)"
         ));
         let ours = std::sync::Arc::new(ours);
-        let Ok(back) = conn.try_clone() else {
+        let (Ok(back), Ok(end)) = (conn.try_clone(), conn.try_clone()) else {
+            // SAFETY: our end of the pair; the receiver reads EOF at once.
+            unsafe { real::shutdown()(ours.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = conn.shutdown(std::net::Shutdown::Both);
             continue;
         };
-        let (o1, o2) = (ours.clone(), ours);
+        let (o1, o2) = (ours.clone(), ours.clone());
         let down = smcr::thread::spawn("smcr-relay".into(), move || to_receiver(&conn, &o1));
         let up = smcr::thread::spawn("smcr-relay".into(), move || from_receiver(&back, &o2));
         if down.is_err() || up.is_err() {
+            // A relay one way only would leave the other end waiting: both ends see the
+            // connection end (a running half stops on it).
+            // SAFETY: our end of the pair.
+            unsafe { real::shutdown()(ours.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = end.shutdown(std::net::Shutdown::Both);
             log::line(format_args!(
                 "fd {fd}: no thread to relay the passed connection: it ends"
             ));

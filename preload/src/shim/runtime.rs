@@ -52,6 +52,40 @@ pub(crate) fn runtime() -> Runtime {
     }
 }
 
+/// Before an exec (which keeps the pid): this process's stats area goes, when it has one —
+/// the new image never updates it, and the area would look alive for as long as the pid is
+/// (a new image that runs the library makes its own). Builds no runtime; if the exec fails,
+/// the process's stats are no longer listed (said in the log).
+pub(crate) fn before_exec() {
+    let rt = {
+        let _holding = crate::forkhold::Holding::new();
+        RT.try_lock().ok().and_then(|g| {
+            g.as_ref()
+                .filter(|(p, _)| *p == table::pid())
+                .map(|(_, rt)| rt.clone())
+        })
+    };
+    if let Some(rt) = rt {
+        rt.unlink_stats();
+    }
+}
+
+/// After an exec that returned (it failed): see [`before_exec`].
+pub(crate) fn exec_failed(errno: i32) {
+    let ran = {
+        let _holding = crate::forkhold::Holding::new();
+        RT.try_lock()
+            .ok()
+            .is_some_and(|g| g.as_ref().is_some_and(|(p, _)| *p == table::pid()))
+    };
+    if ran {
+        log::line(format_args!(
+            "exec failed ({}): this process's stats area was removed before it and is no longer listed",
+            std::io::Error::from_raw_os_error(errno)
+        ));
+    }
+}
+
 /// The program is about to forbid itself new threads (`what`: it lowers `RLIMIT_NPROC`,
 /// installs a seccomp filter): parks `SMCR_SPARE_THREADS` spares now, plus the engine and the
 /// TCP watch if this process does not run them yet, and keeps every thread of ours from then

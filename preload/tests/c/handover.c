@@ -15,7 +15,9 @@
  *                                  first message itself, then sends it to a worker, which
  *                                  serves the rest
  *   handover exec PORT N           listens, moves the listener to fd 3 and execs itself as
- *                                  `handover fd 3 N`
+ *                                  `handover fd 3 N` (with HANDOVER_PLAIN_EXEC=execl, execle
+ *                                  or execlp: by that call, without LD_PRELOAD, with
+ *                                  LISTEN_FDS=1: an image that does not run the library)
  *   handover worker FD N           a worker on socketpair end FD (with HANDOVER_PLAIN_WORKERS
  *                                  set, conn and listener exec their workers this way,
  *                                  without LD_PRELOAD: workers that do not run the library)
@@ -284,6 +286,12 @@ static int worker(int unix_fd, int n) {
             for (int i = 0; i < n; i++) spawn_serve(&ts, accept_one(fd));
             close(fd);
         } else {
+            /* `established` sends its connections non-blocking; a descriptor that arrives
+             * otherwise changed on the way. */
+            int fl = fcntl(fd, F_GETFL);
+            if (getenv("HANDOVER_ESTABLISHED") && !(fl & O_NONBLOCK))
+                printf("ERROR %d connection arrived blocking, sent non-blocking\n", (int)getpid());
+            if (fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) die("fcntl");
             spawn_serve(&ts, fd);
         }
     }
@@ -359,6 +367,8 @@ static int primary_conns(int port, int n, int w, int first) {
                 continue;
             }
             count(1, bytes, 0);
+            /* Sent non-blocking: the worker must get it so (it checks, then blocks). */
+            if (fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK) != 0) die("fcntl");
         }
         send_fd(socks[i % w], c);
         close(c);
@@ -391,6 +401,27 @@ static int exec_listener(int port, int n) {
     char nbuf[16];
     snprintf(nbuf, sizeof nbuf, "%d", n);
     fflush(stdout);
+    const char *plain = getenv("HANDOVER_PLAIN_EXEC");
+    if (plain) {
+        /* The new image does not run the library: systemd's protocol names fd 3 its
+         * listener. The variadic calls, each its own way of passing the environment. */
+        char pid_s[32];
+        snprintf(pid_s, sizeof pid_s, "LISTEN_PID=%d", (int)getpid());
+        if (!strcmp(plain, "execle")) {
+            char *env[] = {"LISTEN_FDS=1", pid_s, NULL};
+            execle("/proc/self/exe", self_path, "fd", "3", nbuf, (char *)NULL, env);
+        } else {
+            unsetenv("LD_PRELOAD");
+            unsetenv("HANDOVER_PLAIN_EXEC");
+            setenv("LISTEN_FDS", "1", 1);
+            setenv("LISTEN_PID", pid_s + strlen("LISTEN_PID="), 1);
+            if (!strcmp(plain, "execlp"))
+                execlp("/proc/self/exe", self_path, "fd", "3", nbuf, (char *)NULL);
+            else
+                execl("/proc/self/exe", self_path, "fd", "3", nbuf, (char *)NULL);
+        }
+        die("exec");
+    }
     execl("/proc/self/exe", self_path, "fd", "3", nbuf, (char *)NULL);
     die("exec");
     return 1;
@@ -515,7 +546,7 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "conn") && argc == 5)
         return primary_conns(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 0);
-    if (!strcmp(mode, "established") && argc == 5)
+    if (!strcmp(mode, "established") && argc == 5 && setenv("HANDOVER_ESTABLISHED", "1", 1) == 0)
         return primary_conns(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 1);
     if (!strcmp(mode, "listener") && argc == 4) return primary_listener(atoi(argv[2]), atoi(argv[3]));
     if (!strcmp(mode, "exec") && argc == 4) return exec_listener(atoi(argv[2]), atoi(argv[3]));

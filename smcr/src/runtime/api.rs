@@ -151,13 +151,19 @@ impl Runtime {
         }
     }
 
+    /// Removes the stats area's file, so readers stop finding it (the process is about to
+    /// become another program image, which never updates it again).
+    pub fn unlink_stats(&self) {
+        if let Some(a) = &self.inner.stats {
+            a.unlink();
+        }
+    }
+
     /// Deletes every link group (DELETE LINK to the peers); their connections fail.
     pub fn shutdown(&self) {
         self.delete_groups();
         // Threads may still hold the runtime for a while; its stats are over now.
-        if let Some(a) = &self.inner.stats {
-            a.unlink();
-        }
+        self.unlink_stats();
     }
 
     /// Deletes every link group (DELETE LINK to the peers).
