@@ -1104,3 +1104,26 @@ mod over_smcr {
         super::node_cluster_round_robin(true);
     }
 }
+
+/// A vfork child's exec (shells, JVMs, CPython may run commands so) shares the parent's
+/// memory and runs no fork handler: it must not take the parent's stats area for its own and
+/// remove it. The program prints its areas before and after (`tests/c/vfork_exec.c`).
+#[test]
+fn a_vfork_childs_exec_leaves_the_parents_stats_area() {
+    let Some(bin) = common::build_c("vfork_exec", &[]) else {
+        return;
+    };
+    let shim = common::Shim::new("vfork");
+    let stats = shim.dir.join("stats");
+    std::fs::create_dir_all(&stats).unwrap();
+    let out = common::run_ok(
+        shim.cmd(true, bin.to_str().unwrap())
+            .env("SMCR_STATS_DIR", &stats),
+        "vfork_exec under the shim",
+    );
+    assert_eq!(
+        out.trim(),
+        "1 1",
+        "the parent's areas before and after the child's exec"
+    );
+}

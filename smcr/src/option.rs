@@ -29,7 +29,7 @@ pub mod xdp;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub use claim::{CLAIMED_SMC, CLAIMED_TCP, CONNECTING, Claim};
@@ -421,8 +421,8 @@ pub fn install(dir: &Path) -> Result<Installed, OptionError> {
         restrict();
         return Ok(Installed::Present);
     }
-    ensure_bpffs(dir)?;
     let _lock = lock_installs(dir)?;
+    ensure_bpffs(dir)?;
     if is_installed(dir) {
         // Another installer finished while this one waited.
         mirror();
@@ -558,24 +558,52 @@ fn install_sock_ops(dir: &Path, cg: &fs::File, ports_fd: i32) -> Result<bool, Op
     }
 }
 
-/// Holds installs and uninstalls of `dir` apart (an exclusive `flock` on its parent, which
-/// exists when `dir` does not yet): two installers at once would otherwise each remove the
-/// other's half-made pins and leave programs that serve different maps. Released on drop.
+/// Holds installs and uninstalls apart: two installers at once would otherwise each remove the
+/// other's half-made pins and leave programs that serve different maps. An exclusive `flock`
+/// on [`LOCK_FILE`] (root's, mode 0600: no other user can open it to hold installs up), taken
+/// before bpffs may be mounted, so two first installers do not each lock their own mount; where
+/// `/run` cannot hold it, on `dir`'s parent. Waits at most [`LOCK_WAIT`] (an install takes
+/// milliseconds); released on drop.
 fn lock_installs(dir: &Path) -> Result<fs::File, OptionError> {
-    let parent = dir.parent().unwrap_or(dir);
-    let f = fs::File::open(parent)
-        .map_err(|e| OptionError::from_io("open the pin directory's parent", e))?;
+    let run = Path::new(LOCK_FILE);
+    let _ = run.parent().map(fs::create_dir_all);
+    let f = match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(run)
+    {
+        Ok(f) => f,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
+            return Err(OptionError::from_io("open the install lock", e));
+        }
+        Err(_) => fs::File::open(dir.parent().unwrap_or(dir))
+            .map_err(|e| OptionError::from_io("open the install lock", e))?,
+    };
+    let until = std::time::Instant::now() + LOCK_WAIT;
     loop {
         // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return Ok(f);
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(OptionError::from_io("lock the pin directory", e));
+        match e.raw_os_error() {
+            Some(libc::EINTR) => {}
+            Some(libc::EWOULDBLOCK) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            _ => return Err(OptionError::from_io("take the install lock", e)),
         }
     }
 }
+
+/// The install lock ([`lock_installs`]).
+const LOCK_FILE: &str = "/run/smcr/install.lock";
+
+/// How long an install waits for another to finish.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether a complete install is pinned under `dir`.
 pub fn is_installed(dir: &Path) -> bool {

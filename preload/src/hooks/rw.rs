@@ -498,8 +498,8 @@ unsafe fn message_fds(msg: *const msghdr) -> Vec<c_int> {
 }
 
 /// Where the descriptors of `m`'s SCM_RIGHTS messages lie (unaligned), only those wholly
-/// inside its control buffer: a `cmsg_len` that claims more than the buffer holds (the kernel
-/// refuses such a message) is not read past the end.
+/// inside its control buffer: the walk ends at a `cmsg_len` that claims more than the buffer
+/// holds (the kernel refuses such a message).
 ///
 /// # Safety
 /// `m.msg_control` is null or holds `m.msg_controllen` bytes.
@@ -510,15 +510,19 @@ unsafe fn rights_slots(m: &msghdr) -> Vec<*mut c_int> {
     }
     let end = m.msg_control as usize + m.msg_controllen;
     // SAFETY: walking the control buffer with libc's CMSG macros, which keep each header
-    // inside it; the data is bounded by `end` here.
+    // inside it; each message's data is inside it too (checked against `end` first).
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(m);
         while !c.is_null() {
+            // A length past the buffer's end (the kernel refuses the message) ends the walk:
+            // its data is not all there, and CMSG_NXTHDR's alignment could wrap on it.
+            if (*c).cmsg_len as usize > end - c as usize {
+                break;
+            }
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(c).cast::<c_int>();
-                let claimed = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
-                let room = end.saturating_sub(data as usize);
-                let n = claimed.min(room) / std::mem::size_of::<c_int>();
+                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<c_int>();
                 slots.extend((0..n).map(|i| data.add(i)));
             }
             c = libc::CMSG_NXTHDR(m, c);
@@ -664,7 +668,7 @@ mod tests {
     fn rights_in_a_control_buffer_and_not_past_it() {
         // Room for one header and 3 descriptors (8-byte aligned).
         // SAFETY: arithmetic only.
-        let (space, len0) = unsafe { (libc::CMSG_SPACE(12) as usize, libc::CMSG_LEN(0) as usize) };
+        let space = unsafe { libc::CMSG_SPACE(12) as usize };
         let mut control = vec![0u64; space.div_ceil(8)];
         // SAFETY: a plain C struct, all zeros is valid.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
@@ -685,16 +689,13 @@ mod tests {
         }
         // SAFETY: a msghdr over `control`.
         assert_eq!(unsafe { message_fds(&m) }, vec![7, 8, 9]);
-        // A length far beyond the buffer: only what it holds.
-        // SAFETY: as above.
-        unsafe { (*libc::CMSG_FIRSTHDR(&m)).cmsg_len = 1 << 20 };
-        // SAFETY: as above.
-        let n = unsafe { message_fds(&m) }.len();
-        let room = (space - len0) / 4;
-        assert!(
-            (3..=room).contains(&n),
-            "{n} descriptors from a {room}-slot buffer"
-        );
+        // A length beyond the buffer, or one that would wrap: nothing read, the walk ends.
+        for bad in [space + 1, 1 << 20, usize::MAX - 3] {
+            // SAFETY: as above.
+            unsafe { (*libc::CMSG_FIRSTHDR(&m)).cmsg_len = bad };
+            // SAFETY: as above.
+            assert!(unsafe { message_fds(&m) }.is_empty(), "cmsg_len {bad}");
+        }
         m.msg_controllen = 4;
         // SAFETY: as above.
         assert!(unsafe { message_fds(&m) }.is_empty());

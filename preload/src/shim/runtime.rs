@@ -57,11 +57,14 @@ pub(crate) fn runtime() -> Runtime {
 /// (a new image that runs the library makes its own). Builds no runtime; if the exec fails,
 /// the process's stats are no longer listed (said in the log).
 pub(crate) fn before_exec() {
+    // A fresh getpid, not the table's cached pid: a vfork child (CPython's subprocess, a JVM)
+    // runs no atfork handler, shares our memory, and must not remove its parent's area.
+    let me = std::process::id();
     let rt = {
         let _holding = crate::forkhold::Holding::new();
         RT.try_lock().ok().and_then(|g| {
             g.as_ref()
-                .filter(|(p, _)| *p == table::pid())
+                .filter(|(p, _)| *p == me)
                 .map(|(_, rt)| rt.clone())
         })
     };
@@ -72,11 +75,12 @@ pub(crate) fn before_exec() {
 
 /// After an exec that returned (it failed): see [`before_exec`].
 pub(crate) fn exec_failed(errno: i32) {
+    let me = std::process::id();
     let ran = {
         let _holding = crate::forkhold::Holding::new();
         RT.try_lock()
             .ok()
-            .is_some_and(|g| g.as_ref().is_some_and(|(p, _)| *p == table::pid()))
+            .is_some_and(|g| g.as_ref().is_some_and(|(p, _)| *p == me))
     };
     if ran {
         log::line(format_args!(
