@@ -96,7 +96,7 @@ pub(crate) fn sending(on: i32, fds: &[i32]) {
         return;
     }
     let _b = Bypass::new();
-    let (why, runs) = match receiver(on) {
+    let (why, runs) = match receiver_of(on) {
         Some(pid) if pid == std::process::id() => return,
         Some(pid) => (
             format!("process {pid}, which does not run smcr"),
@@ -154,32 +154,57 @@ fn receiver(on: i32) -> Option<u32> {
         .or_else(|| holds(me).then_some(me))
 }
 
-/// [`runs_library`] for the peer `pid` of Unix socket `on`, remembered per socket for a
-/// second (a cluster's primary passes every connection over the same channel: one look at
-/// the worker's maps a second, not one per connection; a worker that execs another image is
-/// looked at again soon). Only ever tried for (never waited on), so a child forked while
-/// another thread held it is not stuck: it looks at the maps again.
-fn receiver_runs_library(on: i32, pid: u32) -> bool {
-    type Seen = Vec<((u64, u32), bool, std::time::Instant)>;
-    static SEEN: std::sync::Mutex<Seen> = std::sync::Mutex::new(Vec::new());
+/// Answers remembered for a second per key (a cluster's primary passes every connection over
+/// the same channel: one look a second, not one per connection; a worker that execs another
+/// image is looked at again soon). Only ever tried for (never waited on), so a child forked
+/// while another thread held it is not stuck: it looks again.
+struct Recent<K, V>(std::sync::Mutex<Vec<(K, V, std::time::Instant)>>);
+
+impl<K: PartialEq + Copy, V: Copy> Recent<K, V> {
     const FOR: std::time::Duration = std::time::Duration::from_secs(1);
-    let key = (crate::fds::inode(on).unwrap_or(0), pid);
-    let now = std::time::Instant::now();
-    if let Ok(v) = SEEN.try_lock()
-        && let Some((_, r, _)) = v
-            .iter()
-            .find(|(k, _, at)| *k == key && now.duration_since(*at) < FOR)
-    {
-        return *r;
+
+    const fn new() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
     }
-    let r = runs_library(pid);
-    if let Ok(mut v) = SEEN.try_lock() {
-        v.retain(|(k, _, at)| *k != key && now.duration_since(*at) < FOR);
-        if v.len() < 256 {
-            v.push((key, r, now));
+
+    fn get_or(&self, key: K, look: impl FnOnce() -> V) -> V {
+        let now = std::time::Instant::now();
+        if let Ok(v) = self.0.try_lock()
+            && let Some((_, r, _)) = v
+                .iter()
+                .find(|(k, _, at)| *k == key && now.duration_since(*at) < Self::FOR)
+        {
+            return *r;
         }
+        let r = look();
+        if let Ok(mut v) = self.0.try_lock() {
+            v.retain(|(k, _, at)| *k != key && now.duration_since(*at) < Self::FOR);
+            if v.len() < 256 {
+                v.push((key, r, now));
+            }
+        }
+        r
     }
-    r
+}
+
+/// [`receiver`] of Unix socket `on`, remembered per socket ([`Recent`]): for a socketpair it
+/// reads the children's descriptors, which would otherwise cost every passed connection
+/// (socket inode numbers are not reused within a second).
+fn receiver_of(on: i32) -> Option<u32> {
+    static SEEN: Recent<u64, Option<u32>> = Recent::new();
+    match crate::fds::inode(on) {
+        Some(ino) => SEEN.get_or(ino, || receiver(on)),
+        None => receiver(on),
+    }
+}
+
+/// [`runs_library`] for the peer `pid` of Unix socket `on`, remembered per socket
+/// ([`Recent`]).
+fn receiver_runs_library(on: i32, pid: u32) -> bool {
+    static SEEN: Recent<(u64, u32), bool> = Recent::new();
+    SEEN.get_or((crate::fds::inode(on).unwrap_or(0), pid), || {
+        runs_library(pid)
+    })
 }
 
 /// Whether process `pid` has this library loaded (its `/proc/PID/maps` names it); false when
