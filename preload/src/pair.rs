@@ -6,7 +6,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -34,6 +34,10 @@ pub(crate) struct Pair {
     latest: AtomicU32,
     /// How often each of those bits rose (the readable one also at each new arrival).
     rises: [AtomicU32; 5],
+    /// When each of those bits last rose from clear ([`next_stamp`]'s order across all
+    /// sockets of the process): our epoll reports ready sockets in that order, as the
+    /// kernel's ready list does — a program that wrote on A, then on B, sees A first.
+    since: [AtomicU64; 5],
     /// Epoll sets that hold the socket as a registration of ours (epoll/vepoll.rs): a bit that
     /// rises wakes their waiters.
     watched: Mutex<Vec<i32>>,
@@ -68,6 +72,40 @@ struct KernelPair {
     ours: Option<OwnedFd>,
 }
 
+/// Readiness changes of the process begun and finished: a look at several sockets' states
+/// (our epoll) that saw none in progress at its start and none begun by its end saw them all
+/// at one moment — never a socket made ready after another one it missed.
+static STARTED: AtomicU64 = AtomicU64::new(1);
+static FINISHED: AtomicU64 = AtomicU64::new(1);
+
+/// Begins a change; its number orders it among the process's changes (see [`Pair::since`]).
+fn begin_change() -> u64 {
+    STARTED.fetch_add(1, Ordering::SeqCst)
+}
+
+fn end_change() {
+    FINISHED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The next number of the process-wide order of readiness changes.
+pub(crate) fn next_stamp() -> u64 {
+    let s = begin_change();
+    end_change();
+    s
+}
+
+/// A point with no readiness change in progress (to pass to [`changed_since`]), or `None`.
+pub(crate) fn quiet() -> Option<u64> {
+    let f = FINISHED.load(Ordering::SeqCst);
+    let s = STARTED.load(Ordering::SeqCst);
+    (s == f).then_some(s)
+}
+
+/// Whether a change began since `point`.
+pub(crate) fn changed_since(point: u64) -> bool {
+    STARTED.load(Ordering::SeqCst) != point
+}
+
 impl Pair {
     /// Readiness starting not readable, and writable or not.
     pub(crate) fn new(writable: bool) -> Arc<Self> {
@@ -78,6 +116,7 @@ impl Pair {
         Arc::new(Self {
             latest: AtomicU32::new(pack(s)),
             rises: Default::default(),
+            since: Default::default(),
             watched: Mutex::new(Vec::new()),
             pollers: Mutex::new(Vec::new()),
             driver: OnceLock::new(),
@@ -161,8 +200,15 @@ impl Pair {
         let before = st.want;
         st.want = now;
         let (old, new) = (pack(before), pack(now));
+        let stamp = begin_change();
+        let risen = new & !old;
+        for (b, s) in self.since.iter().enumerate() {
+            if risen & (1 << b) != 0 {
+                s.store(stamp, Ordering::Release);
+            }
+        }
         self.latest.store(new, Ordering::Release);
-        let mut rose = new & !old;
+        let mut rose = risen;
         if now.readable && now.arrivals != before.arrivals {
             rose |= 1;
         }
@@ -171,6 +217,7 @@ impl Pair {
                 r.fetch_add(1, Ordering::AcqRel);
             }
         }
+        end_change();
         if st.kernel.is_some() && (st.observers > 0 || st.epoll || !lazy()) {
             self.apply(&mut st);
         }
@@ -194,6 +241,16 @@ impl Pair {
     /// The packed latest state (see [`Pair::latest`]).
     pub(crate) fn latest(&self) -> u32 {
         self.latest.load(Ordering::Acquire)
+    }
+
+    /// When the first of `bits` (packed-state bits) that is set rose from clear (see
+    /// [`Pair::since`]).
+    pub(crate) fn ready_since(&self, bits: u32) -> u64 {
+        (0..5)
+            .filter(|b| bits & (1 << b) != 0)
+            .map(|b| self.since[b].load(Ordering::Acquire))
+            .min()
+            .unwrap_or(0)
     }
 
     /// The rise counters (see [`Pair::rises`]).

@@ -495,6 +495,10 @@ fn redis_as_distribution_users(shim: bool) {
     check_benchmark(&w, &bench);
     let v = w.verdict(&seen, &[&server]);
     v.assert_mode(shim, 50, 1);
+    if shim {
+        // Two users on one host: shared memory all the same (issue 37).
+        v.assert_shared_memory(nobody.uid);
+    }
 }
 
 /// Scenario 2: nginx with a root master and two nobody workers serving a 64 KiB file; wrk
@@ -580,7 +584,9 @@ fn postgres_pgbench(shim: bool) {
         Duration::from_secs(30),
     );
     w.wait_listening(&Net::Host, port, &mut server);
-    let (run, seen) = w.pgbench(&pg, &bin, port);
+    // The client as another user than the server, as on a real host.
+    let nobody = User::or_nobody("nobody");
+    let (run, seen) = w.pgbench(&nobody, &bin, port);
     w.check_pgbench(&run);
     eprintln!(
         "pgbench [{}]: {}",
@@ -596,6 +602,7 @@ fn postgres_pgbench(shim: bool) {
         // pgbench's 4 clients, each served by a backend the postmaster forked (counted while
         // they ran: a backend's area goes with it).
         v.assert_all_smcr(4);
+        v.assert_shared_memory(nobody.uid);
         // Every server side was SMC-R, negotiated in the backend: pgbench -i's connection,
         // pgbench's first one and its 4 clients.
         let log = std::fs::read_to_string(w.log_path("postgres")).unwrap_or_default();
@@ -673,6 +680,11 @@ fn four_redis_pairs(shim: bool, across_namespaces: bool) {
     }
     let v = w.verdict(&seen, &servers.iter().collect::<Vec<_>>());
     v.assert_mode(shim, 50, 4);
+    if shim {
+        // Two users in two network namespaces of one host: shared memory, found through the
+        // host-wide rendezvous that `smcr bpf install` made (issue 37).
+        v.assert_shared_memory(nobody.uid);
+    }
 }
 
 /// Scenario 5: dual stack: nginx on `[::]` with one AF_INET6 socket (ipv6only=off). An

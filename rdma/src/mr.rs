@@ -261,6 +261,11 @@ impl MrTable {
         access: Access,
         arena: Option<&Arc<crate::arena::Arena>>,
     ) -> std::io::Result<Arc<Region>> {
+        // Only what peers may reach goes where a same-host peer maps: a region without a
+        // remote right (send buffers, message slots) stays private, as it is to a peer over
+        // the wire.
+        let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        let arena = arena.filter(|_| access.intersects(remote));
         self.insert_with(|key, iova| {
             let mem = match arena {
                 None => Memory::Private(Mapping::new(len)?),

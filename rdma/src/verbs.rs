@@ -408,33 +408,44 @@ impl QueuePair {
                 QpState::Reset => shm.disconnect(None),
                 QpState::Error => shm.disconnect(Some(&mut core_ref.rc)),
                 QpState::Rtr if from == QpState::Init => {
+                    shm.rq_psn = attr.rq_psn.map(|p| p.value());
+                }
+                QpState::Rts if from == QpState::Rtr => {
+                    shm.sq_psn = attr.sq_psn.map(|p| p.value());
+                    // A peer's hello that came before we knew the pair's secret.
+                    shared.answer_hellos(self.qp.qpn, &core_ref.rc, core_ref.av, shm);
                     // Offer our shared memory to the peer (at the rendezvous of its address
-                    // and QPN range); if it is on this host it will send to us through it, and
-                    // we to it once its offer arrives — until then (at most OFFER_WAIT) our
-                    // requests wait for it rather than going out over UDP.
-                    let offer = crate::samehost::Offer {
-                        to_qpn: core_ref.rc.dest_qp_num(),
-                        from_qpn: self.qp.qpn,
-                        from: shared.local,
-                    };
-                    // Counted live before the offer leaves (a peer may write at once), with
-                    // the sleepers' waiting word so that it rings our bell (Notify::published).
+                    // and QPN range); if it is on this host and proves it is our peer, it
+                    // gets our descriptors and offers back — until then (at most
+                    // OFFER_WAIT) our requests wait for it rather than going out over UDP.
+                    let hello = crate::samehost::nonce().ok().map(|nonce| {
+                        (
+                            nonce,
+                            crate::samehost::Msg::Hello {
+                                to_qpn: core_ref.rc.dest_qp_num(),
+                                from_qpn: self.qp.qpn,
+                                from: shared.local,
+                                nonce,
+                            },
+                        )
+                    });
+                    // Counted live before the exchange starts (the peer may write as soon as
+                    // it has our descriptors), with the sleepers' waiting word so that it
+                    // rings our bell (Notify::published).
                     let cq = &core_ref.recv_cq;
                     shm.live = Some(crate::samehost::Live::new(cq.shm_live.clone()));
                     shm.set_waiting(cq.notify.published());
-                    let [arena, ring] = shm.offer_fds();
-                    let bell = core_ref.recv_cq.event.as_fd();
-                    let bell_driver = core_ref.recv_cq.event_driver.as_fd();
-                    shm.offered = core_ref.av.and_then(|av| {
-                        crate::samehost::send_offer(
+                    shm.offered = match (core_ref.av, &hello, shm.as_initiator(&core_ref.rc)) {
+                        (Some(av), Some((_, m)), Some(_)) => crate::samehost::send_hello(
                             *av.ip(),
-                            crate::transport::steer::range_of(offer.to_qpn),
-                            &offer,
-                            [arena, ring, bell, bell_driver],
-                        )
-                    });
+                            crate::transport::steer::range_of(core_ref.rc.dest_qp_num()),
+                            m,
+                        ),
+                        _ => None,
+                    };
                     match &shm.offered {
                         Some(c) => {
+                            shm.hello = hello.map(|(n, _)| n);
                             shm.wait_until = Some(Instant::now() + crate::samehost::OFFER_WAIT);
                             shared.watch_offer(self.qp.qpn, c);
                         }
@@ -521,6 +532,13 @@ impl QueuePair {
             self.qp.same_host.store(true, Ordering::Relaxed);
         }
         yes
+    }
+
+    /// The same-host peer's process (user and pid, as SO_PEERCRED tells them in our user
+    /// namespace), once its offer came.
+    pub fn same_host_peer(&self) -> Option<crate::PeerCred> {
+        let core = self.qp.core.lock();
+        core.shm.as_ref()?.tx.as_ref()?.cred
     }
 
     /// Whether a post (or [`Self::is_same_host`]) already saw requests go through shared

@@ -730,3 +730,146 @@ fn direct_writes_land_in_the_peers_region_after_the_same_checks() {
         "UDP: post a WRITE"
     );
 }
+
+/// A message of the offer exchange, as `samehost::offer` lays it out (48 bytes).
+fn offer_msg(kind: u32, fill: impl FnOnce(&mut [u8; 48])) -> [u8; 48] {
+    let mut b = [0u8; 48];
+    b[..8].copy_from_slice(b"SMCRSHO2");
+    b[8..12].copy_from_slice(&kind.to_le_bytes());
+    fill(&mut b);
+    b
+}
+
+fn seqpacket() -> std::os::fd::OwnedFd {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap()
+}
+
+fn rendezvous(ip: &str, qpn: u32) -> rustix::net::SocketAddrUnix {
+    let name = format!("smcr-rdma/{ip}/{:03x}", transport::steer::range_of(qpn));
+    rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()
+}
+
+/// Receives one message with its descriptors (with a timeout): (bytes, descriptor count).
+fn recv_with_fds(fd: std::os::fd::BorrowedFd<'_>, secs: u64) -> (usize, usize) {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let t = Duration::from_secs(secs);
+    rustix::net::sockopt::set_socket_timeout(fd, rustix::net::sockopt::Timeout::Recv, Some(t))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(
+        fd,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::empty(),
+    )
+    .expect("an answer or the end, in time");
+    let fds = control
+        .drain()
+        .map(|m| match m {
+            RecvAncillaryMessage::ScmRights(f) => f.count(),
+            _ => 0,
+        })
+        .sum();
+    (r.bytes, fds)
+}
+
+/// Whoever meets a QP at a rendezvous without the pair's secret (QPNs and starting PSNs) gets
+/// no descriptor, and none of its descriptors is taken: a process that squats the name our
+/// peer's device would have answers our hello with a challenge it cannot prove, and a process
+/// that says hello to a peer's device in our QP's name cannot prove its offer.
+#[test]
+fn a_process_without_the_pairs_secret_gets_no_memory_and_gives_none() {
+    use std::os::fd::AsFd;
+    // 1. A squatter at the rendezvous of an address where no device is.
+    let squatter = seqpacket();
+    let peer_qpn = 0x0ab_001;
+    rustix::net::bind(&squatter, &rendezvous("127.0.0.9", peer_qpn)).unwrap();
+    rustix::net::listen(&squatter, 4).unwrap();
+    let a = side(true, QpCaps::default());
+    a.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+    a.qp.modify(&QpAttr {
+        path_mtu: Some(Mtu::Mtu1024),
+        dest_qp_num: Some(peer_qpn),
+        rq_psn: Some(Psn::new(0x12_3456)),
+        av: Some("127.0.0.9:4791".parse().unwrap()),
+        ..QpAttr::state(QpState::Rtr)
+    })
+    .unwrap();
+    a.qp.modify(&QpAttr {
+        sq_psn: Some(Psn::new(0x65_4321)),
+        ..QpAttr::state(QpState::Rts)
+    })
+    .unwrap();
+    let c = rustix::net::accept(&squatter).unwrap();
+    let (n, fds) = recv_with_fds(c.as_fd(), 5);
+    assert_eq!((n, fds), (48, 0), "a hello, without descriptors");
+    // A challenge with a made-up proof.
+    let challenge = offer_msg(2, |b| b[16..48].fill(0x42));
+    rustix::net::send(&c, &challenge, rustix::net::SendFlags::empty()).unwrap();
+    let (n, fds) = recv_with_fds(c.as_fd(), 5);
+    assert_eq!((n, fds), (0, 0), "the QP hangs up and sends nothing");
+    assert!(a.qp.same_host_peer().is_none());
+
+    // 2. A process in the name of a peer QP, at a real device's rendezvous.
+    let (x, y) = pair(true);
+    wait_same_host(&x, &y);
+    let z = side(true, QpCaps::default());
+    z.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+    let claimed = 0x0cd_002;
+    z.qp.modify(&QpAttr {
+        path_mtu: Some(Mtu::Mtu1024),
+        dest_qp_num: Some(claimed),
+        rq_psn: Some(Psn::new(1)),
+        av: Some("127.0.0.1:4791".parse().unwrap()),
+        ..QpAttr::state(QpState::Rtr)
+    })
+    .unwrap();
+    z.qp.modify(&QpAttr {
+        sq_psn: Some(Psn::new(2)),
+        ..QpAttr::state(QpState::Rts)
+    })
+    .unwrap();
+    let c = seqpacket();
+    rustix::net::connect(&c, &rendezvous("127.0.0.1", z.qp.qp_num())).unwrap();
+    let hello = offer_msg(1, |b| {
+        b[12..16].copy_from_slice(&z.qp.qp_num().to_le_bytes());
+        b[16..20].copy_from_slice(&claimed.to_le_bytes());
+        b[20..24].copy_from_slice(&[127, 0, 0, 1]);
+        b[24..26].copy_from_slice(&4791u16.to_le_bytes());
+        b[32..48].fill(7);
+    });
+    rustix::net::send(&c, &hello, rustix::net::SendFlags::empty()).unwrap();
+    let (n, fds) = recv_with_fds(c.as_fd(), 5);
+    assert_eq!((n, fds), (48, 0), "challenged");
+    let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
+    let offer = offer_msg(3, |b| b[32..48].fill(0x17));
+    let fds = [ev.as_fd(), ev.as_fd(), ev.as_fd(), ev.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+    rustix::net::sendmsg(
+        &c,
+        &[std::io::IoSlice::new(&offer)],
+        &mut control,
+        rustix::net::SendFlags::empty(),
+    )
+    .unwrap();
+    let (n, _) = recv_with_fds(c.as_fd(), 5);
+    assert_eq!(n, 0, "the device hangs up");
+    assert!(
+        z.qp.same_host_peer().is_none(),
+        "an offer without a proof was taken"
+    );
+    assert!(!z.qp.is_same_host());
+    // The real pair is not disturbed.
+    assert!(x.qp.is_same_host() && y.qp.is_same_host());
+}

@@ -29,7 +29,7 @@ pub mod xdp;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub use claim::{CLAIMED_SMC, CLAIMED_TCP, CONNECTING, Claim};
@@ -404,6 +404,7 @@ mod raw {
 /// root (CAP_BPF + CAP_NET_ADMIN and write access to bpffs). Mounts bpffs on `/sys/fs/bpf` when
 /// `dir` is below it and nothing is mounted there.
 pub fn install(dir: &Path) -> Result<Installed, OptionError> {
+    ensure_rendezvous_dir();
     let mirror = || {
         if dir.starts_with("/sys/fs/bpf") {
             // Best effort: without it, `smcr run` under `ip netns exec` does not see the pins
@@ -596,6 +597,19 @@ fn lock_installs(dir: &Path) -> Result<fs::File, OptionError> {
             }
             _ => return Err(OptionError::from_io("take the install lock", e)),
         }
+    }
+}
+
+/// Makes the directory of the host-wide same-host rendezvous ([`rdma::rendezvous_dir`]):
+/// root's, mode 1777 like `/tmp` (any user's process binds its device's socket there; none
+/// can remove another's). Best effort: without it, only peers in one network namespace
+/// share memory.
+fn ensure_rendezvous_dir() {
+    let d = rdma::rendezvous_dir();
+    if fs::create_dir_all(&d).is_ok()
+        && fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir() && m.uid() == 0)
+    {
+        let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o1777));
     }
 }
 

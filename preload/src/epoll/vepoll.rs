@@ -43,6 +43,9 @@ struct Reg {
     fresh: bool,
     /// False once an EPOLLONESHOT registration reported, until MOD.
     armed: bool,
+    /// When it last reported ([`crate::pair::next_stamp`]): a level-triggered registration
+    /// that stays ready goes behind the others, as the kernel requeues it at the tail.
+    reported: u64,
 }
 
 struct Set {
@@ -53,9 +56,6 @@ struct Set {
     /// In the set (edge-triggered): written when a registered socket becomes ready outside
     /// this set's `epoll_wait`.
     kick: OwnedFd,
-    /// Where the next look starts (level-triggered sets with more ready sockets than a call
-    /// takes serve them in turn).
-    next: usize,
 }
 
 static SETS: Mutex<BTreeMap<i32, Set>> = Mutex::new(BTreeMap::new());
@@ -157,6 +157,7 @@ pub(crate) fn ctl(
                     seen,
                     fresh: true,
                     armed: true,
+                    reported: crate::pair::next_stamp(),
                 });
                 pair.watched_by(epfd, true);
             }
@@ -220,7 +221,6 @@ fn new_set(epfd: i32) -> std::io::Result<Set> {
         regs: Vec::new(),
         at: HashMap::new(),
         kick,
-        next: 0,
     })
 }
 
@@ -253,58 +253,87 @@ pub(crate) fn ready(epfd: i32, out: *mut libc::epoll_event, max: usize, commit: 
     let Some(set) = sets.get_mut(&epfd) else {
         return 0;
     };
-    let len = set.regs.len();
-    let start = if len == 0 { 0 } else { set.next % len };
-    let mut n = 0;
-    let mut last = start;
-    for k in 0..len {
-        let i = (start + k) % len;
-        let r = &mut set.regs[i];
+    // The ready registrations, in the order they became ready (as the kernel's ready list):
+    // the first of their reported bits to rise, or their last report if that came later.
+    ORDER.with(|o| {
+        let mut order = o.borrow_mut();
+        // A consistent look: no change in progress while it ran (a thread handling a link
+        // group's messages makes A ready, then B; a look that read A before and B after
+        // would report B alone). Retried a few times, then taken as it is.
+        order.clear();
+        for _ in 0..8 {
+            let Some(point) = crate::pair::quiet() else {
+                std::thread::yield_now();
+                continue;
+            };
+            order.clear();
+            collect(set, me, &mut order);
+            if !crate::pair::changed_since(point) {
+                break;
+            }
+        }
+        if order.is_empty() {
+            collect(set, me, &mut order);
+        }
+        order.sort_unstable();
+        let n = order.len().min(max);
+        if commit {
+            for (k, &(_, i, rep)) in order[..n].iter().enumerate() {
+                let r = &mut set.regs[i];
+                if r.events & libc::EPOLLET as u32 != 0 {
+                    r.seen = r.pair.rises();
+                }
+                r.fresh = false;
+                r.reported = crate::pair::next_stamp();
+                if r.events & libc::EPOLLONESHOT as u32 != 0 {
+                    r.armed = false;
+                }
+                // SAFETY: the caller's buffer has room for `max` events.
+                unsafe {
+                    out.add(k).write(libc::epoll_event {
+                        events: rep,
+                        u64: r.data,
+                    })
+                };
+            }
+        }
+        n
+    })
+}
+
+/// The ready registrations of `set` (of process `me`): (order key, index, events).
+fn collect(set: &Set, me: u32, order: &mut Vec<(u64, usize, u32)>) {
+    for (i, r) in set.regs.iter().enumerate() {
         if r.pid != me || !r.armed {
             continue;
         }
         let want = r.events | (libc::EPOLLERR | libc::EPOLLHUP) as u32;
-        let rep = events_of(r.pair.latest()) & want;
+        let state = r.pair.latest();
+        let rep = events_of(state) & want;
         if rep == 0 {
             continue;
         }
         let et = r.events & libc::EPOLLET as u32 != 0;
-        let rises = if et { r.pair.rises() } else { [0; 5] };
         if et
             && !r.fresh
             && !BITS
                 .iter()
                 .enumerate()
-                .any(|(b, bits)| rep & bits != 0 && rises[b] != r.seen[b])
+                .any(|(b, bits)| rep & bits != 0 && r.pair.rises()[b] != r.seen[b])
         {
             continue;
         }
-        if commit {
-            if et {
-                r.seen = rises;
-            }
-            r.fresh = false;
-            if r.events & libc::EPOLLONESHOT as u32 != 0 {
-                r.armed = false;
-            }
-            // SAFETY: the caller's buffer has room for `max` events.
-            unsafe {
-                out.add(n).write(libc::epoll_event {
-                    events: rep,
-                    u64: r.data,
-                })
-            };
-        }
-        n += 1;
-        last = i;
-        if n == max {
-            break;
-        }
+        let bits = (0..5)
+            .filter(|&b| rep & BITS[b] != 0)
+            .fold(0u32, |m, b| m | 1 << b);
+        order.push((r.pair.ready_since(bits).max(r.reported), i, rep));
     }
-    if commit && n > 0 {
-        set.next = last + 1;
-    }
-    n
+}
+
+thread_local! {
+    /// [`ready`]'s list of ready registrations (kept: no allocation per call).
+    static ORDER: std::cell::RefCell<Vec<(u64, usize, u32)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `fd` is closed or another file is at its number: its registrations go.

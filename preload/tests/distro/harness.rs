@@ -1213,6 +1213,9 @@ pub struct Seen {
     /// of their own) counts its connections in children that have exited (and whose areas
     /// are gone) by the end.
     pub totals: BTreeMap<u32, ((u32, u32), u64, u64)>,
+    /// Server-side links (`smc-stat` link groups whose role is server), (pid, id) → the
+    /// latest row.
+    pub links: BTreeMap<(u64, u64), Value>,
 }
 
 impl Seen {
@@ -1233,6 +1236,15 @@ impl Seen {
             if let Some(ids) = pgrp_of(pid) {
                 self.totals
                     .insert(pid, (ids, n("smcr_connections"), n("tcp_connections")));
+            }
+        }
+        for l in doc["link_groups"].as_array().into_iter().flatten() {
+            if l["role"] == "server" {
+                let key = (
+                    l["pid"].as_u64().unwrap_or(0),
+                    l["id"].as_u64().unwrap_or(0),
+                );
+                self.links.insert(key, l.clone());
             }
         }
         for c in doc["connections"].as_array().into_iter().flatten() {
@@ -1379,6 +1391,29 @@ impl Verdict {
             self.log_summary
         );
         s
+    }
+
+    /// Over the shim, same host: every server-side link sampled moved its data through
+    /// shared memory (`TRANSPORT shm`), with a peer process of user `peer_uid`.
+    pub fn assert_shared_memory(&self, peer_uid: u32) {
+        let s = self.summary();
+        let links: Vec<&Value> = self.seen.links.values().collect();
+        assert!(!links.is_empty(), "smc-stat showed no server link\n{s}");
+        for l in &links {
+            assert_eq!(
+                l["transport"], "shm",
+                "a link not over shared memory: {l}\n{s}"
+            );
+            assert_eq!(
+                l["peer_uid"].as_u64(),
+                Some(u64::from(peer_uid)),
+                "the link's peer process: {l}\n{s}"
+            );
+        }
+        eprintln!(
+            "{} server links over shared memory, peer uid {peer_uid}",
+            links.len()
+        );
     }
 
     /// [`Self::assert_all_smcr`]`(min_each)` for a run over the shim, else

@@ -190,7 +190,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
                     EV_SOCK => readable = true,
                     t if t & !0xFFFF_FFFF == EV_ALT => alt_ready |= 1 << (t as u32).min(63),
                     t if t & !0xFFFF_FFFF == EV_SPARE => spare_ready |= 1 << (t as u32).min(63),
-                    t if t & !0xFFFF_FFFF == EV_OFFERED => shared.offer_refused(t as u32),
+                    t if t & !0xFFFF_FFFF == EV_OFFERED => shared.offer_progress(t as u32),
                     EV_KICK => kicked = true,
                     EV_RENDEZVOUS => shared.accept_offers(),
                     t if t & !0xFFFF_FFFF == EV_OFFER => shared.take_offer(t as u32 as i32),

@@ -249,8 +249,11 @@ pub(crate) struct Shared {
     stats: Counters,
     /// The same-host rendezvous (abstract Unix socket), if it could be bound.
     rendezvous: Option<OwnedFd>,
+    /// The host-wide rendezvous (a socket in `samehost::rendezvous_dir`), for peers in other
+    /// network namespaces.
+    rendezvous_fs: Option<crate::samehost::FsRendezvous>,
     /// Accepted rendezvous connections whose offer has not arrived yet, by descriptor number.
-    offers: Mutex<HashMap<i32, OwnedFd>>,
+    offers: Mutex<HashMap<i32, samehost::Incoming>>,
 }
 
 /// Engine epoll tags.
@@ -265,8 +268,8 @@ const EV_PEER: u64 = 4 << 32;
 const EV_ALT: u64 = 5 << 32;
 /// Readable: spare socket `low 32 bits` (our range's port while we own the RoCE port).
 const EV_SPARE: u64 = 6 << 32;
-/// `EV_OFFERED | qpn`: the connection our QP's offer went on hung up before the peer's offer
-/// came (the peer refused it or is gone): its held requests go over UDP.
+/// `EV_OFFERED | qpn`: the connection our QP's offer goes on has the peer's challenge, or hung
+/// up before the peer's offer came (the peer refused it or is gone: held requests go over UDP).
 const EV_OFFERED: u64 = 7 << 32;
 
 impl Shared {
@@ -338,6 +341,9 @@ impl Shared {
             addressed,
         } = claim;
         let local = SocketAddrV4::new(*cfg.addr.ip(), advertised);
+        let rendezvous_fs = rendezvous
+            .as_ref()
+            .and_then(|_| crate::samehost::listen_fs(*cfg.addr.ip(), range));
         let seed = (std::process::id() ^ range << 16 ^ steer::random_u32()) | 1;
         let kick = crate::fdzone::place(rustix::event::eventfd(
             0,
@@ -373,7 +379,7 @@ impl Shared {
             )?;
         }
         // Not fatal: without it, peers on this host use UDP to reach us.
-        if let Some(r) = &rendezvous {
+        for r in rendezvous.iter().chain(rendezvous_fs.iter().map(|r| &r.fd)) {
             epoll::add(
                 &ep,
                 r.as_fd(),
@@ -423,6 +429,7 @@ impl Shared {
             )?)?,
             stats,
             rendezvous,
+            rendezvous_fs,
             offers: Mutex::new(HashMap::new()),
         }))
     }

@@ -6,21 +6,59 @@ use super::counters::bump;
 use super::cq::CqShared;
 use super::{EV_OFFER, EV_OFFERED, EV_PEER, QpCore, Shared};
 use crate::notify::Sleepers;
+use crate::rc::RcQp;
+use crate::samehost::{Msg, Nonce, ShmQp};
 use rustix::event::epoll;
 use rustix::fd::{AsFd, OwnedFd};
 use std::io;
+use std::net::SocketAddrV4;
 use std::time::Instant;
 
+/// An accepted rendezvous connection, by how far its exchange got.
+pub(crate) struct Incoming {
+    conn: OwnedFd,
+    stage: Stage,
+}
+
+#[derive(Clone, Copy)]
+enum Stage {
+    /// Its hello is awaited.
+    New,
+    /// Hello read for our QP `qpn`, which does not know the pair's secret yet (not in RTS):
+    /// answered when it gets there.
+    Stashed {
+        qpn: u32,
+        from_qpn: u32,
+        from: SocketAddrV4,
+        a: Nonce,
+    },
+    /// Our challenge went; its offer (proof and descriptors) is awaited.
+    Challenged {
+        qpn: u32,
+        from_qpn: u32,
+        from: SocketAddrV4,
+        a: Nonce,
+        b: Nonce,
+    },
+}
+
 impl Shared {
-    /// Accepts connections on the rendezvous; their offers are read when they arrive.
+    /// Accepts connections on the rendezvous; their hellos are read when they arrive. Any
+    /// user may connect: what decides is the proof (see [`crate::samehost`]).
     pub(super) fn accept_offers(&self) {
-        let Some(l) = &self.rendezvous else { return };
+        let fs = self.rendezvous_fs.as_ref().map(|r| &r.fd);
+        for l in self.rendezvous.iter().chain(fs) {
+            self.accept_on(l);
+        }
+    }
+
+    fn accept_on(&self, l: &OwnedFd) {
         while let Ok(c) = rustix::net::accept_with(
             l,
             rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
         ) {
-            if !crate::samehost::trusted(c.as_fd()) || self.offers.lock().len() >= 256 {
-                continue; // another user, or too many silent connections: dropped (UDP)
+            if self.offers.lock().len() >= 256 {
+                continue; // too many silent connections: dropped (that peer uses UDP)
             }
             let Ok(c) = crate::fdzone::place(c) else {
                 continue; // no room for it: the peer's QP stays on UDP
@@ -35,82 +73,198 @@ impl Shared {
             )
             .is_ok()
             {
-                self.offers.lock().insert(raw, c);
+                self.offers.lock().insert(
+                    raw,
+                    Incoming {
+                        conn: c,
+                        stage: Stage::New,
+                    },
+                );
             }
         }
     }
 
-    /// Reads the offer on accepted connection `raw` and gives it to its QP.
+    /// Reads the next message of accepted connection `raw`'s exchange: a hello (challenged
+    /// at once, or when its QP reaches RTS), then the offer, which goes to its QP if its proof
+    /// holds. Anything else ends the connection (the peer's QP then uses UDP).
     pub(super) fn take_offer(&self, raw: i32) {
-        let Some(conn) = self.offers.lock().remove(&raw) else {
+        let Some(mut inc) = self.offers.lock().remove(&raw) else {
             return;
         };
-        let mut buf = [0u8; crate::samehost::OFFER_LEN + 1];
-        let (n, fds) = match crate::shm::recv_fds(conn.as_fd(), &mut buf) {
+        let mut buf = [0u8; crate::samehost::MSG_LEN + 1];
+        let (n, fds) = match crate::shm::recv_fds(inc.conn.as_fd(), &mut buf) {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.offers.lock().insert(raw, conn);
+                self.offers.lock().insert(raw, inc);
                 return;
             }
-            Err(_) => return,
+            Err(_) => (0, Vec::new()),
         };
-        let _ = epoll::delete(&self.epoll, conn.as_fd());
-        let Some(offer) = crate::samehost::Offer::parse(&buf[..n]) else {
-            return;
-        };
-        let Some(qp) = self.lookup(offer.to_qpn) else {
-            return;
-        };
-        let Ok(tx) = crate::samehost::PeerTx::new(&offer, fds, conn) else {
-            return;
-        };
-        let mut core = qp.core.lock();
-        let Some(shm) = &mut core.shm else { return };
-        if shm.active {
-            // Already sending through shared memory to its peer: a second offer is refused.
-            return;
+        let msg = crate::samehost::Msg::parse(&buf[..n]);
+        match (inc.stage, msg) {
+            (
+                Stage::New,
+                Some(Msg::Hello {
+                    to_qpn,
+                    from_qpn,
+                    from,
+                    nonce,
+                }),
+            ) if fds.is_empty() => {
+                let Some(qp) = self.lookup(to_qpn) else {
+                    return self.end_incoming(&inc);
+                };
+                let core = qp.core.lock();
+                // Only a QP of a shared domain that has no peer yet.
+                let Some(shm) = core.shm.as_ref().filter(|s| !s.active) else {
+                    return self.end_incoming(&inc);
+                };
+                inc.stage = Stage::Stashed {
+                    qpn: to_qpn,
+                    from_qpn,
+                    from,
+                    a: nonce,
+                };
+                if answer(&mut inc, &core.rc, core.av, shm) {
+                    self.offers.lock().insert(raw, inc);
+                } else {
+                    self.end_incoming(&inc);
+                }
+            }
+            (
+                Stage::Challenged {
+                    qpn,
+                    from_qpn,
+                    from,
+                    a,
+                    b,
+                },
+                Some(Msg::Offer { mac }),
+            ) => {
+                let _ = epoll::delete(&self.epoll, inc.conn.as_fd());
+                let Some(qp) = self.lookup(qpn) else { return };
+                let mut core = qp.core.lock();
+                let QpCore { rc, av, shm, .. } = &mut *core;
+                let Some(shm) = shm else { return };
+                let proven = shm.as_responder(rc).is_some_and(|p| {
+                    p.check(b'I', &a, &b, &mac)
+                        && rc.dest_qp_num() == from_qpn
+                        && av.map(|v| *v.ip()) == Some(*from.ip())
+                });
+                if !proven {
+                    shm.fault = Some("a process at the rendezvous failed the pair's proof");
+                    return;
+                }
+                let Ok(tx) = crate::samehost::PeerTx::new(from_qpn, from, fds, inc.conn) else {
+                    return;
+                };
+                if shm.active {
+                    // Already sending through shared memory to its peer: a second offer is
+                    // refused.
+                    return;
+                }
+                if epoll::add(
+                    &self.epoll,
+                    tx.conn.as_fd(),
+                    epoll::EventData::new_u64(EV_PEER | u64::from(qpn)),
+                    epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+                )
+                .is_err()
+                {
+                    return;
+                }
+                // A newer offer replaces an older one (the peer QP was recreated).
+                shm.tx = Some(tx);
+                bump(&self.stats.shm_offers, 1);
+                self.drive(&mut core, Instant::now());
+            }
+            _ => self.end_incoming(&inc),
         }
-        if epoll::add(
-            &self.epoll,
-            tx.conn.as_fd(),
-            epoll::EventData::new_u64(EV_PEER | u64::from(offer.to_qpn)),
-            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-        )
-        .is_err()
-        {
-            return;
-        }
-        // A newer offer replaces an older one (the peer QP was recreated).
-        shm.tx = Some(tx);
-        bump(&self.stats.shm_offers, 1);
-        self.drive(&mut core, Instant::now());
     }
 
-    /// The connection QP `qpn`'s offer went on hung up. Before the peer's offer came, the peer
-    /// refused ours (another user, no shared memory, not that QP) or is gone: stop waiting
-    /// for its offer, send the held requests over UDP.
-    pub(super) fn offer_refused(&self, qpn: u32) {
+    fn end_incoming(&self, inc: &Incoming) {
+        let _ = epoll::delete(&self.epoll, inc.conn.as_fd());
+    }
+
+    /// QP `qpn` reached RTS: challenge the hellos that came for it before.
+    pub(crate) fn answer_hellos(&self, qpn: u32, rc: &RcQp, av: Option<SocketAddrV4>, shm: &ShmQp) {
+        let mut offers = self.offers.lock();
+        let waiting: Vec<i32> = offers
+            .iter()
+            .filter(|(_, i)| matches!(i.stage, Stage::Stashed { qpn: q, .. } if q == qpn))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in waiting {
+            let Some(mut inc) = offers.remove(&k) else {
+                continue;
+            };
+            if answer(&mut inc, rc, av, shm) {
+                offers.insert(k, inc);
+            } else {
+                self.end_incoming(&inc);
+            }
+        }
+    }
+
+    /// Something came on the connection QP `qpn`'s offer went on: the peer's challenge (its
+    /// proof checked, our descriptors go with ours), or its end before its own offer came
+    /// (the peer refused ours — another device, no shared memory, no proof — or is gone):
+    /// then stop waiting for its offer and send the held requests over UDP.
+    pub(super) fn offer_progress(&self, qpn: u32) {
         let Some(qp) = self.lookup(qpn) else { return };
         let mut core = qp.core.lock();
-        let Some(shm) = &mut core.shm else { return };
-        if let Some(c) = &shm.offered {
-            let _ = epoll::delete(&self.epoll, c.as_fd());
+        let QpCore {
+            rc, shm, recv_cq, ..
+        } = &mut *core;
+        let Some(shm) = shm else { return };
+        let Some(c) = &shm.offered else { return };
+        let mut buf = [0u8; crate::samehost::MSG_LEN + 1];
+        let got = match crate::shm::recv_fds(c.as_fd(), &mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Ok((n, fds)) if n > 0 && fds.is_empty() => Msg::parse(&buf[..n]),
+            _ => None,
+        };
+        if let (Some(Msg::Challenge { nonce: b, mac }), false) = (got, shm.offer_sent) {
+            let pairing = shm.as_initiator(rc);
+            if let (Some(p), Some(a)) = (pairing, shm.hello)
+                && p.check(b'R', &a, &b, &mac)
+            {
+                let offer = Msg::Offer {
+                    mac: p.mac(b'I', &a, &b),
+                };
+                let [arena, ring] = shm.offer_fds();
+                let fds = [
+                    arena,
+                    ring,
+                    recv_cq.event.as_fd(),
+                    recv_cq.event_driver.as_fd(),
+                ];
+                if crate::shm::send_fds(c.as_fd(), &fds, &offer.emit()).is_ok() {
+                    shm.offer_sent = true;
+                    return;
+                }
+            } else {
+                shm.fault = Some("the process at the peer's rendezvous failed the pair's proof");
+            }
         }
+        // Ended, refused, or a message out of turn.
+        let _ = epoll::delete(&self.epoll, c.as_fd());
         if shm.tx.is_some() || shm.active {
             return; // the peer's offer came: its own connection tells when it goes
         }
         shm.offered = None;
         shm.live = None;
+        shm.hello = None;
         self.drive(&mut core, Instant::now());
     }
 
-    /// Watches the connection our QP `qpn`'s offer went on (see [`Self::offer_refused`]).
+    /// Watches the connection our QP `qpn`'s offer went on (see [`Self::offer_progress`]).
     pub(crate) fn watch_offer(&self, qpn: u32, conn: &OwnedFd) {
         let _ = epoll::add(
             &self.epoll,
             conn.as_fd(),
             epoll::EventData::new_u64(EV_OFFERED | u64::from(qpn)),
-            epoll::EventFlags::RDHUP,
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
         );
     }
 
@@ -128,6 +282,48 @@ impl Shared {
         shm.disconnect(Some(rc));
         self.drive(&mut core, Instant::now());
     }
+}
+
+/// Challenges a stashed hello once `rc` knows the pair's secret (RTS) and is the QP the hello
+/// names as its peer; returns whether the connection goes on (still waiting, or challenged).
+fn answer(inc: &mut Incoming, rc: &RcQp, av: Option<SocketAddrV4>, shm: &ShmQp) -> bool {
+    let Stage::Stashed {
+        qpn,
+        from_qpn,
+        from,
+        a,
+    } = inc.stage
+    else {
+        return true;
+    };
+    let Some(p) = shm.as_responder(rc) else {
+        // Not in RTS yet (a QP being connected); one in the error state never answers.
+        return matches!(
+            rc.state(),
+            crate::rc::QpState::Reset | crate::rc::QpState::Init | crate::rc::QpState::Rtr
+        );
+    };
+    if rc.dest_qp_num() != from_qpn || av.map(|v| *v.ip()) != Some(*from.ip()) {
+        return false;
+    }
+    let Ok(b) = crate::samehost::nonce() else {
+        return false;
+    };
+    let challenge = Msg::Challenge {
+        nonce: b,
+        mac: p.mac(b'R', &a, &b),
+    };
+    if crate::samehost::send(inc.conn.as_fd(), &challenge).is_err() {
+        return false;
+    }
+    inc.stage = Stage::Challenged {
+        qpn,
+        from_qpn,
+        from,
+        a,
+        b,
+    };
+    true
 }
 
 impl Shared {

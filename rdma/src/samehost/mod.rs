@@ -1,17 +1,21 @@
-//! The same-host transport (issue 7): when both ends of a queue pair run on one host and in
-//! one network namespace, the QP moves its requests through shared memory instead of UDP.
+//! The same-host transport: when both ends of a queue pair run on one host — any users, any
+//! network namespaces that share the rendezvous directory — the QP moves its requests through
+//! shared memory instead of UDP.
 //!
-//! * Memory regions of a *shared* protection domain ([`crate::Device::alloc_shared_pd`]) live
-//!   in that domain's [`Arena`], a sealed memfd. The arena also holds a table of the domain's
-//!   regions (rkey, access, offset, length, address) so that a peer can check an rkey before it
-//!   copies: a wrong key or range is a `REM_ACCESS_ERR`, as on the wire.
+//! * Memory regions of a *shared* protection domain ([`crate::Device::alloc_shared_pd`]) that
+//!   peers may reach (a remote right) live in that domain's [`Arena`], a sealed memfd; local
+//!   ones (send buffers, message slots) stay private, as they are to a peer over the wire. The
+//!   arena also holds a table of those regions (rkey, access, offset, length, address) so that
+//!   a peer can check an rkey before it copies: a wrong key or range is a `REM_ACCESS_ERR`, as
+//!   on the wire.
 //! * Each QP of a shared domain has an inbound [`Ring`] (it consumes, its peer produces).
-//! * At INIT → RTR the QP *offers* both to the peer: it connects to the peer device's
-//!   rendezvous socket (an abstract Unix socket named after the device's address, so only
-//!   processes in the same network namespace can reach it) and sends the arena, the ring and
-//!   its receive CQ's eventfd (the doorbell) with SCM_RIGHTS. Offers are accepted only from
-//!   processes of our own user (or root), checked with SO_PEERCRED; in a user namespace an
-//!   unmapped peer (the overflow uid) is no one user, and root only the host's.
+//! * At RTR → RTS the QP *offers* both to the peer: it connects to the peer device's
+//!   rendezvous — its abstract Unix socket (per network namespace), else its socket in the
+//!   host-wide directory ([`offer::rendezvous_dir`], other namespaces) — and the two prove to
+//!   each other that they are the pair (a challenge and answer keyed by the QPNs and starting
+//!   PSNs, see [`offer`]); only then do the arena, the ring and the receive CQ's eventfds (the
+//!   doorbells) go, with SCM_RIGHTS. The proof, not the user, decides: a peer of another user
+//!   gets what a peer over the wire could reach. Its uid and pid (SO_PEERCRED) are kept.
 //! * A QP that holds its peer's offer, is in RTS and has nothing in flight on UDP switches to
 //!   shared memory for good: an RDMA WRITE is a copy into the peer's arena, a SEND (or the
 //!   immediate of a WRITE) is one or more ring entries, an RDMA READ a copy out; completions
@@ -24,14 +28,18 @@
 //! Everything in shared memory is untrusted: a corrupt ring or table is an error of that QP.
 //!
 //! Here a QP's same-host state ([`ShmQp`]) and what its peer offered ([`PeerTx`]); the offer
-//! and the rendezvous are in [`offer`], the producer side in [`tx`], the consumer side in
-//! [`rx`], and the arenas in [`crate::arena`].
+//! exchange and the rendezvous are in [`offer`], the producer side in [`tx`], the consumer side
+//! in [`rx`], and the arenas in [`crate::arena`].
 
 mod offer;
 mod rx;
 mod tx;
 
-pub(crate) use offer::{OFFER_LEN, Offer, listen, send_offer, trusted};
+pub(crate) use offer::{
+    FsRendezvous, MSG_LEN, Msg, Nonce, Pairing, listen, listen_fs, nonce, peer_cred, send,
+    send_hello,
+};
+pub use offer::{PeerCred, RENDEZVOUS_DIR, rendezvous_dir};
 
 use crate::arena::{Arena, PeerArena};
 use crate::mr::{Access, MrTable};
@@ -43,7 +51,7 @@ use crate::shm::{Ring, Segment};
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddrV4;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -68,6 +76,8 @@ pub(crate) use crate::notify::{WAIT_DRIVER, WAIT_EVENT};
 pub(crate) struct PeerTx {
     pub(crate) from_qpn: u32,
     pub(crate) from: SocketAddrV4,
+    /// The peer process (SO_PEERCRED of its connection).
+    pub(crate) cred: Option<PeerCred>,
     arena: PeerArena,
     ring: Ring,
     /// The peer CQ's notification descriptor (its poller, or an `ibv_req_notify_cq` user).
@@ -82,7 +92,12 @@ pub(crate) struct PeerTx {
 impl PeerTx {
     /// Builds the transmit side from an offer's descriptors: arena, ring segment, the two
     /// doorbells.
-    pub(crate) fn new(offer: &Offer, fds: Vec<OwnedFd>, conn: OwnedFd) -> io::Result<Self> {
+    pub(crate) fn new(
+        from_qpn: u32,
+        from: SocketAddrV4,
+        fds: Vec<OwnedFd>,
+        conn: OwnedFd,
+    ) -> io::Result<Self> {
         let [arena, ring, bell, bell_driver]: [OwnedFd; 4] = fds.try_into().map_err(|_| {
             io::Error::new(io::ErrorKind::InvalidData, "an offer carries 4 descriptors")
         })?;
@@ -108,8 +123,9 @@ impl PeerTx {
             }
         }
         Ok(Self {
-            from_qpn: offer.from_qpn,
-            from: offer.from,
+            from_qpn,
+            from,
+            cred: peer_cred(conn.as_fd()),
             arena,
             ring,
             bell,
@@ -200,6 +216,13 @@ pub(crate) struct ShmQp {
     /// Our offer reached a device on this host (so its offer should follow): requests wait
     /// for it until then instead of going out over UDP.
     pub(crate) wait_until: Option<std::time::Instant>,
+    /// Our nonce while our offer's exchange runs (set with `offered`).
+    pub(crate) hello: Option<Nonce>,
+    /// Our descriptors went to the peer (its proof checked).
+    pub(crate) offer_sent: bool,
+    /// The starting PSNs (RTR's `rq_psn`, RTS's `sq_psn`): with the QPNs, the pair's secret.
+    pub(crate) rq_psn: Option<u32>,
+    pub(crate) sq_psn: Option<u32>,
 }
 
 /// The QP's shared memory broke (peer wrote garbage, or an access was refused).
@@ -229,6 +252,33 @@ impl ShmQp {
             fault: None,
             held: VecDeque::new(),
             wait_until: None,
+            hello: None,
+            offer_sent: false,
+            rq_psn: None,
+            sq_psn: None,
+        })
+    }
+
+    /// The pair's secret with this QP as the initiator (its offer), once both PSNs are known.
+    pub(crate) fn as_initiator(&self, rc: &RcQp) -> Option<Pairing> {
+        Some(Pairing {
+            initiator_qpn: rc.qp_num(),
+            responder_qpn: rc.dest_qp_num(),
+            initiator_psn: self.sq_psn?,
+            responder_psn: self.rq_psn?,
+        })
+    }
+
+    /// The pair's secret with this QP as the responder (the peer's offer), in RTS only.
+    pub(crate) fn as_responder(&self, rc: &RcQp) -> Option<Pairing> {
+        if rc.state() != crate::rc::QpState::Rts {
+            return None;
+        }
+        Some(Pairing {
+            initiator_qpn: rc.dest_qp_num(),
+            responder_qpn: rc.qp_num(),
+            initiator_psn: self.rq_psn?,
+            responder_psn: self.sq_psn?,
         })
     }
 
@@ -247,6 +297,8 @@ impl ShmQp {
         self.tx = None;
         self.active = false;
         self.wait_until = None;
+        self.hello = None;
+        self.offer_sent = false;
         let backlog = std::mem::take(&mut self.backlog);
         let held = std::mem::take(&mut self.held);
         let cur = self.rx.take();
@@ -288,7 +340,7 @@ impl ShmQp {
     }
 
     /// Whether send requests should wait for the peer's offer instead of going out over UDP:
-    /// our own offer reached a device on this host (its QP will offer back at its INIT → RTR),
+    /// our own offer reached a device on this host (its QP will offer back at its RTR → RTS),
     /// and the wait ([`OFFER_WAIT`]) is not over.
     pub(crate) fn awaiting(&self, now: std::time::Instant) -> bool {
         !self.active

@@ -1,52 +1,183 @@
-//! The offer: what a QP tells its same-host peer (its QPN, its device's address) with its
-//! arena, ring and doorbells, over the peer device's rendezvous (an abstract Unix socket);
-//! binding that rendezvous, and who may use it.
+//! The offer: how a QP gives its same-host peer its arena, ring and doorbells, over the peer
+//! device's rendezvous (an abstract Unix socket), and how each side proves it is the other end
+//! of the queue pair before any descriptor changes hands.
+//!
+//! The exchange, on one seqpacket connection from the offering QP (the initiator) to the
+//! rendezvous of its peer's device (the responder):
+//!
+//! 1. `HELLO` {the peer's QPN, ours, our address, nonce A} — no descriptors;
+//! 2. `CHALLENGE` {nonce B, MAC("R", A, B)} — sent once the peer QP is in RTS;
+//! 3. `OFFER` {MAC("I", A, B)} with the four descriptors.
+//!
+//! The MAC is SipHash-2-4 (128-bit output) keyed by the pair's QPNs and starting PSNs
+//! ([`Pairing`]). The two PSNs are 48 random bits that travelled only inside the CLC handshake
+//! on the TCP connection and in RoCE headers, which no unprivileged process can read; so a
+//! process of any user that squats a rendezvous name, or connects to ours, learns nothing and
+//! is refused. That proof, not the peer's user, decides: a peer of another user gets its own
+//! link group's regions and ring, as over the wire.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
 
-const OFFER_MAGIC: u64 = u64::from_le_bytes(*b"SMCRSHO1");
-pub(crate) const OFFER_LEN: usize = 32;
+const MAGIC: [u8; 8] = *b"SMCRSHO2";
+/// Every message of the exchange has this length.
+pub(crate) const MSG_LEN: usize = 48;
+const K_HELLO: u32 = 1;
+const K_CHALLENGE: u32 = 2;
+const K_OFFER: u32 = 3;
 
-/// What a QP tells its peer when it offers its shared memory.
+pub(crate) type Nonce = [u8; 16];
+pub(crate) type Mac = [u8; 16];
+
+/// A message of the offer exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Offer {
-    /// The QP the offer is for (the peer's QPN).
-    pub(crate) to_qpn: u32,
-    /// The offering QP.
-    pub(crate) from_qpn: u32,
-    /// The offering device's address.
-    pub(crate) from: SocketAddrV4,
+pub(crate) enum Msg {
+    Hello {
+        /// The QP the offer is for (the responder's QPN).
+        to_qpn: u32,
+        /// The offering QP.
+        from_qpn: u32,
+        /// The offering device's address.
+        from: SocketAddrV4,
+        nonce: Nonce,
+    },
+    Challenge {
+        nonce: Nonce,
+        mac: Mac,
+    },
+    Offer {
+        mac: Mac,
+    },
 }
 
-impl Offer {
-    pub(crate) fn emit(&self) -> [u8; OFFER_LEN] {
-        let mut b = [0u8; OFFER_LEN];
-        b[..8].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&1u32.to_le_bytes());
-        b[12..16].copy_from_slice(&self.to_qpn.to_le_bytes());
-        b[16..20].copy_from_slice(&self.from_qpn.to_le_bytes());
-        b[20..24].copy_from_slice(&self.from.ip().octets());
-        b[24..26].copy_from_slice(&self.from.port().to_le_bytes());
+impl Msg {
+    pub(crate) fn emit(&self) -> [u8; MSG_LEN] {
+        let mut b = [0u8; MSG_LEN];
+        b[..8].copy_from_slice(&MAGIC);
+        match *self {
+            Self::Hello {
+                to_qpn,
+                from_qpn,
+                from,
+                nonce,
+            } => {
+                b[8..12].copy_from_slice(&K_HELLO.to_le_bytes());
+                b[12..16].copy_from_slice(&to_qpn.to_le_bytes());
+                b[16..20].copy_from_slice(&from_qpn.to_le_bytes());
+                b[20..24].copy_from_slice(&from.ip().octets());
+                b[24..26].copy_from_slice(&from.port().to_le_bytes());
+                b[32..48].copy_from_slice(&nonce);
+            }
+            Self::Challenge { nonce, mac } => {
+                b[8..12].copy_from_slice(&K_CHALLENGE.to_le_bytes());
+                b[16..32].copy_from_slice(&nonce);
+                b[32..48].copy_from_slice(&mac);
+            }
+            Self::Offer { mac } => {
+                b[8..12].copy_from_slice(&K_OFFER.to_le_bytes());
+                b[32..48].copy_from_slice(&mac);
+            }
+        }
         b
     }
 
+    /// Never panics: anything but an exact message of the exchange is `None`.
     pub(crate) fn parse(b: &[u8]) -> Option<Self> {
-        if b.len() != OFFER_LEN
-            || b[..8] != OFFER_MAGIC.to_le_bytes()
-            || b[8..12] != 1u32.to_le_bytes()
-        {
+        if b.len() != MSG_LEN || b[..8] != MAGIC {
             return None;
         }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let ip: [u8; 4] = b[20..24].try_into().expect("4 bytes");
-        Some(Self {
-            to_qpn: u32_at(12),
-            from_qpn: u32_at(16),
-            from: SocketAddrV4::new(ip.into(), u16::from_le_bytes([b[24], b[25]])),
-        })
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let arr16 = |i: usize| -> [u8; 16] {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b[i..i + 16]);
+            a
+        };
+        match u32_at(8) {
+            K_HELLO => Some(Self::Hello {
+                to_qpn: u32_at(12),
+                from_qpn: u32_at(16),
+                from: SocketAddrV4::new(
+                    Ipv4Addr::new(b[20], b[21], b[22], b[23]),
+                    u16::from_le_bytes([b[24], b[25]]),
+                ),
+                nonce: arr16(32),
+            }),
+            K_CHALLENGE => Some(Self::Challenge {
+                nonce: arr16(16),
+                mac: arr16(32),
+            }),
+            K_OFFER => Some(Self::Offer { mac: arr16(32) }),
+            _ => None,
+        }
     }
+}
+
+/// What both QPs of a pair know and nobody else does: their QPNs and starting PSNs, seen from
+/// the initiator (the QP whose offer this is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pairing {
+    pub(crate) initiator_qpn: u32,
+    pub(crate) responder_qpn: u32,
+    pub(crate) initiator_psn: u32,
+    pub(crate) responder_psn: u32,
+}
+
+impl Pairing {
+    /// The proof of the side `role` (`b'R'` responder, `b'I'` initiator) for these nonces.
+    pub(crate) fn mac(&self, role: u8, a: &Nonce, b: &Nonce) -> Mac {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut key = [0u8; 16];
+        key[..4].copy_from_slice(&self.initiator_qpn.to_le_bytes());
+        key[4..8].copy_from_slice(&self.responder_qpn.to_le_bytes());
+        key[8..12].copy_from_slice(&self.initiator_psn.to_le_bytes());
+        key[12..16].copy_from_slice(&self.responder_psn.to_le_bytes());
+        let mut h = siphasher::sip128::SipHasher24::new_with_key(&key);
+        h.write(b"smcr same-host offer");
+        h.write(&[role]);
+        h.write(a);
+        h.write(b);
+        h.finish128().as_bytes()
+    }
+
+    /// Whether `mac` is the proof of `role` (without an early exit on the first difference).
+    pub(crate) fn check(&self, role: u8, a: &Nonce, b: &Nonce, mac: &Mac) -> bool {
+        let want = self.mac(role, a, b);
+        want.iter().zip(mac).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    }
+}
+
+/// 16 random bytes (`getrandom`), or an error: a guessable nonce would let a squatter replay.
+pub(crate) fn nonce() -> io::Result<Nonce> {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
+    if n == b.len() as isize {
+        Ok(b)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The process at the other end of a rendezvous connection (SO_PEERCRED, as seen from our
+/// user namespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its effective user (the overflow uid when unmapped in our user namespace).
+    pub uid: u32,
+    /// Its process id (0 when it is in a PID namespace we cannot see into).
+    pub pid: i32,
+}
+
+pub(crate) fn peer_cred(conn: BorrowedFd<'_>) -> Option<PeerCred> {
+    rustix::net::sockopt::socket_peercred(conn)
+        .ok()
+        .map(|c| PeerCred {
+            uid: c.uid.as_raw(),
+            pid: c.pid.as_raw_nonzero().get(),
+        })
 }
 
 /// The abstract Unix socket name of the device at `ip` whose QPNs are in `range` (per network
@@ -75,31 +206,88 @@ pub(crate) fn listen(ip: Ipv4Addr, range: u32) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Whether the process at the other end of `conn` may share memory with us: the same user,
-/// or root on either side. In a user namespace (systemd's `PrivateUsers=`, a container) an
-/// unmapped peer shows as the overflow uid, which is no one user, and root counts only where
-/// it is the host's root.
-pub(crate) fn trusted(conn: BorrowedFd<'_>) -> bool {
-    match rustix::net::sockopt::socket_peercred(conn) {
-        Ok(c) => {
-            let ns = crate::sandbox::UserNs::now();
-            let (peer, me) = (c.uid.as_raw(), rustix::process::geteuid().as_raw());
-            ns.names_one_user(peer) && (peer == me || ((peer == 0 || me == 0) && ns.root_is_real()))
-        }
-        Err(_) => false,
+/// The directory of the host-wide rendezvous sockets (`SMCR_RENDEZVOUS_DIR`, default
+/// [`RENDEZVOUS_DIR`]): made by `smcr bpf install` (root's, mode 1777 like `/tmp`); a
+/// container gets it bind-mounted. A device binds `<ip>-<range>` there as well as its abstract
+/// name, so that a peer in another network namespace of this host finds it.
+pub fn rendezvous_dir() -> PathBuf {
+    crate::env::var("SMCR_RENDEZVOUS_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(RENDEZVOUS_DIR), PathBuf::from)
+}
+
+/// Where [`rendezvous_dir`] is unless the environment says otherwise.
+pub const RENDEZVOUS_DIR: &str = "/run/smcr/rdv";
+
+fn fs_path(ip: Ipv4Addr, range: u32) -> PathBuf {
+    rendezvous_dir().join(format!("{ip}-{range:03x}"))
+}
+
+/// A device's socket in [`rendezvous_dir`] (removed with it).
+pub(crate) struct FsRendezvous {
+    pub(crate) fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Drop for FsRendezvous {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
-/// Connects to the rendezvous of the device at `peer` that owns QPN `offer.to_qpn` (its QPN
-/// range is `range`) and sends `offer` with our arena, our inbound ring's segment and our
-/// doorbell. Returns the connection (kept open: closing it tells the peer we are gone), or
-/// `None` when the peer is not reachable this way.
-pub(crate) fn send_offer(
-    peer: Ipv4Addr,
-    range: u32,
-    offer: &Offer,
-    fds: [BorrowedFd<'_>; 4],
-) -> Option<OwnedFd> {
+/// Binds the host-wide rendezvous of the device at `ip` with QPN range `range`, where the
+/// directory exists and lets us: `None` for a loopback address (which no other namespace
+/// reaches), without the directory, or when a live device of another namespace has the name
+/// (then peers that find it there are refused by its proof, and use UDP). A name left by a
+/// process that died is taken over when its owner lets us remove it.
+pub(crate) fn listen_fs(ip: Ipv4Addr, range: u32) -> Option<FsRendezvous> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    if ip.is_loopback() || ip.is_unspecified() {
+        return None;
+    }
+    let path = fs_path(ip, range);
+    let addr = rustix::net::SocketAddrUnix::new(&path).ok()?;
+    for _ in 0..2 {
+        let fd = crate::fdzone::place(
+            rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::SEQPACKET,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+                None,
+            )
+            .ok()?,
+        )
+        .ok()?;
+        match rustix::net::bind(&fd, &addr) {
+            Ok(()) => {
+                // Any user's peer connects (connecting needs write permission on the file).
+                let _ = rustix::fs::chmod(&path, rustix::fs::Mode::from_raw_mode(0o777));
+                rustix::net::listen(&fd, 64).ok()?;
+                return Some(FsRendezvous { fd, path });
+            }
+            Err(rustix::io::Errno::ADDRINUSE) => {
+                let probe = rustix::net::socket_with(
+                    AddressFamily::UNIX,
+                    SocketType::SEQPACKET,
+                    SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+                    None,
+                )
+                .ok()?;
+                if rustix::net::connect(&probe, &addr) != Err(rustix::io::Errno::CONNREFUSED) {
+                    return None; // alive (or not a socket we may judge)
+                }
+                std::fs::remove_file(&path).ok()?;
+            }
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Connects to the rendezvous of the device at `peer` that owns QPNs of `range` and says
+/// `hello`. Returns the connection (kept open: the peer's challenge comes on it, and closing
+/// it tells the peer we are gone), or `None` when the peer is not reachable this way.
+pub(crate) fn send_hello(peer: Ipv4Addr, range: u32, hello: &Msg) -> Option<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let fd = rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -109,10 +297,93 @@ pub(crate) fn send_offer(
     )
     .ok()
     .and_then(|fd| crate::fdzone::place(fd).ok())?;
-    rustix::net::connect(&fd, &rendezvous_addr(peer, range)).ok()?;
-    if !trusted(fd.as_fd()) {
-        return None;
+    // In our network namespace first; then across namespaces, through the host-wide one.
+    if rustix::net::connect(&fd, &rendezvous_addr(peer, range)).is_err() {
+        if peer.is_loopback() {
+            return None;
+        }
+        let addr = rustix::net::SocketAddrUnix::new(fs_path(peer, range)).ok()?;
+        rustix::net::connect(&fd, &addr).ok()?;
     }
-    crate::shm::send_fds(fd.as_fd(), &fds, &offer.emit()).ok()?;
+    send(fd.as_fd(), hello).ok()?;
     Some(fd)
+}
+
+/// Sends a message without descriptors (a whole seqpacket record, or an error).
+pub(crate) fn send(conn: BorrowedFd<'_>, m: &Msg) -> io::Result<()> {
+    let b = m.emit();
+    let n = rustix::net::send(conn, &b, rustix::net::SendFlags::NOSIGNAL)?;
+    if n == b.len() {
+        Ok(())
+    } else {
+        Err(io::ErrorKind::WriteZero.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_garbage_is_refused() {
+        let msgs = [
+            Msg::Hello {
+                to_qpn: 0x12_3456,
+                from_qpn: 0xab_cdef,
+                from: "10.1.2.3:4791".parse().unwrap(),
+                nonce: [7; 16],
+            },
+            Msg::Challenge {
+                nonce: [1; 16],
+                mac: [2; 16],
+            },
+            Msg::Offer { mac: [3; 16] },
+        ];
+        for m in msgs {
+            let b = m.emit();
+            assert_eq!(Msg::parse(&b), Some(m));
+            assert_eq!(Msg::parse(&b[..MSG_LEN - 1]), None);
+            let mut bad = b;
+            bad[0] ^= 1;
+            assert_eq!(Msg::parse(&bad), None);
+            let mut kind = b;
+            kind[8] = 9;
+            assert_eq!(Msg::parse(&kind), None);
+        }
+    }
+
+    #[test]
+    fn a_proof_depends_on_every_secret_and_the_role() {
+        let p = Pairing {
+            initiator_qpn: 0x40_0001,
+            responder_qpn: 0x80_0002,
+            initiator_psn: 0x12_3456,
+            responder_psn: 0x65_4321,
+        };
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        let m = p.mac(b'R', &a, &b);
+        assert!(p.check(b'R', &a, &b, &m));
+        assert!(
+            !p.check(b'I', &a, &b, &m),
+            "a responder's proof is not an initiator's"
+        );
+        assert!(!p.check(b'R', &b, &a, &m));
+        for q in [
+            Pairing {
+                initiator_psn: p.initiator_psn ^ 1,
+                ..p
+            },
+            Pairing {
+                responder_psn: p.responder_psn ^ 0x80_0000,
+                ..p
+            },
+            Pairing {
+                responder_qpn: p.responder_qpn + 1,
+                ..p
+            },
+        ] {
+            assert!(!q.check(b'R', &a, &b, &m));
+        }
+        assert_ne!(nonce().unwrap(), nonce().unwrap());
+    }
 }

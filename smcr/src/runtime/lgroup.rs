@@ -247,6 +247,12 @@ impl LinkGroup {
         } else {
             lg::TRANSPORT_UDP
         };
+        rec.words[lg::PEER_PROC] = match path.qp.same_host_peer() {
+            Some(c) => {
+                lg::PEER_PROC_KNOWN | u64::from(c.pid as u32 & 0x7fff_ffff) << 32 | u64::from(c.uid)
+            }
+            None => 0,
+        };
         st.area.write_lg(st.slot, &rec);
     }
 

@@ -350,6 +350,11 @@ pub mod lg {
     pub const TRANSPORT_UDP: u64 = 1;
     /// Same-host shared memory.
     pub const TRANSPORT_SHM: u64 = 2;
+    /// A same-host peer's process, as SO_PEERCRED told it: bit 63 set when known; bits 32..63
+    /// its pid, low 32 its uid.
+    pub const PEER_PROC: usize = 11;
+    /// [`PEER_PROC`]'s "known" bit.
+    pub const PEER_PROC_KNOWN: u64 = 1 << 63;
     /// Role: we sent the Proposal.
     pub const ROLE_CLIENT: u64 = 1;
     /// Role: we answered it.

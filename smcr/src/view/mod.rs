@@ -268,6 +268,8 @@ pub struct Link {
     pub mtu: u32,
     /// How data moves: "udp" (RoCE v2), "shm" (same-host shared memory) or "-".
     pub transport: &'static str,
+    /// A same-host peer's process: (uid, pid), as the kernel told them when its offer came.
+    pub peer_proc: Option<(u32, u32)>,
     /// Connections on it now.
     pub conns: u64,
     /// Unix time (ns) of creation.
@@ -400,6 +402,12 @@ impl Link {
                 lg::TRANSPORT_SHM => "shm",
                 _ => "-",
             },
+            peer_proc: (w[lg::PEER_PROC] & lg::PEER_PROC_KNOWN != 0).then(|| {
+                (
+                    w[lg::PEER_PROC] as u32,
+                    (w[lg::PEER_PROC] >> 32) as u32 & 0x7fff_ffff,
+                )
+            }),
             conns: r.conns,
             since_ns: w[lg::SINCE],
         }

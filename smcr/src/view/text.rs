@@ -259,7 +259,7 @@ pub fn render_links(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9}",
+        "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9} PEER-UID/PID",
         "PID",
         "COMMAND",
         "LG-ID",
@@ -279,7 +279,7 @@ pub fn render_links(s: &Snapshot) -> String {
         for l in &p.links {
             let _ = writeln!(
                 o,
-                "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9}",
+                "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9} {}",
                 p.pid,
                 p.comm,
                 l.id,
@@ -293,7 +293,9 @@ pub fn render_links(s: &Snapshot) -> String {
                 gid_text(&l.peer_gid),
                 hex(&l.peer_system),
                 l.mtu,
-                l.transport
+                l.transport,
+                l.peer_proc
+                    .map_or_else(|| "-".to_string(), |(u, p)| format!("{u}/{p}"))
             );
         }
     }
