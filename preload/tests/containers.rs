@@ -244,3 +244,116 @@ kill $srv
         );
     }
 }
+
+/// A client in a network namespace of its own (made by `unshare -n`, joined to the host by a
+/// veth pair) and a server on the host, each under its own user (redis-server as `redis`,
+/// redis-benchmark as `nobody`): two addresses, two namespaces, one host. They find each
+/// other through the host-wide rendezvous (`/run/smcr/rdv`, made by `smcr bpf install`) and
+/// move the data through shared memory (issue 37). With `container`, the client's namespace
+/// has its own mount namespace too, whose `/run` is a fresh tmpfs holding only a bind mount
+/// of the host's `/run/smcr`, as a container gets the directory.
+fn host_and_namespace(tag: &str, container: bool) {
+    if !ready() || !common::have("setpriv") || !common::have("nsenter") {
+        return;
+    }
+    let smc_stat = common::bin("smc-stat");
+    let smc_stat = smc_stat.display();
+    let sub = 20 + std::process::id() % 200 + u32::from(container);
+    let prelude = if container {
+        // A container's /run: its own, with the host's /run/smcr bind-mounted.
+        r#"mount --make-rprivate /
+keep=$(mktemp -d); mount --bind /run/smcr $keep
+mount -t tmpfs tmpfs /run; mkdir -p /run/smcr; mount --bind $keep /run/smcr
+echo "RUN $(echo $(ls /run))""#
+    } else {
+        ""
+    };
+    let unshare = if container {
+        "unshare -m -n"
+    } else {
+        "unshare -n"
+    };
+    let script = format!(
+        r#"
+set -e
+chmod 1777 $DIR; mkdir -p $DIR/stats; chmod 1777 $DIR/stats
+HA=10.91.{sub}.1; CA=10.91.{sub}.2; VH=smh{sub}
+trap 'ip link del $VH 2>/dev/null || true' EXIT
+{unshare} bash -c '
+set -e
+{prelude}
+echo $$ > '$DIR'/ns.pid
+while ! ip link show vc >/dev/null 2>&1; do sleep 0.02; done
+ip link set lo up; ip addr add '$CA'/24 dev vc; ip link set vc up
+while [ ! -e '$DIR'/go ]; do sleep 0.02; done
+setpriv --reuid nobody --regid nogroup --clear-groups env LD_PRELOAD=$LIB SMCR_LOG=$LOG.cli \
+  redis-benchmark -h '$HA' -p $PORT -c 20 -n 20000 -t set,get --csv
+' >$DIR/bench.out 2>&1 &
+client=$!
+for i in $(seq 200); do [ -s $DIR/ns.pid ] && break; sleep 0.02; done
+ip link add $VH type veth peer name vc netns $(cat $DIR/ns.pid)
+ip addr add $HA/24 dev $VH; ip link set $VH up
+setpriv --reuid redis --regid redis --clear-groups env LD_PRELOAD=$LIB SMCR_LOG=$LOG \
+  redis-server --bind $HA --port $PORT --protected-mode no --save "" --appendonly no \
+  --dir $DIR >$DIR/redis.out 2>&1 &
+srv=$!
+for i in $(seq 100); do
+  (exec 3<>/dev/tcp/$HA/$PORT) 2>/dev/null && break
+  sleep 0.1
+done
+: >$LOG
+touch $DIR/go
+max=0; shm=""
+while kill -0 $client 2>/dev/null; do
+  m=$(ss -tinH state established "( sport = :$PORT )" | grep -o 'bytes_received:[0-9]*' \
+      | cut -d: -f2 | sort -n | tail -1)
+  [ -n "$m" ] && [ "$m" -gt "$max" ] && max=$m
+  {smc_stat} --json --dir $DIR/stats >$DIR/stat.json 2>/dev/null || true
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); l=[x for x in d["link_groups"] if x["command"]=="redis-server"]; print(" ".join("%s:%s" % (x["transport"], x["peer_uid"]) for x in l))' $DIR/stat.json >$DIR/links 2>/dev/null || true
+  [ -s $DIR/links ] && shm=$(cat $DIR/links)
+  sleep 0.05
+done
+wait $client || {{ cat $DIR/bench.out; exit 1; }}
+cat $DIR/bench.out
+cat $LOG.cli >>$LOG
+echo "MAXRX $max"
+echo "LINKS $shm"
+kill $srv
+"#
+    );
+    let (text, logged) = run(tag, &["env"], &script);
+    check(tag, &text, &logged);
+    if container {
+        // (mount(8) leaves its own /run/mount.)
+        let run = text
+            .lines()
+            .find_map(|l| l.strip_prefix("RUN "))
+            .expect("RUN line");
+        assert!(
+            run.split_whitespace().any(|w| w == "smcr")
+                && run.split_whitespace().all(|w| w == "smcr" || w == "mount"),
+            "the container's /run: {run}\n{text}"
+        );
+    }
+    let links = text
+        .lines()
+        .find_map(|l| l.strip_prefix("LINKS "))
+        .expect("LINKS line");
+    assert!(!links.trim().is_empty(), "no server link seen:\n{text}");
+    for l in links.split_whitespace() {
+        assert_eq!(
+            l, "shm:65534",
+            "a server link not over shared memory with nobody:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn a_namespace_of_its_own_and_the_host_share_memory() {
+    host_and_namespace("ns-host", false);
+}
+
+#[test]
+fn a_container_with_run_smcr_mounted_and_the_host_share_memory() {
+    host_and_namespace("container-host", true);
+}
