@@ -1,7 +1,10 @@
 //! `bench apps`: real programs (redis-benchmark, sockperf, iperf3, and a connect+echo+close
-//! loop) side by side in one run, in five setups: plain TCP on one host, smcr on one host,
-//! plain TCP across two network namespaces (veth), smcr across them (our RoCE v2 over UDP),
-//! and smcr fallback (server under the shim, client plain). Prints a table of ratios against
+//! loop) side by side in one run, in seven setups: plain TCP on one host; smcr on one host
+//! (shared memory), the same with server and client under different users (shared memory);
+//! plain TCP across two network namespaces (veth); smcr across them with same-host sharing
+//! (shared memory, found through `/run/smcr/rdv`) and without it (`SMCR_SAME_HOST=off`: our
+//! RoCE v2 over UDP, the stand-in for two hosts); and smcr fallback (server under the shim,
+//! client plain). Prints a table of ratios against
 //! the plain TCP of the same topology, writes JSON and an SVG chart. Every smcr run checks the
 //! server's stats area: the connections must have been SMC-R (or, for the fallback setup, TCP
 //! with PEERNOSMC), otherwise the bench says so and fails. Needs root (namespaces, the TCP
@@ -20,21 +23,28 @@ pub enum Setup {
     TcpLocal,
     /// Both ends under the shim, one host.
     SmcrLocal,
+    /// Both ends under the shim, one host, the server under another user ([`SERVER_AS`]).
+    SmcrXuser,
     /// Plain TCP across two namespaces.
     TcpNetns,
-    /// Both ends under the shim across two namespaces.
-    SmcrNetns,
+    /// Both ends under the shim across two namespaces of one host: shared memory.
+    SmcrSamehostNs,
+    /// Both ends under the shim across two namespaces, same-host sharing off
+    /// (`SMCR_SAME_HOST=off`): RoCE v2 over UDP, as between two hosts.
+    SmcrRemote,
     /// Server under the shim, client plain, one host: every connection falls back.
     Fallback,
 }
 
 impl Setup {
     /// All, in table order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
         Self::TcpLocal,
         Self::SmcrLocal,
+        Self::SmcrXuser,
         Self::TcpNetns,
-        Self::SmcrNetns,
+        Self::SmcrSamehostNs,
+        Self::SmcrRemote,
         Self::Fallback,
     ];
 
@@ -43,8 +53,10 @@ impl Setup {
         match self {
             Self::TcpLocal => "tcp-local",
             Self::SmcrLocal => "smcr-local",
+            Self::SmcrXuser => "smcr-xuser",
             Self::TcpNetns => "tcp-netns",
-            Self::SmcrNetns => "smcr-netns",
+            Self::SmcrSamehostNs => "smcr-samehost-ns",
+            Self::SmcrRemote => "smcr-remote",
             Self::Fallback => "fallback",
         }
     }
@@ -52,19 +64,31 @@ impl Setup {
     /// The plain-TCP setup it is compared with.
     pub fn baseline(self) -> Option<Self> {
         match self {
-            Self::SmcrLocal | Self::Fallback => Some(Self::TcpLocal),
-            Self::SmcrNetns => Some(Self::TcpNetns),
+            Self::SmcrLocal | Self::SmcrXuser | Self::Fallback => Some(Self::TcpLocal),
+            Self::SmcrSamehostNs | Self::SmcrRemote => Some(Self::TcpNetns),
             _ => None,
         }
     }
 
     fn netns(self) -> bool {
-        matches!(self, Self::TcpNetns | Self::SmcrNetns)
+        matches!(
+            self,
+            Self::TcpNetns | Self::SmcrSamehostNs | Self::SmcrRemote
+        )
+    }
+
+    /// The transport its links must have used (`smc-stat --links`).
+    fn transport(self) -> Option<&'static str> {
+        match self {
+            Self::SmcrLocal | Self::SmcrXuser | Self::SmcrSamehostNs => Some("shm"),
+            Self::SmcrRemote => Some("udp"),
+            _ => None,
+        }
     }
 
     fn shim(self, server: bool) -> bool {
         match self {
-            Self::SmcrLocal | Self::SmcrNetns => true,
+            Self::SmcrLocal | Self::SmcrXuser | Self::SmcrSamehostNs | Self::SmcrRemote => true,
             Self::Fallback => server,
             _ => false,
         }
@@ -218,6 +242,9 @@ const SERVER_ADDR_LOCAL: &str = "127.0.0.1";
 /// Every program of every setup runs as this user with `ulimit -n 1024` (soft = hard), as
 /// distributions run services (root only prepares: namespaces, BPF programs).
 const RUN_AS: &str = "nobody";
+/// The server's user in [`Setup::SmcrXuser`] (a service's own user, as Debian runs redis);
+/// `daemon` where there is no such user.
+const SERVER_AS: [&str; 2] = ["redis", "daemon"];
 const NOFILE: u64 = 1024;
 const NS_A: &str = "10.78.0.1";
 const NS_B: &str = "10.78.0.2";
@@ -228,6 +255,8 @@ pub(crate) struct Env {
     pub(crate) exe: PathBuf,
     /// Who runs the programs (uid, gid); `None`: as we are.
     user: Option<(u32, u32)>,
+    /// Who runs the servers of [`Setup::SmcrXuser`].
+    server_user: Option<(u32, u32)>,
     bpf: PathBuf,
     pub(crate) stats: PathBuf,
     pub(crate) work: PathBuf,
@@ -324,6 +353,7 @@ impl Env {
         std::fs::create_dir_all(&stats)?;
         std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o1777))?;
         let user = user_ids(RUN_AS);
+        let server_user = SERVER_AS.iter().find_map(|n| user_ids(n));
         let bpf = PathBuf::from(format!("/sys/fs/bpf/smcr-bench-{pid}"));
         smcr::option::install(&bpf)
             .map_err(|e| anyhow::anyhow!("installing the TCP option program (root?): {e}"))?;
@@ -331,6 +361,7 @@ impl Env {
             lib,
             exe: bench,
             user,
+            server_user,
             bpf,
             stats,
             work,
@@ -407,7 +438,7 @@ impl Env {
                 let mut c = Command::new("nsenter");
                 c.arg(format!("--net=/run/netns/{}", if server { b } else { a }));
                 // nsenter needs root to enter; it becomes the user once inside.
-                if let Some((uid, gid)) = self.user {
+                if let Some((uid, gid)) = self.user_of(s, server) {
                     c.args(["-S", &uid.to_string(), "-G", &gid.to_string()]);
                 }
                 c.arg(prog);
@@ -429,11 +460,16 @@ impl Env {
             c.env("LD_PRELOAD", &self.lib)
                 .env("SMCR_BPF_DIR", &self.bpf)
                 .env("SMCR_STATS_DIR", &self.stats);
+            if s == Setup::SmcrRemote {
+                c.env("SMCR_SAME_HOST", "off");
+            }
         }
         // As a distribution runs a service: its own user, `ulimit -n 1024` (every setup, so
         // the ratios compare like with like). In a namespace nsenter changes the user itself,
         // once it has entered (as root).
-        let user = self.user.filter(|_| !(s.netns() && self.ns.is_some()));
+        let user = self
+            .user_of(s, server)
+            .filter(|_| !(s.netns() && self.ns.is_some()));
         // Pinned before exec: the program and every thread it (and the shim) makes later.
         let cpu = self.placement.get().and_then(|p| p.cpu(server));
         // SAFETY: only async-signal-safe system calls between fork and exec.
@@ -466,6 +502,15 @@ impl Env {
             });
         }
         c
+    }
+
+    /// Who runs one side of a setup.
+    fn user_of(&self, s: Setup, server: bool) -> Option<(u32, u32)> {
+        if s == Setup::SmcrXuser && server {
+            self.server_user
+        } else {
+            self.user
+        }
     }
 
     pub(crate) fn wait_listening(&self, s: Setup, port: u16) -> Result<()> {
@@ -585,6 +630,18 @@ impl Env {
                 s.name(),
                 p.fallbacks
             );
+        }
+        // The links still there moved their data as the setup says (shared memory on one
+        // host, whatever the users and namespaces; UDP where sharing is off).
+        if let Some(want) = s.transport() {
+            for l in &p.links {
+                ensure!(
+                    l.transport == want,
+                    "{what} ({}): a link over {} where {want} was expected",
+                    s.name(),
+                    l.transport
+                );
+            }
         }
         Ok(())
     }
@@ -1168,7 +1225,7 @@ pub fn table(metrics: &[Metric]) -> String {
         .collect();
     let _ = write!(o, "{:<42}", "metric");
     for s in &cols {
-        let _ = write!(o, " {:>12}", s.name());
+        let _ = write!(o, " {:>16}", s.name());
         if s.baseline().is_some() {
             let _ = write!(o, " {:>7}", "ratio");
         }
@@ -1179,13 +1236,13 @@ pub fn table(metrics: &[Metric]) -> String {
         for s in &cols {
             match m.get(*s) {
                 Some(v) if v >= 1000.0 => {
-                    let _ = write!(o, " {v:>12.0}");
+                    let _ = write!(o, " {v:>16.0}");
                 }
                 Some(v) => {
-                    let _ = write!(o, " {v:>12.2}");
+                    let _ = write!(o, " {v:>16.2}");
                 }
                 None => {
-                    let _ = write!(o, " {:>12}", "-");
+                    let _ = write!(o, " {:>16}", "-");
                 }
             }
             if s.baseline().is_some() {
@@ -1273,8 +1330,14 @@ pub fn json_num(v: f64, decimals: i32) -> serde_json::Value {
 
 /// An SVG bar chart of the ratios (one group per metric; a line at 1.0x).
 pub fn svg(metrics: &[Metric]) -> String {
-    let series = [Setup::SmcrLocal, Setup::SmcrNetns, Setup::Fallback];
-    let colors = ["#1f77b4", "#ff7f0e", "#7f7f7f"];
+    let series = [
+        Setup::SmcrLocal,
+        Setup::SmcrXuser,
+        Setup::SmcrSamehostNs,
+        Setup::SmcrRemote,
+        Setup::Fallback,
+    ];
+    let colors = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#7f7f7f"];
     let max = metrics
         .iter()
         .flat_map(|m| series.iter().filter_map(|s| m.ratio(*s)))
@@ -1324,7 +1387,7 @@ pub fn svg(metrics: &[Metric]) -> String {
         bottom + 12.0
     );
     for (k, s) in series.iter().enumerate() {
-        let lx = left + 150.0 * k as f64;
+        let lx = 10.0 + 150.0 * k as f64;
         let _ = writeln!(
             o,
             "<rect x=\"{lx}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const SETUP: Setup = Setup::SmcrNetns;
+const SETUP: Setup = Setup::SmcrRemote;
 /// A second address on each veth end for the verifier: it runs beside redis-benchmark, and two
 /// processes on one address cannot both run an engine (UDP 4791; docs/limitations.md).
 const VERIFY_CLIENT: &str = "10.78.1.1";

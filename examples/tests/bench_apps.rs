@@ -66,7 +66,7 @@ fn bench_apps_smoke_run() {
     for w in examples::app_bench::WORKLOADS {
         let row = engine
             .iter()
-            .find(|r| r["workload"] == w && r["setup"] == "smcr-netns")
+            .find(|r| r["workload"] == w && r["setup"] == "smcr-remote")
             .unwrap_or_else(|| panic!("no engine row for {w}: {doc}"));
         assert!(row["packets"].as_u64().unwrap() > 0, "{row}");
         assert!(
@@ -79,26 +79,34 @@ fn bench_apps_smoke_run() {
         for s in [
             "tcp-local",
             "smcr-local",
+            "smcr-xuser",
             "tcp-netns",
-            "smcr-netns",
+            "smcr-samehost-ns",
+            "smcr-remote",
             "fallback",
         ] {
             assert!(m["values"][s].is_number(), "{s} missing: {m}");
         }
         // Memory and CPU figures of plain TCP can be ~0: no ratio then.
         if !name.contains("RSS") && !name.contains("CPU") {
-            for s in ["smcr-local", "smcr-netns", "fallback"] {
+            for s in [
+                "smcr-local",
+                "smcr-xuser",
+                "smcr-samehost-ns",
+                "smcr-remote",
+                "fallback",
+            ] {
                 assert!(m["ratios"][s].as_f64().is_some_and(|r| r > 0.0), "{m}");
             }
         }
     }
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    // A bar per ratio, plus the legend's three.
+    // A bar per ratio, plus the legend's five.
     let bars: usize = metrics
         .iter()
         .map(|m| m["ratios"].as_object().unwrap().len())
         .sum();
-    assert_eq!(svg.matches("<rect").count(), bars + 3, "{svg}");
+    assert_eq!(svg.matches("<rect").count(), bars + 5, "{svg}");
     let _ = std::fs::remove_dir_all(&dir);
 }

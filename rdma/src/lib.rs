@@ -39,7 +39,7 @@ pub use rc::{
     ModifyError, Mtu, PostError, QpAttr, QpCaps, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode,
     WcStatus, WorkCompletion, WrOpcode,
 };
-pub use samehost::{PeerCred, RENDEZVOUS_DIR, rendezvous_dir};
+pub use samehost::{PeerCred, RENDEZVOUS_DIR, SameHost, rendezvous_dir};
 pub use sched::CqScheduler;
 
 /// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this crate's

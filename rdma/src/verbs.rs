@@ -443,6 +443,8 @@ impl QueuePair {
                         ),
                         _ => None,
                     };
+                    // Nobody at the peer's rendezvous: not on this host (or out of reach).
+                    shm.not_found = shm.offered.is_none() && core_ref.av.is_some();
                     match &shm.offered {
                         Some(c) => {
                             shm.hello = hello.map(|(n, _)| n);
@@ -532,6 +534,14 @@ impl QueuePair {
             self.qp.same_host.store(true, Ordering::Relaxed);
         }
         yes
+    }
+
+    /// What became of the QP's same-host sharing (shared memory, or why not).
+    pub fn same_host_state(&self) -> crate::SameHost {
+        let core = self.qp.core.lock();
+        core.shm
+            .as_ref()
+            .map_or(crate::SameHost::Off, crate::samehost::ShmQp::state)
     }
 
     /// The same-host peer's process (user and pid, as SO_PEERCRED tells them in our user

@@ -411,6 +411,7 @@ fn private_domains_stay_on_udp() {
     let (a, b) = pair(false);
     std::thread::sleep(Duration::from_millis(20));
     assert!(!a.qp.is_same_host() && !b.qp.is_same_host());
+    assert_eq!(a.qp.same_host_state(), SameHost::Off);
     let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     post_recv_64(&b, &rbuf, 1, 0);
@@ -818,6 +819,31 @@ fn a_process_without_the_pairs_secret_gets_no_memory_and_gives_none() {
     let (n, fds) = recv_with_fds(c.as_fd(), 5);
     assert_eq!((n, fds), (0, 0), "the QP hangs up and sends nothing");
     assert!(a.qp.same_host_peer().is_none());
+    assert_eq!(
+        a.qp.same_host_state(),
+        SameHost::ProofFailed,
+        "why, visible"
+    );
+    // Nobody at all at the peer's address: not found (another host).
+    let lone = side(true, QpCaps::default());
+    lone.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
+    assert_eq!(lone.qp.same_host_state(), SameHost::Pending);
+    lone.qp
+        .modify(&QpAttr {
+            path_mtu: Some(Mtu::Mtu1024),
+            dest_qp_num: Some(peer_qpn),
+            rq_psn: Some(Psn::new(1)),
+            av: Some("127.0.0.10:4791".parse().unwrap()),
+            ..QpAttr::state(QpState::Rtr)
+        })
+        .unwrap();
+    lone.qp
+        .modify(&QpAttr {
+            sq_psn: Some(Psn::new(2)),
+            ..QpAttr::state(QpState::Rts)
+        })
+        .unwrap();
+    assert_eq!(lone.qp.same_host_state(), SameHost::NotFound);
 
     // 2. A process in the name of a peer QP, at a real device's rendezvous.
     let (x, y) = pair(true);
@@ -870,6 +896,8 @@ fn a_process_without_the_pairs_secret_gets_no_memory_and_gives_none() {
         "an offer without a proof was taken"
     );
     assert!(!z.qp.is_same_host());
+    assert_eq!(z.qp.same_host_state(), SameHost::ProofFailed);
     // The real pair is not disturbed.
     assert!(x.qp.is_same_host() && y.qp.is_same_host());
+    assert_eq!(x.qp.same_host_state(), SameHost::Shared);
 }

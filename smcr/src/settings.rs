@@ -179,6 +179,13 @@ pub static SETTINGS: &[Setting] = &[
         about: "links to peers on this host move data through shared memory",
     },
     Setting {
+        key: "smcr.rendezvous_dir",
+        var: "SMCR_RENDEZVOUS_DIR",
+        kind: Kind::Path,
+        default: rdma::RENDEZVOUS_DIR,
+        about: "where same-host peers in other network namespaces find each other (smcr bpf install makes it; bind-mount it into containers)",
+    },
+    Setting {
         key: "smcr.write_pad",
         var: "SMCR_WRITE_PAD",
         kind: Kind::Flag,

@@ -255,6 +255,7 @@ impl Shared {
         shm.offered = None;
         shm.live = None;
         shm.hello = None;
+        shm.refused = true;
         self.drive(&mut core, Instant::now());
     }
 

@@ -223,6 +223,75 @@ pub(crate) struct ShmQp {
     /// The starting PSNs (RTR's `rq_psn`, RTS's `sq_psn`): with the QPNs, the pair's secret.
     pub(crate) rq_psn: Option<u32>,
     pub(crate) sq_psn: Option<u32>,
+    /// No device answered at the peer's rendezvous (another host, or not reachable here).
+    pub(crate) not_found: bool,
+    /// The peer ended our offer's exchange before its own offer came.
+    pub(crate) refused: bool,
+}
+
+/// What became of a QP's same-host sharing ([`crate::QueuePair::same_host_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SameHost {
+    /// Not a QP of a shared protection domain (sharing off).
+    Off,
+    /// Not decided yet (before RTS, or the exchange runs).
+    Pending,
+    /// Requests go through shared memory.
+    Shared,
+    /// No device answered at the peer's rendezvous: the peer is on another host, or its
+    /// rendezvous is not reachable from here (another network namespace without a shared
+    /// `/run/smcr/rdv`).
+    NotFound,
+    /// The peer's device ended the exchange (no such QP, sharing off there, or the peer
+    /// went away).
+    Refused,
+    /// A process at a rendezvous failed the pair's proof.
+    ProofFailed,
+    /// The shared memory broke (a corrupt ring or table, a refused access).
+    Failed,
+}
+
+impl SameHost {
+    /// A word for tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Pending => "pending",
+            Self::Shared => "shm",
+            Self::NotFound => "not-found",
+            Self::Refused => "refused",
+            Self::ProofFailed => "proof-failed",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// A number for the stats area (0 is "not known").
+    pub fn code(self) -> u64 {
+        match self {
+            Self::Off => 1,
+            Self::Pending => 2,
+            Self::Shared => 3,
+            Self::NotFound => 4,
+            Self::Refused => 5,
+            Self::ProofFailed => 6,
+            Self::Failed => 7,
+        }
+    }
+
+    /// The state of a [`Self::code`].
+    pub fn from_code(c: u64) -> Option<Self> {
+        [
+            Self::Off,
+            Self::Pending,
+            Self::Shared,
+            Self::NotFound,
+            Self::Refused,
+            Self::ProofFailed,
+            Self::Failed,
+        ]
+        .into_iter()
+        .find(|s| s.code() == c)
+    }
 }
 
 /// The QP's shared memory broke (peer wrote garbage, or an access was refused).
@@ -256,7 +325,21 @@ impl ShmQp {
             offer_sent: false,
             rq_psn: None,
             sq_psn: None,
+            not_found: false,
+            refused: false,
         })
+    }
+
+    /// What became of the sharing so far.
+    pub(crate) fn state(&self) -> SameHost {
+        match self.fault {
+            _ if self.active => SameHost::Shared,
+            Some(f) if f.contains("proof") => SameHost::ProofFailed,
+            Some(_) => SameHost::Failed,
+            None if self.not_found => SameHost::NotFound,
+            None if self.refused => SameHost::Refused,
+            None => SameHost::Pending,
+        }
     }
 
     /// The pair's secret with this QP as the initiator (its offer), once both PSNs are known.

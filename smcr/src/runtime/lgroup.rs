@@ -253,6 +253,7 @@ impl LinkGroup {
             }
             None => 0,
         };
+        rec.words[lg::SAME_HOST] = path.qp.same_host_state().code();
         st.area.write_lg(st.slot, &rec);
     }
 

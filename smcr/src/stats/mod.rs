@@ -355,6 +355,8 @@ pub mod lg {
     pub const PEER_PROC: usize = 11;
     /// [`PEER_PROC`]'s "known" bit.
     pub const PEER_PROC_KNOWN: u64 = 1 << 63;
+    /// What became of same-host sharing ([`rdma::SameHost::code`]; 0: not known).
+    pub const SAME_HOST: usize = 12;
     /// Role: we sent the Proposal.
     pub const ROLE_CLIENT: u64 = 1;
     /// Role: we answered it.

@@ -150,6 +150,7 @@ pub fn render_json(s: &Snapshot) -> String {
                 "peer_system_id": hex(&l.peer_system),
                 "mtu": l.mtu,
                 "transport": l.transport.to_string(),
+                "same_host": l.same_host,
                 "peer_uid": l.peer_proc.map(|p| p.0),
                 "peer_pid": l.peer_proc.map(|p| p.1),
                 "since_ns": l.since_ns,

@@ -270,6 +270,9 @@ pub struct Link {
     pub transport: &'static str,
     /// A same-host peer's process: (uid, pid), as the kernel told them when its offer came.
     pub peer_proc: Option<(u32, u32)>,
+    /// What became of same-host sharing ([`rdma::SameHost::name`]: `shm`, or why not), or
+    /// `-` when not known.
+    pub same_host: &'static str,
     /// Connections on it now.
     pub conns: u64,
     /// Unix time (ns) of creation.
@@ -408,6 +411,8 @@ impl Link {
                     (w[lg::PEER_PROC] >> 32) as u32 & 0x7fff_ffff,
                 )
             }),
+            same_host: rdma::SameHost::from_code(w[lg::SAME_HOST])
+                .map_or("-", rdma::SameHost::name),
             conns: r.conns,
             since_ns: w[lg::SINCE],
         }

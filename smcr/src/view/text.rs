@@ -259,7 +259,7 @@ pub fn render_links(s: &Snapshot) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9} PEER-UID/PID",
+        "{:<8} {:<15} {:>5} {:<6} {:>3} {:<10} {:>5} {:>8} {:>8} {:<22} {:<22} {:<16} {:>5} {:<9} SAME-HOST",
         "PID",
         "COMMAND",
         "LG-ID",
@@ -294,8 +294,9 @@ pub fn render_links(s: &Snapshot) -> String {
                 hex(&l.peer_system),
                 l.mtu,
                 l.transport,
+                // The peer process (uid/pid) once shared, else what became of sharing.
                 l.peer_proc
-                    .map_or_else(|| "-".to_string(), |(u, p)| format!("{u}/{p}"))
+                    .map_or_else(|| l.same_host.to_string(), |(u, p)| format!("{u}/{p}"))
             );
         }
     }

@@ -498,7 +498,11 @@ pub(crate) fn dropin(lib: &Path, existing: Option<&str>) -> String {
         "# Written by `smcr service enable`: the service's TCP sockets use SMC-R where the peer\n\
          # can (docs/running.md, Services under systemd). `smcr service disable` removes it.\n\
          [Service]\n\
-         Environment=\"LD_PRELOAD={preload}\"\n"
+         Environment=\"LD_PRELOAD={preload}\"\n\
+         # Peers in other network namespaces find the service here (ProtectSystem=strict\n\
+         # would make it read-only; `-`: nothing if smcr bpf install has not made it).\n\
+         ReadWritePaths=-{rdv}\n",
+        rdv = rdma::RENDEZVOUS_DIR
     )
 }
 
