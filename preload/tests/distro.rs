@@ -687,6 +687,53 @@ fn four_redis_pairs(shim: bool, across_namespaces: bool) {
     }
 }
 
+/// Two network namespaces entered by `ip netns exec` (which also gives each program a fresh
+/// /sys: the launcher finds the option program's pins where `smcr bpf install` mirrors them),
+/// redis-server as `redis` in one, redis-benchmark as `nobody` in the other: under the shim
+/// every link moves its data through shared memory, found through `/run/smcr/rdv` (issue 37).
+fn redis_across_namespaces_by_ip_netns_exec(shim: bool) {
+    let Some(w) = World::new(
+        "netns-exec-pair",
+        shim,
+        &["redis-server", "redis-benchmark", "ip"],
+    ) else {
+        return;
+    };
+    let (redis, nobody) = (User::or_nobody("redis"), User::or_nobody("nobody"));
+    let pair = NetPair::new();
+    if shim {
+        harness::attach_steering(&pair.a);
+        harness::attach_steering(&pair.b);
+    }
+    let (server_net, client_net) = (
+        Net::IpNetnsExec(pair.a.clone()),
+        Net::IpNetnsExec(pair.b.clone()),
+    );
+    let port = common::port(BASE);
+    let data = w.private_dir("redis-data", &redis);
+    let spec = w
+        .spec("redis-server")
+        .user(&redis)
+        .net(server_net.clone())
+        .launcher();
+    let mut server = redis_server(&w, spec, NetPair::ADDR_A, port, &data);
+    w.wait_listening(&server_net, port, &mut server);
+    let sampler = w.sampler(&server_net, &[port]);
+    let spec = w
+        .spec("redis-benchmark")
+        .user(&nobody)
+        .net(client_net)
+        .launcher();
+    let bench = redis_benchmark(&w, spec, NetPair::ADDR_A, port).finish(CLIENT_TIMEOUT);
+    let seen = sampler.stop();
+    check_benchmark(&w, &bench);
+    let v = w.verdict(&seen, &[&server]);
+    v.assert_mode(shim, 50, 1);
+    if shim {
+        v.assert_shared_memory(nobody.uid);
+    }
+}
+
 /// Scenario 5: dual stack: nginx on `[::]` with one AF_INET6 socket (ipv6only=off). An
 /// IPv4 client to 127.0.0.1 (v4-mapped on the server) must go over SMC-R; a native IPv6
 /// client to [::1] stays TCP with a named reason in smc-stat.
@@ -1162,6 +1209,10 @@ mod baseline {
         super::four_redis_pairs(false, true);
     }
     #[test]
+    fn redis_across_namespaces_by_ip_netns_exec() {
+        super::redis_across_namespaces_by_ip_netns_exec(false);
+    }
+    #[test]
     fn dual_stack_listener() {
         super::dual_stack_listener(false);
     }
@@ -1228,6 +1279,10 @@ mod over_smcr {
     #[test]
     fn four_redis_pairs_across_namespaces() {
         super::four_redis_pairs(true, true);
+    }
+    #[test]
+    fn redis_across_namespaces_by_ip_netns_exec() {
+        super::redis_across_namespaces_by_ip_netns_exec(true);
     }
     #[test]
     fn dual_stack_listener() {

@@ -22,6 +22,9 @@ pub(crate) const LOST_IN_A_ROW: u32 = 3;
 /// most).
 pub(crate) const BACKOFF: Duration = Duration::from_secs(1);
 
+/// A sleep that ended within this many spins restores the spin (see [`SpinState::woke_after`]).
+pub(crate) const RESTORE_WITHIN: u32 = 3;
+
 /// How a driver's spin ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Spun {
@@ -81,10 +84,13 @@ impl SpinState {
         }
     }
 
-    /// A driver that slept woke after `slept`: had it arrived within a spin of `max`, spinning
-    /// resumes at full length.
+    /// A driver that slept woke after `slept`: had it arrived within [`RESTORE_WITHIN`] spins
+    /// of `max`, spinning resumes at full length. (Within one spin only, two peers that both
+    /// slept stayed asleep: each one's answer came after the other's wake-up, longer than a
+    /// spin where wake-ups cost 10–15 µs, and a ping-pong then ran at twice a wake-up instead
+    /// of the ~3 µs of two spinners.)
     pub(crate) fn woke_after(&self, slept: Duration, max: Duration) {
-        if slept < max {
+        if slept < max * RESTORE_WITHIN {
             self.fails.store(0, Ordering::Relaxed);
         }
     }
@@ -117,9 +123,9 @@ mod tests {
         let s = SpinState::default();
         s.record(Spun::Missed, 0);
         s.record(Spun::Missed, 0);
-        s.woke_after(MAX, MAX);
+        s.woke_after(MAX * RESTORE_WITHIN, MAX);
         assert_eq!(s.budget(MAX, 0), Some(MAX / 4));
-        s.woke_after(MAX / 2, MAX);
+        s.woke_after(MAX * RESTORE_WITHIN - Duration::from_micros(1), MAX);
         assert_eq!(s.budget(MAX, 0), Some(MAX));
     }
 
