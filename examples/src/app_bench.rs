@@ -23,7 +23,8 @@ pub enum Setup {
     TcpLocal,
     /// Both ends under the shim, one host.
     SmcrLocal,
-    /// Both ends under the shim, one host, the server under another user ([`SERVER_AS`]).
+    /// Both ends under the shim, one host, the server under another user (`redis`, else
+    /// `daemon`).
     SmcrXuser,
     /// Plain TCP across two namespaces.
     TcpNetns,
