@@ -309,7 +309,7 @@ while kill -0 $client 2>/dev/null; do
       | cut -d: -f2 | sort -n | tail -1)
   [ -n "$m" ] && [ "$m" -gt "$max" ] && max=$m
   {smc_stat} --json --dir $DIR/stats >$DIR/stat.json 2>/dev/null || true
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); l=[x for x in d["link_groups"] if x["command"]=="redis-server"]; print(" ".join("%s:%s" % (x["transport"], x["peer_uid"]) for x in l))' $DIR/stat.json >$DIR/links 2>/dev/null || true
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); l=[x for x in d["link_groups"] if x["command"]=="redis-server"]; print(" ".join("%s:%s" % (x["transport"], x["peer_uid"]) for x in l if x["same_host"] != "pending"))' $DIR/stat.json >$DIR/links 2>/dev/null || true
   [ -s $DIR/links ] && shm=$(cat $DIR/links)
   sleep 0.05
 done
