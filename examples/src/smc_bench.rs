@@ -83,6 +83,8 @@ fn runtime(dir: &std::path::Path) -> Runtime {
     cfg.negotiation = Negotiation::TcpOption {
         dir: dir.to_path_buf(),
     };
+    // Across a veth pair standing for two hosts: the RoCE path, not shared memory.
+    cfg.same_host = false;
     // RMB size (default 64 KiB like Linux); BENCH_RMB_KIB overrides it for experiments.
     if let Some(k) = std::env::var("BENCH_RMB_KIB")
         .ok()

@@ -32,6 +32,8 @@ fn a_process_that_exits_with_data_in_flight_loses_nothing_and_deletes_its_group(
     let port = common::port(24000);
     let mut server = NetPair::cmd(&net.b, "python3");
     shim.apply(&mut server);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    server.env("SMCR_SAME_HOST", "off");
     server
         .env("SMCR_STATS_DIR", &stats)
         .args([
@@ -48,6 +50,8 @@ fn a_process_that_exits_with_data_in_flight_loses_nothing_and_deletes_its_group(
     let n = 8 << 20;
     let mut client = NetPair::cmd(&net.a, "python3");
     shim.apply(&mut client);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    client.env("SMCR_SAME_HOST", "off");
     client.env("SMCR_STATS_DIR", &stats).args([
         &script("exit_client.py"),
         NetPair::ADDR_B,

@@ -69,6 +69,8 @@ fn iperf3_across_two_namespaces() {
     let ps = p.to_string();
     let mut s = NetPair::cmd(&net.b, "iperf3");
     shim.apply(&mut s);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    s.env("SMCR_SAME_HOST", "off");
     let server = Bg(s
         .args(["-s", "-1", "-B", NetPair::ADDR_B, "-p", &ps])
         .stdout(Stdio::null())
@@ -77,6 +79,8 @@ fn iperf3_across_two_namespaces() {
     wait_listening(Some(&net.b), NetPair::ADDR_B, p);
     let mut c = NetPair::cmd(&net.a, "iperf3");
     shim.apply(&mut c);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    c.env("SMCR_SAME_HOST", "off");
     c.args(["-c", NetPair::ADDR_B, "-p", &ps, "-t", "2", "-J"]);
     let bytes = iperf3_bytes(&run_ok(&mut c, "iperf3 across namespaces"));
     eprintln!(
@@ -115,6 +119,8 @@ fn python_polling_from_two_threads_across_two_namespaces_loses_nothing() {
     };
     let mut s = NetPair::cmd(&net.b, "python3");
     shim.apply(&mut s);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    s.env("SMCR_SAME_HOST", "off");
     let server = s
         .arg(py("server.py"))
         .args([NetPair::ADDR_B, &ps])
@@ -124,6 +130,8 @@ fn python_polling_from_two_threads_across_two_namespaces_loses_nothing() {
     wait_listening(Some(&net.b), NetPair::ADDR_B, p);
     let mut c = NetPair::cmd(&net.a, "python3");
     shim.apply(&mut c);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    c.env("SMCR_SAME_HOST", "off");
     c.arg(py("client.py"))
         .args([NetPair::ADDR_B, &ps, "--timeout"]);
     let out = run_ok(&mut c, "client.py --timeout across namespaces");
@@ -152,6 +160,8 @@ fn redis_across_two_namespaces_with_the_event_loops_receiving() {
     let ps = p.to_string();
     let mut s = NetPair::cmd(&net.b, "redis-server");
     shim.apply(&mut s);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    s.env("SMCR_SAME_HOST", "off");
     let server = Bg(s
         .args(["--bind", NetPair::ADDR_B, "--port", &ps])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -162,6 +172,8 @@ fn redis_across_two_namespaces_with_the_event_loops_receiving() {
     for d in ["3", "1000"] {
         let mut b = NetPair::cmd(&net.a, "redis-benchmark");
         shim.apply(&mut b);
+        // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+        b.env("SMCR_SAME_HOST", "off");
         b.args(["-h", NetPair::ADDR_B, "-p", &ps, "-q", "-t", "set,get"])
             .args(["-n", "20000", "-c", "20", "-d", d]);
         let out = run_ok(&mut b, "redis-benchmark across namespaces");
@@ -178,6 +190,8 @@ fn redis_across_two_namespaces_with_the_event_loops_receiving() {
     }
     let mut cli = NetPair::cmd(&net.a, "redis-cli");
     shim.apply(&mut cli);
+    // Two namespaces stand for two hosts: the RoCE path, not shared memory.
+    cli.env("SMCR_SAME_HOST", "off");
     cli.args(["-h", NetPair::ADDR_B, "-p", &ps])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());

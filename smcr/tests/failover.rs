@@ -19,6 +19,9 @@ fn runtime(install: &TestInstall, alt: std::net::Ipv4Addr) -> Runtime {
         dir: install.0.clone(),
     };
     cfg.alt_addrs = vec![alt];
+    // Two namespaces stand for two hosts: the RoCE path (not shared memory through the
+    // host-wide rendezvous).
+    cfg.same_host = false;
     Runtime::new(cfg)
 }
 

@@ -33,6 +33,9 @@ fn runtime(install: &TestInstall, faults: Option<FaultConfig>) -> Runtime {
         dir: install.0.clone(),
     };
     cfg.faults = faults;
+    // Two namespaces stand for two hosts: the RoCE path (not shared memory through the
+    // host-wide rendezvous).
+    cfg.same_host = false;
     Runtime::new(cfg)
 }
 

@@ -35,6 +35,9 @@ fn runtime(install: &TestInstall) -> Runtime {
         dir: install.0.clone(),
     };
     cfg.remote_rmb_size = None; // 64 KiB RMBs
+    // Two namespaces stand for two hosts: the RoCE path (not shared memory through the
+    // host-wide rendezvous).
+    cfg.same_host = false;
     Runtime::new(cfg)
 }
 

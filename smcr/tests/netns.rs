@@ -25,6 +25,9 @@ fn runtime_with(install: &TestInstall, adjust: impl FnOnce(&mut RuntimeConfig)) 
     cfg.negotiation = Negotiation::TcpOption {
         dir: install.0.clone(),
     };
+    // Two namespaces stand for two hosts: the RoCE path (not shared memory through the
+    // host-wide rendezvous).
+    cfg.same_host = false;
     adjust(&mut cfg);
     Runtime::new(cfg)
 }

@@ -23,6 +23,9 @@ fn runtime(install: &TestInstall, write_pad: bool) -> Runtime {
     };
     assert!(cfg.write_pad, "on by default");
     cfg.write_pad = write_pad;
+    // Two namespaces stand for two hosts: the RoCE path (not shared memory through the
+    // host-wide rendezvous).
+    cfg.same_host = false;
     Runtime::new(cfg)
 }
 
