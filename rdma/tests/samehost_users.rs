@@ -87,6 +87,29 @@ fn connect(s: &Side, my_psn: u32, p: &Peer) {
     .unwrap();
 }
 
+/// The parent's part of the exchange: 32 bytes of `src` written into the peer's RMB, then
+/// `send_len` bytes from `src` at offset 100 sent.
+fn write_and_send(s: &Side, peer: &Peer, src: &MemoryRegion, send_len: usize) {
+    s.qp.post_send(&[
+        SendWr {
+            wr_id: 2,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: peer.rmb_addr,
+                rkey: peer.rkey,
+            },
+            sg_list: &[src.sge(0, 32)],
+            flags: SendFlags::empty(),
+        },
+        SendWr {
+            wr_id: 3,
+            opcode: WrOpcode::Send,
+            sg_list: &[src.sge(100, send_len)],
+            flags: SendFlags::empty(),
+        },
+    ])
+    .unwrap();
+}
+
 fn wait_same_host(s: &Side) {
     let until = Instant::now() + Duration::from_secs(10);
     while !s.qp.is_same_host() {
@@ -344,24 +367,7 @@ fn peers_of_different_users_share_memory_after_proving_the_pair() {
     let src = s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     src.write(0, b"written by root into nobody's RMB");
     src.write(100, b"sent by root to nobody");
-    s.qp.post_send(&[
-        SendWr {
-            wr_id: 2,
-            opcode: WrOpcode::RdmaWrite {
-                remote_addr: peer.rmb_addr,
-                rkey: peer.rkey,
-            },
-            sg_list: &[src.sge(0, 32)],
-            flags: SendFlags::empty(),
-        },
-        SendWr {
-            wr_id: 3,
-            opcode: WrOpcode::Send,
-            sg_list: &[src.sge(100, 22)],
-            flags: SendFlags::empty(),
-        },
-    ])
-    .unwrap();
+    write_and_send(&s, &peer, &src, 22);
     let wc = wait_one(&s.cq);
     assert_eq!(
         (wc.status, wc.opcode, wc.imm_data),
@@ -424,24 +430,7 @@ fn a_hostile_peer_of_another_user_reaches_only_its_own_link_groups_buffers() {
     wait_same_host(&s);
     assert!(child_line(&mut out).starts_with("same-host"));
     let src = s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-    s.qp.post_send(&[
-        SendWr {
-            wr_id: 2,
-            opcode: WrOpcode::RdmaWrite {
-                remote_addr: peer.rmb_addr,
-                rkey: peer.rkey,
-            },
-            sg_list: &[src.sge(0, 32)],
-            flags: SendFlags::empty(),
-        },
-        SendWr {
-            wr_id: 3,
-            opcode: WrOpcode::Send,
-            sg_list: &[src.sge(100, 8)],
-            flags: SendFlags::empty(),
-        },
-    ])
-    .unwrap();
+    write_and_send(&s, &peer, &src, 8);
     assert_eq!(wait_one(&s.cq).status, WcStatus::Success);
     assert_eq!(child_line(&mut out), "echoed");
     writeln!(stdin, "{m_rmb} {m_local} {m_other} {m_heap}").unwrap();

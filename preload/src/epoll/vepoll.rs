@@ -260,7 +260,7 @@ pub(crate) fn ready(epfd: i32, out: *mut libc::epoll_event, max: usize, commit: 
         // A consistent look: no change in progress while it ran (a thread handling a link
         // group's messages makes A ready, then B; a look that read A before and B after
         // would report B alone). Retried a few times, then taken as it is.
-        order.clear();
+        let mut looked = false;
         for _ in 0..8 {
             let Some(point) = crate::pair::quiet() else {
                 std::thread::yield_now();
@@ -268,11 +268,13 @@ pub(crate) fn ready(epfd: i32, out: *mut libc::epoll_event, max: usize, commit: 
             };
             order.clear();
             collect(set, me, &mut order);
+            looked = true;
             if !crate::pair::changed_since(point) {
                 break;
             }
         }
-        if order.is_empty() {
+        if !looked {
+            order.clear();
             collect(set, me, &mut order);
         }
         order.sort_unstable();
@@ -314,14 +316,15 @@ fn collect(set: &Set, me: u32, order: &mut Vec<(u64, usize, u32)>) {
             continue;
         }
         let et = r.events & libc::EPOLLET as u32 != 0;
-        if et
-            && !r.fresh
-            && !BITS
+        if et && !r.fresh {
+            let rises = r.pair.rises();
+            if !BITS
                 .iter()
                 .enumerate()
-                .any(|(b, bits)| rep & bits != 0 && r.pair.rises()[b] != r.seen[b])
-        {
-            continue;
+                .any(|(b, bits)| rep & bits != 0 && rises[b] != r.seen[b])
+            {
+                continue;
+            }
         }
         let bits = (0..5)
             .filter(|&b| rep & BITS[b] != 0)
