@@ -136,29 +136,53 @@ fn psn() -> u32 {
     u32::from_ne_bytes(b) & 0xff_ffff
 }
 
+/// A copy of this test binary that `nobody` may execute (the build
+/// directory may be closed to it), made once: written under another name and
+/// renamed, so no test ever executes a file still being written.
+fn peer_copy() -> &'static (std::path::PathBuf, std::path::PathBuf) {
+    static COPY: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("smcr-samehost-users-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let exe = dir.join("peer");
+        let part = dir.join("peer.part");
+        std::fs::copy(std::env::current_exe().unwrap(), &part).unwrap();
+        std::fs::rename(&part, &exe).unwrap();
+        (dir, exe)
+    })
+}
+
 /// Runs this test binary's test `name` as `nobody`, in role `role`.
 fn spawn_child(
     name: &str,
     role: &str,
 ) -> (Child, ChildStdin, BufReader<std::process::ChildStdout>) {
-    // A copy `nobody` may execute (the build directory may be closed to it).
-    let dir = std::env::temp_dir().join(format!("smcr-samehost-users-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let exe = dir.join("peer");
-    if !exe.exists() {
-        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
-    }
-    let mut child = Command::new(&exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env("SMCR_TEST_CHILD", role)
-        .current_dir(&dir)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (dir, exe) = peer_copy();
+    // The tests run in parallel: a fork by the other test's thread can hold a
+    // writable descriptor of a file for a moment (it closes at that child's
+    // exec), which makes exec fail with ETXTBSY; that passes, so try again.
+    let mut tries = 0;
+    let mut child = loop {
+        let r = Command::new(exe)
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env("SMCR_TEST_CHILD", role)
+            .current_dir(dir)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn();
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let stdin = child.stdin.take().unwrap();
     let stdout = BufReader::new(child.stdout.take().unwrap());
     (child, stdin, stdout)
