@@ -10,7 +10,7 @@ set -euo pipefail
 # preload/tests/hardened.rs (services under their Debian units' settings) and
 # preload/tests/lockdown.rs; systemd's systemd-socket-activate, nodejs and wrk:
 # preload/tests/handover.rs.
-packages=(tshark tcpdump iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless python3-seccomp systemd haproxy)
+packages=(tshark tcpdump libibverbs-dev iproute2 nftables ethtool python3 gcc g++ binutils redis-server redis-tools iperf3 sockperf curl nginx wrk postgresql util-linux gunicorn memcached nodejs openjdk-17-jdk-headless python3-seccomp systemd haproxy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

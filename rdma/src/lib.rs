@@ -21,6 +21,7 @@ mod device;
 pub mod env;
 pub mod fdzone;
 pub mod forkhold;
+pub mod ibv;
 pub mod mr;
 mod notify;
 pub mod rc;

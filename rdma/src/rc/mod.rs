@@ -209,6 +209,9 @@ pub enum WcStatus {
     RetryExcErr,
     /// The peer kept answering "receiver not ready" beyond `rnr_retry`.
     RnrRetryExcErr,
+    /// Another error a verbs device reported (its `ibv_wc_status` value); our engine never
+    /// produces it.
+    DeviceErr(u32),
 }
 
 impl WcStatus {
@@ -225,6 +228,7 @@ impl WcStatus {
             Self::RemOpErr => "REM_OP_ERR",
             Self::RetryExcErr => "RETRY_EXC_ERR",
             Self::RnrRetryExcErr => "RNR_RETRY_EXC_ERR",
+            Self::DeviceErr(_) => "DEVICE_ERR",
         }
     }
 }

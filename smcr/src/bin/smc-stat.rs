@@ -159,7 +159,7 @@ fn main() -> ExitCode {
         if cli.links {
             view::render_links(&snap)
         } else if cli.devices {
-            view::render_devices(&snap, cli.debug)
+            view::render_devices(&snap, cli.debug) + &view::render_host_rdma()
         } else if cli.fallback {
             view::render_fallbacks(&snap, cli.all)
         } else if cli.json {

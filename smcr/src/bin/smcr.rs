@@ -490,7 +490,11 @@ fn main() -> ExitCode {
         }
         Cmd::Device(s) => {
             let snap = Snapshot::collect(&stats_dir(s.area.dir), s.area.pid);
-            print!("{}", view::render_devices(&snap, s.area.details));
+            print!(
+                "{}{}",
+                view::render_devices(&snap, s.area.details),
+                view::render_host_rdma()
+            );
             ExitCode::SUCCESS
         }
         Cmd::Config(a) => config(a),

@@ -604,6 +604,18 @@ pub fn reset(dir: &Path, pid: Option<u32>) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// [`render_rdma_ports`] of this host's devices (sysfs), with their network devices' MTUs.
+pub fn render_host_rdma() -> String {
+    let ports = rdma::ibv::sysfs::scan(Path::new(rdma::ibv::sysfs::SYSFS_ROOT));
+    render_rdma_ports(&ports, |nd| {
+        std::fs::read_to_string(format!("/sys/class/net/{nd}/mtu"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 mod json;
 mod prometheus;
 mod text;
@@ -617,7 +629,8 @@ pub use json::render_json;
 pub use prometheus::{Sample, parse_prometheus, render_prometheus};
 pub use text::{
     ADDR_WIDTH, Rows, SocketView, all_codes, fallback_totals, render_devices, render_fallbacks,
-    render_links, render_socket_table, render_sockets, smcss_addr, smcss_cursor, totals,
+    render_links, render_rdma_ports, render_socket_table, render_sockets, smcss_addr, smcss_cursor,
+    totals,
 };
 pub use tools::render_stats;
 

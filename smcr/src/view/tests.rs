@@ -414,3 +414,54 @@ fn smc_tools_stats() {
     assert_eq!((rx.full, tx.full, tx.full_remote), (1, 3, 1));
     assert_eq!((rx.requests(), tx.requests()), (7, 6));
 }
+
+#[test]
+fn rdma_ports_render_as_smc_rnics_does() {
+    use rdma::ibv::sysfs::{GidEntry, GidKind, PortInfo, parse_gid};
+    assert_eq!(render_rdma_ports(&[], |_| None), "", "no devices: nothing");
+    let v2 = |i, g: &str| GidEntry {
+        index: i,
+        gid: parse_gid(g).unwrap(),
+        kind: GidKind::RoceV2,
+        netdev: Some("eth0".into()),
+    };
+    let ports = [
+        PortInfo {
+            device: "rxe0".into(),
+            port: 1,
+            state: "ACTIVE".into(),
+            link_layer: "Ethernet".into(),
+            gids: vec![
+                GidEntry {
+                    kind: GidKind::RoceV1,
+                    ..v2(0, "fe80:0000:0000:0000:5054:00ff:fe77:0002")
+                },
+                v2(1, "0000:0000:0000:0000:0000:ffff:0a4d:0002"),
+            ],
+        },
+        PortInfo {
+            device: "mlx5_1".into(),
+            port: 1,
+            state: "DOWN".into(),
+            link_layer: "InfiniBand".into(),
+            gids: vec![],
+        },
+    ];
+    let t = render_rdma_ports(&ports, |nd| (nd == "eth0").then_some(1500));
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines[1].contains("not used yet"), "{t}");
+    assert!(lines[2].starts_with("DEVICE"), "{t}");
+    assert_eq!(lines.len(), 5, "{t}");
+    assert!(
+        lines[3].contains("rxe0")
+            && lines[3].contains("10.77.0.2")
+            && lines[3].contains("eth0")
+            && lines[3].ends_with("1500"),
+        "{t}"
+    );
+    assert!(!t.contains("fe80"), "the v1 entry is not listed: {t}");
+    assert!(
+        lines[4].contains("mlx5_1") && lines[4].contains("DOWN"),
+        "{t}"
+    );
+}

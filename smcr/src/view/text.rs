@@ -362,6 +362,59 @@ pub fn render_devices(s: &Snapshot, details: bool) -> String {
     o
 }
 
+/// The RDMA devices the kernel lists on this host (`/sys/class/infiniband`), as smc-tools'
+/// `smc_rnics` shows them: device, port, state, link layer, and each RoCE v2 GID with its
+/// network device and that device's MTU (`mtu_of`). Empty when there are none.
+pub fn render_rdma_ports(
+    ports: &[rdma::ibv::sysfs::PortInfo],
+    mtu_of: impl Fn(&str) -> Option<u32>,
+) -> String {
+    use rdma::ibv::sysfs::{GidKind, format_gid};
+    let mut o = String::new();
+    if ports.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "\nRDMA devices on this host (links run on smcr's own engine; these are not used yet)"
+    );
+    let _ = writeln!(
+        o,
+        "{:<12} {:>4} {:<8} {:<10} {:>5} {:<39} {:<15} {:<10} {:>6}",
+        "DEVICE", "PORT", "STATE", "LINK", "INDEX", "ROCE V2 GID", "IPV4", "NETDEV", "MTU"
+    );
+    for p in ports {
+        let v2: Vec<_> = p
+            .gids
+            .iter()
+            .filter(|g| g.kind == GidKind::RoceV2)
+            .collect();
+        let head = format!(
+            "{:<12} {:>4} {:<8} {:<10}",
+            p.device, p.port, p.state, p.link_layer
+        );
+        if v2.is_empty() {
+            let _ = writeln!(o, "{head} {:>5} -", "-");
+        }
+        for g in v2 {
+            let nd = g.netdev.as_deref().unwrap_or("-");
+            let _ = writeln!(
+                o,
+                "{head} {:>5} {:<39} {:<15} {:<10} {:>6}",
+                g.index,
+                format_gid(&g.gid),
+                g.ipv4().map_or("-".to_string(), |a| a.to_string()),
+                nd,
+                g.netdev
+                    .as_deref()
+                    .and_then(&mtu_of)
+                    .map_or("-".to_string(), |m| m.to_string()),
+            );
+        }
+    }
+    o
+}
+
 /// Fallback counters summed over the processes, by code.
 pub fn fallback_totals(s: &Snapshot) -> BTreeMap<u32, u64> {
     let mut t = BTreeMap::new();
