@@ -10,7 +10,9 @@
 #   D. two links with the kernel, the first path cut mid-transfer;
 #   V. our verbs binding (rdma::ibv, libibverbs loaded at run time) on the guests' rxe0: an RC
 #      queue pair guest A <-> guest B, and guest A <-> our engine on the host, both ways
-#      (RDMA WRITE and SEND, every byte checked).
+#      (RDMA WRITE and SEND, every byte checked); then the whole shim on rxe0 in guest B, chosen
+#      without configuration: redis-benchmark from the kernel's SMC-R (guest A) to our
+#      redis-server, from ours to the kernel's, and from our engine (host) to ours on verbs.
 # Each step is checked where it shows: our program's own checks (data intact), our log and
 # smc-stat, the kernel's view (smc_diag mode of each connection, its link groups over genl),
 # and the capture on the bridge (CLC, LLC and CDC messages per direction; tshark decodes it
@@ -71,7 +73,9 @@ LIB=$BIN/libsmcr_preload.so
 	skip "the TCP option program cannot be installed (BPF)"
 }
 echo "== kernel peers"
-bash "$KP/build.sh" >"$OUT/rig-build.txt" 2>&1 || {
+# redis in the guests: the verbs parts run it there (KP_EXTRA_BINS copies binaries and libs).
+KP_EXTRA_BINS="${KP_EXTRA_BINS:-} redis-server redis-benchmark redis-cli" \
+	bash "$KP/build.sh" >"$OUT/rig-build.txt" 2>&1 || {
 	tail -20 "$OUT/rig-build.txt"
 	echo "kernel-interop: FAIL: the rig's build.sh failed" >&2
 	exit 1
@@ -425,6 +429,54 @@ rc_pair engine-to-verbs A host 7100
 rc_pair verbs-to-engine host A 7100
 check "V: verbs <-> engine: one end on rxe0, the other our engine, each way" \
 	"$([ "$(cat "$D"/*engine*.txt | count 'on verbs device rxe0')" = 2 ] && [ "$(cat "$D"/*engine*.txt | count 'on our engine')" = 2 ]; echo $?)"
+# The shim in guest B: its option program installed there (bpffs, cgroup2; no steering: no
+# engine runs there), the library and
+# tools copied in; every link of B's processes should land on rxe0 by itself.
+for f in libsmcr_preload.so:/lib/libsmcr.so:644 smcr:/bin/smcr:755 smc-stat:/bin/smc-stat:755; do
+	IFS=: read -r src dst mode <<<"$f"
+	strip -o "$D/$(basename "$dst")" "$BIN/$src"
+	"$KP/gput.sh" B "$D/$(basename "$dst")" "$dst" "$mode" >/dev/null
+done
+"$KP/gexec.sh" B "mkdir -p /sys/fs/bpf /sys/fs/cgroup /dev/shm
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup
+smcr bpf install --only option" >"$D/b-bpf-install.txt" 2>&1
+check "V: our option program installs in guest B" "$?" "$(tail -3 "$D/b-bpf-install.txt")"
+GB() { GEXEC_TIMEOUT=120 "$KP/gexec.sh" B "$@"; }
+GA() { GEXEC_TIMEOUT=120 "$KP/gexec.sh" A "$@"; }
+SHIM_B="SMCR_UEID=$UEID LD_PRELOAD=/lib/libsmcr.so"
+KSMC="LD_PRELOAD=/lib/smc_preload.so"
+REDIS="redis-server --save '' --appendonly no --protected-mode no --daemonize no"
+BENCH="-n 4000 -c 8 -t set,get -q"
+# redis_ok FILE: redis-benchmark printed both rates and no error.
+redis_ok() { tr '\r' '\n' <"$1" | grep -q '^SET: .*requests per second' && tr '\r' '\n' <"$1" | grep -q '^GET: .*requests per second' && ! grep -qi 'error' "$1"; }
+# V4: the kernel's client to our redis-server on rxe0.
+GB "$SHIM_B SMCR_LOG=/tmp/v4.log $REDIS --port 7101 >/tmp/v4-redis.txt 2>&1 &" >/dev/null
+sleep 1
+GA "$KSMC timeout 100 redis-benchmark -h $B_IP -p 7101 $BENCH; $KSMC redis-cli -h $B_IP -p 7101 set k v4 >/dev/null; $KSMC redis-cli -h $B_IP -p 7101 get k" >"$D/v4-bench.txt" 2>&1
+GB "cat /tmp/v4.log; smc-stat --devices; kill \$(pidof redis-server)" >"$D/v4-ours.txt" 2>&1
+check "V: kernel client -> our redis-server on rxe0: redis-benchmark completes, value intact" \
+	"$(redis_ok "$D/v4-bench.txt" && grep -q '^v4' "$D/v4-bench.txt"; echo $?)" "$(tail -3 "$D/v4-bench.txt")"
+check "V: ... our server chose rxe0 by itself and ran SMC-R, nothing on TCP" \
+	"$(grep -q 'links on verbs device rxe0' "$D/v4-ours.txt" && grep -q 'SMC-R (new link group)' "$D/v4-ours.txt" && ! grep -q ': TCP' "$D/v4-ours.txt"; echo $?)" "$(grep -m3 -e TCP -e verbs "$D/v4-ours.txt")"
+# V5: our client on rxe0 to the kernel's redis-server.
+GA "$KSMC $REDIS --port 7102 >/tmp/v5-redis.txt 2>&1 &" >/dev/null
+sleep 1
+GB "$SHIM_B SMCR_LOG=/tmp/v5.log timeout 100 redis-benchmark -h $A_IP -p 7102 $BENCH; $SHIM_B redis-cli -h $A_IP -p 7102 set k v5 >/dev/null; $SHIM_B redis-cli -h $A_IP -p 7102 get k; cat /tmp/v5.log" >"$D/v5-bench.txt" 2>&1
+GA "kill \$(pidof redis-server); dmesg | grep 'link added' | tail -3" >"$D/v5-kernel.txt" 2>&1
+check "V: our client on rxe0 -> the kernel's redis-server: redis-benchmark completes, value intact" \
+	"$(redis_ok "$D/v5-bench.txt" && grep -q '^v5' "$D/v5-bench.txt"; echo $?)" "$(grep -v '^smcr' "$D/v5-bench.txt" | tail -3)"
+check "V: ... on rxe0, SMC-R, nothing on TCP; the kernel added a link" \
+	"$(grep -q 'links on verbs device rxe0' "$D/v5-bench.txt" && grep -q 'SMC-R (new link group)' "$D/v5-bench.txt" && ! grep -q ': TCP' "$D/v5-bench.txt" && grep -q 'link added' "$D/v5-kernel.txt"; echo $?)" "$(grep -m3 -e TCP -e verbs "$D/v5-bench.txt")"
+# V6: our engine (host) to our redis-server on rxe0.
+GB "$SHIM_B SMCR_LOG=/tmp/v6.log $REDIS --port 7103 >/tmp/v6-redis.txt 2>&1 &" >/dev/null
+sleep 1
+"${NS[@]}" env SMCR_LOG="$D/v6-host.log" "${OURS[@]}" redis-benchmark -h "$B_IP" -p 7103 $BENCH >"$D/v6-bench.txt" 2>&1
+GB "cat /tmp/v6.log; kill \$(pidof redis-server)" >"$D/v6-ours.txt" 2>&1
+check "V: our engine (host) -> our redis-server on rxe0: redis-benchmark completes" \
+	"$(redis_ok "$D/v6-bench.txt"; echo $?)" "$(tail -3 "$D/v6-bench.txt")"
+check "V: ... SMC-R at both ends (engine on the host, rxe0 in B), nothing on TCP" \
+	"$(grep -q 'SMC-R (new link group)' "$D/v6-host.log" && ! grep -q ': TCP' "$D/v6-host.log" && grep -q 'links on verbs device rxe0' "$D/v6-ours.txt" && grep -q 'SMC-R' "$D/v6-ours.txt"; echo $?)" "$(grep -m3 -e TCP "$D/v6-host.log" "$D/v6-ours.txt")"
 capture_stop
 # (A SEND's payload is no RPC-over-RDMA message; that dissector would call it malformed.)
 tshark -r "$D/capture.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma >"$D/tshark.txt" 2>&1

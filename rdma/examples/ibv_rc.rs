@@ -146,9 +146,14 @@ impl Side {
                     dgid: peer.gid,
                     sgid_index: *sgid_index,
                     hop_limit: 64,
+                    min_rnr_timer: None,
                 })
                 .map_err(|e| e.to_string())?;
-                qp.to_rts(my_psn).map_err(|e| e.to_string())
+                qp.to_rts(&ibv::RtsAttr {
+                    sq_psn: my_psn,
+                    ..Default::default()
+                })
+                .map_err(|e| e.to_string())
             }
             Self::Engine { qp, .. } => {
                 let g = peer.gid;

@@ -44,7 +44,9 @@ pub use rdma::{DeviceStats, FaultConfig};
 /// Where the runtime's descriptors go in a process shared with an application (see
 /// [`rdma::fdzone`]).
 pub use rdma::{env, fdzone, forkhold, sandbox};
-pub use runtime::{ConfigError, Negotiation, Readiness, ReadyState, Runtime, RuntimeConfig};
+pub use runtime::{
+    ConfigError, Negotiation, RdmaDevice, Readiness, ReadyState, Runtime, RuntimeConfig,
+};
 
 /// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this library's
 /// process-wide locks, so that the child finds none held by a thread it does not have; then

@@ -179,6 +179,13 @@ pub static SETTINGS: &[Setting] = &[
         about: "links to peers on this host move data through shared memory",
     },
     Setting {
+        key: "smcr.rdma_device",
+        var: "SMCR_RDMA_DEVICE",
+        kind: Kind::Choice(&["auto", "engine", "verbs"]),
+        default: "auto",
+        about: "what carries links: the verbs device (RNIC, rxe) whose RoCE v2 GID holds the address, else our engine (auto); our engine; a verbs device only",
+    },
+    Setting {
         key: "smcr.rendezvous_dir",
         var: "SMCR_RENDEZVOUS_DIR",
         kind: Kind::Path,

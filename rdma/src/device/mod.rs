@@ -469,7 +469,7 @@ fn drain_eventfd(fd: &OwnedFd) {
     let _ = rustix::io::read(fd, &mut b);
 }
 
-fn timespec(d: Duration) -> rustix::time::Timespec {
+pub(crate) fn timespec(d: Duration) -> rustix::time::Timespec {
     rustix::time::Timespec {
         tv_sec: d.as_secs() as i64,
         tv_nsec: i64::from(d.subsec_nanos()),

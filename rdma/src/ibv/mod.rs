@@ -7,8 +7,12 @@
 //! requests and give the same completions ([`SendWr`], [`RecvWr`], [`WorkCompletion`]), so
 //! the protocol above does not depend on which kind of device carries a link.
 
+mod dev;
 pub mod sys;
 pub mod sysfs;
+
+pub use dev::VerbsInfo;
+pub(crate) use dev::{Tracks, VerbsCq, VerbsDevice};
 
 use crate::Mtu;
 use crate::rc::{
@@ -225,6 +229,31 @@ impl Pd {
             mr,
             buf: buf.cast(),
             len,
+            owner: None,
+        })
+    }
+
+    /// Registers the memory of `of` again in this domain (a second link's own keys for the
+    /// same buffer); the alias keeps `of` alive.
+    pub fn reg_alias(self: &Arc<Self>, of: &Arc<Mr>, access: crate::Access) -> io::Result<Mr> {
+        let mut flags = IBV_ACCESS_LOCAL_WRITE;
+        if access.contains(crate::Access::REMOTE_WRITE) {
+            flags |= IBV_ACCESS_REMOTE_WRITE;
+        }
+        if access.contains(crate::Access::REMOTE_READ) {
+            flags |= IBV_ACCESS_REMOTE_READ;
+        }
+        // SAFETY: live PD; the memory stays mapped while the alias holds `of`.
+        let mr = unsafe { (self.ctx.lib.reg_mr)(self.pd, of.buf.cast(), of.len, flags) };
+        if mr.is_null() {
+            return Err(last_err("ibv_reg_mr (alias)"));
+        }
+        Ok(Mr {
+            pd: self.clone(),
+            mr,
+            buf: of.buf,
+            len: of.len,
+            owner: Some(of.clone()),
         })
     }
 }
@@ -242,6 +271,8 @@ pub struct Mr {
     mr: *mut ibv_mr,
     buf: *mut u8,
     len: usize,
+    /// For an alias ([`Pd::reg_alias`]): the region that owns the memory.
+    owner: Option<Arc<Self>>,
 }
 // SAFETY: see Context; the memory is accessed through raw copies only.
 unsafe impl Send for Mr {}
@@ -293,6 +324,10 @@ impl Mr {
         // SAFETY: in bounds (checked); the device may write concurrently, as with any RMB.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.add(offset), data.len()) };
     }
+    /// Pointer to the first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.buf
+    }
     /// Copies out from `offset`.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len));
@@ -303,10 +338,13 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: registered in `reg_mr`, mapped there; deregistered before unmapping.
+        // SAFETY: registered in `reg_mr`/`reg_alias`; the owner unmaps, after deregistering
+        // (its aliases hold it, so they are gone by then).
         unsafe {
             (self.pd.ctx.lib.dereg_mr)(self.mr);
-            libc::munmap(self.buf.cast(), self.len);
+            if self.owner.is_none() {
+                libc::munmap(self.buf.cast(), self.len);
+            }
         }
     }
 }
@@ -479,6 +517,21 @@ pub struct RtrAttr {
     pub sgid_index: u8,
     /// IP TTL (hop limit) of our packets.
     pub hop_limit: u8,
+    /// The RNR NAK timer to advertise (`None`: SMC-R's 5).
+    pub min_rnr_timer: Option<u8>,
+}
+
+/// What the RTS transition takes (`None`: SMC-R's values).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RtsAttr {
+    /// The first PSN we send.
+    pub sq_psn: u32,
+    /// Local ACK timeout exponent (`None`: 14).
+    pub timeout: Option<u8>,
+    /// Retries (`None`: 7).
+    pub retry_cnt: Option<u8>,
+    /// RNR retries (`None`: 7, infinite).
+    pub rnr_retry: Option<u8>,
 }
 
 impl Qp {
@@ -562,8 +615,8 @@ impl Qp {
             dest_qp_num: r.dest_qpn,
             rq_psn: r.rq_psn & 0xff_ffff,
             max_dest_rd_atomic: 1,
-            // SMC-R's values (the kernel's smc_ib_modify_qp_rtr).
-            min_rnr_timer: 5,
+            // SMC-R's value (the kernel's smc_ib_modify_qp_rtr).
+            min_rnr_timer: r.min_rnr_timer.unwrap_or(5),
             ah_attr: ibv_ah_attr {
                 grh: ibv_global_route {
                     dgid: ibv_gid(r.dgid),
@@ -590,15 +643,15 @@ impl Qp {
         )
     }
 
-    /// RTR → RTS, sending from `sq_psn`.
-    pub fn to_rts(&self, sq_psn: u32) -> io::Result<()> {
+    /// RTR → RTS.
+    pub fn to_rts(&self, r: &RtsAttr) -> io::Result<()> {
         let mut a = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
-            sq_psn: sq_psn & 0xff_ffff,
+            sq_psn: r.sq_psn & 0xff_ffff,
             // SMC-R's values (the kernel's smc_ib_modify_qp_rts).
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
+            timeout: r.timeout.unwrap_or(14),
+            retry_cnt: r.retry_cnt.unwrap_or(7),
+            rnr_retry: r.rnr_retry.unwrap_or(7),
             max_rd_atomic: 1,
             ..Default::default()
         };
@@ -614,6 +667,15 @@ impl Qp {
         )
     }
 
+    /// Back to RESET (from any state).
+    pub fn to_reset(&self) -> io::Result<()> {
+        let mut a = ibv_qp_attr {
+            qp_state: IBV_QPS_RESET,
+            ..Default::default()
+        };
+        self.modify(&mut a, IBV_QP_STATE, "ibv_modify_qp to RESET")
+    }
+
     /// Into ERROR: outstanding requests complete flushed.
     pub fn to_error(&self) -> io::Result<()> {
         let mut a = ibv_qp_attr {
@@ -625,14 +687,22 @@ impl Qp {
 
     /// Posts send requests, in order.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.post_send_counted(wrs).map_err(|(_, e)| e)
+    }
+
+    /// As [`Self::post_send`]; an error says how many requests the device took before it.
+    pub fn post_send_counted(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
         let mut sges: Vec<ibv_sge> = Vec::new();
         let mut raw: Vec<ibv_send_wr> = Vec::with_capacity(wrs.len());
         for w in wrs {
             if w.sg_list.len() > self.max_send_sge as usize {
-                return Err(PostError::TooManySge {
-                    given: w.sg_list.len(),
-                    max: self.max_send_sge as usize,
-                });
+                return Err((
+                    0,
+                    PostError::TooManySge {
+                        given: w.sg_list.len(),
+                        max: self.max_send_sge as usize,
+                    },
+                ));
             }
             sges.extend(w.sg_list.iter().map(|s| ibv_sge {
                 addr: s.addr,
@@ -661,14 +731,20 @@ impl Qp {
         if n == 0 {
             return Ok(());
         }
+        let mut bad = std::ptr::null_mut();
         // SAFETY: live QP; the chain and its SGEs live until the call returns (the provider
         // copies them into its queue).
-        let rc = unsafe { post_send(self.qp, raw.as_mut_ptr()) };
-        post_result(rc)
+        let rc = unsafe { post_send(self.qp, raw.as_mut_ptr(), &mut bad) };
+        post_result(rc).map_err(|e| (taken(raw.as_ptr(), bad, n), e))
     }
 
     /// Posts receive requests.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        self.post_recv_counted(wrs).map_err(|(_, e)| e)
+    }
+
+    /// As [`Self::post_recv`]; an error says how many requests the device took before it.
+    pub fn post_recv_counted(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
         let mut sges: Vec<ibv_sge> = wrs
             .iter()
             .flat_map(|w| w.sg_list.iter())
@@ -701,9 +777,10 @@ impl Qp {
         if n == 0 {
             return Ok(());
         }
+        let mut bad = std::ptr::null_mut();
         // SAFETY: as post_send.
-        let rc = unsafe { post_recv(self.qp, raw.as_mut_ptr()) };
-        post_result(rc)
+        let rc = unsafe { post_recv(self.qp, raw.as_mut_ptr(), &mut bad) };
+        post_result(rc).map_err(|e| (taken(raw.as_ptr(), bad, n), e))
     }
 }
 
@@ -711,6 +788,18 @@ impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: created in `create`.
         unsafe { (self.pd.ctx.lib.destroy_qp)(self.qp) };
+    }
+}
+
+/// How many requests of a chain starting at `first` the device took before `bad` (all of
+/// them when `bad` is not in the chain).
+fn taken<T>(first: *const T, bad: *mut T, n: usize) -> usize {
+    let (f, b) = (first as usize, bad as usize);
+    let size = std::mem::size_of::<T>();
+    if b >= f && b < f + n * size {
+        (b - f) / size
+    } else {
+        0
     }
 }
 

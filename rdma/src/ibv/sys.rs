@@ -391,12 +391,15 @@ pub unsafe fn req_notify_cq(cq: *mut ibv_cq, solicited_only: bool) -> c_int {
 ///
 /// # Safety
 /// `qp` is a live QP; `wr` a valid chain whose SGEs name registered memory.
-pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> c_int {
-    let mut bad = std::ptr::null_mut();
+pub unsafe fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: &mut *mut ibv_send_wr,
+) -> c_int {
     // SAFETY: the caller's.
     unsafe {
         let f: PostSend = std::mem::transmute((*(*qp).context).ops[OPS_POST_SEND]);
-        f(qp, wr, &mut bad)
+        f(qp, wr, bad)
     }
 }
 
@@ -404,11 +407,14 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> c_int {
 ///
 /// # Safety
 /// As [`post_send`].
-pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr) -> c_int {
-    let mut bad = std::ptr::null_mut();
+pub unsafe fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: &mut *mut ibv_recv_wr,
+) -> c_int {
     // SAFETY: the caller's.
     unsafe {
         let f: PostRecv = std::mem::transmute((*(*qp).context).ops[OPS_POST_RECV]);
-        f(qp, wr, &mut bad)
+        f(qp, wr, bad)
     }
 }

@@ -251,3 +251,58 @@ fn no_device_is_a_clear_error() {
         }
     }
 }
+
+/// Send completions get the caller's ids back; unsignaled successes are counted, not
+/// delivered; errors always are; what is unfinished is known.
+#[test]
+fn tracks_give_the_callers_completions_back() {
+    let t = Tracks::default();
+    let a = t.send(10, false);
+    let b = t.send(11, true);
+    let c = t.send(12, false);
+    let r = t.recv(99);
+    assert_eq!(t.unfinished(), 3);
+    let wc = |wr_id, status| WorkCompletion {
+        wr_id,
+        status,
+        ..WorkCompletion::EMPTY
+    };
+    assert_eq!(
+        t.complete(&wc(a, WcStatus::Success)),
+        Some(None),
+        "unsignaled: dropped"
+    );
+    let got = t.complete(&wc(b, WcStatus::Success)).unwrap().unwrap();
+    assert_eq!(got.wr_id, 11);
+    assert_eq!(t.unfinished(), 1);
+    let err = t.complete(&wc(c, WcStatus::WrFlushErr)).unwrap().unwrap();
+    assert_eq!(
+        (err.wr_id, err.status),
+        (12, WcStatus::WrFlushErr),
+        "errors are delivered"
+    );
+    assert_eq!(t.unfinished(), 0);
+    let rc = t.complete(&WorkCompletion {
+        opcode: WcOpcode::Recv,
+        ..wc(r, WcStatus::Success)
+    });
+    assert_eq!(rc.unwrap().unwrap().wr_id, 99);
+    assert_eq!(
+        t.complete(&wc(a, WcStatus::Success)),
+        None,
+        "not one of ours any more"
+    );
+    // Requests the device refused are forgotten.
+    t.send(1, true);
+    t.send(2, true);
+    t.unsend(1);
+    assert_eq!(t.unfinished(), 1);
+}
+
+#[test]
+fn a_refused_chain_counts_what_was_taken() {
+    let v = [0u64; 4];
+    let first = v.as_ptr();
+    assert_eq!(taken(first, (&v[2] as *const u64).cast_mut(), 4), 2);
+    assert_eq!(taken(first, std::ptr::null_mut(), 4), 0);
+}

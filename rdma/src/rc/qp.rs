@@ -127,6 +127,8 @@ pub enum ModifyError {
     /// The attribute cannot be changed in this transition (IBA: e.g. `retry_cnt` is set only
     /// on the way from RTR to RTS).
     NotModifiable(&'static str),
+    /// A verbs device refused the change (its errno).
+    Device(i32),
 }
 
 impl core::fmt::Display for ModifyError {
@@ -139,6 +141,11 @@ impl core::fmt::Display for ModifyError {
             Self::NotModifiable(a) => {
                 write!(f, "attribute {a} cannot be changed in this transition")
             }
+            Self::Device(e) => write!(
+                f,
+                "the verbs device refused: {}",
+                std::io::Error::from_raw_os_error(*e)
+            ),
         }
     }
 }

@@ -85,6 +85,8 @@ pub enum PortMode {
     /// The configuration named a port other than the RoCE port (or turned steering off): the
     /// device is bound there, and its peers must be told the port.
     Fixed,
+    /// Not our engine: a verbs device (an RNIC or the kernel's soft-RoCE) receives.
+    Verbs,
 }
 
 impl PortMode {
@@ -93,13 +95,14 @@ impl PortMode {
         self != Self::LocalOnly
     }
 
-    /// A short name (`steered`, `owner`, `local-only`, `fixed`).
+    /// A short name (`steered`, `owner`, `local-only`, `fixed`, `verbs`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Steered => "steered",
             Self::Owner => "owner",
             Self::LocalOnly => "local-only",
             Self::Fixed => "fixed",
+            Self::Verbs => "verbs",
         }
     }
 }

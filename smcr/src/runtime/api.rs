@@ -139,6 +139,14 @@ impl Runtime {
         for g in &groups {
             g.wait(deadline, |g| g.drained());
         }
+        // A peer answers our closes with its own (at once, for a program that reads EOF and
+        // closes). Its device resends that CDC until we acknowledge it, and the kernel's close
+        // waits for it (forever over rxe, which takes SMC-R's retry count 7 for infinite): stay
+        // a moment for those answers before the queue pairs go.
+        let settle = deadline.min(Instant::now() + PEER_CLOSE_WAIT);
+        for g in &groups {
+            g.wait(settle, |g| g.peers_closed());
+        }
         // The groups go; the stats area stays (unlike `shutdown`), so that what the process
         // did can still be read after it ended, until smc-stat finds the area stale.
         self.delete_groups();
@@ -250,6 +258,10 @@ impl Runtime {
 
 /// How long [`Runtime::end_within`] waits at least for the DELETE LINKs to be acknowledged.
 const DELETE_LINK_GRACE: Duration = Duration::from_millis(200);
+
+/// How long the end of the process waits for peers to answer its closes (see `end_within`):
+/// a round trip and the peer program's reaction, not its idle time.
+const PEER_CLOSE_WAIT: Duration = Duration::from_millis(300);
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -41,6 +41,8 @@ pub struct RuntimeConfig {
     /// Link groups with a peer on this host (same network namespace, same user) move data
     /// through shared memory instead of RoCE v2/UDP (`SMCR_SAME_HOST=off` disables it).
     pub same_host: bool,
+    /// Which device carries links (`SMCR_RDMA_DEVICE`, `smcr.rdma_device`).
+    pub rdma_device: RdmaDevice,
     /// RMB size for connections to a peer address of this host (`SMCR_SAME_HOST_RMB_KIB`;
     /// default 512 KiB, the most SMC-R allows, unless `SMCR_RMB_KIB` is set, which then
     /// applies to every peer): the RMB bounds what one round trip moves, and on one host
@@ -125,6 +127,7 @@ impl RuntimeConfig {
             rmb_budget: 1 << 30,
             stats_dir: Some(PathBuf::from(crate::stats::DEFAULT_DIR)),
             same_host: true,
+            rdma_device: RdmaDevice::Auto,
             same_host_rmb_size: Some(512 * 1024),
             remote_rmb_size: Some(512 * 1024),
             app_hold: Duration::from_millis(1),
@@ -159,6 +162,19 @@ pub(crate) fn flag(v: &str) -> Option<bool> {
         "off" | "0" | "no" | "false" => Some(false),
         _ => None,
     }
+}
+
+/// Which RDMA device carries the links of a local address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaDevice {
+    /// The verbs device (RNIC, the kernel's rxe or siw) whose active RoCE v2 GID holds the
+    /// address, as the kernel's SMC-R picks one; our engine when there is none, or when it
+    /// cannot be opened (no libibverbs, no permission on `/dev/infiniband`).
+    Auto,
+    /// Our engine always (RoCE v2 over UDP; shared memory with peers on this host).
+    Engine,
+    /// A verbs device always: an address without one runs no SMC-R (TCP, named reason).
+    Verbs,
 }
 
 impl RuntimeConfig {
@@ -229,6 +245,12 @@ impl RuntimeConfig {
         }
         if let Some(dir) = var("SMCR_BPF_DIR") {
             cfg.negotiation = Negotiation::TcpOption { dir: dir.into() };
+        }
+        match var("SMCR_RDMA_DEVICE").as_deref().map(str::trim) {
+            None | Some("auto") => {}
+            Some("engine") => cfg.rdma_device = RdmaDevice::Engine,
+            Some("verbs") => cfg.rdma_device = RdmaDevice::Verbs,
+            Some(v) => err("SMCR_RDMA_DEVICE", v.into(), "auto, engine or verbs"),
         }
         match var("SMCR_NEGOTIATION").as_deref().map(str::trim) {
             None | Some("option") => {}

@@ -481,6 +481,18 @@ impl LinkGroup {
         }) && self.sends_done()
     }
 
+    /// Whether every connection's peer has closed (or aborted) too: its last CDC is in.
+    pub(super) fn peers_closed(&self) -> bool {
+        let conns = self.st.lock().g.conns.conns();
+        conns.iter().all(|c| {
+            let s = c.core.lock();
+            matches!(
+                s.core.linux_state(false),
+                crate::conn::SmcState::Closed | crate::conn::SmcState::ProcessAbort
+            )
+        })
+    }
+
     /// Drives the group until `done` holds, the group is down, or `deadline` passed.
     pub(super) fn wait(self: &Arc<Self>, deadline: Instant, done: impl Fn(&Self) -> bool) {
         while !done(self) && Instant::now() < deadline {

@@ -76,6 +76,10 @@ impl Inner {
         if let Some(d) = devs.get(&ip) {
             return Ok(d.clone());
         }
+        if let Some(d) = self.verbs_device(ip)? {
+            devs.insert(ip, d.clone());
+            return Ok(d);
+        }
         if self.cfg.roce_port == crate::steer::ROCE_PORT {
             // Root in its own network namespace: steer there, so that this process and the
             // others on the address all reach their peers (else the device finds out itself:
@@ -132,6 +136,7 @@ impl Inner {
                 rdma::transport::steer::PortMode::Owner => 2,
                 rdma::transport::steer::PortMode::LocalOnly => 3,
                 rdma::transport::steer::PortMode::Fixed => 4,
+                rdma::transport::steer::PortMode::Verbs => 5,
             };
             c.area
                 .set_dev(c.slot, device.local_addr(), mode, device.qpn_range());
@@ -146,6 +151,66 @@ impl Inner {
         });
         devs.insert(ip, d.clone());
         Ok(d)
+    }
+
+    /// The verbs device for `ip` (see [`crate::RdmaDevice`]): `None` for our engine.
+    fn verbs_device(&self, ip: Ipv4Addr) -> io::Result<Option<Arc<Dev>>> {
+        use crate::RdmaDevice;
+        if self.cfg.rdma_device == RdmaDevice::Engine {
+            return Ok(None);
+        }
+        let ports = rdma::ibv::sysfs::scan(std::path::Path::new(rdma::ibv::sysfs::SYSFS_ROOT));
+        let Some((port, entry)) = rdma::ibv::sysfs::roce_v2_for(&ports, ip) else {
+            if self.cfg.rdma_device == RdmaDevice::Verbs {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "no active RDMA device has a RoCE v2 GID for {ip} (SMCR_RDMA_DEVICE=verbs)"
+                    ),
+                ));
+            }
+            return Ok(None);
+        };
+        let device = match Device::open_verbs(&port.device, port.port, entry.index, ip) {
+            Ok(d) => d,
+            Err(e) if self.cfg.rdma_device == RdmaDevice::Auto => {
+                log::info!(
+                    "{} port {} has {ip} but cannot be used ({e}): our engine serves it",
+                    port.device,
+                    port.port
+                );
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        log::info!(
+            "{ip}: links on verbs device {} port {} (RoCE v2 GID index {})",
+            port.device,
+            port.port,
+            entry.index
+        );
+        if let Some(area) = &self.stats
+            && let Some(slot) = area.claim_dev()
+        {
+            area.set_dev(slot, device.local_addr(), 5, 0);
+        }
+        // The port's own MAC (the CLC carries it; RoCE v2 peers address by GID).
+        let mac = entry
+            .netdev
+            .as_deref()
+            .and_then(|nd| std::fs::read_to_string(format!("/sys/class/net/{nd}/address")).ok())
+            .and_then(|t| parse_mac(t.trim()))
+            .unwrap_or_else(|| {
+                let o = ip.octets();
+                Mac([0x02, 0x00, o[0], o[1], o[2], o[3]])
+            });
+        Ok(Some(Arc::new(Dev {
+            ip,
+            // One GID per device for now: no second path on a verbs device.
+            alt: None,
+            device,
+            mac,
+        })))
     }
 
     /// The lock serialising handshakes of `role` with `peer`.
@@ -307,5 +372,37 @@ impl Dev {
     /// Whether peers on other hosts reach the device (false when it is local-only).
     pub(crate) fn reaches_remote(&self) -> bool {
         self.device.reaches_remote()
+    }
+}
+
+/// `52:54:00:77:00:02` → its bytes.
+fn parse_mac(s: &str) -> Option<Mac> {
+    let mut m = [0u8; 6];
+    let mut n = 0;
+    for part in s.split(':') {
+        *m.get_mut(n)? = u8::from_str_radix(part, 16).ok()?;
+        n += 1;
+    }
+    (n == 6).then_some(Mac(m))
+}
+
+#[cfg(test)]
+mod mac_tests {
+    use super::*;
+
+    #[test]
+    fn macs_parse_as_sysfs_writes_them() {
+        assert_eq!(
+            parse_mac("52:54:00:77:00:02"),
+            Some(Mac([0x52, 0x54, 0, 0x77, 0, 2]))
+        );
+        for bad in [
+            "",
+            "52:54:00:77:00",
+            "52:54:00:77:00:02:03",
+            "zz:54:00:77:00:02",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad:?}");
+        }
     }
 }

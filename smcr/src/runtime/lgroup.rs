@@ -244,6 +244,8 @@ impl LinkGroup {
         // it ran on, not UDP.
         rec.words[lg::TRANSPORT] = if self.same_host_now() {
             lg::TRANSPORT_SHM
+        } else if self.dev.device.is_verbs() {
+            lg::TRANSPORT_VERBS
         } else {
             lg::TRANSPORT_UDP
         };

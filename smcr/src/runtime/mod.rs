@@ -49,7 +49,7 @@ mod post;
 
 pub(crate) use config::flag as config_flag;
 pub use config::{
-    ConfigError, DEFAULT_UEID, LINGER, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS,
+    ConfigError, DEFAULT_UEID, LINGER, RdmaDevice, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS,
 };
 pub(crate) use connection::{ConnShared, ConnState, StatRef};
 pub use connection::{Readiness, ReadyState};

@@ -301,11 +301,11 @@ const _: () = assert!(D_COUNTERS + rdma::DeviceStats::COUNT <= DEV_WORDS);
 pub mod dev {
     /// The device's IPv4 address and UDP port: `ip << 16 | port`.
     pub const ADDR: usize = 2;
-    /// Bits 0..8: how packets reach it (1 steered, 2 owner, 3 local-only, 4 fixed); 8..24:
-    /// its queue pair range.
+    /// Bits 0..8: how packets reach it (1 steered, 2 owner, 3 local-only, 4 fixed: our
+    /// engine; 5 verbs: a verbs device); 8..24: its queue pair range.
     pub const MODE: usize = 3;
     /// Mode names by code (see [`MODE`]).
-    pub const MODE_NAMES: [&str; 5] = ["?", "steered", "owner", "local-only", "fixed"];
+    pub const MODE_NAMES: [&str; 6] = ["?", "steered", "owner", "local-only", "fixed", "verbs"];
 }
 
 /// A device's record.
@@ -344,12 +344,15 @@ pub mod lg {
     pub const SINCE: usize = 8;
     /// Low 32 bits: path MTU bytes; high 32: the most connections the peer allows.
     pub const MTU: usize = 9;
-    /// How the link moves data: [`TRANSPORT_UDP`] or [`TRANSPORT_SHM`] (0: not known).
+    /// How the link moves data: [`TRANSPORT_UDP`], [`TRANSPORT_SHM`] or [`TRANSPORT_VERBS`]
+    /// (0: not known).
     pub const TRANSPORT: usize = 10;
     /// RoCE v2 over UDP.
     pub const TRANSPORT_UDP: u64 = 1;
     /// Same-host shared memory.
     pub const TRANSPORT_SHM: u64 = 2;
+    /// A verbs device (an RNIC, the kernel's rxe): the device moves the data.
+    pub const TRANSPORT_VERBS: u64 = 3;
     /// A same-host peer's process, as SO_PEERCRED told it: bit 63 set when known; bits 32..63
     /// its pid, low 32 its uid.
     pub const PEER_PROC: usize = 11;

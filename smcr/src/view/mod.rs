@@ -266,7 +266,8 @@ pub struct Link {
     pub peer_system: [u8; 8],
     /// Path MTU in bytes.
     pub mtu: u32,
-    /// How data moves: "udp" (RoCE v2), "shm" (same-host shared memory) or "-".
+    /// How data moves: "udp" (RoCE v2, our engine), "shm" (same-host shared memory), "verbs"
+    /// (a verbs device) or "-".
     pub transport: &'static str,
     /// A same-host peer's process: (uid, pid), as the kernel told them when its offer came.
     pub peer_proc: Option<(u32, u32)>,
@@ -403,6 +404,7 @@ impl Link {
             transport: match w[lg::TRANSPORT] {
                 lg::TRANSPORT_UDP => "udp",
                 lg::TRANSPORT_SHM => "shm",
+                lg::TRANSPORT_VERBS => "verbs",
                 _ => "-",
             },
             peer_proc: (w[lg::PEER_PROC] & lg::PEER_PROC_KNOWN != 0).then(|| {

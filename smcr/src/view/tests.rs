@@ -449,7 +449,7 @@ fn rdma_ports_render_as_smc_rnics_does() {
     ];
     let t = render_rdma_ports(&ports, |nd| (nd == "eth0").then_some(1500));
     let lines: Vec<&str> = t.lines().collect();
-    assert!(lines[1].contains("not used yet"), "{t}");
+    assert!(lines[1].contains("MODE verbs"), "{t}");
     assert!(lines[2].starts_with("DEVICE"), "{t}");
     assert_eq!(lines.len(), 5, "{t}");
     assert!(

@@ -376,7 +376,7 @@ pub fn render_rdma_ports(
     }
     let _ = writeln!(
         o,
-        "\nRDMA devices on this host (links run on smcr's own engine; these are not used yet)"
+        "\nRDMA devices on this host (an address with a RoCE v2 GID here runs its links on that device: MODE verbs above; SMCR_RDMA_DEVICE)"
     );
     let _ = writeln!(
         o,
