@@ -139,12 +139,14 @@ impl Runtime {
         for g in &groups {
             g.wait(deadline, |g| g.drained());
         }
-        // A peer answers our closes with its own (at once, for a program that reads EOF and
-        // closes). Its device resends that CDC until we acknowledge it, and the kernel's close
-        // waits for it (forever over rxe, which takes SMC-R's retry count 7 for infinite): stay
-        // a moment for those answers before the queue pairs go.
+        // On a verbs device: a peer answers our closes with its own (at once, for a program
+        // that reads EOF and closes), its device resends that CDC until it is acknowledged,
+        // and the kernel's close waits for that (forever over rxe, which takes SMC-R's retry
+        // count 7 for infinite) — but our queue pair dies with the process. Stay a moment for
+        // those answers. (Our engine's links go on as before: the DELETE LINK right after the
+        // drain ends the peer's connections as a reset would.)
         let settle = deadline.min(Instant::now() + PEER_CLOSE_WAIT);
-        for g in &groups {
+        for g in groups.iter().filter(|g| g.dev.device.is_verbs()) {
             g.wait(settle, |g| g.peers_closed());
         }
         // The groups go; the stats area stays (unlike `shutdown`), so that what the process
@@ -259,8 +261,8 @@ impl Runtime {
 /// How long [`Runtime::end_within`] waits at least for the DELETE LINKs to be acknowledged.
 const DELETE_LINK_GRACE: Duration = Duration::from_millis(200);
 
-/// How long the end of the process waits for peers to answer its closes (see `end_within`):
-/// a round trip and the peer program's reaction, not its idle time.
+/// How long the end of the process waits for peers on a verbs device to answer its closes (see
+/// `end_within`): a round trip and the peer program's reaction, not its idle time.
 const PEER_CLOSE_WAIT: Duration = Duration::from_millis(300);
 
 impl std::fmt::Debug for Runtime {
