@@ -63,16 +63,32 @@ pub fn build_c(name: &str, flags: &[&str]) -> Option<PathBuf> {
         eprintln!("SKIP: no C compiler");
         return None;
     }
-    let bin = std::env::temp_dir().join(format!("smcr-{name}-{}", std::process::id()));
+    // Once per test process and program: tests run in parallel, and one compiling over the
+    // binary another is starting makes that exec fail (ETXTBSY). Written aside and renamed,
+    // so a path handed out is always a finished binary.
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{name} {}", flags.join(" "));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, bin)) = built.iter().find(|(k, _)| *k == key) {
+        return Some(bin.clone());
+    }
+    let bin = std::env::temp_dir().join(format!(
+        "smcr-{name}-{}-{}",
+        std::process::id(),
+        built.len()
+    ));
+    let part = bin.with_extension("part");
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let st = Command::new("cc")
         .args(flags)
         .arg("-o")
-        .arg(&bin)
+        .arg(&part)
         .arg(&src)
         .status()
         .unwrap();
     assert!(st.success(), "building {name}.c failed");
+    std::fs::rename(&part, &bin).unwrap();
+    built.push((key, bin.clone()));
     Some(bin)
 }
 
