@@ -54,8 +54,9 @@ impl Side {
             ..QpCaps::default()
         };
         if engine {
-            let mut cfg = DeviceConfig::new(SocketAddrV4::new(local, 4791));
-            cfg.steer = false;
+            // On the RoCE port as the runtime opens it: through the steering program when
+            // one is attached to the namespace (a runtime there attached it), else owning it.
+            let cfg = DeviceConfig::new(SocketAddrV4::new(local, 4791));
             let dev = Device::open(cfg).map_err(|e| format!("our engine on {local}: {e}"))?;
             let pd = dev.alloc_pd();
             let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;

@@ -296,6 +296,7 @@ impl ProtectionDomain {
                     recv_cq: r.clone(),
                     tracks,
                     sq_sig_all,
+                    posting: Mutex::new(()),
                 })));
             }
             (PdKind::Verbs(..), ..) => {
@@ -656,6 +657,9 @@ struct VerbsQp {
     recv_cq: Arc<VerbsCq>,
     tracks: Arc<ibv::Tracks>,
     sq_sig_all: bool,
+    /// Held from taking our ids to the device's post: the ids' order must be the device's
+    /// queue order (two threads posting at once swapped them, and a completion was lost).
+    posting: Mutex<()>,
 }
 
 impl Drop for VerbsQp {
@@ -669,6 +673,7 @@ impl Drop for VerbsQp {
 impl VerbsQp {
     /// Every request goes signaled under an id of ours (see `ibv::Tracks`).
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let _posting = self.posting.lock();
         let ours: Vec<SendWr<'_>> = wrs
             .iter()
             .map(|w| {
@@ -689,6 +694,7 @@ impl VerbsQp {
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let _posting = self.posting.lock();
         let ours: Vec<RecvWr<'_>> = wrs
             .iter()
             .map(|w| RecvWr {

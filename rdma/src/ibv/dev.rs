@@ -213,7 +213,8 @@ pub(crate) struct VerbsCq {
 }
 
 /// The work requests of one queue pair that have not completed, in posting order (RC
-/// completes each queue in order).
+/// completes each queue in order; the queue pair posts under a lock, so our order is the
+/// device's).
 ///
 /// Every send request goes to the device signaled, under an id of ours, so that what is
 /// unfinished is known (the runtime drains a link before it fails the queue pair: a verbs
