@@ -568,3 +568,46 @@ fn a_threaded_program_forks_while_its_threads_use_smcr() {
         .count();
     assert!(smcr >= 20, "the threads' connections were not SMC-R: {log}");
 }
+
+/// On a machine without RDMA devices the library never loads libibverbs (installed or not),
+/// says nothing about it, and runs SMC-R on its own engine as before (issue 38).
+#[test]
+fn without_rdma_devices_libibverbs_is_never_loaded() {
+    let devices = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    if devices > 0 {
+        eprintln!("skipped: this machine has RDMA devices");
+        return;
+    }
+    let run = Run::new("noverbs");
+    let p = port();
+    let server = run.server(true, p);
+    // The client, then a look at its own mappings once its SMC-R connection is done.
+    let code = format!(
+        "import runpy, sys\nsys.argv = ['client.py', '127.0.0.2', '{p}']\n\
+         runpy.run_path({:?}, run_name='__main__')\n\
+         maps = open('/proc/self/maps').read()\n\
+         print('IBVERBS', 'mapped' if 'libibverbs' in maps else 'absent', flush=True)\n",
+        script("client.py").to_str().unwrap()
+    );
+    let out = run.cmd(true, &["-c", &code]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    finish(server);
+    assert!(stdout.contains("IBVERBS absent"), "{stdout}");
+    let log = run.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("connect") && l.contains("SMC-R")),
+        "{log}"
+    );
+    assert!(
+        !log.to_lowercase().contains("verbs"),
+        "the log mentions verbs devices: {log}"
+    );
+}
