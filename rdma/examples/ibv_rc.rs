@@ -1,6 +1,7 @@
 //! One RC queue pair between two hosts, on a verbs device (libibverbs: an RNIC or the
-//! kernel's rxe) or on our engine, each side its own choice: the check that the two kinds of
-//! device speak the same RoCE v2 wire (`scripts/kernel-interop.sh`, part V).
+//! kernel's rxe) or on our engine, each side its own choice, through the same objects
+//! (`Device::open_verbs` or `Device::open`): the check that the two kinds of device speak the
+//! same RoCE v2 wire (`scripts/kernel-interop.sh`, part V).
 //!
 //! ```text
 //! ibv_rc serve ADDR:PORT   [--engine] [--bytes N]
@@ -12,40 +13,40 @@
 //! says `OK` with the device it used. Without `--engine` the device is the verbs device
 //! whose RoCE v2 GID holds the TCP connection's local address, as SMC-R picks one.
 
-use rdma::ibv::{self, sysfs};
+use rdma::ibv::sysfs;
 use rdma::*;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHUNK: usize = 64 << 10;
 
-/// Each side's region: the peer writes into its first half, the second half holds what this
-/// side writes to the peer.
-enum Side {
-    Verbs {
-        ctx: Arc<ibv::Context>,
-        cq: Arc<ibv::Cq>,
-        qp: ibv::Qp,
-        mr: ibv::Mr,
-        msg: ibv::Mr,
-        sgid_index: u8,
-        gid: [u8; 16],
-        mtu: Mtu,
-    },
-    Engine {
-        _dev: Device,
-        cq: CompletionQueue,
-        qp: QueuePair,
-        mr: MemoryRegion,
-        msg: MemoryRegion,
-        gid: [u8; 16],
-    },
+/// One side: a device of either kind, through the crate's one set of objects. Its region:
+/// the peer writes into the first half, the second half holds what this side writes.
+struct Side {
+    dev: Device,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+    msg: MemoryRegion,
+    mtu: Mtu,
 }
 
 impl Side {
     fn open(local: Ipv4Addr, engine: bool, len: usize) -> Result<Self, String> {
+        let e = |e: std::io::Error| e.to_string();
+        let dev = if engine {
+            // On the RoCE port as the runtime opens it: through the steering program when
+            // one is attached to the namespace (a runtime there attached it), else owning it.
+            Device::open(DeviceConfig::new(SocketAddrV4::new(local, 4791)))
+                .map_err(|x| format!("our engine on {local}: {x}"))?
+        } else {
+            let ports = sysfs::scan(std::path::Path::new(sysfs::SYSFS_ROOT));
+            let (port, entry) = sysfs::roce_v2_for(&ports, local)
+                .ok_or_else(|| format!("no active RDMA device has a RoCE v2 GID for {local}"))?;
+            Device::open_verbs(&port.device, port.port, entry.index, local).map_err(e)?
+        };
+        let mtu = dev.verbs().map_or(Mtu::Mtu1024, |v| v.mtu);
         let caps = QpCaps {
             max_send_wr: 256,
             max_recv_wr: 16,
@@ -53,186 +54,94 @@ impl Side {
             max_recv_sge: 1,
             ..QpCaps::default()
         };
-        if engine {
-            // On the RoCE port as the runtime opens it: through the steering program when
-            // one is attached to the namespace (a runtime there attached it), else owning it.
-            let cfg = DeviceConfig::new(SocketAddrV4::new(local, 4791));
-            let dev = Device::open(cfg).map_err(|e| format!("our engine on {local}: {e}"))?;
-            let pd = dev.alloc_pd();
-            let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-            let mr = pd.reg_mr(2 * len, acc).map_err(|e| e.to_string())?;
-            let msg = pd.reg_mr(4096, acc).map_err(|e| e.to_string())?;
-            let cq = dev.create_cq().map_err(|e| e.to_string())?;
-            let qp = pd
-                .create_qp(&cq, &cq, caps, false)
-                .map_err(|e| e.to_string())?;
-            qp.modify(&QpAttr::state(QpState::Init))
-                .map_err(|e| e.to_string())?;
-            return Ok(Self::Engine {
-                gid: dev.gid(),
-                _dev: dev,
-                cq,
-                qp,
-                mr,
-                msg,
-            });
-        }
-        let ports = sysfs::scan(std::path::Path::new(sysfs::SYSFS_ROOT));
-        let (port, entry) = sysfs::roce_v2_for(&ports, local)
-            .ok_or_else(|| format!("no active RDMA device has a RoCE v2 GID for {local}"))?;
-        let ctx = ibv::Context::open(&port.device, port.port).map_err(|e| e.to_string())?;
-        let attr = ctx.port_attr().map_err(|e| e.to_string())?;
-        let pd = ibv::Pd::alloc(&ctx).map_err(|e| e.to_string())?;
+        let pd = dev.alloc_pd();
         let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let mr = pd.reg_mr(2 * len, acc).map_err(|e| e.to_string())?;
-        let msg = pd.reg_mr(4096, acc).map_err(|e| e.to_string())?;
-        let cq = ibv::Cq::create(&ctx, 1024).map_err(|e| e.to_string())?;
-        let qp = ibv::Qp::create(&pd, &cq, &cq, &caps, false).map_err(|e| e.to_string())?;
-        qp.to_init(false).map_err(|e| e.to_string())?;
-        Ok(Self::Verbs {
-            gid: ctx.gid(entry.index).map_err(|e| e.to_string())?,
-            sgid_index: entry.index as u8,
-            mtu: attr.active_mtu.unwrap_or(Mtu::Mtu1024),
-            ctx,
+        let mr = pd.reg_mr(2 * len, acc).map_err(e)?;
+        let msg = pd.reg_mr(4096, acc).map_err(e)?;
+        let cq = dev.create_cq().map_err(e)?;
+        let qp = pd.create_qp(&cq, &cq, caps, false).map_err(e)?;
+        qp.modify(&QpAttr::state(QpState::Init))
+            .map_err(|x| x.to_string())?;
+        Ok(Self {
+            dev,
             cq,
             qp,
             mr,
             msg,
+            mtu,
         })
     }
 
     fn describe(&self) -> String {
-        match self {
-            Self::Verbs {
-                ctx,
-                sgid_index,
-                mtu,
-                ..
-            } => format!(
-                "verbs device {} port {} (GID index {sgid_index}, MTU {})",
-                ctx.name(),
-                ctx.port(),
-                mtu.bytes()
+        match self.dev.verbs() {
+            Some(v) => format!(
+                "verbs device {} port {} (GID index {}, MTU {})",
+                v.name,
+                v.port,
+                v.gid_index,
+                v.mtu.bytes()
             ),
-            Self::Engine { .. } => "our engine (RoCE v2 over UDP)".to_string(),
-        }
-    }
-
-    fn mtu(&self) -> Mtu {
-        match self {
-            Self::Verbs { mtu, .. } => *mtu,
-            Self::Engine { .. } => Mtu::Mtu1024,
+            None => "our engine (RoCE v2 over UDP)".to_string(),
         }
     }
 
     fn info(&self, psn: u32) -> String {
-        let (qpn, gid, addr, rkey) = match self {
-            Self::Verbs { qp, gid, mr, .. } => (qp.qp_num(), *gid, mr.addr(), mr.rkey()),
-            Self::Engine { qp, gid, mr, .. } => (qp.qp_num(), *gid, mr.addr(), mr.rkey()),
-        };
         format!(
-            "{qpn} {psn} {} {} {addr} {rkey}\n",
-            sysfs::format_gid(&gid),
-            self.mtu() as u8
+            "{} {psn} {} {} {} {}\n",
+            self.qp.qp_num(),
+            sysfs::format_gid(&self.dev.gid()),
+            self.mtu as u8,
+            self.mr.addr(),
+            self.mr.rkey()
         )
     }
 
     fn connect(&self, peer: &Peer, my_psn: u32, mtu: Mtu) -> Result<(), String> {
-        match self {
-            Self::Verbs { qp, sgid_index, .. } => {
-                qp.to_rtr(&ibv::RtrAttr {
-                    dest_qpn: peer.qpn,
-                    rq_psn: peer.psn,
-                    mtu,
-                    dgid: peer.gid,
-                    sgid_index: *sgid_index,
-                    hop_limit: 64,
-                    min_rnr_timer: None,
-                })
-                .map_err(|e| e.to_string())?;
-                qp.to_rts(&ibv::RtsAttr {
-                    sq_psn: my_psn,
-                    ..Default::default()
-                })
-                .map_err(|e| e.to_string())
-            }
-            Self::Engine { qp, .. } => {
-                let g = peer.gid;
-                let ip = Ipv4Addr::new(g[12], g[13], g[14], g[15]);
-                qp.modify(&QpAttr {
-                    path_mtu: Some(mtu),
-                    dest_qp_num: Some(peer.qpn),
-                    rq_psn: Some(Psn::new(peer.psn)),
-                    av: Some(SocketAddrV4::new(ip, 4791)),
-                    ..QpAttr::state(QpState::Rtr)
-                })
-                .map_err(|e| e.to_string())?;
-                qp.modify(&QpAttr {
-                    sq_psn: Some(Psn::new(my_psn)),
-                    ..QpAttr::state(QpState::Rts)
-                })
-                .map_err(|e| e.to_string())
-            }
-        }
-    }
-
-    fn fill(&self, seed: u8, len: usize) {
-        let data = pattern(seed, len);
-        match self {
-            Self::Verbs { mr, .. } => mr.write(len, &data),
-            Self::Engine { mr, .. } => mr.write(len, &data),
-        }
-    }
-
-    fn read(&self, len: usize) -> Vec<u8> {
-        let mut v = vec![0; len];
-        match self {
-            Self::Verbs { mr, .. } => mr.read(0, &mut v),
-            Self::Engine { mr, .. } => mr.read(0, &mut v),
-        }
-        v
+        let g = peer.gid;
+        let ip = Ipv4Addr::new(g[12], g[13], g[14], g[15]);
+        self.qp
+            .modify(&QpAttr {
+                path_mtu: Some(mtu),
+                dest_qp_num: Some(peer.qpn),
+                rq_psn: Some(Psn::new(peer.psn)),
+                av: Some(SocketAddrV4::new(ip, 4791)),
+                ..QpAttr::state(QpState::Rtr)
+            })
+            .map_err(|e| e.to_string())?;
+        self.qp
+            .modify(&QpAttr {
+                sq_psn: Some(Psn::new(my_psn)),
+                ..QpAttr::state(QpState::Rts)
+            })
+            .map_err(|e| e.to_string())
     }
 
     fn post_recv(&self) -> Result<(), String> {
-        let r = match self {
-            Self::Verbs { qp, msg, .. } => qp.post_recv(&[RecvWr {
+        self.qp
+            .post_recv(&[RecvWr {
                 wr_id: 900,
-                sg_list: &[msg.sge(0, 4096)],
-            }]),
-            Self::Engine { qp, msg, .. } => qp.post_recv(&[RecvWr {
-                wr_id: 900,
-                sg_list: &[msg.sge(0, 4096)],
-            }]),
-        };
-        r.map_err(|e| format!("post_recv: {e}"))
+                sg_list: &[self.msg.sge(0, 4096)],
+            }])
+            .map_err(|e| format!("post_recv: {e}"))
     }
 
-    /// WRITEs `len` bytes of the own region into the peer's, then SENDs "DONE len".
+    /// WRITEs `len` bytes of the own half into the peer's, then SENDs "DONE len".
     fn send_all(&self, peer: &Peer, len: usize) -> Result<(), String> {
-        let note = format!("DONE {len}");
         let mut off = 0;
         let mut id = 0;
         while off < len {
             let n = CHUNK.min(len - off);
-            let op = WrOpcode::RdmaWrite {
-                remote_addr: peer.addr + off as u64,
-                rkey: peer.rkey,
-            };
-            let r = match self {
-                Self::Verbs { qp, mr, .. } => qp.post_send(&[SendWr {
+            self.qp
+                .post_send(&[SendWr {
                     wr_id: id,
-                    opcode: op,
-                    sg_list: &[mr.sge(len + off, n)],
+                    opcode: WrOpcode::RdmaWrite {
+                        remote_addr: peer.addr + off as u64,
+                        rkey: peer.rkey,
+                    },
+                    sg_list: &[self.mr.sge(len + off, n)],
                     flags: SendFlags::SIGNALED,
-                }]),
-                Self::Engine { qp, mr, .. } => qp.post_send(&[SendWr {
-                    wr_id: id,
-                    opcode: op,
-                    sg_list: &[mr.sge(len + off, n)],
-                    flags: SendFlags::SIGNALED,
-                }]),
-            };
-            r.map_err(|e| format!("post WRITE at {off}: {e}"))?;
+                }])
+                .map_err(|e| format!("post WRITE at {off}: {e}"))?;
             self.expect(
                 |c| c.opcode == WcOpcode::RdmaWrite && c.wr_id == id,
                 "WRITE",
@@ -240,39 +149,24 @@ impl Side {
             off += n;
             id += 1;
         }
-        let r = match self {
-            Self::Verbs { qp, msg, .. } => {
-                msg.write(0, note.as_bytes());
-                qp.post_send(&[SendWr {
-                    wr_id: 800,
-                    opcode: WrOpcode::Send,
-                    sg_list: &[msg.sge(0, note.len())],
-                    flags: SendFlags::SIGNALED,
-                }])
-            }
-            Self::Engine { qp, msg, .. } => {
-                msg.write(0, note.as_bytes());
-                qp.post_send(&[SendWr {
-                    wr_id: 800,
-                    opcode: WrOpcode::Send,
-                    sg_list: &[msg.sge(0, note.len())],
-                    flags: SendFlags::SIGNALED,
-                }])
-            }
-        };
-        r.map_err(|e| format!("post SEND: {e}"))
+        let note = format!("DONE {len}");
+        self.msg.write(0, note.as_bytes());
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 800,
+                opcode: WrOpcode::Send,
+                sg_list: &[self.msg.sge(0, note.len())],
+                flags: SendFlags::SIGNALED,
+            }])
+            .map_err(|e| format!("post SEND: {e}"))
     }
 
     fn next(&self) -> Result<WorkCompletion, String> {
         let mut wc = [WorkCompletion::EMPTY];
-        let n = match self {
-            Self::Verbs { cq, .. } => cq
-                .wait(&mut wc, Duration::from_secs(30))
-                .map_err(|e| e.to_string())?,
-            Self::Engine { cq, .. } => cq
-                .wait(&mut wc, Some(Duration::from_secs(30)))
-                .map_err(|e| e.to_string())?,
-        };
+        let n = self
+            .cq
+            .wait(&mut wc, Some(Duration::from_secs(30)))
+            .map_err(|e| e.to_string())?;
         if n == 0 {
             return Err("no completion in 30 s".into());
         }
@@ -311,10 +205,7 @@ impl Side {
             },
         };
         let mut b = vec![0; len as usize];
-        match self {
-            Self::Verbs { msg, .. } => msg.read(0, &mut b),
-            Self::Engine { msg, .. } => msg.read(0, &mut b),
-        }
+        self.msg.read(0, &mut b);
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
 }
@@ -359,7 +250,7 @@ fn run(stream: TcpStream, engine: bool, len: usize, seed: u8) -> Result<String, 
         return Err("IPv4 only".into());
     };
     let side = Side::open(*local.ip(), engine, len)?;
-    side.fill(seed, len);
+    side.mr.write(len, &pattern(seed, len));
     side.post_recv()?;
     let psn = u32::from_ne_bytes(std::array::from_fn(|i| pattern(seed, 4 + i)[i + 1])) & 0xff_ffff;
     let mut w = stream.try_clone().map_err(|e| e.to_string())?;
@@ -369,7 +260,7 @@ fn run(stream: TcpStream, engine: bool, len: usize, seed: u8) -> Result<String, 
     let mut line = String::new();
     r.read_line(&mut line).map_err(|e| e.to_string())?;
     let peer = parse_peer(&line)?;
-    let mtu = Mtu::from_enum(peer.mtu.min(side.mtu() as u8)).ok_or("bad MTU")?;
+    let mtu = Mtu::from_enum(peer.mtu.min(side.mtu as u8)).ok_or("bad MTU")?;
     side.connect(&peer, psn, mtu)?;
     // Both sides are ready to receive before either writes.
     w.write_all(b"READY\n").map_err(|e| e.to_string())?;
@@ -385,7 +276,8 @@ fn run(stream: TcpStream, engine: bool, len: usize, seed: u8) -> Result<String, 
     if note != format!("DONE {len}") {
         return Err(format!("the peer's message was {note:?}"));
     }
-    let got = side.read(len);
+    let mut got = vec![0; len];
+    side.mr.read(0, &mut got);
     let want = pattern(seed ^ 0x5a, len);
     if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
         let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
