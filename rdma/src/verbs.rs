@@ -510,10 +510,6 @@ impl CompletionQueue {
     /// sleeps, the calling thread receives and handles the device's packets itself when no other
     /// thread does (so no hand-off between threads is paid per completion).
     pub fn wait(&self, out: &mut [WorkCompletion], timeout: Option<Duration>) -> io::Result<usize> {
-        let (shared, guard) = match &self.0 {
-            CqKind::Engine { shared, guard } => (shared, guard),
-            CqKind::Verbs(v) => return v.wait(out, timeout),
-        };
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let n = self.poll(out);
@@ -524,7 +520,10 @@ impl CompletionQueue {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(0);
             }
-            guard.shared.wait_cq(shared, left)?;
+            match &self.0 {
+                CqKind::Engine { shared, guard } => guard.shared.wait_cq(shared, left)?,
+                CqKind::Verbs(v) => v.sleep(left)?,
+            }
         }
     }
 }

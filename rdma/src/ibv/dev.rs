@@ -426,24 +426,11 @@ impl VerbsCq {
         drain(&self.event);
     }
 
-    pub(crate) fn wait(
-        &self,
-        out: &mut [WorkCompletion],
-        timeout: Option<Duration>,
-    ) -> io::Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            drain(&self.event);
-            let n = self.poll(out);
-            if n > 0 {
-                return Ok(n);
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Ok(0);
-            }
-            sleep_on(self.event.as_fd(), left)?;
-        }
+    /// [`crate::CompletionQueue::wait`]'s sleep: until the pump rings or `left` passes.
+    pub(crate) fn sleep(&self, left: Option<Duration>) -> io::Result<()> {
+        sleep_on(self.event.as_fd(), left)?;
+        drain(&self.event);
+        Ok(())
     }
 
     // The scheduler's side (see `crate::CqScheduler` for the contract).
