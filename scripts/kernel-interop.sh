@@ -62,6 +62,15 @@ count() { grep -c "$@" 2>/dev/null || true; }
 echo "== building (profile ci)"
 (cd "$ROOT" && cargo build -q --profile ci -p preload -p smcr --bins --lib &&
 	cargo build -q --profile ci -p rdma --example ibv_rc) || skip_build=1
+# smcr's device suite (tests/devices.rs): its verbs:: half runs in guest B over rxe0.
+DEVICES_TEST=$(cd "$ROOT" && cargo test -q --profile ci -p smcr --test devices --no-run \
+	--message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "devices" and m.get("executable"):
+        print(m["executable"])') || skip_build=1
+[ -n "$DEVICES_TEST" ] || skip_build=1
 [ -z "${skip_build:-}" ] || {
 	echo "kernel-interop: FAIL: build failed" >&2
 	exit 1
@@ -429,6 +438,13 @@ rc_pair engine-to-verbs A host 7100
 rc_pair verbs-to-engine host A 7100
 check "V: verbs <-> engine: one end on rxe0, the other our engine, each way" \
 	"$([ "$(cat "$D"/*engine*.txt | count 'on verbs device rxe0')" = 2 ] && [ "$(cat "$D"/*engine*.txt | count 'on our engine')" = 2 ]; echo $?)"
+# smcr's link and connection suite over rxe0 (both ends in guest B: rxe loops the packets
+# back), the same functions the host runs over our engine (engine::*).
+strip -o "$D/devices" "$DEVICES_TEST"
+"$KP/gput.sh" B "$D/devices" /bin/devices >/dev/null
+GEXEC_TIMEOUT=300 "$KP/gexec.sh" B "cd /tmp && SMCR_REQUIRE_VERBS=1 SMCR_TEST_VERBS_ADDR=$B_IP timeout 240 /bin/devices verbs:: 2>&1" >"$D/devices.txt" 2>&1
+check "V: smcr's device suite (tests/devices.rs) over rxe0: first contact, reuse, bulk both ways, 16 connections, abort, CONFIRM/DELETE RKEY, TEST LINK, DELETE LINK, Decline" \
+	"$(grep -Eq '^test result: ok\. [1-9][0-9]* passed; 0 failed' "$D/devices.txt"; echo $?)" "$(grep -E 'FAILED|panicked|result' "$D/devices.txt" | head -4)"
 # The shim in guest B: its option program installed there (bpffs, cgroup2; no steering: no
 # engine runs there), the library and
 # tools copied in; every link of B's processes should land on rxe0 by itself.

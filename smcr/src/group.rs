@@ -312,6 +312,11 @@ impl<C: Clone> GroupCore<C> {
         self.last_failover.as_deref()
     }
 
+    /// The active link's counters (`None` before the group started).
+    pub fn link_stats(&self) -> Option<crate::link::LinkStats> {
+        self.link.as_ref().map(|l| l.stats())
+    }
+
     /// The active link's id (0 before the group started).
     pub fn link_id(&self) -> u8 {
         self.link.as_ref().map_or(0, |l| l.params().link_id)

@@ -225,6 +225,16 @@ impl Runtime {
             .collect()
     }
 
+    /// TEST LINK keepalives sent by the active links of the live groups.
+    pub fn test_links_sent(&self) -> u64 {
+        self.inner
+            .groups
+            .lock()
+            .iter()
+            .map(|g| g.test_links_sent())
+            .sum()
+    }
+
     /// Times a link failed and its group's connections moved to the other link.
     pub fn failovers(&self) -> u32 {
         self.inner.failovers.load(Ordering::Relaxed)
@@ -234,6 +244,17 @@ impl Runtime {
     /// against [`RuntimeConfig::rmb_budget`].
     pub fn rmb_in_use(&self) -> u64 {
         *self.inner.rmb_in_use.lock()
+    }
+
+    /// The device behind each local address this runtime opened: `None` for our engine, the
+    /// verbs device's name (`rxe0`, `mlx5_0`) otherwise.
+    pub fn devices(&self) -> Vec<(Ipv4Addr, Option<String>)> {
+        self.inner
+            .devices
+            .lock()
+            .iter()
+            .map(|(ip, d)| (*ip, d.device.verbs().map(|v| v.name)))
+            .collect()
     }
 
     /// The counters of each RoCE device (local address) this runtime opened.

@@ -315,6 +315,15 @@ impl LinkGroup {
         &self.paths[self.active()].qp
     }
 
+    /// TEST LINK requests the active link sent.
+    pub(crate) fn test_links_sent(&self) -> u64 {
+        self.st
+            .lock()
+            .g
+            .link_stats()
+            .map_or(0, |s| s.test_links_sent)
+    }
+
     /// Usable links (1, or 2 while the spare is confirmed; 0 once down).
     pub(crate) fn links(&self) -> usize {
         self.st.lock().g.links()
