@@ -442,8 +442,10 @@ check "V: verbs <-> engine: one end on rxe0, the other our engine, each way" \
 # back), the same functions the host runs over our engine (engine::*).
 strip -o "$D/devices" "$DEVICES_TEST"
 "$KP/gput.sh" B "$D/devices" /bin/devices >/dev/null
-GEXEC_TIMEOUT=300 "$KP/gexec.sh" B "cd /tmp && SMCR_REQUIRE_VERBS=1 SMCR_TEST_VERBS_ADDR=$B_IP timeout 240 /bin/devices verbs:: 2>&1" >"$D/devices.txt" 2>&1
-check "V: smcr's device suite (tests/devices.rs) over rxe0: first contact, reuse, bulk both ways, 16 connections, abort, CONFIRM/DELETE RKEY, TEST LINK, DELETE LINK, Decline" \
+# (The failover test adds $VERBS_CUT_IP to B's eth0 and deletes it mid-transfer.)
+VERBS_CUT_IP=10.77.0.23
+GEXEC_TIMEOUT=300 "$KP/gexec.sh" B "cd /tmp && SMCR_REQUIRE_VERBS=1 SMCR_TEST_VERBS_ADDR=$B_IP SMCR_TEST_VERBS_CUT_ADDR=$VERBS_CUT_IP timeout 240 /bin/devices verbs:: 2>&1" >"$D/devices.txt" 2>&1
+check "V: smcr's device suite (tests/devices.rs) over rxe0: first contact, reuse, bulk both ways, 16 connections, abort, CONFIRM/DELETE RKEY, TEST LINK, DELETE LINK, Decline, two links and failover" \
 	"$(grep -Eq '^test result: ok\. [1-9][0-9]* passed; 0 failed' "$D/devices.txt"; echo $?)" "$(grep -E 'FAILED|panicked|result' "$D/devices.txt" | head -4)"
 # The shim in guest B: its option program installed there (bpffs, cgroup2; no steering: no
 # engine runs there), the library and

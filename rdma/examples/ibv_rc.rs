@@ -44,7 +44,7 @@ impl Side {
             let ports = sysfs::scan(std::path::Path::new(sysfs::SYSFS_ROOT));
             let (port, entry) = sysfs::roce_v2_for(&ports, local)
                 .ok_or_else(|| format!("no active RDMA device has a RoCE v2 GID for {local}"))?;
-            Device::open_verbs(&port.device, port.port, entry.index, local).map_err(e)?
+            Device::open_verbs(&port.device, port.port, entry.index, local, &[]).map_err(e)?
         };
         let mtu = dev.verbs().map_or(Mtu::Mtu1024, |v| v.mtu);
         let caps = QpCaps {

@@ -69,14 +69,17 @@ impl Device {
     }
 
     /// Opens port `port` of the verbs device `name` for the local address `ip`, whose RoCE v2
-    /// GID is the port's entry `gid_index` (see [`crate::ibv::sysfs::roce_v2_for`]).
+    /// GID is the port's entry `gid_index` (see [`crate::ibv::sysfs::roce_v2_for`]). `alts`
+    /// are other addresses of the port, with their entries, that queue pairs may send from
+    /// (`QpAttr::src`): a link group's second path on the same device.
     pub fn open_verbs(
         name: &str,
         port: u8,
         gid_index: u32,
         ip: std::net::Ipv4Addr,
+        alts: &[(std::net::Ipv4Addr, u32)],
     ) -> io::Result<Self> {
-        let dev = VerbsDevice::open(name, port, gid_index, SocketAddrV4::new(ip, 4791))?;
+        let dev = VerbsDevice::open(name, port, gid_index, SocketAddrV4::new(ip, 4791), alts)?;
         let pd = dev.alloc_pd()?;
         Ok(Self {
             kind: DevKind::Verbs(dev, pd),
@@ -295,6 +298,7 @@ impl ProtectionDomain {
                     send_cq: s.clone(),
                     recv_cq: r.clone(),
                     tracks,
+                    sgid: std::sync::atomic::AtomicU8::new(dev.sgid_index),
                     sq_sig_all,
                     posting: Mutex::new(()),
                 })));
@@ -655,6 +659,8 @@ struct VerbsQp {
     send_cq: Arc<VerbsCq>,
     recv_cq: Arc<VerbsCq>,
     tracks: Arc<ibv::Tracks>,
+    /// The GID entry it sends from (the device's, or an alternate address's: `QpAttr::src`).
+    sgid: std::sync::atomic::AtomicU8,
     sq_sig_all: bool,
     /// Held from taking our ids to the device's post: the ids' order must be the device's
     /// queue order (two threads posting at once swapped them, and a completion was lost).
@@ -709,11 +715,13 @@ impl VerbsQp {
 
     fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
         let mut state = self.state.lock();
-        if let Some(src) = attr.src
-            && src != *self.dev.addr.ip()
-        {
-            // One GID per device here: a second address would need its own GID entry.
-            return Err(ModifyError::NotModifiable("src"));
+        if let Some(src) = attr.src {
+            // Each address has its own GID entry; one the device was not opened for has none.
+            let i = self
+                .dev
+                .sgid_for(src)
+                .ok_or(ModifyError::NotModifiable("src"))?;
+            self.sgid.store(i, Ordering::Relaxed);
         }
         let r = match attr.qp_state {
             QpState::Init if *state == QpState::Reset => self.qp.to_init(false),
@@ -734,7 +742,7 @@ impl VerbsQp {
                         mtu
                     },
                     dgid: crate::device::gid_of(*av.ip()),
-                    sgid_index: self.dev.sgid_index,
+                    sgid_index: self.sgid.load(Ordering::Relaxed),
                     hop_limit: 64,
                     min_rnr_timer: attr.min_rnr_timer,
                 })

@@ -36,9 +36,26 @@ struct Setup {
     device: Option<String>,
 }
 
+/// The runtime's log on stderr when `SMCR_TEST_LOG` is set (what a failing run in a guest
+/// shows).
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        eprintln!("{:?} {} {}", Instant::now(), r.level(), r.args());
+    }
+    fn flush(&self) {}
+}
+
 impl Setup {
     /// The setup of `kind`, or `None` (having said why) when this machine has no such device.
     fn of(kind: Kind, test: &str) -> Option<Self> {
+        if std::env::var_os("SMCR_TEST_LOG").is_some() && log::set_logger(&StderrLog).is_ok() {
+            log::set_max_level(log::LevelFilter::Debug);
+        }
         match kind {
             Kind::Engine => Some(Self {
                 kind,
@@ -117,6 +134,11 @@ impl Setup {
         );
     }
 
+    /// Like `check_device`, for a runtime whose links start at `addr`.
+    fn check_device_at(&self, rt: &Runtime, addr: Ipv4Addr) {
+        assert_eq!(rt.devices(), vec![(addr, self.device.clone())]);
+    }
+
     /// Bytes for bulk tests: the guests' rxe is emulated and slow.
     fn bulk(&self) -> u64 {
         match self.kind {
@@ -127,7 +149,7 @@ impl Setup {
 }
 
 macro_rules! over_both_kinds {
-    ($($name:ident),* $(,)?) => {
+    (both: [$($name:ident),* $(,)?], verbs_only: [$($vname:ident),* $(,)?] $(,)?) => {
         mod engine {
             $( #[test] fn $name() {
                 if let Some(s) = super::Setup::of(super::Kind::Engine, stringify!($name)) {
@@ -141,19 +163,28 @@ macro_rules! over_both_kinds {
                     super::$name(&s)
                 }
             } )*
+            $( #[test] fn $vname() {
+                if let Some(s) = super::Setup::of(super::Kind::Verbs, stringify!($vname)) {
+                    super::$vname(&s)
+                }
+            } )*
         }
     };
 }
 
 over_both_kinds!(
-    first_contact_then_reuse,
-    bulk_both_ways_with_checksum,
-    many_connections_share_one_link_group,
-    abort_resets_both_ends,
-    rkeys_are_confirmed_and_deleted_per_connection,
-    test_link_keeps_an_idle_link_up,
-    an_idle_link_group_is_deleted,
-    a_declining_server_leaves_a_clean_tcp_stream,
+    both: [
+        first_contact_then_reuse,
+        bulk_both_ways_with_checksum,
+        many_connections_share_one_link_group,
+        abort_resets_both_ends,
+        rkeys_are_confirmed_and_deleted_per_connection,
+        test_link_keeps_an_idle_link_up,
+        an_idle_link_group_is_deleted,
+        a_declining_server_leaves_a_clean_tcp_stream,
+    ],
+    // Our engine's two links and failover: tests/failover.rs, across namespaces.
+    verbs_only: [two_links_fail_over_when_the_first_path_goes],
 );
 
 fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
@@ -519,4 +550,137 @@ fn a_declining_server_leaves_a_clean_tcp_stream(s: &Setup) {
     );
     client_rt.shutdown();
     server_rt.shutdown();
+}
+
+/// Removes a temporary address when the test ends, however it ends.
+struct TempAddr {
+    cidr: String,
+    dev: String,
+}
+
+impl TempAddr {
+    fn add(ip: Ipv4Addr, dev: &str) -> Self {
+        let cidr = format!("{ip}/32");
+        let ok = std::process::Command::new("ip")
+            .args(["addr", "add", &cidr, "dev", dev])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip addr add {cidr} dev {dev}");
+        Self {
+            cidr,
+            dev: dev.to_string(),
+        }
+    }
+
+    fn remove(&self) -> bool {
+        std::process::Command::new("ip")
+            .args(["addr", "del", &self.cidr, "dev", &self.dev])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for TempAddr {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Two links on one verbs device: the group's first path runs from a temporary address of
+/// the port (`SMCR_TEST_VERBS_CUT_ADDR`), its second (ADD LINK) from the device's own. The
+/// temporary address is deleted mid-transfer: its GID leaves the device's table and the
+/// first path's queue pairs fail (rxe ends their work requests in error; were they only
+/// silent, TEST LINK would find them, its idle time here 1 s). Both ends fail over and the
+/// transfer completes on the second link, every byte checked once.
+fn two_links_fail_over_when_the_first_path_goes(s: &Setup) {
+    let Ok(cut) = std::env::var("SMCR_TEST_VERBS_CUT_ADDR") else {
+        assert!(
+            std::env::var("SMCR_REQUIRE_VERBS").as_deref() != Ok("1"),
+            "SMCR_REQUIRE_VERBS=1 needs SMCR_TEST_VERBS_CUT_ADDR, a free address on the port's \
+             network"
+        );
+        eprintln!(
+            "SKIP verbs::two_links_fail_over_when_the_first_path_goes: \
+             SMCR_TEST_VERBS_CUT_ADDR (a free address to add to the port's netdev) is not set"
+        );
+        return;
+    };
+    let cut: Ipv4Addr = cut
+        .parse()
+        .expect("SMCR_TEST_VERBS_CUT_ADDR: an IPv4 address");
+    let scan = || rdma::ibv::sysfs::scan(std::path::Path::new(rdma::ibv::sysfs::SYSFS_ROOT));
+    let ports = scan();
+    let (_, entry) = rdma::ibv::sysfs::roce_v2_for(&ports, s.addr).expect("the setup's GID");
+    let netdev = entry.netdev.clone().expect("the GID's network device");
+    let temp = TempAddr::add(cut, &netdev);
+    assert!(
+        wait_until(Duration::from_secs(10), || rdma::ibv::sysfs::roce_v2_for(
+            &scan(),
+            cut
+        )
+        .is_some()),
+        "no RoCE v2 GID appeared for {cut} on {netdev}"
+    );
+    let mut cfg = s.config();
+    cfg.alt_addrs = vec![s.addr];
+    cfg.test_link_time = Some(Duration::from_secs(1));
+    let rt = Runtime::new(cfg);
+    let l = SmcListener::bind(&rt, (cut, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        check_pattern(&mut c, 7)
+    });
+    let c = SmcStream::connect(&rt, addr).unwrap();
+    assert_eq!(
+        c.mode(),
+        &Mode::SmcR {
+            first_contact: true
+        }
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || rt.group_links() == vec![2, 2]),
+        "no second link: {:?}\n{}",
+        rt.group_links(),
+        rt.debug_summary()
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let mut c = c.try_clone().unwrap();
+        thread::spawn(move || {
+            let mut chunk = vec![0u8; 64 * 1024 + 7];
+            let mut pos = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                pattern(7, pos, &mut chunk);
+                c.write_all(&chunk).unwrap();
+                pos += chunk.len() as u64;
+            }
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            pos
+        })
+    };
+    thread::sleep(Duration::from_millis(500));
+    assert!(temp.remove(), "ip addr del {cut}");
+    let t0 = Instant::now();
+    let failed_over = wait_until(Duration::from_secs(60), || rt.failovers() >= 2);
+    let took = t0.elapsed();
+    // Data keeps flowing on the second link for a while before the writer stops.
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let wrote = writer.join().unwrap();
+    let read = server.join().unwrap();
+    eprintln!("failover after {took:?}; {wrote} bytes written, {read} read intact");
+    assert!(
+        failed_over,
+        "failovers {} (both ends should count one)\n{}",
+        rt.failovers(),
+        rt.debug_summary()
+    );
+    assert_eq!(read, wrote);
+    assert_eq!(rt.group_links(), vec![1, 1], "{}", rt.debug_summary());
+    drop(c);
+    s.check_device_at(&rt, cut);
+    rt.shutdown();
 }

@@ -28,6 +28,9 @@ pub(crate) struct VerbsDevice {
     pub(crate) addr: SocketAddrV4,
     pub(crate) gid: [u8; 16],
     pub(crate) sgid_index: u8,
+    /// Other addresses of the port a queue pair may send from (a second path: each has its
+    /// own RoCE v2 GID entry), with their GID indexes.
+    pub(crate) alts: Vec<(std::net::Ipv4Addr, u8)>,
     pub(crate) mtu: Mtu,
     pump: Arc<Pump>,
 }
@@ -47,12 +50,14 @@ pub struct VerbsInfo {
 
 impl VerbsDevice {
     /// Opens port `port` of device `name` for `addr`, whose RoCE v2 GID is entry
-    /// `gid_index`, and starts its pump thread.
+    /// `gid_index` (and for `alts`, other addresses with their entries), and starts its pump
+    /// thread.
     pub(crate) fn open(
         name: &str,
         port: u8,
         gid_index: u32,
         addr: SocketAddrV4,
+        alts: &[(std::net::Ipv4Addr, u32)],
     ) -> io::Result<Arc<Self>> {
         let ctx = Context::open(name, port)?;
         let attr = ctx.port_attr()?;
@@ -63,16 +68,26 @@ impl VerbsDevice {
             ));
         }
         let gid = ctx.gid(gid_index)?;
+        let checked = checked_alts(alts, |i| ctx.gid(i))
+            .map_err(|e| io::Error::other(format!("{name} port {port}: {e}")))?;
         let pump = Pump::start(name)?;
         Ok(Arc::new(Self {
             ctx,
             addr,
             gid,
-            sgid_index: u8::try_from(gid_index)
-                .map_err(|_| io::Error::other("GID index beyond 255"))?,
+            sgid_index: gid_index8(gid_index)?,
+            alts: checked,
             mtu: attr.active_mtu.unwrap_or(Mtu::Mtu1024),
             pump,
         }))
+    }
+
+    /// The GID index a queue pair sending from `ip` uses, if `ip` is one of ours.
+    pub(crate) fn sgid_for(&self, ip: std::net::Ipv4Addr) -> Option<u8> {
+        if ip == *self.addr.ip() {
+            return Some(self.sgid_index);
+        }
+        self.alts.iter().find(|(a, _)| *a == ip).map(|&(_, i)| i)
     }
 
     pub(crate) fn info(&self) -> VerbsInfo {
@@ -112,6 +127,30 @@ impl Drop for VerbsDevice {
     fn drop(&mut self) {
         self.pump.stop();
     }
+}
+
+/// A GID index as address vectors carry it.
+fn gid_index8(i: u32) -> io::Result<u8> {
+    u8::try_from(i).map_err(|_| io::Error::other(format!("GID index {i} beyond 255")))
+}
+
+/// `alts` (addresses and their GID entries) checked against the table as `gid` reads it:
+/// each entry must hold its address now (the table changes with the netdev's addresses).
+pub(crate) fn checked_alts(
+    alts: &[(std::net::Ipv4Addr, u32)],
+    gid: impl Fn(u32) -> io::Result<[u8; 16]>,
+) -> io::Result<Vec<(std::net::Ipv4Addr, u8)>> {
+    // A plain loop: rustc 1.95 (and nightly 1.97) at opt-level 3 turned the
+    // `map(..).collect::<io::Result<Vec<_>>>()` form of this into zeroed entries when `gid`
+    // was `Context::gid` (a test in a guest with rxe found it: verbs::two_links_*).
+    let mut checked = Vec::with_capacity(alts.len());
+    for &(ip, i) in alts {
+        if gid(i)? != crate::device::gid_of(ip) {
+            return Err(io::Error::other(format!("GID {i} is not {ip}'s")));
+        }
+        checked.push((ip, gid_index8(i)?));
+    }
+    Ok(checked)
 }
 
 /// The thread that turns completion-channel events into the CQs' descriptors.

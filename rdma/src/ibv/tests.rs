@@ -306,3 +306,27 @@ fn a_refused_chain_counts_what_was_taken() {
     assert_eq!(taken(first, (&v[2] as *const u64).cast_mut(), 4), 2);
     assert_eq!(taken(first, std::ptr::null_mut(), 4), 0);
 }
+
+#[test]
+fn alternate_gids_are_checked_and_kept() {
+    use std::net::Ipv4Addr;
+    let table = |i: u32| -> std::io::Result<[u8; 16]> {
+        match i {
+            1 => Ok(Ipv4Addr::new(10, 77, 0, 3).to_ipv6_mapped().octets()),
+            3 => Ok(Ipv4Addr::new(10, 77, 0, 13).to_ipv6_mapped().octets()),
+            _ => Err(std::io::Error::other("no such entry")),
+        }
+    };
+    let a = Ipv4Addr::new(10, 77, 0, 3);
+    let b = Ipv4Addr::new(10, 77, 0, 13);
+    // std::hint::black_box: the input as the caller's runtime values, not constants.
+    let alts = std::hint::black_box(vec![(a, 1), (b, 3)]);
+    assert_eq!(
+        dev::checked_alts(&alts, table).unwrap(),
+        vec![(a, 1), (b, 3)]
+    );
+    let e = dev::checked_alts(&[(b, 1)], table).unwrap_err();
+    assert!(e.to_string().contains("GID 1 is not 10.77.0.13's"), "{e}");
+    assert!(dev::checked_alts(&[(a, 7)], table).is_err());
+    assert!(dev::checked_alts(&[(a, 300)], |_| Ok(a.to_ipv6_mapped().octets())).is_err());
+}

@@ -68,22 +68,41 @@ impl LinkGroup {
                     }
                 }
                 GroupEvent::PrepareAddLink { path, link_id } => {
-                    let req = self
-                        .rkey_pairs(st)
-                        .filter(|_| self.paths[path].reset(&self.recv_mr).is_ok())
-                        .map(|rkeys| self.add_link_msg(path, link_id, self.mtu, rkeys));
+                    let req = match self.rkey_pairs(st) {
+                        None => Err("too many RMBs for one ADD LINK".to_string()),
+                        Some(rkeys) => match self.paths[path].reset(&self.recv_mr) {
+                            Ok(()) => Ok(self.add_link_msg(path, link_id, self.mtu, rkeys)),
+                            Err(e) => Err(format!("queue pair not reset: {e}")),
+                        },
+                    };
                     match req {
-                        Some(req) => st.g.add_link_request(req, now),
-                        None => st.g.add_link_failed(now),
+                        Ok(req) => st.g.add_link_request(req, now),
+                        Err(why) => {
+                            log::info!(
+                                "link group {} ({}): no ADD LINK on path {path} now: {why}",
+                                self.id,
+                                self.peer_text()
+                            );
+                            st.g.add_link_failed(now)
+                        }
                     }
                 }
                 GroupEvent::ConnectAdded { path, resp } => {
                     let mtu = smaller_mtu(resp.mtu, self.mtu);
-                    let ok = resp.gid.to_ipv4().is_some_and(|ip| {
-                        self.paths[path]
+                    let ok = match resp.gid.to_ipv4() {
+                        None => Err("the peer's GID is no IPv4 address".to_string()),
+                        Some(ip) => self.paths[path]
                             .connect(ip, resp.qpn, resp.initial_psn, mtu, self.peer_port(), true)
-                            .is_ok()
-                    });
+                            .map_err(|e| e.to_string()),
+                    };
+                    if let Err(why) = &ok {
+                        log::info!(
+                            "link group {} ({}): the added link on path {path} not connected: {why}",
+                            self.id,
+                            self.peer_text()
+                        );
+                    }
+                    let ok = ok.is_ok();
                     if ok {
                         self.learn_rkeys(path, resp.v2.as_ref());
                     }
@@ -92,20 +111,33 @@ impl LinkGroup {
                 GroupEvent::AnswerAddLink { path, req } => {
                     let mtu = smaller_mtu(req.mtu, self.mtu);
                     let rkeys = self.rkey_pairs(st);
-                    let set_up = rkeys.is_some()
-                        && req.gid.to_ipv4().is_some_and(|ip| {
+                    let set_up = match (&rkeys, req.gid.to_ipv4()) {
+                        (None, _) => Err("too many RMBs for one ADD LINK".to_string()),
+                        (_, None) => Err("the peer's GID is no IPv4 address".to_string()),
+                        (Some(_), Some(ip)) => {
                             let p = &self.paths[path];
-                            p.reset(&self.recv_mr).is_ok()
-                                && p.connect(
-                                    ip,
-                                    req.qpn,
-                                    req.initial_psn,
-                                    mtu,
-                                    self.peer_port(),
-                                    true,
-                                )
-                                .is_ok()
-                        });
+                            p.reset(&self.recv_mr)
+                                .and_then(|()| {
+                                    p.connect(
+                                        ip,
+                                        req.qpn,
+                                        req.initial_psn,
+                                        mtu,
+                                        self.peer_port(),
+                                        true,
+                                    )
+                                })
+                                .map_err(|e| e.to_string())
+                        }
+                    };
+                    if let Err(why) = &set_up {
+                        log::info!(
+                            "link group {} ({}): ADD LINK on path {path} refused: {why}",
+                            self.id,
+                            self.peer_text()
+                        );
+                    }
+                    let set_up = set_up.is_ok();
                     let resp = match (rkeys, set_up) {
                         (Some(rkeys), true) => {
                             self.learn_rkeys(path, req.v2.as_ref());

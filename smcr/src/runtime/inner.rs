@@ -76,7 +76,7 @@ impl Inner {
         if let Some(d) = devs.get(&ip) {
             return Ok(d.clone());
         }
-        if let Some(d) = self.verbs_device(ip)? {
+        if let Some(d) = self.verbs_device(ip, &devs)? {
             devs.insert(ip, d.clone());
             return Ok(d);
         }
@@ -154,7 +154,11 @@ impl Inner {
     }
 
     /// The verbs device for `ip` (see [`crate::RdmaDevice`]): `None` for our engine.
-    fn verbs_device(&self, ip: Ipv4Addr) -> io::Result<Option<Arc<Dev>>> {
+    fn verbs_device(
+        &self,
+        ip: Ipv4Addr,
+        devs: &HashMap<Ipv4Addr, Arc<Dev>>,
+    ) -> io::Result<Option<Arc<Dev>>> {
         use crate::RdmaDevice;
         if self.cfg.rdma_device == RdmaDevice::Engine {
             return Ok(None);
@@ -171,7 +175,29 @@ impl Inner {
             }
             return Ok(None);
         };
-        let device = match Device::open_verbs(&port.device, port.port, entry.index, ip) {
+        // A second path: the first configured alternate address with a RoCE v2 GID on the
+        // same port (one protection domain and CQ serve both queue pairs) that no other
+        // device has or is.
+        let alt = self
+            .cfg
+            .alt_addrs
+            .iter()
+            .copied()
+            .filter(|&a| a != ip && !devs.values().any(|d| d.ip == a || d.alt == Some(a)))
+            .find_map(|a| {
+                let (p, g) = rdma::ibv::sysfs::roce_v2_for(&ports, a)?;
+                (p.device == port.device && p.port == port.port).then_some((a, g.index))
+            });
+        let alts: Vec<(Ipv4Addr, u32)> = alt.into_iter().collect();
+        let opened = Device::open_verbs(&port.device, port.port, entry.index, ip, &alts)
+            .map(|d| (d, alt.map(|(a, _)| a)))
+            .or_else(|e| match alt {
+                // The alternate's entry changed under us: one link per group.
+                Some(_) => Device::open_verbs(&port.device, port.port, entry.index, ip, &[])
+                    .map(|d| (d, None)),
+                None => Err(e),
+            });
+        let (device, alt) = match opened {
             Ok(d) => d,
             Err(e) if self.cfg.rdma_device == RdmaDevice::Auto => {
                 log::info!(
@@ -184,10 +210,12 @@ impl Inner {
             Err(e) => return Err(e),
         };
         log::info!(
-            "{ip}: links on verbs device {} port {} (RoCE v2 GID index {})",
+            "{ip}: links on verbs device {} port {} (RoCE v2 GID index {}){}",
             port.device,
             port.port,
-            entry.index
+            entry.index,
+            alt.map(|a| format!(", second paths from {a}"))
+                .unwrap_or_default()
         );
         if let Some(area) = &self.stats
             && let Some(slot) = area.claim_dev()
@@ -206,8 +234,7 @@ impl Inner {
             });
         Ok(Some(Arc::new(Dev {
             ip,
-            // One GID per device for now: no second path on a verbs device.
-            alt: None,
+            alt,
             device,
             mac,
         })))
