@@ -61,7 +61,8 @@ count() { grep -c "$@" 2>/dev/null || true; }
 # ------------------------------------------------------------ build, rig
 echo "== building (profile ci)"
 (cd "$ROOT" && cargo build -q --profile ci -p preload -p smcr --bins --lib &&
-	cargo build -q --profile ci -p rdma --example ibv_rc) || skip_build=1
+	cargo build -q --profile ci -p rdma --example ibv_rc &&
+	cargo build -q --profile ci -p examples --bin bench) || skip_build=1
 # smcr's device suite (tests/devices.rs): its verbs:: half runs in guest B over rxe0.
 DEVICES_TEST=$(cd "$ROOT" && cargo test -q --profile ci -p smcr --test devices --no-run \
 	--message-format=json 2>/dev/null | python3 -c '
@@ -495,6 +496,27 @@ check "V: our engine (host) -> our redis-server on rxe0: redis-benchmark complet
 	"$(redis_ok "$D/v6-bench.txt"; echo $?)" "$(tail -3 "$D/v6-bench.txt")"
 check "V: ... SMC-R at both ends (engine on the host, rxe0 in B), nothing on TCP" \
 	"$(grep -q 'SMC-R (new link group)' "$D/v6-host.log" && ! grep -q ': TCP' "$D/v6-host.log" && grep -q 'links on verbs device rxe0' "$D/v6-ours.txt" && grep -q 'SMC-R' "$D/v6-ours.txt"; echo $?)" "$(grep -m3 -e TCP "$D/v6-host.log" "$D/v6-ours.txt")"
+# V7: a user with little pinnable memory (nobody, `ulimit -l 1024`; a verbs device pins every
+# buffer): the connections past it stay TCP, declined with MEM before the program sees them;
+# none is reset, redis-benchmark completes.
+GB "cd /tmp; rm -f /tmp/v7s.log /tmp/v7c.log; touch /tmp/v7s.log /tmp/v7c.log; chmod 666 /tmp/v7s.log /tmp/v7c.log
+su -s /bin/sh nobody -c \"ulimit -l 1024; SMCR_UEID=$UEID SMCR_LOG=/tmp/v7s.log LD_PRELOAD=/lib/libsmcr.so $REDIS --port 7104 >/dev/null 2>&1\" &
+sleep 1
+su -s /bin/sh nobody -c 'ulimit -l 1024; SMCR_UEID=$UEID SMCR_LOG=/tmp/v7c.log LD_PRELOAD=/lib/libsmcr.so timeout 100 redis-benchmark -h $B_IP -p 7104 -n 4000 -c 50 -t set,get -q'
+for f in s c; do echo \"v7\$f: \$(grep -c 'SMC-R' /tmp/v7\$f.log) smcr \$(grep -c 'declined: MEM' /tmp/v7\$f.log) mem \$(grep -c 'handshake failed' /tmp/v7\$f.log) failed\"; done
+grep -h 'pinned memory' /tmp/v7s.log; kill \$(pidof redis-server)" >"$D/v7.txt" 2>&1
+check "V: as nobody with ulimit -l 1024 on rxe0: redis-benchmark -c 50 completes, connections past the pinning limit stay TCP (MEM), none reset" \
+	"$(redis_ok "$D/v7.txt" && grep -q 'pinned memory is limited to 1024 KiB' "$D/v7.txt" &&
+		grep -Eq '^v7c: [1-9][0-9]* smcr [1-9][0-9]* mem 0 failed' "$D/v7.txt" &&
+		grep -Eq '^v7s: [1-9][0-9]* smcr [1-9][0-9]* mem 0 failed' "$D/v7.txt"; echo $?)" "$(grep '^v7' "$D/v7.txt")"
+# V8: `bench apps` finds rxe0 and runs its workloads over it against TCP (smcr-verbs).
+strip -o "$D/bench" "$BIN/bench"
+GB "mkdir -p /opt/smcr-bench" >/dev/null
+"$KP/gput.sh" B "$D/bench" /opt/smcr-bench/bench 755 >/dev/null
+"$KP/gput.sh" B "$D/libsmcr.so" /opt/smcr-bench/libsmcr_preload.so 755 >/dev/null
+GEXEC_TIMEOUT=400 "$KP/gexec.sh" B "cd /tmp && timeout 360 /opt/smcr-bench/bench apps --smoke --only smcr-verbs --workloads redis,iperf3 --json /tmp/v8.json --svg /tmp/v8.svg 2>&1" >"$D/v8-bench.txt" 2>&1
+check "V: bench apps --only smcr-verbs runs redis and iperf3 over rxe0 against TCP" \
+	"$(grep -q 'smcr-verbs: RDMA device rxe0' "$D/v8-bench.txt" && grep -q '^iperf3 (Gbit/s) .*x$' "$D/v8-bench.txt" && grep -q '^redis GET -P 1 .*x$' "$D/v8-bench.txt"; echo $?)" "$(tail -3 "$D/v8-bench.txt")"
 capture_stop
 # (A SEND's payload is no RPC-over-RDMA message; that dissector would call it malformed.)
 tshark -r "$D/capture.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma >"$D/tshark.txt" 2>&1

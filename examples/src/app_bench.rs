@@ -35,11 +35,16 @@ pub enum Setup {
     SmcrRemote,
     /// Server under the shim, client plain, one host: every connection falls back.
     Fallback,
+    /// Both ends under the shim on one host, on the address of an RDMA device's RoCE v2 GID
+    /// (an RNIC, rxe, siw), forced onto it (`SMCR_RDMA_DEVICE=verbs`, same-host sharing
+    /// off): the device carries every byte (an RNIC loops it back in hardware). Run only
+    /// where such a device is active.
+    SmcrVerbs,
 }
 
 impl Setup {
     /// All, in table order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::TcpLocal,
         Self::SmcrLocal,
         Self::SmcrXuser,
@@ -47,6 +52,7 @@ impl Setup {
         Self::SmcrSamehostNs,
         Self::SmcrRemote,
         Self::Fallback,
+        Self::SmcrVerbs,
     ];
 
     /// Its name in the table and the JSON.
@@ -59,13 +65,16 @@ impl Setup {
             Self::SmcrSamehostNs => "smcr-samehost-ns",
             Self::SmcrRemote => "smcr-remote",
             Self::Fallback => "fallback",
+            Self::SmcrVerbs => "smcr-verbs",
         }
     }
 
     /// The plain-TCP setup it is compared with.
     pub fn baseline(self) -> Option<Self> {
         match self {
-            Self::SmcrLocal | Self::SmcrXuser | Self::Fallback => Some(Self::TcpLocal),
+            Self::SmcrLocal | Self::SmcrXuser | Self::Fallback | Self::SmcrVerbs => {
+                Some(Self::TcpLocal)
+            }
             Self::SmcrSamehostNs | Self::SmcrRemote => Some(Self::TcpNetns),
             _ => None,
         }
@@ -83,13 +92,18 @@ impl Setup {
         match self {
             Self::SmcrLocal | Self::SmcrXuser | Self::SmcrSamehostNs => Some("shm"),
             Self::SmcrRemote => Some("udp"),
+            Self::SmcrVerbs => Some("verbs"),
             _ => None,
         }
     }
 
     fn shim(self, server: bool) -> bool {
         match self {
-            Self::SmcrLocal | Self::SmcrXuser | Self::SmcrSamehostNs | Self::SmcrRemote => true,
+            Self::SmcrLocal
+            | Self::SmcrXuser
+            | Self::SmcrSamehostNs
+            | Self::SmcrRemote
+            | Self::SmcrVerbs => true,
             Self::Fallback => server,
             _ => false,
         }
@@ -269,6 +283,8 @@ pub(crate) struct Env {
     /// running now.
     engine: std::cell::RefCell<Vec<Engine>>,
     workload: std::cell::Cell<&'static str>,
+    /// The address of the RDMA device [`Setup::SmcrVerbs`] runs on, if this host has one.
+    verbs_addr: Option<&'static str>,
 }
 
 /// What the RoCE engines of one workload's programs (servers and clients, summed over the
@@ -371,6 +387,7 @@ impl Env {
             placement: std::cell::Cell::new(None),
             engine: std::cell::RefCell::new(Vec::new()),
             workload: std::cell::Cell::new(""),
+            verbs_addr: verbs_device().map(|(_, ip)| &*Box::leak(ip.to_string().into_boxed_str())),
         };
         if need_ns {
             let (a, b) = (format!("smcr-bench-{pid}-a"), format!("smcr-bench-{pid}-b"));
@@ -426,7 +443,11 @@ impl Env {
     }
 
     pub(crate) fn server_addr(&self, s: Setup) -> &'static str {
-        if s.netns() { NS_B } else { SERVER_ADDR_LOCAL }
+        match s {
+            Setup::SmcrVerbs => self.verbs_addr.unwrap_or(SERVER_ADDR_LOCAL),
+            s if s.netns() => NS_B,
+            _ => SERVER_ADDR_LOCAL,
+        }
     }
 
     /// `prog` for one side of a setup: in its namespace, under the shim if that side is.
@@ -464,6 +485,10 @@ impl Env {
             if s == Setup::SmcrRemote {
                 c.env("SMCR_SAME_HOST", "off");
             }
+            if s == Setup::SmcrVerbs {
+                c.env("SMCR_SAME_HOST", "off")
+                    .env("SMCR_RDMA_DEVICE", "verbs");
+            }
         }
         // As a distribution runs a service: its own user, `ulimit -n 1024` (every setup, so
         // the ratios compare like with like). In a namespace nsenter changes the user itself,
@@ -473,6 +498,10 @@ impl Env {
             .filter(|_| !(s.netns() && self.ns.is_some()));
         // Pinned before exec: the program and every thread it (and the shim) makes later.
         let cpu = self.placement.get().and_then(|p| p.cpu(server));
+        // An RDMA device pins every buffer: its programs get what RDMA users configure
+        // (`ulimit -l unlimited`, LimitMEMLOCK=infinity), or connections beyond the limit
+        // would stay TCP.
+        let memlock = s == Setup::SmcrVerbs;
         // SAFETY: only async-signal-safe system calls between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;
@@ -482,6 +511,13 @@ impl Env {
                     rlim_max: NOFILE,
                 };
                 if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let unlimited = libc::rlimit {
+                    rlim_cur: libc::RLIM_INFINITY,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                if memlock && libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 if let Some(cpu) = cpu {
@@ -517,18 +553,21 @@ impl Env {
     pub(crate) fn wait_listening(&self, s: Setup, port: u16) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let mut c = match (&self.ns, s.netns()) {
+            let listening = match (&self.ns, s.netns()) {
                 (Some((_, b)), true) => {
-                    let mut c = Command::new("ip");
-                    c.args(["netns", "exec", b, "ss"]);
-                    c
+                    let out = Command::new("ip")
+                        .args(["netns", "exec", b, "ss"])
+                        .args(["-ltnH", &format!("( sport = :{port} )")])
+                        .output()?;
+                    String::from_utf8_lossy(&out.stdout).contains(&format!(":{port}"))
                 }
-                _ => Command::new("ss"),
+                // Our own namespace: the kernel's tables (no `ss` needed, e.g. in a guest).
+                _ => ["/proc/net/tcp", "/proc/net/tcp6"]
+                    .iter()
+                    .filter_map(|f| std::fs::read_to_string(f).ok())
+                    .any(|t| listens(&t, port)),
             };
-            let out = c
-                .args(["-ltnH", &format!("( sport = :{port} )")])
-                .output()?;
-            if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port}")) {
+            if listening {
                 return Ok(());
             }
             ensure!(Instant::now() < deadline, "nothing listens on port {port}");
@@ -1030,16 +1069,59 @@ pub fn connect_loop(addr: &str, secs: u64) -> Result<()> {
     Ok(())
 }
 
+/// Whether a `/proc/net/tcp` table has a socket in LISTEN (state 0A) on `port`.
+fn listens(table: &str, port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    table.lines().skip(1).any(|l| {
+        let mut f = l.split_whitespace();
+        let local = f.nth(1).unwrap_or("");
+        let state = f.nth(1).unwrap_or("");
+        state == "0A" && local.ends_with(&want)
+    })
+}
+
+/// The first active RDMA device port with a RoCE v2 GID of an IPv4 address (not loopback):
+/// its name and that address.
+pub fn verbs_device() -> Option<(String, std::net::Ipv4Addr)> {
+    use rdma::ibv::sysfs;
+    sysfs::scan(Path::new(sysfs::SYSFS_ROOT))
+        .into_iter()
+        .filter(|p| p.is_active() && p.link_layer == "Ethernet")
+        .find_map(|p| {
+            p.gids.iter().find_map(|g| {
+                let ip = g.ipv4().filter(|ip| !ip.is_loopback())?;
+                (g.kind == sysfs::GidKind::RoceV2).then(|| (p.device.clone(), ip))
+            })
+        })
+}
+
 /// Runs everything; returns the metrics.
 pub fn run(opt: &Options) -> Result<(Vec<Metric>, Vec<Engine>)> {
+    let verbs = verbs_device();
+    if opt.only.contains(&Setup::SmcrVerbs) {
+        ensure!(
+            verbs.is_some(),
+            "smcr-verbs: no RDMA device here has an active RoCE v2 GID of an IPv4 address"
+        );
+    }
+    match &verbs {
+        Some((name, ip)) => println!("smcr-verbs: RDMA device {name}, address {ip}"),
+        None => println!(
+            "smcr-verbs: skipped (no RDMA device with an active RoCE v2 GID of an IPv4 address)"
+        ),
+    }
     let mut setups: Vec<Setup> = if opt.only.is_empty() {
-        Setup::ALL.to_vec()
+        Setup::ALL
+            .into_iter()
+            .filter(|&s| s != Setup::SmcrVerbs || verbs.is_some())
+            .collect()
     } else {
         let mut v = opt.only.clone();
         v.extend(opt.only.iter().filter_map(|s| s.baseline()));
         Setup::ALL.into_iter().filter(|s| v.contains(s)).collect()
     };
     setups.dedup();
+    check_tools(setups.iter().any(|s| s.netns()))?;
     let env = Env::new(setups.iter().any(|s| s.netns()), opt.mtu)?;
     // Enough requests that redis-benchmark's 50 clients have all finished their handshakes
     // before a test ends: a client that exits while one of its connections is still
@@ -1337,8 +1419,11 @@ pub fn svg(metrics: &[Metric]) -> String {
         Setup::SmcrSamehostNs,
         Setup::SmcrRemote,
         Setup::Fallback,
+        Setup::SmcrVerbs,
     ];
-    let colors = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#7f7f7f"];
+    let colors = [
+        "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#7f7f7f", "#d62728",
+    ];
     let max = metrics
         .iter()
         .flat_map(|m| series.iter().filter_map(|s| m.ratio(*s)))
@@ -1432,16 +1517,13 @@ pub fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-/// Errors unless the tools are there.
-pub fn check_tools() -> Result<()> {
-    require_tools(&[
-        "redis-server",
-        "redis-benchmark",
-        "sockperf",
-        "iperf3",
-        "ss",
-        "ip",
-    ])
+/// Errors unless the tools are there (`ss` and `ip` only for the setups with namespaces).
+pub fn check_tools(netns: bool) -> Result<()> {
+    require_tools(&["redis-server", "redis-benchmark", "sockperf", "iperf3"])?;
+    if netns {
+        require_tools(&["ss", "ip"])?;
+    }
+    Ok(())
 }
 
 /// Errors naming the first of `tools` that is not on the PATH.
@@ -1462,6 +1544,17 @@ pub(crate) fn require_tools(tools: &[&str]) -> Result<()> {
 #[cfg(test)]
 mod json_tests {
     use super::*;
+
+    #[test]
+    fn listening_sockets_are_found_in_the_kernels_table() {
+        let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:1F91 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 20 4 30 10 -1
+";
+        assert!(listens(t, 8080));
+        assert!(!listens(t, 8081), "established, not listening");
+        assert!(!listens(t, 80));
+    }
 
     #[test]
     fn placement_pins_to_the_cpus_this_process_may_use() {

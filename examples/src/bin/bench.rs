@@ -192,7 +192,6 @@ fn main() -> Result<()> {
     };
     if what == "apps" {
         use examples::app_bench;
-        app_bench::check_tools()?;
         let opt = app_bench::Options {
             quick,
             smoke: args.iter().any(|a| a == "--smoke"),

@@ -41,6 +41,7 @@ impl Runtime {
                 next_token: AtomicU32::new(random_u32() | 1),
                 next_lgr: AtomicU32::new(1),
                 rmb_in_use: Mutex::new(0),
+                pin_cap: AtomicU64::new(u64::MAX),
                 links_confirmed: AtomicU32::new(0),
                 failovers: AtomicU32::new(0),
                 rkey_requests: AtomicU32::new(0),

@@ -295,8 +295,9 @@ impl LinkGroup {
             .reg_mr(size as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         {
             Ok(mr) => Ok(Arc::new(mr)),
-            Err(_) => {
+            Err(e) => {
                 rt.release_rmb(size);
+                rt.note(pinning_note("RMB", &e));
                 Err(clc::DeclineReason::MEM)
             }
         }
@@ -388,6 +389,15 @@ impl LinkGroup {
             st.rmb_pool.push(rmb);
         } else if let Some(rt) = self.runtime.upgrade() {
             rt.release_rmb(rmb.len() as u32);
+        }
+    }
+
+    /// A send buffer taken for a connection that was not made: kept for later ones while
+    /// the group lives.
+    pub(crate) fn give_back_sndbuf(&self, sndbuf: Arc<MemoryRegion>) {
+        let mut st = self.st.lock();
+        if st.g.link_params().is_some() && st.g.down().is_none() {
+            st.sndbuf_pool.push(sndbuf);
         }
     }
 
@@ -596,4 +606,27 @@ impl crate::tcpwatch::HangUp for LinkGroup {
         // The poller, asleep on its long timer, learns the probe's deadline.
         self.sched.kick();
     }
+}
+
+/// What a failed registration of a connection buffer (`what`) says (a verbs device counts what it pins
+/// against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK).
+pub(crate) fn pinning_note(what: &str, e: &io::Error) -> String {
+    let mut why = format!("no {what} could be registered ({e}): connections decline with MEM");
+    if e.raw_os_error() == Some(libc::ENOMEM) {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: valid out pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0
+            && lim.rlim_cur != libc::RLIM_INFINITY
+        {
+            why += &format!(
+                "; pinned memory is limited to {} KiB (RLIMIT_MEMLOCK): raise it (`ulimit -l`, \
+                 systemd's LimitMEMLOCK=) for more connections over the RDMA device",
+                lim.rlim_cur / 1024
+            );
+        }
+    }
+    why
 }

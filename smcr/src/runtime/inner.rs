@@ -43,7 +43,7 @@ impl Inner {
             return base;
         }
         let used = *self.rmb_in_use.lock();
-        if used + u64::from(large.bytes()) > self.cfg.rmb_budget / 4 {
+        if used + u64::from(large.bytes()) > self.rmb_budget() / 4 {
             return base;
         }
         large
@@ -209,6 +209,7 @@ impl Inner {
             }
             Err(e) => return Err(e),
         };
+        self.cap_pinning();
         log::info!(
             "{ip}: links on verbs device {} port {} (RoCE v2 GID index {}){}",
             port.device,
@@ -261,11 +262,43 @@ impl Inner {
     /// Reserves RMB memory against the budget.
     pub(crate) fn reserve_rmb(&self, bytes: u32) -> bool {
         let mut used = self.rmb_in_use.lock();
-        if *used + u64::from(bytes) > self.cfg.rmb_budget {
+        if *used + u64::from(bytes) > self.rmb_budget() {
             return false;
         }
         *used += u64::from(bytes);
         true
+    }
+
+    /// The RMB budget: the configured one, or less where pinning is limited (see
+    /// [`Self::cap_pinning`]).
+    pub(crate) fn rmb_budget(&self) -> u64 {
+        self.cfg
+            .rmb_budget
+            .min(self.pin_cap.load(Ordering::Relaxed))
+    }
+
+    /// A verbs device was opened: its registrations pin memory, counted against
+    /// RLIMIT_MEMLOCK unless this process has CAP_IPC_LOCK. Each RMB has a send buffer of
+    /// (about) its size, and the groups' own buffers take a little: RMBs get under half.
+    fn cap_pinning(&self) {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: valid out pointer.
+        let limited = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0
+            && lim.rlim_cur != libc::RLIM_INFINITY;
+        if !limited || has_ipc_lock() {
+            return;
+        }
+        let cap = (lim.rlim_cur / 2).saturating_sub(256 * 1024);
+        self.pin_cap.fetch_min(cap, Ordering::Relaxed);
+        log::info!(
+            "pinned memory is limited to {} KiB (RLIMIT_MEMLOCK): RMBs on RDMA devices get {} KiB; \
+             connections beyond it stay TCP (raise `ulimit -l` or LimitMEMLOCK= for more)",
+            lim.rlim_cur / 1024,
+            cap / 1024
+        );
     }
 
     pub(crate) fn release_rmb(&self, bytes: u32) {
@@ -411,6 +444,22 @@ fn parse_mac(s: &str) -> Option<Mac> {
         n += 1;
     }
     (n == 6).then_some(Mac(m))
+}
+
+/// Whether this process may pin memory without limit (CAP_IPC_LOCK in its effective set).
+fn has_ipc_lock() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            let hex = t
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        // CAP_IPC_LOCK is capability 14 (linux/capability.h).
+        .is_some_and(|caps| caps & (1 << 14) != 0)
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ pub use config::{
 };
 pub(crate) use connection::{ConnShared, ConnState, StatRef};
 pub use connection::{Readiness, ReadyState};
+pub(crate) use events::pinning_note;
 
 /// How a connection learns that its peer can do SMC-R.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +111,9 @@ pub(crate) struct Inner {
     next_token: AtomicU32,
     next_lgr: AtomicU32,
     rmb_in_use: Mutex<u64>,
+    /// What pinning allows the RMBs (`u64::MAX`: no cap): a verbs device pins every RMB and
+    /// send buffer, counted against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
+    pin_cap: AtomicU64,
     /// CONFIRM LINK exchanges completed (first contacts), for tests and stats.
     pub(crate) links_confirmed: AtomicU32,
     pub(crate) failovers: AtomicU32,

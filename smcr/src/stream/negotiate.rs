@@ -14,15 +14,25 @@ struct Reserved {
     /// `None` once the connection holds it.
     token: Option<u32>,
     rmb: Option<Arc<rdma::MemoryRegion>>,
+    /// A send buffer of the size the client's RMB is expected to have (ours for it), taken
+    /// before the Accept: a device that cannot register one (RLIMIT_MEMLOCK on a verbs
+    /// device) declines then, not after the Confirm, when only a reset is left.
+    sndbuf: Option<Arc<rdma::MemoryRegion>>,
 }
 
 impl Reserved {
-    pub(super) fn new(lg: &Arc<LinkGroup>, token: u32, rmb: Arc<rdma::MemoryRegion>) -> Self {
+    pub(super) fn new(
+        lg: &Arc<LinkGroup>,
+        token: u32,
+        rmb: Arc<rdma::MemoryRegion>,
+        sndbuf: Arc<rdma::MemoryRegion>,
+    ) -> Self {
         lg.reserve(token);
         Self {
             lg: lg.clone(),
             token: Some(token),
             rmb: Some(rmb),
+            sndbuf: Some(sndbuf),
         }
     }
 
@@ -37,9 +47,17 @@ impl Reserved {
         peer: &Endpoint,
         tcp: &Arc<TcpStream>,
     ) -> io::Result<Arc<ConnShared>> {
+        let mut sndbuf = self.sndbuf.take().expect("held until into_conn");
+        let want = peer.rmb_size.bytes() as usize;
+        if sndbuf.len() != want {
+            // The client's RMB has another size than ours for it (a kernel peer's): the
+            // buffer must match it.
+            self.lg.give_back_sndbuf(sndbuf);
+            sndbuf = self.lg.take_sndbuf(want as u32)?;
+        }
         let rmb = self.rmb.take().expect("held until into_conn");
         let token = self.token.expect("held until into_conn");
-        let conn = make_conn(&self.lg, token, rmb, peer, tcp)?;
+        let conn = make_conn(&self.lg, token, rmb, sndbuf, peer, tcp);
         self.token = None;
         Ok(conn)
     }
@@ -53,25 +71,22 @@ impl Drop for Reserved {
         if let Some(rmb) = self.rmb.take() {
             self.lg.give_back(rmb);
         }
+        if let Some(b) = self.sndbuf.take() {
+            self.lg.give_back_sndbuf(b);
+        }
     }
 }
 
+/// The connection of `token` with its buffers (`sndbuf` as large as the peer's RMB).
 pub(super) fn make_conn(
     lg: &Arc<LinkGroup>,
     token: u32,
     rmb: Arc<rdma::MemoryRegion>,
+    sndbuf: Arc<rdma::MemoryRegion>,
     peer: &Endpoint,
     tcp: &Arc<TcpStream>,
-) -> io::Result<Arc<ConnShared>> {
+) -> Arc<ConnShared> {
     let peer_rmb = peer.rmb_size.bytes();
-    let sndbuf = match lg.take_sndbuf(peer_rmb) {
-        Ok(b) => b,
-        Err(e) => {
-            // The RMB's budget goes back (or the RMB to the pool).
-            lg.give_back(rmb);
-            return Err(e);
-        }
-    };
     let rmb_len = rmb.len() as u32;
     let c = Arc::new(ConnShared {
         token,
@@ -101,7 +116,7 @@ pub(super) fn make_conn(
         readiness: std::sync::OnceLock::new(),
     });
     lg.attach(token, c.clone(), Some(tcp.clone()));
-    Ok(c)
+    c
 }
 
 impl SmcStream {
@@ -139,7 +154,12 @@ impl SmcStream {
             }
             None => other,
         };
-        let setup = || -> Result<(Arc<LinkGroup>, Arc<rdma::MemoryRegion>), DeclineReason> {
+        type Taken = (
+            Arc<LinkGroup>,
+            Arc<rdma::MemoryRegion>,
+            Arc<rdma::MemoryRegion>,
+        );
+        let setup = || -> Result<Taken, DeclineReason> {
             let lg = if server.first_contact {
                 let dev = rt.inner.device(*local.ip()).map_err(|e| {
                     let r = local_short(&e, DeclineReason::NOSMCRDEV);
@@ -183,15 +203,27 @@ impl SmcStream {
                     .ok_or(DeclineReason::SYNCERR)?
             };
             let rmb = lg.take_rmb(size.bytes())?;
+            // Taken before the Confirm, so that a device that cannot register it (a verbs
+            // device past RLIMIT_MEMLOCK) declines instead of resetting the connection.
+            let sndbuf = match lg.take_sndbuf(peer.rmb_size.bytes()) {
+                Ok(b) => b,
+                Err(e) => {
+                    lg.give_back(rmb);
+                    rt.inner
+                        .note(crate::runtime::pinning_note("send buffer", &e));
+                    return Err(DeclineReason::MEM);
+                }
+            };
             if !server.first_contact && lg.confirm_rkey(&rmb).is_err() {
                 // The peer does not answer on this group: it is dead to us.
                 lg.give_back(rmb);
+                lg.give_back_sndbuf(sndbuf);
                 lg.terminate();
                 return Err(DeclineReason::ERR_REGBUF);
             }
-            Ok((lg, rmb))
+            Ok((lg, rmb, sndbuf))
         };
-        let (lg, rmb) = match setup() {
+        let (lg, rmb, sndbuf) = match setup() {
             Ok(x) => x,
             Err(reason) => {
                 hs.decline(reason).map_err(SetupError::from)?;
@@ -211,7 +243,7 @@ impl SmcStream {
         };
         let token = rt.inner.token();
         let local_ep = endpoint(&lg, &rmb, size, token);
-        let conn = make_conn(&lg, token, rmb, &peer, &self.tcp)?;
+        let conn = make_conn(&lg, token, rmb, sndbuf, &peer, &self.tcp);
         let finish = |s: &mut Self, hs: &mut handshake::Client| -> io::Result<()> {
             hs.confirm(&local_ep, &[], Instant::now())
                 .map_err(SetupError::from)?;
@@ -544,9 +576,18 @@ impl SmcStream {
                     }
                 }
             };
-            let res = match lg.take_rmb(size.bytes()) {
-                Ok(rmb) => Reserved::new(&lg, token, rmb),
+            let rmb = match lg.take_rmb(size.bytes()) {
+                Ok(rmb) => rmb,
                 Err(reason) => return decline(self, &mut hs, reason),
+            };
+            let res = match lg.take_sndbuf(size.bytes()) {
+                Ok(b) => Reserved::new(&lg, token, rmb, b),
+                Err(e) => {
+                    lg.give_back(rmb);
+                    rt.inner
+                        .note(crate::runtime::pinning_note("send buffer", &e));
+                    return decline(self, &mut hs, DeclineReason::MEM);
+                }
             };
             if !first_contact {
                 one_at_a_time = None;
