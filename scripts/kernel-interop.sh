@@ -496,6 +496,42 @@ check "V: our engine (host) -> our redis-server on rxe0: redis-benchmark complet
 	"$(redis_ok "$D/v6-bench.txt"; echo $?)" "$(tail -3 "$D/v6-bench.txt")"
 check "V: ... SMC-R at both ends (engine on the host, rxe0 in B), nothing on TCP" \
 	"$(grep -q 'SMC-R (new link group)' "$D/v6-host.log" && ! grep -q ': TCP' "$D/v6-host.log" && grep -q 'links on verbs device rxe0' "$D/v6-ours.txt" && grep -q 'SMC-R' "$D/v6-ours.txt"; echo $?)" "$(grep -m3 -e TCP "$D/v6-host.log" "$D/v6-ours.txt")"
+# V9: the LLC flows between ours on rxe0 and the kernel beyond first contact and reuse: TEST
+# LINK each way (the side with the shorter idle time asks, as any packet restarts the other's:
+# ours after 2 s on 7105, the kernel's after 2 s against ours of 30 s on 7108; a connection
+# to each left idle 9 s), CONFIRM RKEY and
+# DELETE RKEY per connection (our server with SMCR_RKEY_REUSE=off), Declines each way (a UEID
+# the kernel does not have), DELETE LINK at our exit. Its own capture, decoded per direction.
+D9=$D/llc
+mkdir -p "$D9"
+GA "sysctl -w net.smc.smcr_testlink_time=2 >/dev/null; $KSMC $REDIS --port 7106 >/tmp/v9k-redis.txt 2>&1 &" >/dev/null
+capture_start "$D9" "7105 or tcp port 7106 or tcp port 7107 or tcp port 7108"
+GB "$SHIM_B SMCR_LOG=/tmp/v9.log SMCR_TESTLINK_TIME=2 SMCR_RKEY_REUSE=off $REDIS --port 7105 >/tmp/v9-redis.txt 2>&1 &
+$SHIM_B SMCR_LOG=/tmp/v9t.log SMCR_TESTLINK_TIME=30 $REDIS --port 7108 >/tmp/v9t-redis.txt 2>&1 &
+SMCR_UEID=NOT-THE-KERNELS SMCR_LOG=/tmp/v9d.log LD_PRELOAD=/lib/libsmcr.so $REDIS --port 7107 >/tmp/v9d-redis.txt 2>&1 &" >/dev/null
+sleep 1
+GA "$KSMC timeout 100 redis-benchmark -h $B_IP -p 7105 -n 2000 -c 4 -t set,get -q
+(sleep 9; echo PING) | $KSMC timeout 30 redis-cli -h $B_IP -p 7108 >/tmp/v9t-ping.txt 2>&1 &
+(sleep 9; echo PING) | $KSMC timeout 30 redis-cli -h $B_IP -p 7105
+wait; sed 's/^/7108: /' /tmp/v9t-ping.txt
+$KSMC redis-cli -h $B_IP -p 7107 set k v9-declined-by-us >/dev/null; $KSMC redis-cli -h $B_IP -p 7107 get k" >"$D9/kernel-clients.txt" 2>&1
+GB "SMCR_UEID=NOT-THE-KERNELS SMCR_LOG=/tmp/v9c.log LD_PRELOAD=/lib/libsmcr.so redis-cli -h $A_IP -p 7106 set k v9-declined-by-kernel >/dev/null
+SMCR_UEID=NOT-THE-KERNELS SMCR_LOG=/tmp/v9c.log LD_PRELOAD=/lib/libsmcr.so redis-cli -h $A_IP -p 7106 get k
+kill \$(pidof redis-server); sleep 2; cat /tmp/v9.log /tmp/v9t.log /tmp/v9d.log /tmp/v9c.log" >"$D9/ours.txt" 2>&1
+GA "kill \$(pidof redis-server); sysctl -w net.smc.smcr_testlink_time=30 >/dev/null" >/dev/null 2>&1
+capture_stop
+python3 "$PY" wire "$D9/capture.pcap" "$B_IP" "$A_IP" >"$D9/wire.txt" 2>&1
+check "V: kernel client -> ours on rxe0 with TEST LINK both ways: redis-benchmark completes, PING after 9 idle s answered" \
+	"$(redis_ok "$D9/kernel-clients.txt" && grep -q '^PONG' "$D9/kernel-clients.txt" && grep -q '^7108: PONG' "$D9/kernel-clients.txt" &&
+		! grep -q 'TEST LINK unanswered' "$D9/ours.txt"; echo $?)" "$(tail -3 "$D9/kernel-clients.txt")"
+for k in ours.llc_TEST_LINK_req kernel.llc_TEST_LINK_resp kernel.llc_TEST_LINK_req ours.llc_TEST_LINK_resp \
+	ours.llc_CONFIRM_RKEY_req kernel.llc_CONFIRM_RKEY_resp ours.llc_DELETE_RKEY_req kernel.llc_DELETE_RKEY_resp \
+	ours.llc_DELETE_LINK_req ours.clc_decline kernel.clc_decline; do
+	need "$D9" "V (llc)" "$k" 1
+done
+check "V: declines each way on rxe0: both values intact over TCP, our logs name the declines" \
+	"$(grep -q '^v9-declined-by-us' "$D9/kernel-clients.txt" && grep -q '^v9-declined-by-kernel' "$D9/ours.txt" &&
+		grep -q 'we declined' "$D9/ours.txt" && grep -q 'peer declined' "$D9/ours.txt"; echo $?)" "$(grep -m3 declined "$D9/ours.txt")"
 # V7: a user with little pinnable memory (nobody, `ulimit -l 1024`; a verbs device pins every
 # buffer): the connections past it stay TCP, declined with MEM before the program sees them;
 # none is reset, redis-benchmark completes.

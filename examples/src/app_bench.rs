@@ -1413,17 +1413,19 @@ pub fn json_num(v: f64, decimals: i32) -> serde_json::Value {
 
 /// An SVG bar chart of the ratios (one group per metric; a line at 1.0x).
 pub fn svg(metrics: &[Metric]) -> String {
-    let series = [
-        Setup::SmcrLocal,
-        Setup::SmcrXuser,
-        Setup::SmcrSamehostNs,
-        Setup::SmcrRemote,
-        Setup::Fallback,
-        Setup::SmcrVerbs,
-    ];
-    let colors = [
-        "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#7f7f7f", "#d62728",
-    ];
+    // The setups this run has ratios for (smcr-verbs only where an RDMA device is), each with
+    // its colour.
+    let (series, colors): (Vec<Setup>, Vec<&str>) = [
+        (Setup::SmcrLocal, "#1f77b4"),
+        (Setup::SmcrXuser, "#2ca02c"),
+        (Setup::SmcrSamehostNs, "#9467bd"),
+        (Setup::SmcrRemote, "#ff7f0e"),
+        (Setup::Fallback, "#7f7f7f"),
+        (Setup::SmcrVerbs, "#d62728"),
+    ]
+    .into_iter()
+    .filter(|(s, _)| metrics.iter().any(|m| m.ratio(*s).is_some()))
+    .unzip();
     let max = metrics
         .iter()
         .flat_map(|m| series.iter().filter_map(|s| m.ratio(*s)))

@@ -102,7 +102,7 @@ fn bench_apps_smoke_run() {
     }
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    // A bar per ratio, plus the legend's five.
+    // A bar per ratio, plus the legend's five (smcr-verbs only where an RDMA device is).
     let bars: usize = metrics
         .iter()
         .map(|m| m["ratios"].as_object().unwrap().len())
