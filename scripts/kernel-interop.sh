@@ -532,6 +532,64 @@ done
 check "V: declines each way on rxe0: both values intact over TCP, our logs name the declines" \
 	"$(grep -q '^v9-declined-by-us' "$D9/kernel-clients.txt" && grep -q '^v9-declined-by-kernel' "$D9/ours.txt" &&
 		grep -q 'we declined' "$D9/ours.txt" && grep -q 'peer declined' "$D9/ours.txt"; echo $?)" "$(grep -m3 declined "$D9/ours.txt")"
+# V10: two links with failover between ours on rxe0 (client, guest B, a second address on its
+# port) and our engine (redis-server on the host with $ALT_IP): the first path (the host's
+# address <-> B's) is cut on the host mid-benchmark; the group goes on over the second link.
+B_ALT=10.77.0.23
+ip netns exec "$KP_NETNS" ip addr add "$ALT_IP/24" dev "$KP_BR" 2>/dev/null
+GB "ip addr add $B_ALT/32 dev eth0; for i in \$(seq 50); do grep -qs 0a4d:0017 /sys/class/infiniband/rxe0/ports/1/gids/* && break; sleep 0.1; done" >/dev/null
+"${NS[@]}" env SMCR_LOG="$D/v10-host.log" SMCR_ALT_ADDRS="$ALT_IP" "${OURS[@]}" redis-server --bind "$H_IP" --port 7110 --save '' --appendonly no --protected-mode no >/dev/null 2>&1 &
+sleep 1
+GB "SMCR_ALT_ADDRS=$B_ALT $SHIM_B SMCR_LOG=/tmp/v10.log timeout 200 redis-benchmark -h $H_IP -p 7110 -n 30000 -c 4 -t set,get -q; cat /tmp/v10.log" >"$D/v10-bench.txt" 2>&1 &
+GBP=$!
+for _ in $(seq 100); do grep -q 'second link up' "$D/v10-host.log" 2>/dev/null && break; sleep 0.2; done
+sleep 1
+ip netns exec "$KP_NETNS" nft -f - <<NFT
+table inet ki_cut_v {
+	chain in { type filter hook input priority 0; ip saddr $B_IP ip daddr $H_IP meta l4proto udp drop; }
+	chain out { type filter hook output priority 0; ip saddr $H_IP ip daddr $B_IP meta l4proto udp drop; }
+}
+NFT
+wait "$GBP"
+ip netns exec "$KP_NETNS" nft delete table inet ki_cut_v 2>/dev/null
+pkill -f 'redis-server.*:7110' 2>/dev/null
+GB "ip addr del $B_ALT/32 dev eth0" >/dev/null 2>&1
+ip netns exec "$KP_NETNS" ip addr del "$ALT_IP/24" dev "$KP_BR" 2>/dev/null
+check "V: two links ours on rxe0 <-> our engine, the first path cut mid-benchmark: redis-benchmark completes" \
+	"$(redis_ok "$D/v10-bench.txt"; echo $?)" "$(grep -v '^smcr' "$D/v10-bench.txt" | tail -3)"
+check "V: ... both ends added the second link and failed over to it" \
+	"$(grep -q 'second link up' "$D/v10-host.log" && grep -q 'second link up' "$D/v10-bench.txt" &&
+		grep -q 'failover to link' "$D/v10-host.log" && grep -q 'failover to link' "$D/v10-bench.txt"; echo $?)" \
+	"$(grep -h -m4 -e 'link up' -e failover -e 'down' "$D/v10-host.log" "$D/v10-bench.txt")"
+# V11: the same with the kernel (its redis-server in guest A, smc_preload): it adds the second
+# link to our alternate address; the first path (B <-> A over the rig's bridge) is cut while a
+# connection is idle; our TEST LINK (2 s) finds it silent (rxe retries forever), our DELETE
+# LINK (LOST_PATH) goes over the second link, both sides move there, and the connection's next
+# request is answered. (Cut mid-transfer, the kernel's DELETE LINK handling waits for its
+# sends on the cut path, which the guests' rxe retries forever: `smc_wr_tx_wait_no_pending_sends`
+# hangs. That is the kernel's and rxe's, with any peer.)
+GA "dmesg -c >/dev/null; $KSMC $REDIS --port 7111 >/tmp/v11-redis.txt 2>&1 &" >/dev/null
+GB "ip addr add $B_ALT/32 dev eth0; for i in \$(seq 50); do grep -qs 0a4d:0017 /sys/class/infiniband/rxe0/ports/1/gids/* && break; sleep 0.1; done" >/dev/null
+sleep 1
+GB "rm -f /tmp/v11.log; (echo 'SET k v11-before'; sleep 14; echo 'GET k') | SMCR_ALT_ADDRS=$B_ALT SMCR_TESTLINK_TIME=2 $SHIM_B SMCR_LOG=/tmp/v11.log timeout 60 redis-cli -h $A_IP -p 7111; cat /tmp/v11.log" >"$D/v11-cli.txt" 2>&1 &
+GBP=$!
+for _ in $(seq 100); do GB "grep -c 'second link up' /tmp/v11.log" 2>/dev/null | grep -q '^1' && break; sleep 0.3; done
+sleep 1
+ip netns exec "$KP_NETNS" nft -f - <<NFT
+table bridge ki_cut_v11 {
+	chain cut { type filter hook forward priority 0; ip saddr $B_IP ip daddr $A_IP udp dport 4791 drop; ip saddr $A_IP ip daddr $B_IP udp dport 4791 drop; }
+}
+NFT
+wait "$GBP"
+ip netns exec "$KP_NETNS" nft delete table bridge ki_cut_v11 2>/dev/null
+GA "kill \$(pidof redis-server); dmesg" >"$D/v11-kernel.txt" 2>&1
+GB "ip addr del $B_ALT/32 dev eth0" >/dev/null 2>&1
+check "V: two links ours on rxe0 <-> the kernel, the first path cut under an idle connection: its next request answered" \
+	"$(grep -q '^OK' "$D/v11-cli.txt" && grep -q '^v11-before' "$D/v11-cli.txt"; echo $?)" "$(grep -v '^smcr' "$D/v11-cli.txt" | tail -3)"
+check "V: ... the kernel added the second link, ours failed over to it, the kernel removed the first" \
+	"$(grep -q 'second link up' "$D/v11-cli.txt" && grep -q 'failover to link' "$D/v11-cli.txt" &&
+		[ "$(count 'link added' "$D/v11-kernel.txt")" -ge 2 ] && grep -q 'link removed: id 0000..01' "$D/v11-kernel.txt"; echo $?)" \
+	"$(grep -h -m4 -e 'link up' -e failover -e 'link added' "$D/v11-cli.txt" "$D/v11-kernel.txt")"
 # V7: a user with little pinnable memory (nobody, `ulimit -l 1024`; a verbs device pins every
 # buffer): the connections past it stay TCP, declined with MEM before the program sees them;
 # none is reset, redis-benchmark completes.
