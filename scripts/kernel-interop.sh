@@ -476,8 +476,9 @@ GA "$KSMC timeout 100 redis-benchmark -h $B_IP -p 7101 $BENCH; $KSMC redis-cli -
 GB "cat /tmp/v4.log; smc-stat --devices; kill \$(pidof redis-server)" >"$D/v4-ours.txt" 2>&1
 check "V: kernel client -> our redis-server on rxe0: redis-benchmark completes, value intact" \
 	"$(redis_ok "$D/v4-bench.txt" && grep -q '^v4' "$D/v4-bench.txt"; echo $?)" "$(tail -3 "$D/v4-bench.txt")"
-check "V: ... our server chose rxe0 by itself and ran SMC-R, nothing on TCP" \
-	"$(grep -q 'links on verbs device rxe0' "$D/v4-ours.txt" && grep -q 'SMC-R (new link group)' "$D/v4-ours.txt" && ! grep -q ': TCP' "$D/v4-ours.txt"; echo $?)" "$(grep -m3 -e TCP -e verbs "$D/v4-ours.txt")"
+check "V: ... our server chose rxe0 by itself and ran SMC-R, nothing on TCP; smc-stat --devices says so" \
+	"$(grep -q 'links on verbs device rxe0' "$D/v4-ours.txt" && grep -q 'SMC-R (new link group)' "$D/v4-ours.txt" && ! grep -q ': TCP' "$D/v4-ours.txt" &&
+		grep -Eq "$B_IP:4791 +verbs" "$D/v4-ours.txt" && grep -Eq "^rxe0 +1 ACTIVE +Ethernet .* $B_IP " "$D/v4-ours.txt"; echo $?)" "$(grep -m3 -e TCP -e verbs "$D/v4-ours.txt")"
 # V5: our client on rxe0 to the kernel's redis-server.
 GA "$KSMC $REDIS --port 7102 >/tmp/v5-redis.txt 2>&1 &" >/dev/null
 sleep 1
