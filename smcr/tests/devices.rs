@@ -419,7 +419,11 @@ fn abort_resets_both_ends(s: &Setup) {
     c.abort("the test gave up on it");
     let e = c.write(b"more").unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset);
+    assert!(e.to_string().contains("the test gave up on it"), "{e}");
+    // Reported once, as TCP reports a reset: then EOF and EPIPE.
     assert_eq!(c.read(&mut [0u8; 4]).unwrap(), 0);
+    let e = c.write(b"more").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
     server.join().unwrap();
     s.check_device(&rt);
     rt.shutdown();
@@ -490,11 +494,11 @@ fn test_link_keeps_an_idle_link_up(s: &Setup) {
     rt.shutdown();
 }
 
-/// An idle group outlives its linger time only briefly: DELETE LINK ends it on both sides,
-/// and the next connection is a first contact again.
+/// An idle group is kept for its linger time (1 s here), then DELETE LINK ends it on both
+/// sides, and the next connection is a first contact again.
 fn an_idle_link_group_is_deleted(s: &Setup) {
     let mut cfg = s.config();
-    cfg.linger = Duration::from_millis(300);
+    cfg.linger = Duration::from_secs(1);
     let rt = Runtime::new(cfg);
     let (l, addr) = s.listen(&rt);
     let server = echo_server(l, 2);
@@ -509,6 +513,10 @@ fn an_idle_link_group_is_deleted(s: &Setup) {
         echo_once(&mut c, b"a");
     };
     echo(true);
+    // Within the linger time the group is kept...
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(rt.link_groups(), 2);
+    // ...after it, deleted on both sides.
     assert!(
         wait_until(Duration::from_secs(20), || rt.link_groups() == 0),
         "{}",

@@ -1,5 +1,7 @@
 //! SmcStream/SmcListener end to end in one process over loopback: the CLC handshake on a real
 //! TCP connection, a link confirmed with LLC over our RDMA engine, data by RDMA WRITE + CDC.
+//! The flows every kind of device must carry (first contact and reuse, bulk, abort, the idle
+//! group's end, ...) are in `devices.rs`, run over our engine and over a verbs device.
 
 mod common;
 
@@ -55,149 +57,6 @@ fn pattern(pos: u64, out: &mut [u8]) {
         let p = pos + i as u64;
         *b = (p.wrapping_mul(0x9e37_79b9) >> 13) as u8;
     }
-}
-
-#[test]
-fn echo_and_link_group_reuse() {
-    let rt = runtime();
-    let (l, addr) = listen(&rt);
-    let server = thread::spawn(move || {
-        for _ in 0..3 {
-            let (mut s, _) = l.accept().unwrap();
-            assert!(matches!(s.mode(), Mode::SmcR { .. }), "{:?}", s.mode());
-            let mut buf = [0u8; 4096];
-            loop {
-                let n = s.read(&mut buf).unwrap();
-                if n == 0 {
-                    break;
-                }
-                s.write_all(&buf[..n]).unwrap();
-            }
-        }
-    });
-    for i in 0..3 {
-        let mut c = SmcStream::connect(&rt, addr).unwrap();
-        assert_eq!(
-            c.mode(),
-            &Mode::SmcR {
-                first_contact: i == 0
-            }
-        );
-        for msg in [&b"hello"[..], &[7u8; 3000][..], b"x"] {
-            c.write_all(msg).unwrap();
-            let mut back = vec![0u8; msg.len()];
-            c.read_exact(&mut back).unwrap();
-            assert_eq!(back, msg);
-        }
-        c.shutdown(std::net::Shutdown::Write).unwrap();
-        let mut rest = Vec::new();
-        c.read_to_end(&mut rest).unwrap();
-        assert!(rest.is_empty());
-    }
-    server.join().unwrap();
-    assert_eq!(
-        rt.links_confirmed(),
-        2,
-        "one CONFIRM LINK exchange (both ends count it)"
-    );
-    assert_eq!(
-        rt.link_groups(),
-        2,
-        "client and server side of one link group"
-    );
-    rt.shutdown();
-}
-
-#[test]
-fn bulk_transfer_with_checksum() {
-    let rt = runtime();
-    let (l, addr) = listen(&rt);
-    const TOTAL: u64 = 64 << 20;
-    let server = thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut expect = vec![0u8; buf.len()];
-        let mut pos = 0u64;
-        loop {
-            let n = s.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            pattern(pos, &mut expect[..n]);
-            assert!(buf[..n] == expect[..n], "corruption at {pos}");
-            pos += n as u64;
-        }
-        s.write_all(&pos.to_le_bytes()).unwrap();
-        pos
-    });
-    let mut c = SmcStream::connect(&rt, addr).unwrap();
-    assert!(matches!(c.mode(), Mode::SmcR { .. }));
-    let mut chunk = vec![0u8; 100_003];
-    let mut pos = 0u64;
-    while pos < TOTAL {
-        let n = chunk.len().min((TOTAL - pos) as usize);
-        pattern(pos, &mut chunk[..n]);
-        c.write_all(&chunk[..n]).unwrap();
-        pos += n as u64;
-    }
-    c.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut got = [0u8; 8];
-    c.read_exact(&mut got).unwrap();
-    assert_eq!(u64::from_le_bytes(got), TOTAL);
-    assert_eq!(server.join().unwrap(), TOTAL);
-    rt.shutdown();
-}
-
-#[test]
-fn idle_link_group_lingers_then_is_deleted() {
-    let n = PORT.fetch_add(1, Ordering::Relaxed);
-    let mut cfg = RuntimeConfig::new();
-    cfg.negotiation = Negotiation::Assume;
-    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
-    cfg.linger = std::time::Duration::from_millis(300);
-    let rt = Runtime::new(cfg);
-    let (l, addr) = listen(&rt);
-    let server = thread::spawn(move || {
-        for _ in 0..2 {
-            let (mut s, _) = l.accept().unwrap();
-            let mut b = [0u8; 1];
-            s.read_exact(&mut b).unwrap();
-            s.write_all(&b).unwrap();
-            // Wait for the client's close so both sides have released the connection.
-            assert_eq!(s.read(&mut b).unwrap(), 0);
-        }
-    });
-    let echo = |first: bool| {
-        let mut c = SmcStream::connect(&rt, addr).unwrap();
-        assert_eq!(
-            c.mode(),
-            &Mode::SmcR {
-                first_contact: first
-            }
-        );
-        c.write_all(b"a").unwrap();
-        let mut b = [0u8; 1];
-        c.read_exact(&mut b).unwrap();
-    };
-    echo(true);
-    // Within the linger time the group is kept...
-    thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(rt.link_groups(), 2);
-    // ...after it, deleted on both sides (DELETE LINK), and the next connection is a first
-    // contact again.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while rt.link_groups() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            rt.debug_summary()
-        );
-        thread::sleep(std::time::Duration::from_millis(50));
-    }
-    echo(true);
-    server.join().unwrap();
-    assert_eq!(rt.links_confirmed(), 4);
-    rt.shutdown();
 }
 
 #[test]
@@ -298,36 +157,6 @@ fn missing_option_program_is_reported_once_and_connections_fall_back() {
         smcr::FallbackReason::CODE_NO_BPF
     );
     assert_eq!(row.bytes_sent, 3);
-}
-
-#[test]
-fn abort_fails_both_ends_with_connection_reset() {
-    let rt = runtime();
-    let (l, addr) = listen(&rt);
-    let (read_tx, read_rx) = std::sync::mpsc::channel();
-    let server = thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut buf = [0u8; 16];
-        s.read_exact(&mut buf).unwrap();
-        read_tx.send(()).unwrap();
-        // The client aborts once these bytes were read: the next read reports the reset.
-        let e = s.read(&mut buf).unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    });
-    let mut c = SmcStream::connect(&rt, addr).unwrap();
-    assert!(matches!(c.mode(), Mode::SmcR { .. }));
-    c.write_all(&[1u8; 16]).unwrap();
-    read_rx.recv().unwrap();
-    c.abort("the test gave up on it");
-    let e = c.write(b"more").unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset);
-    assert!(e.to_string().contains("the test gave up on it"), "{e}");
-    // Reported once, as TCP reports a reset: then EOF and EPIPE.
-    assert_eq!(c.read(&mut [0u8; 4]).unwrap(), 0);
-    let e = c.write(b"more").unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
-    server.join().unwrap();
-    rt.shutdown();
 }
 
 #[test]
