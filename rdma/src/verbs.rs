@@ -822,8 +822,6 @@ impl EngineQp {
                 }
                 QpState::Rts if from == QpState::Rtr => {
                     shm.sq_psn = attr.sq_psn.map(|p| p.value());
-                    // A peer's hello that came before we knew the pair's secret.
-                    shared.answer_hellos(self.qp.qpn, &core_ref.rc, core_ref.av, shm);
                     // Offer our shared memory to the peer (at the rendezvous of its address
                     // and QPN range); if it is on this host and proves it is our peer, it
                     // gets our descriptors and offers back — until then (at most
@@ -863,6 +861,9 @@ impl EngineQp {
                         }
                         None => shm.live = None,
                     }
+                    // A peer's hello that came before we knew the pair's secret: challenged,
+                    // or refused if our own offer did not go.
+                    shared.answer_hellos(self.qp.qpn, &core_ref.rc, core_ref.av, shm);
                 }
                 _ => {}
             }

@@ -851,6 +851,11 @@ fn a_process_without_the_pairs_secret_gets_no_memory_and_gives_none() {
     let z = side(true, QpCaps::default());
     z.qp.modify(&QpAttr::state(QpState::Init)).unwrap();
     let claimed = 0x0cd_002;
+    // Where z's own offer goes (a QP refuses offers while its own is not out): the
+    // impostor's, which takes it and stays silent.
+    let impostor = seqpacket();
+    rustix::net::bind(&impostor, &rendezvous("127.0.0.1", claimed)).unwrap();
+    rustix::net::listen(&impostor, 4).unwrap();
     z.qp.modify(&QpAttr {
         path_mtu: Some(Mtu::Mtu1024),
         dest_qp_num: Some(claimed),

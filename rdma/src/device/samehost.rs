@@ -307,6 +307,13 @@ fn answer(inc: &mut Incoming, rc: &RcQp, av: Option<SocketAddrV4>, shm: &ShmQp) 
     if rc.dest_qp_num() != from_qpn || av.map(|v| *v.ip()) != Some(*from.ip()) {
         return false;
     }
+    if shm.offered.is_none() {
+        // Our own offer could not reach the peer (its rendezvous not found from here) or was
+        // ended: sharing takes both, so the peer's is refused now — it sends over UDP at once
+        // instead of holding its requests for ours, which would not come (a CONFIRM LINK
+        // response held that long missed the server's wait).
+        return false;
+    }
     let Ok(b) = crate::samehost::nonce() else {
         return false;
     };
@@ -391,5 +398,71 @@ impl Shared {
             }
             pending
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rc::{QpAttr, QpCaps, QpState};
+    use crate::wire::Psn;
+
+    /// A QP in RTS (QPN 9, peer 3) and its same-host state with the pair's PSNs.
+    fn rts() -> (RcQp, ShmQp) {
+        let mut rc = RcQp::new(9, 1, QpCaps::default(), false);
+        rc.modify(&QpAttr::state(QpState::Init)).unwrap();
+        rc.modify(&QpAttr {
+            path_mtu: Some(crate::rc::Mtu::Mtu1024),
+            dest_qp_num: Some(3),
+            rq_psn: Some(Psn::new(5)),
+            ..QpAttr::state(QpState::Rtr)
+        })
+        .unwrap();
+        rc.modify(&QpAttr {
+            sq_psn: Some(Psn::new(7)),
+            ..QpAttr::state(QpState::Rts)
+        })
+        .unwrap();
+        let mut shm = ShmQp::new(crate::arena::Arena::create().unwrap()).unwrap();
+        shm.rq_psn = Some(5);
+        shm.sq_psn = Some(7);
+        (rc, shm)
+    }
+
+    fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+        rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap()
+    }
+
+    /// Sharing takes both offers: a QP whose own offer did not reach its peer refuses the
+    /// peer's (which then sends over UDP at once) instead of challenging it and leaving the
+    /// peer to wait for an offer that will not come; with its own offer out, it challenges.
+    #[test]
+    fn a_qp_whose_own_offer_did_not_go_refuses_its_peers() {
+        let (rc, mut shm) = rts();
+        let from: SocketAddrV4 = "10.0.0.1:4791".parse().unwrap();
+        let (ours, theirs) = seqpacket_pair();
+        let mut inc = Incoming {
+            conn: ours,
+            stage: Stage::Stashed {
+                qpn: 9,
+                from_qpn: 3,
+                from,
+                a: [1; 16],
+            },
+        };
+        assert!(!answer(&mut inc, &rc, Some(from), &shm), "refused");
+        assert!(matches!(inc.stage, Stage::Stashed { .. }));
+        shm.offered = Some(seqpacket_pair().0);
+        assert!(answer(&mut inc, &rc, Some(from), &shm), "challenged");
+        assert!(matches!(inc.stage, Stage::Challenged { .. }));
+        let mut buf = [0u8; crate::samehost::MSG_LEN];
+        let (n, _) = rustix::net::recv(&theirs, &mut buf, rustix::net::RecvFlags::empty()).unwrap();
+        assert!(matches!(Msg::parse(&buf[..n]), Some(Msg::Challenge { .. })));
     }
 }

@@ -159,8 +159,11 @@ struct Held {
     flags: SendFlags,
 }
 
-/// How long requests wait for a same-host peer's offer before they go over UDP.
-pub(crate) const OFFER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long requests wait for a same-host peer's offer before they go over UDP: the offer
+/// normally follows ours within milliseconds; this is for a peer that stopped answering, and
+/// stays well inside the waits of the protocols above (SMC-R's CONFIRM LINK: 2 s), so that a
+/// response held this long still arrives in time.
+pub(crate) const OFFER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A message being received into a receive request.
 struct RxCur {

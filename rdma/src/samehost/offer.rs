@@ -19,7 +19,7 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const MAGIC: [u8; 8] = *b"SMCRSHO2";
 /// Every message of the exchange has this length.
@@ -219,18 +219,37 @@ pub fn rendezvous_dir() -> PathBuf {
 /// Where [`rendezvous_dir`] is unless the environment says otherwise.
 pub const RENDEZVOUS_DIR: &str = "/run/smcr/rdv";
 
-fn fs_path(ip: Ipv4Addr, range: u32) -> PathBuf {
-    rendezvous_dir().join(format!("{ip}-{range:03x}"))
+/// How many names a device may bind in [`rendezvous_dir`]: `<ip>-<range>`, then
+/// `<ip>-<range>.1` … A name left by a process that died belongs to that process's user; in the
+/// directory (sticky, like `/tmp`) no other user may remove it, so a later device of another
+/// user with the same address and QPN range takes the next name, and peers try the names in
+/// order, past the dead ones.
+const FS_NAMES: usize = 4;
+
+fn fs_path(dir: &Path, ip: Ipv4Addr, range: u32, i: usize) -> PathBuf {
+    match i {
+        0 => dir.join(format!("{ip}-{range:03x}")),
+        i => dir.join(format!("{ip}-{range:03x}.{i}")),
+    }
 }
 
-/// A device's socket in [`rendezvous_dir`] (removed with it).
+/// A device's socket in [`rendezvous_dir`] (removed with it, and at the process's exit).
 pub(crate) struct FsRendezvous {
     pub(crate) fd: OwnedFd,
     path: PathBuf,
 }
 
+impl FsRendezvous {
+    /// The name it has (tests).
+    #[cfg(test)]
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl Drop for FsRendezvous {
     fn drop(&mut self) {
+        at_exit::forget(&self.path);
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -238,47 +257,52 @@ impl Drop for FsRendezvous {
 /// Binds the host-wide rendezvous of the device at `ip` with QPN range `range`, where the
 /// directory exists and lets us: `None` for a loopback address (which no other namespace
 /// reaches), without the directory, or when a live device of another namespace has the name
-/// (then peers that find it there are refused by its proof, and use UDP). A name left by a
-/// process that died is taken over when its owner lets us remove it.
+/// (then peers that find it there are refused by its proof, and use UDP).
 pub(crate) fn listen_fs(ip: Ipv4Addr, range: u32) -> Option<FsRendezvous> {
-    use rustix::net::{AddressFamily, SocketFlags, SocketType};
     if ip.is_loopback() || ip.is_unspecified() {
         return None;
     }
-    let path = fs_path(ip, range);
-    let addr = rustix::net::SocketAddrUnix::new(&path).ok()?;
-    for _ in 0..2 {
-        let fd = crate::fdzone::place(
-            rustix::net::socket_with(
-                AddressFamily::UNIX,
-                SocketType::SEQPACKET,
-                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-                None,
-            )
-            .ok()?,
+    listen_fs_in(&rendezvous_dir(), ip, range)
+}
+
+/// [`listen_fs`] in `dir`: the first of the device's names that is free, or left by a process
+/// that died — removed when its owner lets us, else passed over (the peer passes it too, as
+/// nobody answers there).
+fn listen_fs_in(dir: &Path, ip: Ipv4Addr, range: u32) -> Option<FsRendezvous> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let socket = || {
+        rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
         )
-        .ok()?;
-        match rustix::net::bind(&fd, &addr) {
-            Ok(()) => {
-                // Any user's peer connects (connecting needs write permission on the file).
-                let _ = rustix::fs::chmod(&path, rustix::fs::Mode::from_raw_mode(0o777));
-                rustix::net::listen(&fd, 64).ok()?;
-                return Some(FsRendezvous { fd, path });
-            }
-            Err(rustix::io::Errno::ADDRINUSE) => {
-                let probe = rustix::net::socket_with(
-                    AddressFamily::UNIX,
-                    SocketType::SEQPACKET,
-                    SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-                    None,
-                )
-                .ok()?;
-                if rustix::net::connect(&probe, &addr) != Err(rustix::io::Errno::CONNREFUSED) {
-                    return None; // alive (or not a socket we may judge)
+    };
+    for i in 0..FS_NAMES {
+        let path = fs_path(dir, ip, range, i);
+        let addr = rustix::net::SocketAddrUnix::new(&path).ok()?;
+        // Twice: once more after removing a dead one's name.
+        for _ in 0..2 {
+            let fd = crate::fdzone::place(socket().ok()?).ok()?;
+            match rustix::net::bind(&fd, &addr) {
+                Ok(()) => {
+                    // Any user's peer connects (connecting needs write permission on the file).
+                    let _ = rustix::fs::chmod(&path, rustix::fs::Mode::from_raw_mode(0o777));
+                    rustix::net::listen(&fd, 64).ok()?;
+                    at_exit::remove(&path);
+                    return Some(FsRendezvous { fd, path });
                 }
-                std::fs::remove_file(&path).ok()?;
+                Err(rustix::io::Errno::ADDRINUSE) => {
+                    let probe = socket().ok()?;
+                    if rustix::net::connect(&probe, &addr) != Err(rustix::io::Errno::CONNREFUSED) {
+                        return None; // alive (or not a socket we may judge)
+                    }
+                    if std::fs::remove_file(&path).is_err() {
+                        break; // another user's dead name: the next one
+                    }
+                }
+                Err(_) => return None,
             }
-            Err(_) => return None,
         }
     }
     None
@@ -288,25 +312,85 @@ pub(crate) fn listen_fs(ip: Ipv4Addr, range: u32) -> Option<FsRendezvous> {
 /// `hello`. Returns the connection (kept open: the peer's challenge comes on it, and closing
 /// it tells the peer we are gone), or `None` when the peer is not reachable this way.
 pub(crate) fn send_hello(peer: Ipv4Addr, range: u32, hello: &Msg) -> Option<OwnedFd> {
+    // In our network namespace first; then across namespaces, through the host-wide one.
+    let fd = match connect_abstract(peer, range) {
+        Some(fd) => fd,
+        None if peer.is_loopback() => return None,
+        None => connect_fs_in(&rendezvous_dir(), peer, range)?,
+    };
+    send(fd.as_fd(), hello).ok()?;
+    Some(fd)
+}
+
+fn unix_socket() -> Option<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
-    let fd = rustix::net::socket_with(
+    rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )
     .ok()
-    .and_then(|fd| crate::fdzone::place(fd).ok())?;
-    // In our network namespace first; then across namespaces, through the host-wide one.
-    if rustix::net::connect(&fd, &rendezvous_addr(peer, range)).is_err() {
-        if peer.is_loopback() {
-            return None;
+    .and_then(|fd| crate::fdzone::place(fd).ok())
+}
+
+fn connect_abstract(peer: Ipv4Addr, range: u32) -> Option<OwnedFd> {
+    let fd = unix_socket()?;
+    rustix::net::connect(&fd, &rendezvous_addr(peer, range))
+        .ok()
+        .map(|()| fd)
+}
+
+/// Connects to the first of the device's names in `dir` where a process listens: a name
+/// nobody answers at (a dead process's) is passed over, a missing one ends the search.
+fn connect_fs_in(dir: &Path, peer: Ipv4Addr, range: u32) -> Option<OwnedFd> {
+    for i in 0..FS_NAMES {
+        let addr = rustix::net::SocketAddrUnix::new(fs_path(dir, peer, range, i)).ok()?;
+        let fd = unix_socket()?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => return Some(fd),
+            Err(rustix::io::Errno::CONNREFUSED) => continue,
+            Err(_) => return None,
         }
-        let addr = rustix::net::SocketAddrUnix::new(fs_path(peer, range)).ok()?;
-        rustix::net::connect(&fd, &addr).ok()?;
     }
-    send(fd.as_fd(), hello).ok()?;
-    Some(fd)
+    None
+}
+
+/// The process's names in [`rendezvous_dir`] are removed when it exits (`atexit`): a name
+/// left behind stays the dead process's user's, which other users cannot take over (see
+/// [`FS_NAMES`]). A process killed by a signal still leaves its names.
+mod at_exit {
+    use parking_lot::Mutex;
+    use std::path::{Path, PathBuf};
+
+    /// Names bound by this process (pid): a forked child inherits the list, not the names.
+    static NAMES: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+    pub(super) fn remove(path: &Path) {
+        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        REGISTERED.call_once(|| {
+            // SAFETY: registering a function without arguments that only unlinks files.
+            unsafe { libc::atexit(at_exit) };
+        });
+        NAMES.lock().push((std::process::id(), path.to_owned()));
+    }
+
+    pub(super) fn forget(path: &Path) {
+        NAMES.lock().retain(|(_, p)| p != path);
+    }
+
+    extern "C" fn at_exit() {
+        // Not waiting for a thread that holds the list at exit (it is about to end anyway).
+        let Some(names) = NAMES.try_lock() else {
+            return;
+        };
+        let me = std::process::id();
+        for (pid, p) in names.iter() {
+            if *pid == me {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
 }
 
 /// Sends a message without descriptors (a whole seqpacket record, or an error).
@@ -323,6 +407,65 @@ pub(crate) fn send(conn: BorrowedFd<'_>, m: &Msg) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name in the rendezvous directory left by a dead process of another user (which the
+    /// sticky directory keeps theirs) is passed over: the device binds the next name, and a
+    /// peer finds it there; a dead name of our own is taken over.
+    #[test]
+    fn a_dead_name_of_another_user_is_passed_over() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: needs root (a file of another user in a sticky directory)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("smcr-rdv-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let (ip, range) = (Ipv4Addr::new(10, 1, 2, 3), 0x5a5);
+        // A dead process of root's: its socket file stays, nobody listens.
+        let dead = rustix::net::socket(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            None,
+        )
+        .unwrap();
+        let name0 = rustix::net::SocketAddrUnix::new(fs_path(&dir, ip, range, 0)).unwrap();
+        rustix::net::bind(&dead, &name0).unwrap();
+        drop(dead);
+        // As a device leaves its names: any user may connect.
+        std::fs::set_permissions(
+            fs_path(&dir, ip, range, 0),
+            PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        // As nobody (this thread only: the raw system call, not glibc's process-wide one).
+        let d = dir.clone();
+        let (path, found) = std::thread::spawn(move || {
+            // SAFETY: changes the calling thread's credentials only.
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
+            assert_eq!(r, 0, "setresuid: {}", io::Error::last_os_error());
+            let r = listen_fs_in(&d, ip, range).expect("the next name");
+            let _c = connect_fs_in(&d, ip, range).expect("found past the dead name");
+            let accepted = rustix::net::accept(&r.fd).is_ok();
+            (r.path().to_owned(), accepted)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(path, fs_path(&dir, ip, range, 1));
+        assert!(
+            found,
+            "the peer's connection reached the device at the next name"
+        );
+        assert!(!path.exists(), "the name is removed with its rendezvous");
+        // Root's own dead name is taken over (removed and bound again).
+        let r = listen_fs_in(&dir, ip, range).unwrap();
+        assert_eq!(r.path(), fs_path(&dir, ip, range, 0));
+        // No device at all: nothing to connect to.
+        drop(r);
+        assert!(connect_fs_in(&dir, ip, range).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
