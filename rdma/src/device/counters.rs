@@ -102,6 +102,9 @@ device_counters! {
     /// Times the engine thread woke (its socket, a kick, a timer): while threads wait on the
     /// socket they run the timers, and the engine looks only 5 ms after each deadline.
     engine_wakes,
+    /// Request packets that came ahead of a gap (overtaken, or after a lost one) and were
+    /// kept, then placed when the gap filled.
+    rx_reordered,
 }
 
 /// Words a device keeps its counters in, when its user provides them: smcr puts them in its
@@ -156,7 +159,7 @@ impl std::ops::Deref for Counters {
 }
 
 /// How many transport counters [`Shared::count_rc`] follows per QP.
-pub(super) const RC_COUNTERS: usize = 10;
+pub(super) const RC_COUNTERS: usize = 11;
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
@@ -177,6 +180,7 @@ impl Shared {
             r.rnr_nak,
             r.duplicates,
             r.access_errors,
+            r.reordered,
         ];
         let st = &self.stats;
         let to = [
@@ -190,6 +194,7 @@ impl Shared {
             &st.tx_rnr_naks,
             &st.rx_duplicates,
             &st.rx_access_errors,
+            &st.rx_reordered,
         ];
         for ((&n, old), c) in now.iter().zip(&mut core.counted).zip(to) {
             // A requester made anew (the QP reset and reused) counts from 0 again.

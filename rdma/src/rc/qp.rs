@@ -417,7 +417,10 @@ impl RcQp {
                 if matches!(self.state, QpState::Rtr | QpState::Rts)
                     && let Some(r) = &mut self.resp
                 {
-                    r.handle_request(pkt, mrs);
+                    if let Some(a) = self.req.as_ref().and_then(Requester::reorder_allowance) {
+                        r.allowance = a;
+                    }
+                    r.handle_request(now, pkt, mrs);
                     // Hold the ACK of a message the receiver will likely answer (a SEND's
                     // end); any other reason to answer (a NAK, a READ, data that is not
                     // answered) sends what is pending at once.
@@ -548,14 +551,22 @@ impl RcQp {
         } else {
             None
         };
-        match (req, hold) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // A gap in what the peer sent is NAKed when it outlives the reorder allowance.
+        let gap = if matches!(self.state, QpState::Rtr | QpState::Rts) {
+            self.resp.as_ref().and_then(Responder::poll_timeout)
+        } else {
+            None
+        };
+        [req, hold, gap].into_iter().flatten().min()
     }
 
     /// Runs the timers.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if matches!(self.state, QpState::Rtr | QpState::Rts)
+            && let Some(r) = &mut self.resp
+        {
+            r.handle_timeout(now);
+        }
         if self.state == QpState::Rts {
             if let Some(r) = &mut self.req {
                 r.handle_timeout(now);

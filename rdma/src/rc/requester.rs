@@ -139,6 +139,27 @@ pub(crate) struct Requester {
     rtt_sample: Option<(Psn, Instant)>,
     /// `max_sent` when the window was last reduced: one reduction per window of data.
     recovery: Option<Psn>,
+    /// After a sequence-error NAK: resending stops at this PSN until an acknowledgement
+    /// comes. A responder that keeps what came after a gap (ours) needs only the missing
+    /// packet and then acknowledges everything it holds; one that drops it (go-back-N) is
+    /// sent the rest after that acknowledgement, one round trip later.
+    resend_until: Option<Psn>,
+    /// With a peer that keeps what comes after a gap: where sending goes on once the missing
+    /// packet was resent (it does not wait for the acknowledgement).
+    resume_at: Option<Psn>,
+    /// The peer acknowledged past a packet resent alone after a NAK: it keeps what comes
+    /// after a gap (ours does; go-back-N responders drop it). Then a NAK costs one resent
+    /// packet and does not stop new data, and, reordering not being congestion, it does not
+    /// cut the window (a probe or a timeout still does).
+    peer_keeps: bool,
+    /// The packet resent alone after a NAK, and when it is resent again if it is still not
+    /// acknowledged (lost or held up once more): a round trip or two, from the smallest one
+    /// measured, doubling — not the early probe's wait, which reordering stretches.
+    resend_psn: Option<Psn>,
+    resend_at: Option<Instant>,
+    resend_backoff: u32,
+    /// The smallest round trip measured (reordering delays ACKs; this does not grow with it).
+    min_rtt: Option<Duration>,
     pub(crate) completions: VecDeque<WorkCompletion>,
     /// Set when a fatal error puts the QP into the error state.
     pub(crate) failed: bool,
@@ -175,6 +196,13 @@ impl Requester {
             rttvar: Duration::ZERO,
             rtt_sample: None,
             recovery: None,
+            resend_until: None,
+            resume_at: None,
+            peer_keeps: false,
+            resend_psn: None,
+            resend_at: None,
+            resend_backoff: 1,
+            min_rtt: None,
             completions: VecDeque::new(),
             failed: false,
             stats: RequesterStats::default(),
@@ -184,7 +212,7 @@ impl Requester {
     /// A one-line summary of the sender state, for diagnostics.
     pub(crate) fn summary(&self, now: Instant) -> String {
         format!(
-            "req: wqes={} next={} snd={} una={} max_sent={} cwnd={} retries_left={} backoff={} rtx_in={:?} rnr_in={:?} probe_in={:?} srtt={:?} gobackn={:?} failed={}",
+            "req: wqes={} next={} snd={} una={} max_sent={} cwnd={} retries_left={} backoff={} rtx_in={:?} rnr_in={:?} probe_in={:?} srtt={:?} gobackn={:?} failed={} keeps={} resend={:?}/{:?}",
             self.wqes.len(),
             self.next_psn,
             self.snd_psn,
@@ -198,7 +226,10 @@ impl Requester {
             self.probe_at.map(|t| t.saturating_duration_since(now)),
             self.srtt,
             self.gobackn_from,
-            self.failed
+            self.failed,
+            self.peer_keeps,
+            self.resend_until,
+            self.resume_at
         )
     }
 
@@ -260,6 +291,37 @@ impl Requester {
         self.snd_psn.diff(self.una).max(0) as u32
     }
 
+    /// Resends the packet at `psn` alone: then, with a peer that keeps what follows a gap, on
+    /// with what was next; with one that does not, nothing more until it is acknowledged.
+    fn resend_one(&mut self, psn: Psn) {
+        let resume = self.snd_psn;
+        self.go_back_to(psn);
+        self.resend_until = Some(psn.add(1));
+        if self.peer_keeps && resume.is_after(psn.add(1)) {
+            self.resume_at = Some(resume);
+        }
+    }
+
+    fn resend_done(&mut self) {
+        self.resend_psn = None;
+        self.resend_at = None;
+        self.resend_backoff = 1;
+    }
+
+    /// Packets that may be in flight: the congestion window, and with a peer that keeps what
+    /// comes after a gap, no more than it keeps (beyond, a gap drops the rest as go-back-N).
+    fn window(&self) -> u32 {
+        if self.peer_keeps {
+            let keeps = super::responder::REORDER_BYTES / self.p.mtu.max(1);
+            self.cwnd
+                .min(super::responder::REORDER_PKTS as u32)
+                .min(keeps as u32)
+                .max(1)
+        } else {
+            self.cwnd
+        }
+    }
+
     fn rto(&self) -> Option<Duration> {
         self.p.timeout.map(|t| t * self.backoff)
     }
@@ -274,6 +336,8 @@ impl Requester {
     }
 
     fn go_back_to(&mut self, psn: Psn) {
+        self.resend_until = None;
+        self.resume_at = None;
         self.snd_psn = psn;
         self.rtt_sample = None; // Karn: never time a retransmitted packet
         self.seek();
@@ -289,7 +353,29 @@ impl Requester {
         Some(cap.map_or(est, |c| est.min(c)))
     }
 
+    /// How long the responder of this QP lets a gap in the peer's packets stay open before it
+    /// NAKs it (a packet overtaken by others is not lost): a quarter of the smallest round
+    /// trip measured (reordering stretches the smoothed one), within 20–250 µs, well inside the peer's early retransmission (≥ 500 µs), so
+    /// that the NAK, which asks for the missing packet only, comes first. `None` before a
+    /// round trip was measured.
+    pub(crate) fn reorder_allowance(&self) -> Option<Duration> {
+        let rtt = self.min_rtt.or(self.srtt)?;
+        Some((rtt / 4).clamp(Duration::from_micros(20), Duration::from_micros(250)))
+    }
+
+    /// How long a packet resent alone after a NAK waits for its acknowledgement before it goes
+    /// again.
+    fn resend_interval(&self) -> Duration {
+        let rtt = self
+            .min_rtt
+            .or(self.srtt)
+            .unwrap_or(Duration::from_micros(500));
+        let d = (rtt * 2).max(Duration::from_micros(100)) * self.resend_backoff;
+        self.p.timeout.map_or(d, |t| d.min(t))
+    }
+
     fn rtt_update(&mut self, sample: Duration) {
+        self.min_rtt = Some(self.min_rtt.map_or(sample, |m| m.min(sample)));
         match self.srtt {
             None => {
                 self.srtt = Some(sample);
@@ -337,8 +423,15 @@ impl Requester {
             }
             self.rnr_until = None;
         }
-        if self.in_flight() >= self.cwnd {
+        if self.in_flight() >= self.window() {
             return None;
+        }
+        if self.resume_at.is_none()
+            && self.resend_until.is_some_and(|l| {
+                !self.snd_psn.is_before(l) && self.snd_psn.is_before(self.max_sent)
+            })
+        {
+            return None; // the rest waits for the acknowledgement of what was resent
         }
         let w = self.wqes.get(self.snd_idx)?;
         let psn0 = self.snd_psn;
@@ -391,8 +484,10 @@ impl Requester {
                 let opcode = Opcode::for_request(kind, position, w.imm.is_some());
                 let ends = position.ends();
                 let since = self.snd_psn.diff(self.last_ackreq).max(0) as u32;
-                let ack_req =
-                    ends || since >= (self.cwnd / 4).max(1) || self.in_flight() + 1 >= self.cwnd;
+                let ack_req = ends
+                    || since >= (self.window() / 4).max(1)
+                    || self.in_flight() + 1 >= self.window()
+                    || self.resend_until == Some(self.snd_psn.add(1));
                 let solicited = ends && w.solicited && (kind == Kind::Send || w.imm.is_some());
                 let repr = PacketRepr {
                     bth: BthRepr {
@@ -447,6 +542,15 @@ impl Requester {
         if self.snd_psn.is_after(self.max_sent) {
             self.max_sent = self.snd_psn;
         }
+        if let (Some(l), Some(r)) = (self.resend_until, self.resume_at)
+            && !self.snd_psn.is_before(l)
+        {
+            // The missing packet went again: on with what was next before the NAK.
+            self.resend_until = None;
+            self.resume_at = None;
+            self.snd_psn = r;
+            self.seek();
+        }
         if self.rtx_deadline.is_none() {
             self.rtx_deadline = self.rto().map(|d| now + d);
         }
@@ -457,15 +561,35 @@ impl Requester {
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        [self.rtx_deadline, self.rnr_until, self.probe_at]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.rtx_deadline,
+            self.rnr_until,
+            self.probe_at,
+            self.resend_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
+        }
+        if self.resend_at.is_some_and(|t| t <= now) && !self.failed {
+            match self.resend_psn {
+                Some(p)
+                    if p == self.una && self.una != self.max_sent && self.rnr_until.is_none() =>
+                {
+                    // The packet resent after the NAK was not acknowledged: lost or held up
+                    // again. Once more, alone (no window cut: the early probe and the timeout
+                    // remain for a path that lost everything).
+                    self.resend_backoff = (self.resend_backoff * 2).min(16);
+                    self.resend_one(p);
+                    self.resend_at = Some(now + self.resend_interval());
+                }
+                _ => self.resend_done(),
+            }
         }
         if self.probe_at.is_some_and(|t| t <= now) && !self.failed {
             if self.una == self.max_sent || self.rnr_until.is_some() {
@@ -485,6 +609,7 @@ impl Requester {
                 });
                 self.on_loss();
                 self.gobackn_from = None;
+                self.resend_done();
                 let una = self.una;
                 self.go_back_to(una);
                 self.probe_backoff = (self.probe_backoff * 2).min(64);
@@ -515,6 +640,7 @@ impl Requester {
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         self.on_loss();
         self.gobackn_from = None;
+        self.resend_done();
         let una = self.una;
         self.go_back_to(una);
         self.rtx_deadline = self.rto().map(|d| now + d);
@@ -595,6 +721,15 @@ impl Requester {
     /// Everything up to and including `psn` is acknowledged.
     fn ack_through(&mut self, now: Instant, psn: Psn) {
         let target = psn.add(1);
+        if !self.peer_keeps
+            && self.resume_at.is_none()
+            && self.resend_until.is_some_and(|l| target.is_after(l))
+        {
+            // It kept what followed the gap: the window cut for that NAK was for reordering,
+            // not congestion; slow start again to the window it may have.
+            self.peer_keeps = true;
+            self.ssthresh = self.p.max_window;
+        }
         if let Some(u) = self.probe_undo {
             if target.is_after(self.snd_psn) && self.snd_psn.is_before(u.upto) {
                 // Acknowledged beyond what the probe has sent again: the peer had the first
@@ -639,7 +774,13 @@ impl Requester {
             self.una = new_una;
         }
         if self.una.is_after(self.snd_psn) {
-            self.go_back_to(self.una);
+            // Acknowledged past what is being resent: on from there — or, while a packet resent
+            // alone was waiting to go, from where sending stood before (the peer keeps).
+            let to = match self.resume_at {
+                Some(r) if r.is_after(self.una) => r,
+                _ => self.una,
+            };
+            self.go_back_to(to);
         }
         if self.gobackn_from.is_some_and(|g| self.una.is_after(g)) {
             self.gobackn_from = None;
@@ -651,7 +792,11 @@ impl Requester {
             self.rtt_update(now.saturating_duration_since(t));
         }
         let acked = self.una.diff(before).max(0) as u32;
+        if self.resend_psn.is_some_and(|p| self.una.is_after(p)) {
+            self.resend_done();
+        }
         if acked > 0 {
+            self.resend_until = None;
             self.on_progress(now, acked);
         }
     }
@@ -677,7 +822,13 @@ impl Requester {
                     self.rnr_left -= 1;
                 }
                 self.rnr_until = Some(now + super::rnr_timer_duration(timer));
-                self.go_back_to(psn);
+                if self.peer_keeps {
+                    // It kept what followed (a burst of SENDs placed at once when a gap filled
+                    // can outrun the posted receives): only this one goes again, after the wait.
+                    self.resend_one(psn);
+                } else {
+                    self.go_back_to(psn);
+                }
                 self.rtx_deadline = self.rto().map(|d| now + d);
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
@@ -698,8 +849,12 @@ impl Requester {
                 }
                 self.gobackn_from = Some(psn);
                 self.gobackn_at = Some(now);
-                self.on_loss();
-                self.go_back_to(psn);
+                if !self.peer_keeps {
+                    self.on_loss();
+                }
+                self.resend_one(psn);
+                self.resend_psn = Some(psn);
+                self.resend_at = Some(now + self.resend_interval());
             }
             Syndrome::Nak(code) => {
                 self.ack_through(now, psn.sub(1));

@@ -1,9 +1,15 @@
 //! The responder half of an RC queue pair: the peer's requests.
 //!
-//! In-order packets (PSN == ePSN) are executed; a gap gets one PSN-sequence-error NAK and
-//! later packets are dropped until the expected PSN arrives; duplicates are re-acknowledged
-//! without being executed again, except RDMA READs, which are re-executed (IBA). Every
-//! RDMA WRITE and READ is checked against the rkey, the protection domain, the access rights
+//! In-order packets (PSN == ePSN) are executed. Packets ahead of a gap are kept (up to
+//! [`REORDER_PKTS`] PSNs and [`REORDER_BYTES`] of payload) and executed when the gap fills, as if
+//! they had come in order; the gap gets its PSN-sequence-error NAK only when it outlives the
+//! reorder allowance (a fraction of the measured round trip, set by the QP), so a packet that
+//! was only overtaken costs nothing. A requester that goes back N on that NAK finds the packets
+//! it resends already placed (they are acknowledged as duplicates); ours resends only the
+//! missing one (see the requester). Beyond the window a gap is NAKed at once and later packets
+//! are dropped until the expected PSN arrives (plain go-back-N). An open gap's NAK is repeated
+//! on a timer, later each time. Duplicates are re-acknowledged without being executed again,
+//! except RDMA READs, which are re-executed (IBA). Every RDMA WRITE and READ is checked against the rkey, the protection domain, the access rights
 //! and the region bounds before any byte moves; a violation answers with a remote-access-error
 //! NAK and puts the QP into the error state, as rxe does.
 
@@ -12,8 +18,26 @@ use crate::mr::{Access, AccessError, MrTable, Region};
 use crate::wire::{
     Aeth, BthRepr, Kind, NakCode, Opcode, Packet, PacketRepr, Position, Psn, Syndrome,
 };
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How far ahead of the expected PSN packets are kept while a gap is open.
+pub(crate) const REORDER_PKTS: i32 = 1024;
+/// The most payload bytes kept ahead of a gap (per QP).
+pub(crate) const REORDER_BYTES: usize = 1024 * 1024;
+/// The least time between two NAKs of one gap.
+const NAK_REPEAT_MIN: Duration = Duration::from_micros(100);
+/// The reorder allowance before a round trip was measured.
+pub(crate) const DEFAULT_ALLOWANCE: Duration = Duration::from_micros(50);
+
+/// A packet that came ahead of a gap: its headers and a copy of its payload.
+struct Ahead {
+    head: PacketRepr<'static>,
+    payload: Vec<u8>,
+    /// When it came: a gap is as old as the first packet seen beyond it.
+    at: Instant,
+}
 
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
@@ -74,6 +98,8 @@ pub struct ResponderStats {
     pub access_errors: u64,
     /// Invalid requests (bad opcode sequence or lengths).
     pub invalid: u64,
+    /// Packets that came ahead of a gap and were kept, then placed when it filled.
+    pub reordered: u64,
 }
 
 pub(crate) struct Responder {
@@ -90,6 +116,19 @@ pub(crate) struct Responder {
     /// Set when a fatal error was detected (the NAK is still queued for sending).
     pub(crate) failed: bool,
     pub(crate) stats: ResponderStats,
+    /// Packets ahead of the expected PSN, by PSN, and their payload bytes.
+    ahead: BTreeMap<u32, Ahead>,
+    ahead_bytes: usize,
+    /// Since when the current gap is open (packets are kept ahead of it).
+    gap_since: Option<Instant>,
+    /// How long a gap may stay open before it is NAKed (see the module doc).
+    pub(crate) allowance: Duration,
+    /// When the gap was last NAKed: repeated (on packets asking for an acknowledgement) only
+    /// after four allowances, in case the NAK or the resent packet was lost — not on every
+    /// such packet, which made a storm of NAKs and resends.
+    nak_at: Option<Instant>,
+    /// NAKs of this gap repeated by the timer (each waits twice as long).
+    nak_repeats: u32,
 }
 
 impl Responder {
@@ -107,6 +146,12 @@ impl Responder {
             completions: VecDeque::new(),
             failed: false,
             stats: ResponderStats::default(),
+            ahead: BTreeMap::new(),
+            ahead_bytes: 0,
+            gap_since: None,
+            allowance: DEFAULT_ALLOWANCE,
+            nak_at: None,
+            nak_repeats: 0,
         }
     }
 
@@ -165,19 +210,23 @@ impl Responder {
     }
 
     /// Handles a request packet (SEND, WRITE, READ request, atomic).
-    pub(crate) fn handle_request(&mut self, pkt: &PacketRepr<'_>, mrs: &MrTable) {
+    pub(crate) fn handle_request(&mut self, now: Instant, pkt: &PacketRepr<'_>, mrs: &MrTable) {
         if self.failed {
             return;
         }
         let psn = pkt.bth.psn;
         let d = psn.diff(self.epsn);
         if d > 0 {
-            // One NAK per gap, repeated on packets that ask for an acknowledgement: if the
-            // requester's retransmission was lost as well, this tells it again.
-            if !self.nak_sent || pkt.bth.ack_req {
-                self.nak_sent = true;
-                self.stats.nak_seq += 1;
-                self.ack(self.epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            let kept = self.keep_ahead(now, pkt, d);
+            // Kept: NAKed only when the gap outlives the allowance ([`Self::handle_timeout`]).
+            // Then (or not kept), one NAK per gap, repeated on packets that ask for an
+            // acknowledgement: if the requester's retransmission was lost as well, this tells
+            // it again.
+            let again = self.nak_sent
+                && pkt.bth.ack_req
+                && self.nak_at.is_none_or(|t| now >= t + self.nak_repeat());
+            if (!kept && !self.nak_sent) || again {
+                self.nak_gap(now);
             }
             return;
         }
@@ -190,6 +239,111 @@ impl Responder {
             }
             return;
         }
+        self.execute(pkt, mrs);
+        if self.ahead.is_empty() {
+            return;
+        }
+        // The gap filled: what came ahead of it runs now, in PSN order, as far as it reaches.
+        let mut placed = false;
+        while !self.failed
+            && let Some(a) = self.ahead.remove(&self.epsn.value())
+        {
+            self.ahead_bytes -= a.payload.len();
+            let before = self.epsn;
+            self.execute(
+                &PacketRepr {
+                    payload: &a.payload,
+                    ..a.head
+                },
+                mrs,
+            );
+            if self.epsn == before {
+                break; // not placed (no receive posted: the RNR NAK went)
+            }
+            placed = true;
+        }
+        let epsn = self.epsn;
+        self.ahead.retain(|&k, _| Psn::new(k).diff(epsn) > 0);
+        self.ahead_bytes = self.ahead.values().map(|a| a.payload.len()).sum();
+        if placed && !self.nak_sent {
+            // Tell the requester at once how far it got (it may be resending what is here).
+            self.ack(self.epsn.sub(1), Syndrome::ACK);
+        }
+        // What is left lies beyond another gap, open since the first of it came (it may be
+        // due for its NAK already).
+        self.gap_since = self.ahead.values().map(|a| a.at).min();
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            // Old enough already: NAKed now (the NAK acknowledges what was placed, too).
+            self.nak_gap(now);
+        }
+    }
+
+    /// Keeps a packet that came `d` PSNs ahead of the expected one; whether it is kept (it
+    /// may be already; beyond the window or the byte budget it is not).
+    fn keep_ahead(&mut self, now: Instant, pkt: &PacketRepr<'_>, d: i32) -> bool {
+        if self.ahead.contains_key(&pkt.bth.psn.value()) {
+            self.stats.duplicates += 1;
+            return true;
+        }
+        if d > REORDER_PKTS || self.ahead_bytes + pkt.payload.len() > REORDER_BYTES {
+            return false;
+        }
+        self.ahead.insert(
+            pkt.bth.psn.value(),
+            Ahead {
+                head: PacketRepr {
+                    payload: &[],
+                    ..*pkt
+                },
+                payload: pkt.payload.to_vec(),
+                at: now,
+            },
+        );
+        self.ahead_bytes += pkt.payload.len();
+        self.stats.reordered += 1;
+        self.gap_since.get_or_insert(now);
+        true
+    }
+
+    fn nak_gap(&mut self, now: Instant) {
+        self.nak_sent = true;
+        self.nak_at = Some(now);
+        self.stats.nak_seq += 1;
+        self.ack(self.epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+    }
+
+    /// When the open gap is to be NAKed: once it outlived the allowance, and again while it
+    /// stays open (the NAK or the resent packet may be lost, and a sender whose window is
+    /// full sends nothing that could carry the repeat), each time twice as late.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        if self.failed {
+            return None;
+        }
+        let since = self.gap_since?;
+        if !self.nak_sent {
+            return Some(since + self.allowance);
+        }
+        let at = self.nak_at?;
+        Some(at + self.nak_repeat())
+    }
+
+    fn nak_repeat(&self) -> Duration {
+        (self.allowance * 4).max(NAK_REPEAT_MIN) * (1 << self.nak_repeats.min(6))
+    }
+
+    /// NAKs a gap that outlived the reorder allowance (or its last NAK).
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            if self.nak_sent {
+                self.nak_repeats += 1;
+            }
+            self.nak_gap(now);
+        }
+    }
+
+    /// Executes the request packet with the expected PSN.
+    fn execute(&mut self, pkt: &PacketRepr<'_>, mrs: &MrTable) {
+        let psn = pkt.bth.psn;
         let op = pkt.bth.opcode;
         let (Some(kind), Some(pos)) = (op.kind(), op.position()) else {
             return;
@@ -336,6 +490,7 @@ impl Responder {
         }
         self.epsn = psn.add(1);
         self.nak_sent = false;
+        self.nak_repeats = 0;
         if pkt.bth.ack_req {
             self.ack(psn, Syndrome::ACK);
         }
@@ -355,6 +510,7 @@ impl Responder {
         if !duplicate {
             self.epsn = psn.add(npkts);
             self.nak_sent = false;
+            self.nak_repeats = 0;
             self.msn = (self.msn + 1) & 0xFF_FFFF;
         } else if psn.add(npkts).is_after(self.epsn) {
             return; // overlaps PSNs we never issued: not a genuine duplicate
@@ -485,6 +641,9 @@ impl Responder {
                 }
             )
         });
+        self.ahead.clear();
+        self.ahead_bytes = 0;
+        self.gap_since = None;
         self.failed = true;
     }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 /// `SMCRSTA1`, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMCRSTA1");
 /// Layout version.
-pub const VERSION: u64 = 4;
+pub const VERSION: u64 = 5;
 /// Where the areas live.
 pub const DEFAULT_DIR: &str = "/dev/shm/smcr";
 
@@ -292,7 +292,7 @@ pub fn smcss_state_name(state: u64) -> String {
 /// on, plus its alternate addresses).
 pub const DEV_SLOTS: usize = 8;
 /// Words per device record.
-pub const DEV_WORDS: usize = 32;
+pub const DEV_WORDS: usize = 40;
 /// Where a device record's counters start ([`rdma::DeviceStats::NAMES`] order).
 const D_COUNTERS: usize = 8;
 const _: () = assert!(D_COUNTERS + rdma::DeviceStats::COUNT <= DEV_WORDS);
