@@ -753,8 +753,30 @@ fn output(c: &mut Command, what: &str) -> Result<String> {
     Ok(text)
 }
 
-/// redis-benchmark SET and GET requests/s.
-fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, f64)> {
+/// The machine's busy CPU time so far, in seconds: user, nice, system, irq and softirq of
+/// `/proc/stat` — both programs and the kernel's work for them (packets, wake-ups), which a
+/// process's own times miss; nothing else runs during a bench. 10 ms resolution.
+fn busy_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<f64> = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    [0, 1, 2, 5, 6]
+        .iter()
+        .filter_map(|&i| v.get(i))
+        .sum::<f64>()
+        / hz
+}
+
+/// redis-benchmark SET and GET requests/s, and the CPU time of both ends per request (µs).
+fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, f64, f64)> {
     let work = env.work.to_string_lossy().into_owned();
     let (server, addr, port) = env.serve(s, "redis-server", |addr, port| {
         [
@@ -774,6 +796,7 @@ fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, 
         .map(String::from)
         .to_vec()
     })?;
+    let busy = busy_secs();
     let out = output(
         env.cmd(s, false, "redis-benchmark")
             .args(["-h", addr, "-p", &port.to_string(), "-q"])
@@ -782,6 +805,8 @@ fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, 
             .args(["-d", &size.to_string()]),
         "redis-benchmark",
     )?;
+    // SET and GET: 2n requests.
+    let cpu = (busy_secs() - busy) * 1e6 / (2.0 * f64::from(n));
     let rate = |test: &str| -> Result<f64> {
         // With -q, each finished test prints "SET: 12345.67 requests per second, p50=…" (after
         // progress lines ending in \r).
@@ -791,7 +816,7 @@ fn redis(env: &Env, s: Setup, pipeline: u32, size: u32, n: u32) -> Result<(f64, 
             .filter(|_| out.contains("requests per second"))
             .with_context(|| format!("no {test} rate in: {out}"))
     };
-    let r = (rate("SET")?, rate("GET")?);
+    let r = (rate("SET")?, rate("GET")?, cpu);
     env.check(s, &server.0, 50, "redis")?;
     Ok(r)
 }
@@ -834,13 +859,14 @@ fn sockperf(env: &Env, s: Setup, size: u32, secs: u32) -> Result<(f64, f64)> {
     Ok(r)
 }
 
-/// iperf3 bulk throughput, Gbit/s (received).
-fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<f64> {
+/// iperf3's goodput (Gbit/s) and the CPU time of both ends per GB received (s).
+fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<(f64, f64)> {
     let (server, addr, port) = env.serve(s, "iperf3", |addr, port| {
         ["-s", "-1", "-B", addr, "-p", port]
             .map(String::from)
             .to_vec()
     })?;
+    let busy = busy_secs();
     let out = output(
         env.cmd(s, false, "iperf3").args([
             "-c",
@@ -863,8 +889,10 @@ fn iperf3(env: &Env, s: Setup, secs: u32) -> Result<f64> {
         .and_then(|r| r.split([',', '\n', '}']).next())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .context("no bits_per_second")?;
+    let cpu = busy_secs() - busy;
     env.check(s, &server.0, 1, "iperf3")?;
-    Ok(bps / 1e9)
+    let gb = bps * f64::from(secs) / 8.0 / 1e9;
+    Ok((bps / 1e9, if gb > 0.0 { cpu / gb } else { f64::NAN }))
 }
 
 /// Connections per second: connect, echo 32 bytes, close, in a loop for `secs`.
@@ -1157,15 +1185,16 @@ pub fn run(opt: &Options) -> Result<(Vec<Metric>, Vec<Engine>)> {
         workloads.push((
             "redis",
             Box::new(move |env: &Env, s: Setup| {
-                let (set, get) = redis(env, s, p, d, count)
+                let (set, get, cpu) = redis(env, s, p, d, count)
                     .with_context(|| format!("redis {tag} ({})", s.name()))?;
                 eprintln!(
-                    "  {}: redis {tag}: SET {set:.0} GET {get:.0} req/s",
+                    "  {}: redis {tag}: SET {set:.0} GET {get:.0} req/s, CPU {cpu:.2} us/req",
                     s.name()
                 );
                 Ok(vec![
                     (format!("redis SET {tag} (req/s)"), true, set),
                     (format!("redis GET {tag} (req/s)"), true, get),
+                    (format!("redis CPU {tag} (us/req)"), false, cpu),
                 ])
             }),
         ));
@@ -1220,9 +1249,13 @@ pub fn run(opt: &Options) -> Result<(Vec<Metric>, Vec<Engine>)> {
     workloads.push((
         "iperf3",
         Box::new(move |env: &Env, s: Setup| {
-            let g = iperf3(env, s, secs).with_context(|| format!("iperf3 ({})", s.name()))?;
-            eprintln!("  {}: iperf3: {g:.2} Gbit/s", s.name());
-            Ok(vec![("iperf3 (Gbit/s)".into(), true, g)])
+            let (g, cpu) =
+                iperf3(env, s, secs).with_context(|| format!("iperf3 ({})", s.name()))?;
+            eprintln!("  {}: iperf3: {g:.2} Gbit/s, CPU {cpu:.3} s/GB", s.name());
+            Ok(vec![
+                ("iperf3 (Gbit/s)".into(), true, g),
+                ("iperf3 CPU (s/GB)".into(), false, cpu),
+            ])
         }),
     ));
     workloads.push((

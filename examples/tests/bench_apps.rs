@@ -59,7 +59,7 @@ fn bench_apps_smoke_run() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let metrics = doc["metrics"].as_array().unwrap();
-    assert_eq!(metrics.len(), 22, "{doc}");
+    assert_eq!(metrics.len(), 26, "{doc}");
     // The engines' counters: across the namespaces every workload's programs sent RoCE packets
     // (counted from the exited clients' stats areas too), and a needless probe was a probe.
     let engine = doc["engine"].as_array().unwrap();
