@@ -4,7 +4,7 @@
 # p50, p99; 64 B pinned to one core, to two, and beside busy loops), iperf3, connect+echo+close
 # per second — on one host, across two network
 # namespaces, and with smcr fallback (server shimmed, client plain). Prints the ratios,
-# writes bench-apps.json and bench-apps.svg (a chart of the ratios), and fails if an smcr run
+# writes target/bench/bench-apps.json and .svg (a chart of the ratios), and fails if an smcr run
 # did not really use SMC-R (the server's stats area says).
 #
 # usage: sudo bash scripts/bench.sh [--quick] [--only smcr-local,fallback,...] [--workloads ...]

@@ -1549,7 +1549,22 @@ pub fn parse_workloads(list: &str) -> Result<Vec<&'static str>> {
 
 /// Writes `text` to `path`.
 pub fn write(path: &Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Where the bench writes its outputs unless told (`--json`, `--svg`): `bench/` in the cargo
+/// target directory the bench binary was built into (`target/release/bench` →
+/// `target/bench/`), generated output staying out of the sources; a binary elsewhere writes
+/// to the current directory.
+pub fn out_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.to_path_buf()))
+        .filter(|t| t.join("CACHEDIR.TAG").exists() || t.file_name().is_some_and(|n| n == "target"))
+        .map_or_else(|| PathBuf::from("."), |t| t.join("bench"))
 }
 
 /// Errors unless the tools are there (`ss` and `ip` only for the setups with namespaces).

@@ -216,9 +216,12 @@ fn main() -> Result<()> {
         let (metrics, engine) = app_bench::run(&opt)?;
         print!("{}", app_bench::table(&metrics));
         print!("{}", app_bench::engine_table(&engine));
-        let json = arg("--json").unwrap_or_else(|| "bench-apps.json".into());
+        let out = app_bench::out_dir();
+        let json = arg("--json")
+            .unwrap_or_else(|| out.join("bench-apps.json").to_string_lossy().into_owned());
         app_bench::write(json.as_ref(), &app_bench::json(&metrics, &engine))?;
-        let svg = arg("--svg").unwrap_or_else(|| "bench-apps.svg".into());
+        let svg = arg("--svg")
+            .unwrap_or_else(|| out.join("bench-apps.svg").to_string_lossy().into_owned());
         app_bench::write(svg.as_ref(), &app_bench::svg(&metrics))?;
         eprintln!("wrote {json} and {svg}");
         return Ok(());
