@@ -223,6 +223,28 @@ fn sge(mr: &Region, off: usize, len: usize) -> Sge {
     }
 }
 
+/// Posts an RDMA WRITE of the first `len` bytes of `src` to the start of `dst` on `h`'s QP.
+fn post_write(
+    h: &mut Host,
+    wr_id: u64,
+    (src, dst, len): (&Region, &Region, usize),
+    flags: SendFlags,
+) {
+    h.qp.post_send(
+        &SendWr {
+            wr_id,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.key(),
+            },
+            sg_list: &[sge(src, 0, len)],
+            flags,
+        },
+        &h.mrs,
+    )
+    .unwrap();
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -493,20 +515,7 @@ fn lost_acks_are_recovered_by_timeout_and_duplicates_reacked() {
     let src = Pair::mr(&p.a, 100);
     let dst = Pair::mr(&p.b, 100);
     p.blackhole_b = true; // every ACK is lost
-    p.a.qp
-        .post_send(
-            &SendWr {
-                wr_id: 1,
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: dst.addr(),
-                    rkey: dst.key(),
-                },
-                sg_list: &[sge(&src, 0, 100)],
-                flags: SendFlags::SIGNALED,
-            },
-            &p.a.mrs,
-        )
-        .unwrap();
+    post_write(&mut p.a, 1, (&src, &dst, 100), SendFlags::SIGNALED);
     let start = p.now;
     // Let two retransmissions happen, then heal the link.
     let mut buf = vec![0u8; 2048];
@@ -821,20 +830,7 @@ fn six_packet_write(p: &mut Pair) -> (Vec<Vec<u8>>, Arc<Region>) {
     let src = Pair::mr(&p.a, 256 * 6);
     src.write(0, &pattern(9, 256 * 6));
     let dst = Pair::mr(&p.b, 256 * 6);
-    p.a.qp
-        .post_send(
-            &SendWr {
-                wr_id: 1,
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: dst.addr(),
-                    rkey: dst.key(),
-                },
-                sg_list: &[sge(&src, 0, 256 * 6)],
-                flags: SendFlags::SIGNALED,
-            },
-            &p.a.mrs,
-        )
-        .unwrap();
+    post_write(&mut p.a, 1, (&src, &dst, 256 * 6), SendFlags::SIGNALED);
     let mut buf = vec![0u8; 2048];
     let mut pkts = vec![];
     while let Some(n) = p.a.qp.poll_transmit(p.now, &mut buf) {
@@ -970,37 +966,11 @@ fn what_is_kept_ahead_of_a_gap_is_bounded() {
     let dst = Pair::mr(&p.b, len);
     // A first transfer opens the congestion window wide enough for all of the second.
     for wr_id in [7, 8] {
-        p.a.qp
-            .post_send(
-                &SendWr {
-                    wr_id,
-                    opcode: WrOpcode::RdmaWrite {
-                        remote_addr: dst.addr(),
-                        rkey: dst.key(),
-                    },
-                    sg_list: &[sge(&src, 0, len)],
-                    flags: SendFlags::empty(),
-                },
-                &p.a.mrs,
-            )
-            .unwrap();
+        post_write(&mut p.a, wr_id, (&src, &dst, len), SendFlags::empty());
         p.run(100_000);
     }
     dst.write(0, &vec![0; len]);
-    p.a.qp
-        .post_send(
-            &SendWr {
-                wr_id: 1,
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: dst.addr(),
-                    rkey: dst.key(),
-                },
-                sg_list: &[sge(&src, 0, len)],
-                flags: SendFlags::SIGNALED,
-            },
-            &p.a.mrs,
-        )
-        .unwrap();
+    post_write(&mut p.a, 1, (&src, &dst, len), SendFlags::SIGNALED);
     let mut buf = vec![0u8; 8192];
     let mut pkts = vec![];
     while let Some(n) = p.a.qp.poll_transmit(p.now, &mut buf) {
@@ -1357,20 +1327,7 @@ fn early_retransmission_waits_for_the_last_packet_and_spurious_ones_are_undone()
     let dst = Pair::mr(&p.b, 64 * 1024);
     src.write(0, &pattern(7, 64 * 1024));
     let post = |p: &mut Pair, id: u64, len: usize| {
-        p.a.qp
-            .post_send(
-                &SendWr {
-                    wr_id: id,
-                    opcode: WrOpcode::RdmaWrite {
-                        remote_addr: dst.addr(),
-                        rkey: dst.key(),
-                    },
-                    sg_list: &[sge(&src, 0, len)],
-                    flags: SendFlags::SIGNALED,
-                },
-                &p.a.mrs,
-            )
-            .unwrap();
+        post_write(&mut p.a, id, (&src, &dst, len), SendFlags::SIGNALED);
     };
     // A few small round trips of 20 µs: the round-trip estimate is small (probe after 500 µs).
     for id in 0..8 {
@@ -1539,20 +1496,7 @@ fn held_back_packets_cost_little() {
         let dst = Pair::mr(&p.b, len);
         let t0 = p.now;
         for i in 0..n {
-            p.a.qp
-                .post_send(
-                    &SendWr {
-                        wr_id: i,
-                        opcode: WrOpcode::RdmaWrite {
-                            remote_addr: dst.addr(),
-                            rkey: dst.key(),
-                        },
-                        sg_list: &[sge(&src, 0, len)],
-                        flags: SendFlags::SIGNALED,
-                    },
-                    &p.a.mrs,
-                )
-                .unwrap();
+            post_write(&mut p.a, i, (&src, &dst, len), SendFlags::SIGNALED);
         }
         p.run(10_000_000);
         assert_eq!(p.a.completions.len(), n as usize);
