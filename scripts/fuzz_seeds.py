@@ -29,6 +29,17 @@ while at + 16 <= len(data):
             pad = (roce[1] >> 4) & 3
             payload = roce[12:len(roce) - 4 - pad]
             seeds["cdc_message" if payload[0] == 0xFE else "llc_message"].append(payload)
+# Bundles (our engines' datagrams of several packets, rdma::wire::parse_bundle): the
+# capture's first two SENDs, made one datagram for their QP, flagged unchecked.
+sends = [r for r in seeds["roce_packet"] if r[0] == 0x04][:2]
+if len(sends) == 2 and sends[0][5:8] == sends[1][5:8]:
+    b = bytearray([0xC0, 0, 0, 0, 0x01]) + sends[0][5:8] + bytes(4)
+    for r in sends:
+        r = bytearray(r)
+        r[4] |= 0x03
+        r[-4:] = bytes(4)
+        b += struct.pack("!H", len(r)) + r
+    seeds["roce_packet"].append(bytes(b))
 for target, items in seeds.items():
     d = os.path.join(out, target)
     os.makedirs(d, exist_ok=True)

@@ -807,6 +807,8 @@ impl EngineQp {
         }
         core.rc.modify(attr)?;
         if let Some(av) = attr.av {
+            // A new peer: whether it is our engine is learnt again from its packets.
+            core.peer_ext &= core.av == Some(av);
             core.av = Some(av);
         }
         if attr.src.is_some() {
@@ -1039,11 +1041,11 @@ impl EngineQp {
 impl Drop for EngineQp {
     fn drop(&mut self) {
         self.guard.shared.qps.write().remove(&self.qp.qpn);
-        let _ = self
-            .qp
-            .core
-            .lock()
-            .rc
-            .modify(&QpAttr::state(QpState::Reset));
+        let mut core = self.qp.core.lock();
+        if core.rc.end_ack_hold() {
+            // The peer waits for it: without it, it would send again to a QP that is gone.
+            self.guard.shared.drive(&mut core, Instant::now());
+        }
+        let _ = core.rc.modify(&QpAttr::state(QpState::Reset));
     }
 }

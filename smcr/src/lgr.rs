@@ -44,6 +44,9 @@ pub struct LgrCore<C> {
     linger: Duration,
     free: Vec<usize>,
     owner: Vec<u32>,
+    /// Slots handed out and not completed: a completion of a slot not in use (a stray or
+    /// repeated one) must not free it a second time, or two messages would share it.
+    busy: Vec<bool>,
     reserve: usize,
     needs_flush: Vec<u32>,
 }
@@ -71,6 +74,7 @@ impl<C: Clone> LgrCore<C> {
             linger,
             free: (0..slots).rev().collect(),
             owner: vec![0; slots],
+            busy: vec![false; slots],
             reserve,
             needs_flush: Vec::new(),
         }
@@ -177,6 +181,7 @@ impl<C: Clone> LgrCore<C> {
         if self.free.len() > keep {
             let s = self.free.pop().expect("checked");
             self.owner[s] = 0;
+            self.busy[s] = true;
             Slot::Got(s)
         } else {
             Slot::Wait
@@ -196,7 +201,10 @@ impl<C: Clone> LgrCore<C> {
     /// A SEND completed: frees its slot and returns the connection whose data CDC it was (its
     /// completion handler, smc_cdc.c, `smc_cdc_tx_handler()`).
     pub fn complete(&mut self, slot: usize) -> Option<C> {
-        let owner = std::mem::take(self.owner.get_mut(slot)?);
+        if !std::mem::take(self.busy.get_mut(slot)?) {
+            return None;
+        }
+        let owner = std::mem::take(&mut self.owner[slot]);
         self.free.push(slot);
         (owner != 0)
             .then(|| self.conns.get(&owner).cloned())
@@ -205,8 +213,10 @@ impl<C: Clone> LgrCore<C> {
 
     /// Returns a slot taken but not used.
     pub fn put_back(&mut self, slot: usize) {
-        self.owner[slot] = 0;
-        self.free.push(slot);
+        if self.busy.get_mut(slot).is_some_and(std::mem::take) {
+            self.owner[slot] = 0;
+            self.free.push(slot);
+        }
     }
 
     /// A connection's corked data waits for a slot the poller could not get (Linux queues the
@@ -321,6 +331,10 @@ mod tests {
         g.put_back(p);
         assert_eq!(g.free_slots(), 3);
         assert_eq!(g.complete(99), None, "unknown slot ignored");
+        // A slot completed twice (a stray completion) is freed once: never handed out to two.
+        assert_eq!(g.complete(got[0]), None);
+        g.put_back(p);
+        assert_eq!(g.free_slots(), 3);
         g.defer_flush(5);
         g.defer_flush(5);
         g.defer_flush(6);

@@ -326,6 +326,20 @@ pub static SETTINGS: &[Setting] = &[
         about: "capture the RoCE engine's packets to this pcap file",
     },
     Setting {
+        key: "smcr.rdma_ext",
+        var: "SMCR_RDMA_EXT",
+        kind: Kind::Flag,
+        default: ON,
+        about: "the RoCE engine bundles small packets to a peer that is our engine, and leaves out the ICRC where both allow",
+    },
+    Setting {
+        key: "smcr.rdma_icrc",
+        var: "SMCR_RDMA_ICRC",
+        kind: Kind::Choice(&["peer", "always"]),
+        default: "peer",
+        about: "`always`: check the ICRC of every packet, also from our own engines (which then compute it)",
+    },
+    Setting {
         key: "smcr.rdma_faults",
         var: "SMCR_RDMA_FAULTS",
         kind: Kind::Faults,

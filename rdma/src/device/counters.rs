@@ -105,6 +105,14 @@ device_counters! {
     /// Request packets that came ahead of a gap (overtaken, or after a lost one) and were
     /// kept, then placed when the gap filled.
     rx_reordered,
+    /// Datagrams sent that bundled small packets of one QP (to a peer that is our engine,
+    /// see [`crate::wire::parse_bundle`]).
+    tx_bundles,
+    /// Bundles received.
+    rx_bundles,
+    /// Packets sent without an ICRC (to a peer that is our engine, see
+    /// [`crate::wire::NO_ICRC`]).
+    tx_no_icrc,
 }
 
 /// Words a device keeps its counters in, when its user provides them: smcr puts them in its

@@ -101,6 +101,16 @@ pub struct DeviceConfig {
     /// `epoll_ctl` calls that hand it to the engine thread and back; if it does not come back
     /// in time, the engine thread takes it (smcr: `SMCR_HOLD_US`, as event loops' holds).
     pub rx_hold: Duration,
+    /// Speak our engines' extensions to a peer that is our engine too ([`crate::wire::MARK`]):
+    /// no ICRC, small packets bundled into one datagram. Every packet is marked; a peer that
+    /// never marks (Linux rxe, an RNIC) gets plain RoCE v2. Default on; `SMCR_RDMA_EXT=off`
+    /// turns it off (plain RoCE v2 to everyone, the ICRC checked on every packet).
+    pub ext: bool,
+    /// With [`Self::ext`]: check the ICRC of every packet even from our own engines (they
+    /// then compute it; bundles are kept). Default off; `SMCR_RDMA_ICRC=always` turns it on:
+    /// corruption past the UDP checksum (a NIC or bus that corrupts after its check) is then
+    /// caught, as it is with any RoCE peer.
+    pub icrc_always: bool,
 }
 
 impl DeviceConfig {
@@ -122,6 +132,13 @@ impl DeviceConfig {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_SPIN, |us| Duration::from_micros(us.min(10_000))),
             rx_hold: Duration::ZERO,
+            ext: !crate::env::var("SMCR_RDMA_EXT").is_some_and(|v| {
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "off" | "0" | "no" | "false"
+                )
+            }),
+            icrc_always: crate::env::var("SMCR_RDMA_ICRC").is_some_and(|v| v == "always"),
         }
     }
 }
@@ -142,6 +159,11 @@ pub(crate) struct QpCore {
     pub(crate) shm: Option<crate::samehost::ShmQp>,
     /// The transport's counters as last added to the device's (see [`Shared::count_rc`]).
     counted: [u64; RC_COUNTERS],
+    /// The peer marked its packets: it is our engine, and takes bundles
+    /// ([`DeviceConfig::ext`]).
+    pub(crate) peer_ext: bool,
+    /// It also takes packets without ICRC (`wire::TAKES_NO_ICRC`).
+    pub(crate) peer_no_icrc: bool,
 }
 
 pub(crate) struct QpShared {
@@ -171,6 +193,8 @@ impl QpShared {
                 timer_at: None,
                 shm,
                 counted: [0; RC_COUNTERS],
+                peer_ext: false,
+                peer_no_icrc: false,
             }),
         }
     }
@@ -225,6 +249,13 @@ pub(crate) struct Shared {
     kick: OwnedFd,
     stop: AtomicBool,
     mw: Option<Mutex<Middleware>>,
+    /// This device marks its packets and bundles to peers that do ([`DeviceConfig::ext`],
+    /// unless it captures).
+    ext: bool,
+    /// It may leave out the ICRC to a peer that takes that (not while it injects bit flips).
+    send_no_icrc: bool,
+    /// It takes packets without ICRC (not with [`DeviceConfig::icrc_always`]).
+    take_no_icrc: bool,
     tx_bufs: Mutex<Vec<TxScratch>>,
     rx: Mutex<RxState>,
     /// A thread found the socket readable but the receive state taken (see
@@ -306,6 +337,13 @@ impl Shared {
             None => None,
         };
         let stats = Counters::new(cfg.counters.as_ref());
+        // A capture shows plain RoCE v2 (what Wireshark decodes): a capturing device does not
+        // mark its packets, and so is sent none of our extensions. Corruption injected here
+        // happens before the kernel's UDP checksum, which only the ICRC can then catch: such a
+        // device computes the ICRC of everything it sends.
+        let ext = cfg.ext && pcap.is_none();
+        let send_no_icrc = ext && faults.as_ref().is_none_or(|f| !f.corrupts());
+        let take_no_icrc = ext && !cfg.icrc_always;
         let mw = (faults.is_some() || pcap.is_some()).then(|| {
             Mutex::new(Middleware {
                 faults,
@@ -414,6 +452,9 @@ impl Shared {
             kick,
             stop: AtomicBool::new(false),
             mw,
+            ext,
+            send_no_icrc,
+            take_no_icrc,
             tx_bufs: Mutex::new(Vec::new()),
             rx_wanted: AtomicBool::new(false),
             rx: Mutex::new(RxState::new()),

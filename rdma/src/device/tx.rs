@@ -7,12 +7,16 @@ use super::engine::FAULT_TIMER;
 use super::{QpCore, Shared};
 use crate::transport::fault::FaultInjector;
 use crate::transport::udp::{MAX_DATAGRAM, MAX_GSO_SEGMENTS, UdpSocket};
-use crate::wire::IcrcHeaders;
+use crate::wire::{self, BUNDLE_HEADER_LEN, BUNDLE_PREFIX_LEN, IcrcHeaders};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Instant;
 
 /// Room after each packet's head in the scratch buffer for pad bytes and the ICRC.
 const TRAILER: usize = 8;
+
+/// Room before each packet's head, to the peer that takes bundles: a bundle's header and the
+/// packet's length.
+const BUNDLE_ROOM: usize = BUNDLE_HEADER_LEN + BUNDLE_PREFIX_LEN;
 
 struct Pending {
     head: usize,
@@ -31,6 +35,9 @@ pub(super) struct TxScratch {
     /// them together (`sendmmsg`): an answer and the ACK behind it, or a WRITE batch and a
     /// shorter CDC, leave in one system call.
     sealed: Vec<(std::ops::Range<usize>, Option<u16>)>,
+    /// The pending packets form a bundle (one datagram, see [`crate::wire::parse_bundle`]),
+    /// not a GSO batch; `bytes` is then the bundle's length.
+    bundle: bool,
 }
 
 /// Sealed batches a pass keeps before it sends them.
@@ -48,6 +55,7 @@ impl TxScratch {
             pkts: Vec::with_capacity(MAX_GSO_SEGMENTS),
             iov: Vec::with_capacity(MAX_GSO_SEGMENTS * 7 * MAX_SEALED),
             sealed: Vec::with_capacity(MAX_SEALED),
+            bundle: false,
         }
     }
 
@@ -57,13 +65,14 @@ impl TxScratch {
         self.pkts.clear();
         self.iov.clear();
         self.sealed.clear();
+        self.bundle = false;
     }
 
     /// Another packet (of at most 64 + 4096 bytes, and its head in the buffer) fits the batch.
     fn has_room(&self) -> bool {
-        self.bytes + 4096 + 64 + TRAILER <= MAX_DATAGRAM
+        self.bytes + 4096 + 64 + TRAILER + BUNDLE_ROOM <= MAX_DATAGRAM
             && self.pkts.len() < MAX_GSO_SEGMENTS
-            && self.used + 4096 + 64 + TRAILER <= self.buf.len()
+            && self.used + 4096 + 64 + TRAILER + BUNDLE_ROOM <= self.buf.len()
     }
 }
 
@@ -76,15 +85,24 @@ impl Shared {
         let mut tx = self.tx_bufs.lock().pop().unwrap_or_else(TxScratch::new);
         tx.reset();
         let mut seg = 0;
+        // To a peer that is our engine: no ICRC, and small packets that fit a datagram of the
+        // path's largest packet size (headers, ICRC field) together go as one bundle.
+        let ext = self.ext && core.peer_ext;
+        let no_icrc = ext && core.peer_no_icrc && self.send_no_icrc;
+        let limit = match core.rc.path_mtu() {
+            Some(m) if ext => m.bytes() + 32,
+            _ => 0,
+        };
+        let room = if ext { BUNDLE_ROOM } else { 0 };
         // Requests first, so that an ACK closes their batch; but once a batch had to be sent
         // full (bulk), what the responder has goes next instead of after the whole window.
         let mut req_first = true;
         loop {
             if !tx.has_room() {
-                self.flush(&mut tx, seg, dst, src, now);
+                self.flush(&mut tx, seg, dst, src, now, no_icrc);
                 req_first = false;
             }
-            let at = tx.used;
+            let at = tx.used + room;
             let Some(parts) = core
                 .rc
                 .poll_transmit_parts(now, &mut tx.buf[at..], req_first)
@@ -92,23 +110,41 @@ impl Shared {
                 break;
             };
             let len = parts.len();
-            if !tx.pkts.is_empty() && len > seg {
-                // A longer packet cannot follow in the same GSO batch: send the batch first.
-                self.flush(&mut tx, seg, dst, src, now);
+            // Only packets of which two fit: full-size ones (bulk) go in GSO batches.
+            if 2 * (BUNDLE_PREFIX_LEN + len) + BUNDLE_HEADER_LEN <= limit {
+                if !tx.pkts.is_empty() && (!tx.bundle || tx.bytes + BUNDLE_PREFIX_LEN + len > limit)
+                {
+                    // After a GSO batch, or the bundle is full: a new bundle.
+                    self.flush(&mut tx, seg, dst, src, now, no_icrc);
+                }
+                if tx.pkts.is_empty() {
+                    tx.bundle = true;
+                    tx.bytes = BUNDLE_HEADER_LEN;
+                }
+                tx.used = at + parts.head + TRAILER;
+                tx.bytes += BUNDLE_PREFIX_LEN + len;
+                tx.pkts.push(Pending { head: at, parts });
+                continue;
+            }
+            if !tx.pkts.is_empty() && (tx.bundle || len > seg) {
+                // A longer packet cannot follow in the same GSO batch (nor one join a bundle):
+                // send the batch first.
+                self.flush(&mut tx, seg, dst, src, now, no_icrc);
             }
             tx.used = at + parts.head + TRAILER;
             if tx.pkts.is_empty() {
                 seg = len;
+                tx.bundle = false;
             }
             tx.bytes += len;
             tx.pkts.push(Pending { head: at, parts });
             if len < seg || !self.cfg.gso {
                 // A shorter packet ends a GSO batch (without GSO, each packet is one).
-                self.flush(&mut tx, seg, dst, src, now);
+                self.flush(&mut tx, seg, dst, src, now, no_icrc);
             }
         }
         if !tx.pkts.is_empty() {
-            self.flush(&mut tx, seg, dst, src, now);
+            self.flush(&mut tx, seg, dst, src, now, no_icrc);
         }
         self.send_sealed(&mut tx, dst, src);
         self.tx_bufs.lock().push(tx);
@@ -154,8 +190,9 @@ impl Shared {
         }
     }
 
-    /// Sends the pending packets (all `seg` bytes long but the last) and empties the batch.
-    /// Must be called with the QP still locked: payloads point into its registered memory.
+    /// Sends the pending packets (all `seg` bytes long but the last, or a bundle) and empties
+    /// the batch. `no_icrc`: the peer takes packets without ICRC. Must be called with the QP
+    /// still locked: payloads point into its registered memory.
     fn flush(
         &self,
         tx: &mut TxScratch,
@@ -163,10 +200,19 @@ impl Shared {
         dst: SocketAddrV4,
         src: Ipv4Addr,
         now: Instant,
+        no_icrc: bool,
     ) {
         if tx.pkts.is_empty() {
             // Nothing to seal (the scratch space ran out): send what is sealed.
             self.send_sealed(tx, dst, src);
+            return;
+        }
+        if tx.bundle {
+            if self.mw.is_some() {
+                // The middleware works on this bundle alone: what was sealed goes first.
+                self.send_sealed_keep(tx, dst, src);
+            }
+            self.seal_bundle(tx, dst, src, no_icrc);
             return;
         }
         // Each address has its socket (see `alt`).
@@ -189,10 +235,12 @@ impl Shared {
             // into registered memory kept alive by the (locked) QP's outstanding request.
             let (head, trailer) = unsafe {
                 (
-                    std::slice::from_raw_parts(buf_ptr.add(p.head), p.parts.head),
+                    std::slice::from_raw_parts_mut(buf_ptr.add(p.head), p.parts.head),
                     std::slice::from_raw_parts_mut(buf_ptr.add(head_end), TRAILER),
                 )
             };
+            // Byte 4 is masked out of the ICRC: the mark costs a Linux peer nothing.
+            head[4] |= self.ext_flags(no_icrc);
             let mut parts: [&[u8]; 6] = [&[]; 6];
             parts[0] = head;
             let mut n = 1;
@@ -202,8 +250,11 @@ impl Shared {
                 n += 1;
             }
             parts[n] = &[0u8; 3][..p.parts.pad];
-            let icrc =
-                crate::wire::compute_icrc_vectored(&self.icrc_headers(src, dst, id), &parts[..=n]);
+            let icrc = if no_icrc {
+                0
+            } else {
+                crate::wire::compute_icrc_vectored(&self.icrc_headers(src, dst, id), &parts[..=n])
+            };
             trailer[..p.parts.pad].fill(0);
             trailer[p.parts.pad..p.parts.pad + 4].copy_from_slice(&icrc.to_le_bytes());
             parts[n] = &trailer[..p.parts.pad + 4];
@@ -217,6 +268,9 @@ impl Shared {
             }
         }
         bump(&self.stats.tx_packets, count as u64);
+        if no_icrc {
+            bump(&self.stats.tx_no_icrc, count as u64);
+        }
         if let Some(mw) = &self.mw {
             // Capture and fault injection work on contiguous copies of each packet.
             let mut flat = Vec::with_capacity(tx.bytes);
@@ -256,7 +310,138 @@ impl Shared {
             .push((iov_start..tx.iov.len(), gso.then_some(seg as u16)));
         tx.pkts.clear();
         tx.bytes = 0;
-        if tx.sealed.len() >= MAX_SEALED || tx.used + 4096 + 64 + TRAILER > tx.buf.len() {
+        if tx.sealed.len() >= MAX_SEALED
+            || tx.used + 4096 + 64 + TRAILER + BUNDLE_ROOM > tx.buf.len()
+        {
+            self.send_sealed(tx, dst, src);
+        }
+    }
+
+    /// What byte 4 of our packets' BTHs carries: the mark (and whether we take packets
+    /// without ICRC), and whether this one has none.
+    fn ext_flags(&self, no_icrc: bool) -> u8 {
+        if !self.ext {
+            return 0;
+        }
+        let mut f = wire::MARK;
+        if self.take_no_icrc {
+            f |= wire::TAKES_NO_ICRC;
+        }
+        if no_icrc {
+            f |= wire::NO_ICRC;
+        }
+        f
+    }
+
+    /// Seals the pending packets as one bundle: its header and each packet's length go in the
+    /// room left before the packets' heads, the ICRC fields are zero.
+    fn seal_bundle(&self, tx: &mut TxScratch, dst: SocketAddrV4, src: Ipv4Addr, no_icrc: bool) {
+        let iov_start = tx.iov.len();
+        let buf_ptr = tx.buf.as_mut_ptr();
+        let flags = self.ext_flags(no_icrc);
+        let count = tx.pkts.len();
+        for (i, p) in tx.pkts.iter().enumerate() {
+            let start = p.head
+                - if i == 0 {
+                    BUNDLE_ROOM
+                } else {
+                    BUNDLE_PREFIX_LEN
+                };
+            let head_end = p.head + p.parts.head;
+            let len = p.parts.len() as u16;
+            // SAFETY: the room before each head (reserved by `transmit`), the head and its
+            // trailer are disjoint parts of `tx.buf`; payload pieces point into registered
+            // memory kept alive by the (locked) QP's outstanding request.
+            let (head, trailer) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(buf_ptr.add(start), head_end - start),
+                    std::slice::from_raw_parts_mut(buf_ptr.add(head_end), TRAILER),
+                )
+            };
+            let bth = head.len() - p.parts.head;
+            head[bth + 4] |= flags;
+            if i == 0 {
+                let qpn = u32::from_be_bytes([0, head[bth + 5], head[bth + 6], head[bth + 7]]);
+                head[..BUNDLE_HEADER_LEN].copy_from_slice(&wire::bundle_header(qpn));
+            }
+            head[bth - BUNDLE_PREFIX_LEN..bth].copy_from_slice(&len.to_be_bytes());
+            tx.iov.push(libc::iovec {
+                iov_base: head.as_mut_ptr().cast(),
+                iov_len: head.len(),
+            });
+            // SAFETY: as above.
+            for s in unsafe { p.parts.payload.slices() } {
+                if !s.is_empty() {
+                    tx.iov.push(libc::iovec {
+                        iov_base: s.as_ptr() as *mut _,
+                        iov_len: s.len(),
+                    });
+                }
+            }
+            let t = p.parts.pad + crate::wire::ICRC_LEN;
+            trailer[..t].fill(0);
+            if !no_icrc {
+                // As for a lone datagram (identification 0), over the packet alone.
+                let mut parts: [&[u8]; 6] = [&[]; 6];
+                parts[0] = &head[bth..];
+                let mut n = 1;
+                // SAFETY: as above.
+                for s in unsafe { p.parts.payload.slices() } {
+                    parts[n] = s;
+                    n += 1;
+                }
+                parts[n] = &trailer[..p.parts.pad];
+                let icrc = crate::wire::compute_icrc_vectored(
+                    &self.icrc_headers(src, dst, 0),
+                    &parts[..=n],
+                );
+                trailer[p.parts.pad..t].copy_from_slice(&icrc.to_le_bytes());
+            }
+            tx.iov.push(libc::iovec {
+                iov_base: trailer.as_mut_ptr().cast(),
+                iov_len: t,
+            });
+        }
+        bump(&self.stats.tx_packets, count as u64);
+        if no_icrc {
+            bump(&self.stats.tx_no_icrc, count as u64);
+        }
+        bump(&self.stats.tx_bundles, 1);
+        if let Some(mw) = &self.mw {
+            // Fault injection (no capture: see `Shared::ext`) works on the whole datagram, as a path
+            // drops, delays or duplicates it.
+            let mut flat = Vec::with_capacity(tx.bytes);
+            for v in &tx.iov[iov_start..] {
+                // SAFETY: the iovecs were built above from live memory.
+                flat.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+            tx.iov.truncate(iov_start);
+            tx.pkts.clear();
+            tx.bytes = 0;
+            tx.bundle = false;
+            let pktinfo = (src != *self.local.ip()).then_some(src);
+            let mut mw = mw.lock();
+            let mw = &mut *mw;
+            if let Some(f) = &mut mw.faults {
+                f.process(Instant::now(), dst, pktinfo, flat, &mut mw.released);
+                for r in mw.released.drain(..) {
+                    self.send_raw(r.dst, r.src, &r.bytes, None);
+                }
+                if let Some(t) = f.next_due() {
+                    self.schedule(t, FAULT_TIMER);
+                }
+            }
+            return;
+        }
+        tx.sealed.push((iov_start..tx.iov.len(), None));
+        tx.pkts.clear();
+        tx.bytes = 0;
+        tx.bundle = false;
+        if tx.sealed.len() >= MAX_SEALED
+            || tx.used + 4096 + 64 + TRAILER + BUNDLE_ROOM > tx.buf.len()
+        {
             self.send_sealed(tx, dst, src);
         }
     }

@@ -52,6 +52,10 @@ pub struct QpCaps {
     pub ack_delay: Option<std::time::Duration>,
 }
 
+/// A held ACK may leave at most this many of the peer's packets unacknowledged: a request
+/// (its WRITE and its CDC SEND), not a bulk transfer's window, whose sender would probe.
+const HOLD_MAX_PKTS: u32 = 4;
+
 impl Default for QpCaps {
     fn default() -> Self {
         Self {
@@ -426,7 +430,10 @@ impl RcQp {
                     // answered) sends what is pending at once.
                     let answered = kind == Kind::Send && op.position().is_some_and(|p| p.ends());
                     self.ack_hold = match self.caps.ack_delay {
-                        Some(d) if answered && r.only_plain_ack() => {
+                        // Not after bulk: the peer's whole window would wait.
+                        Some(d)
+                            if answered && r.only_plain_ack() && r.unacked() <= HOLD_MAX_PKTS =>
+                        {
                             // Rides only with requests sent from now on.
                             self.ack_ride = false;
                             Some(self.ack_hold.unwrap_or(now + d))
@@ -489,6 +496,19 @@ impl RcQp {
         let n = self.resp.as_mut()?.poll_transmit(buf)?;
         self.ack_hold = None;
         Some(n)
+    }
+
+    /// Holds the ACK of a message that completes a receive for up to `d` (see
+    /// [`QpCaps::ack_delay`]), unless a hold was set already. The driver does so for a peer
+    /// that is our engine: the ACK then rides in the answer's datagram (a bundle) at no cost.
+    pub fn hold_acks(&mut self, d: std::time::Duration) {
+        self.caps.ack_delay.get_or_insert(d);
+    }
+
+    /// Ends a hold of the responder's ACK: it leaves with the next transmission. Returns
+    /// whether one was held.
+    pub fn end_ack_hold(&mut self) -> bool {
+        self.ack_hold.take().is_some()
     }
 
     /// Whether the responder's pending ACK waits (see [`QpCaps::ack_delay`]).

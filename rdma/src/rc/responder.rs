@@ -129,6 +129,8 @@ pub(crate) struct Responder {
     nak_at: Option<Instant>,
     /// NAKs of this gap repeated by the timer (each waits twice as long).
     nak_repeats: u32,
+    /// The PSN after the last one an ACK or NAK that left covered.
+    acked_to: Psn,
 }
 
 impl Responder {
@@ -152,7 +154,13 @@ impl Responder {
             allowance: DEFAULT_ALLOWANCE,
             nak_at: None,
             nak_repeats: 0,
+            acked_to: p.rq_psn,
         }
+    }
+
+    /// Request packets executed since the last ACK left (what a held ACK would leave waiting).
+    pub(crate) fn unacked(&self) -> u32 {
+        self.epsn.diff(self.acked_to).max(0) as u32
     }
 
     fn ack(&mut self, psn: Psn, syndrome: Syndrome) {
@@ -550,7 +558,11 @@ impl Responder {
                     payload: &[],
                 };
                 repr.emit(buf);
+                let next = psn.add(1);
                 self.out.pop_front();
+                if next.is_after(self.acked_to) {
+                    self.acked_to = next;
+                }
                 Some(repr.buffer_len())
             }
             Out::Read(job) => {

@@ -190,6 +190,11 @@ impl FaultInjector {
         }
     }
 
+    /// Whether it flips bits (see [`FaultConfig::corrupt`]).
+    pub(crate) fn corrupts(&self) -> bool {
+        self.cfg.corrupt > 0.0
+    }
+
     fn next(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;

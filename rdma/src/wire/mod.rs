@@ -12,12 +12,17 @@
 //! * [`PacketRepr::parse`] never panics: every malformed packet is an [`Error`].
 //! * [`PacketRepr::emit`] never fails when given a buffer of `buffer_len()` bytes.
 
+mod bundle;
 mod icrc;
 mod ip;
 mod opcode;
 mod packet;
 mod psn;
 
+pub use bundle::{
+    BUNDLE_HEADER_LEN, BUNDLE_OPCODE, BUNDLE_PREFIX_LEN, Bundle, MARK, NO_ICRC, TAKES_NO_ICRC,
+    bundle_header, has_flag, is_bundle, parse_bundle,
+};
 pub use icrc::{IcrcHeaders, compute_icrc, compute_icrc_vectored, ip_id_delta, verify_icrc};
 pub use ip::{IPV4_HEADER_LEN, ROCE_V2_PORT, UDP_HEADER_LEN, emit_ipv4_udp, ipv4_checksum};
 pub use opcode::{Kind, Opcode, Position};
@@ -71,6 +76,14 @@ pub enum Error {
     },
     /// The AETH syndrome is in a reserved range.
     ReservedSyndrome(u8),
+    /// A bundle (see [`parse_bundle`]) is cut short, holds a packet too short to be one, or
+    /// one for another QP, at byte `at`.
+    BadBundle {
+        /// Where the defect is.
+        at: usize,
+        /// The bundle's length.
+        len: usize,
+    },
     /// The invariant CRC does not match the packet's contents.
     BadIcrc {
         /// The ICRC carried by the packet.
@@ -113,6 +126,9 @@ impl fmt::Display for Error {
                 )
             }
             Self::ReservedSyndrome(s) => write!(f, "AETH syndrome {s:#04x} is reserved"),
+            Self::BadBundle { at, len } => {
+                write!(f, "bundle of {len} bytes is malformed at byte {at}")
+            }
             Self::BadIcrc { found, computed } => write!(
                 f,
                 "ICRC mismatch: packet carries {found:#010x}, contents give {computed:#010x}"

@@ -81,6 +81,13 @@ pub struct RuntimeConfig {
     /// Faults the RoCE engine injects into the packets it sends (tests; `None`: the
     /// `SMCR_RDMA_FAULTS` environment variable decides, as for any device).
     pub faults: Option<rdma::FaultConfig>,
+    /// The RoCE engine checks the ICRC of every packet, also from a peer that is our engine
+    /// (which then computes it); `SMCR_RDMA_ICRC=always` does the same for any device.
+    pub rdma_icrc_always: bool,
+    /// The RoCE engine's extensions with a peer that is our engine (bundles, no ICRC; see
+    /// `rdma::DeviceConfig::ext`); off: plain RoCE v2 to everyone. `SMCR_RDMA_EXT=off`
+    /// turns them off for any device.
+    pub rdma_ext: bool,
     /// Other local addresses of this host, each on another path to the peers than the
     /// address a connection's TCP runs over (`SMCR_ALT_ADDRS`, comma-separated). With one, a
     /// link group gets a second link over it (ADD LINK), connections move to it when their
@@ -135,6 +142,8 @@ impl RuntimeConfig {
             ack_delay: None,
             rkey_reuse: true,
             faults: None,
+            rdma_icrc_always: false,
+            rdma_ext: true,
             alt_addrs: Vec::new(),
         }
     }

@@ -317,8 +317,9 @@ impl LinkGroup {
                         st.g.transport_failed(path, &self.failure_cause(path, wc.status));
                     }
                     // A SEND flushed by a failed link frees its slot (and its connection's
-                    // count of CDCs in flight); a surviving link carries on.
-                    if wc.opcode == WcOpcode::Send && (wc.wr_id as usize) < SEND_SLOTS {
+                    // count of CDCs in flight); a surviving link carries on. Known by its
+                    // `wr_id`: an error completion's opcode is undefined (see RECV_TAG).
+                    if wc.wr_id & RECV_TAG == 0 && (wc.wr_id as usize) < SEND_SLOTS {
                         if let Some(c) = st.g.conns.complete(wc.wr_id as usize) {
                             sent.push((c, None));
                         }
@@ -328,7 +329,7 @@ impl LinkGroup {
                 }
                 match wc.opcode {
                     WcOpcode::Recv => {
-                        let slot = wc.wr_id as usize;
+                        let slot = (wc.wr_id & !RECV_TAG) as usize;
                         let p = &self.paths[path];
                         let len = (wc.byte_len as usize).min(SLOT);
                         let mut b = [0u8; SLOT];

@@ -92,6 +92,8 @@ impl Inner {
         }
         let mut dcfg = DeviceConfig::new(SocketAddrV4::new(ip, self.cfg.roce_port));
         dcfg.faults = self.cfg.faults;
+        dcfg.icrc_always |= self.cfg.rdma_icrc_always;
+        dcfg.ext &= self.cfg.rdma_ext;
         // A thread blocked in a read keeps the socket between its waits as long as an event
         // loop keeps its group (SMCR_HOLD_US).
         dcfg.rx_hold = self.cfg.app_hold;

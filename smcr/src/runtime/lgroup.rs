@@ -39,7 +39,7 @@ impl Path {
         };
         let n = if self.big.is_some() { 2 } else { 1 };
         self.qp.post_recv(&[RecvWr {
-            wr_id: slot as u64,
+            wr_id: RECV_TAG | slot as u64,
             sg_list: &sges[..n],
         }])
     }

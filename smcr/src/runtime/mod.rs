@@ -185,6 +185,11 @@ fn rdma_mtu(m: QpMtu) -> Mtu {
 const SLOT: usize = 128;
 const RECV_SLOTS: usize = 256;
 const SEND_SLOTS: usize = 1024;
+/// Set in a receive's `wr_id` (the slot below it): a completion says by its `wr_id` alone
+/// which queue it came from. An error completion's opcode is undefined (libibverbs; rxe
+/// leaves 0, `IBV_WC_SEND`, in a flushed receive), and a receive slot taken for a SEND slot
+/// freed a SEND in flight: two messages then shared one slot.
+const RECV_TAG: u64 = 1 << 62;
 /// A send slot never handed out, always zero: the source of the bytes a short WRITE is
 /// lengthened by (see [`GSO_WRITE_MIN`]).
 const ZERO_SLOT: usize = SEND_SLOTS;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 /// `SMCRSTA1`, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMCRSTA1");
 /// Layout version.
-pub const VERSION: u64 = 5;
+pub const VERSION: u64 = 6;
 /// Where the areas live.
 pub const DEFAULT_DIR: &str = "/dev/shm/smcr";
 
