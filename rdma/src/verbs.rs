@@ -806,13 +806,18 @@ impl EngineQp {
             return Err(ModifyError::NotModifiable("src"));
         }
         core.rc.modify(attr)?;
+        if attr.src.is_some() {
+            core.src = attr.src;
+        }
         if let Some(av) = attr.av {
             // A new peer: whether it is our engine is learnt again from its packets.
             core.peer_ext &= core.av == Some(av);
             core.av = Some(av);
-        }
-        if attr.src.is_some() {
-            core.src = attr.src;
+            let src = core.src.unwrap_or(*shared.local.ip());
+            core.max_dgram = crate::transport::udp::route_mtu(src, *av.ip()).map(|m| {
+                (m as usize)
+                    .saturating_sub(crate::wire::IPV4_HEADER_LEN + crate::wire::UDP_HEADER_LEN)
+            });
         }
         let core_ref = &mut *core;
         if let Some(shm) = &mut core_ref.shm {

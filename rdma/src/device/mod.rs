@@ -164,6 +164,10 @@ pub(crate) struct QpCore {
     pub(crate) peer_ext: bool,
     /// It also takes packets without ICRC (`wire::TAKES_NO_ICRC`).
     pub(crate) peer_no_icrc: bool,
+    /// The largest UDP payload the route to the peer carries (its IP MTU less the IPv4 and
+    /// UDP headers), when known: a bundle may hold a full-size packet and the small ones
+    /// behind it.
+    pub(crate) max_dgram: Option<usize>,
 }
 
 pub(crate) struct QpShared {
@@ -195,6 +199,7 @@ impl QpShared {
                 counted: [0; RC_COUNTERS],
                 peer_ext: false,
                 peer_no_icrc: false,
+                max_dgram: None,
             }),
         }
     }

@@ -14,6 +14,10 @@ use std::time::Instant;
 /// Room after each packet's head in the scratch buffer for pad bytes and the ICRC.
 const TRAILER: usize = 8;
 
+/// The largest bundle: a standard Ethernet frame's UDP payload at most (a route with jumbo
+/// frames gains little more from bundling, and its packets go in GSO batches anyway).
+const MAX_BUNDLE: usize = 1472;
+
 /// Room before each packet's head, to the peer that takes bundles: a bundle's header and the
 /// packet's length.
 const BUNDLE_ROOM: usize = BUNDLE_HEADER_LEN + BUNDLE_PREFIX_LEN;
@@ -89,8 +93,9 @@ impl Shared {
         // path's largest packet size (headers, ICRC field) together go as one bundle.
         let ext = self.ext && core.peer_ext;
         let no_icrc = ext && core.peer_no_icrc && self.send_no_icrc;
+        // A bundle fills what the route carries (else the path MTU's largest packet).
         let limit = match core.rc.path_mtu() {
-            Some(m) if ext => m.bytes() + 32,
+            Some(m) if ext => core.max_dgram.unwrap_or(m.bytes() + 32).min(MAX_BUNDLE),
             _ => 0,
         };
         let room = if ext { BUNDLE_ROOM } else { 0 };
@@ -112,6 +117,15 @@ impl Shared {
             let len = parts.len();
             // Only packets of which two fit: full-size ones (bulk) go in GSO batches.
             if 2 * (BUNDLE_PREFIX_LEN + len) + BUNDLE_HEADER_LEN <= limit {
+                if tx.pkts.len() == 1
+                    && !tx.bundle
+                    && BUNDLE_ROOM + seg + BUNDLE_PREFIX_LEN + len <= limit
+                {
+                    // A lone full-size packet and small ones behind it (the last of a
+                    // message's WRITE, its CDC): one bundle, one datagram.
+                    tx.bundle = true;
+                    tx.bytes = BUNDLE_ROOM + seg;
+                }
                 if !tx.pkts.is_empty() && (!tx.bundle || tx.bytes + BUNDLE_PREFIX_LEN + len > limit)
                 {
                     // After a GSO batch, or the bundle is full: a new bundle.

@@ -362,3 +362,24 @@ impl UdpSocket {
         self.gro
     }
 }
+
+/// The IP MTU of the route from `src` to `dst` (a connected UDP socket's `IP_MTU`; no packet
+/// is sent), or `None` if the kernel cannot tell.
+pub(crate) fn route_mtu(src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let s = std::net::UdpSocket::bind((src, 0)).ok()?;
+    s.connect((dst, crate::wire::ROCE_V2_PORT)).ok()?;
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid socket; `v`/`len` describe a c_int.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && v > 0).then_some(v as u32)
+}
