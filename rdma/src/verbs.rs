@@ -814,7 +814,7 @@ impl EngineQp {
             core.peer_ext &= core.av == Some(av);
             core.av = Some(av);
             let src = core.src.unwrap_or(*shared.local.ip());
-            core.max_dgram = crate::transport::udp::route_mtu(src, *av.ip()).map(|m| {
+            core.max_dgram = crate::transport::udp::interface_mtu(src).map(|m| {
                 (m as usize)
                     .saturating_sub(crate::wire::IPV4_HEADER_LEN + crate::wire::UDP_HEADER_LEN)
             });

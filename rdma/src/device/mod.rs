@@ -164,9 +164,10 @@ pub(crate) struct QpCore {
     pub(crate) peer_ext: bool,
     /// It also takes packets without ICRC (`wire::TAKES_NO_ICRC`).
     pub(crate) peer_no_icrc: bool,
-    /// The largest UDP payload the route to the peer carries (its IP MTU less the IPv4 and
-    /// UDP headers), when known: a bundle may hold a full-size packet and the small ones
-    /// behind it.
+    /// The largest UDP payload our interface carries (the MTU of the interface holding our
+    /// address, less the IPv4 and UDP headers), when known: a bundle may hold a full-size
+    /// packet and the small ones behind it. (The interface, not the route: a connected
+    /// socket's `IP_MTU` would take a port for a moment, perhaps one a steered range needs.)
     pub(crate) max_dgram: Option<usize>,
 }
 

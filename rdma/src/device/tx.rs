@@ -93,7 +93,7 @@ impl Shared {
         // path's largest packet size (headers, ICRC field) together go as one bundle.
         let ext = self.ext && core.peer_ext;
         let no_icrc = ext && core.peer_no_icrc && self.send_no_icrc;
-        // A bundle fills what the route carries (else the path MTU's largest packet).
+        // A bundle fills what the interface carries (else the path MTU's largest packet).
         let limit = match core.rc.path_mtu() {
             Some(m) if ext => core.max_dgram.unwrap_or(m.bytes() + 32).min(MAX_BUNDLE),
             _ => 0,

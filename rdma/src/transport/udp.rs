@@ -363,23 +363,54 @@ impl UdpSocket {
     }
 }
 
-/// The IP MTU of the route from `src` to `dst` (a connected UDP socket's `IP_MTU`; no packet
-/// is sent), or `None` if the kernel cannot tell.
-pub(crate) fn route_mtu(src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr) -> Option<u32> {
-    use std::os::fd::AsRawFd;
-    let s = std::net::UdpSocket::bind((src, 0)).ok()?;
-    s.connect((dst, crate::wire::ROCE_V2_PORT)).ok()?;
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: a valid socket; `v`/`len` describe a c_int.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && v > 0).then_some(v as u32)
+/// The MTU of the interface that holds local address `src` (`SIOCGIFMTU` on an unbound
+/// socket: no port is taken, which a connected socket's `IP_MTU` would do — for a moment, one
+/// that a steered range may need), or `None` if it cannot be found.
+pub(crate) fn interface_mtu(src: std::net::Ipv4Addr) -> Option<u32> {
+    let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut at = ifs;
+    while !at.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*at };
+        // SAFETY: an AF_INET address is a sockaddr_in.
+        if !ifa.ifa_addr.is_null()
+            && unsafe { (*ifa.ifa_addr).sa_family } == libc::AF_INET as libc::sa_family_t
+        {
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            if u32::from_be(sin.sin_addr.s_addr) == u32::from(src) {
+                // SAFETY: ifa_name is a NUL-terminated name.
+                name = Some(unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_owned());
+                break;
+            }
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: the list from getifaddrs, freed once.
+    unsafe { libc::freeifaddrs(ifs) };
+    let name = name?;
+    let bytes = name.as_bytes_with_nul();
+    // SAFETY: a zeroed ifreq is valid; the name fits (checked) with its NUL.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if bytes.len() > req.ifr_name.len() {
+        return None;
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a plain socket, closed below; SIOCGIFMTU reads into `req`.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+    // SAFETY: our socket.
+    unsafe { libc::close(fd) };
+    // SAFETY: SIOCGIFMTU filled the union's MTU.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    (r == 0 && mtu > 0).then_some(mtu as u32)
 }
