@@ -805,7 +805,19 @@ impl EngineQp {
             // Not an address of this device: its packets could not carry a valid ICRC.
             return Err(ModifyError::NotModifiable("src"));
         }
+        if matches!(attr.qp_state, QpState::Error | QpState::Reset) {
+            // A held ACK leaves first: flushing would drop it, and the peer would retry
+            // against a QP that no longer answers.
+            if core.rc.end_ack_hold() {
+                shared.drive(&mut core, Instant::now());
+            }
+        }
         core.rc.modify(attr)?;
+        if attr.qp_state == QpState::Reset {
+            // Whatever the next peer is, it is learnt again from its packets.
+            core.peer_ext = false;
+            core.peer_no_icrc = false;
+        }
         if attr.src.is_some() {
             core.src = attr.src;
         }

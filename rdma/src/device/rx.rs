@@ -137,7 +137,9 @@ impl Shared {
     /// Whether a packet's ICRC is checked: always, unless the sender (our engine) left it out
     /// (`wire::NO_ICRC`) and we take that.
     fn checks_icrc(&self, pkt: &[u8]) -> bool {
-        !(self.take_no_icrc && wire::has_flag(pkt, wire::NO_ICRC))
+        !(self.take_no_icrc
+            && wire::has_flag(pkt, wire::NO_ICRC)
+            && wire::has_flag(pkt, wire::MARK))
     }
 
     /// Turns the engine thread's interest in the socket on or off. An application thread that

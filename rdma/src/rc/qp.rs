@@ -174,6 +174,8 @@ pub struct RcQp {
     /// Until when the responder's pending ACK waits for a request to leave with
     /// ([`QpCaps::ack_delay`]).
     ack_hold: Option<Instant>,
+    /// The hold the driver chose for this peer ([`Self::hold_acks`]; a reset forgets it).
+    learned_hold: Option<std::time::Duration>,
     /// A request left in this transmit pass: a held ACK goes with it.
     ack_ride: bool,
 }
@@ -196,6 +198,7 @@ impl RcQp {
             min_rnr_timer: 12,
             flushed: VecDeque::new(),
             ack_hold: None,
+            learned_hold: None,
             ack_ride: false,
         }
     }
@@ -429,7 +432,7 @@ impl RcQp {
                     // end); any other reason to answer (a NAK, a READ, data that is not
                     // answered) sends what is pending at once.
                     let answered = kind == Kind::Send && op.position().is_some_and(|p| p.ends());
-                    self.ack_hold = match self.caps.ack_delay {
+                    self.ack_hold = match self.caps.ack_delay.or(self.learned_hold) {
                         // Not after bulk: the peer's whole window would wait.
                         Some(d)
                             if answered && r.only_plain_ack() && r.unacked() <= HOLD_MAX_PKTS =>
@@ -502,7 +505,7 @@ impl RcQp {
     /// [`QpCaps::ack_delay`]), unless a hold was set already. The driver does so for a peer
     /// that is our engine: the ACK then rides in the answer's datagram (a bundle) at no cost.
     pub fn hold_acks(&mut self, d: std::time::Duration) {
-        self.caps.ack_delay.get_or_insert(d);
+        self.learned_hold = Some(d);
     }
 
     /// Ends a hold of the responder's ACK: it leaves with the next transmission. Returns

@@ -558,7 +558,11 @@ impl Responder {
                     payload: &[],
                 };
                 repr.emit(buf);
-                let next = psn.add(1);
+                // A NAK names the expected PSN: it acknowledges what came before it.
+                let next = match syndrome {
+                    Syndrome::Ack { .. } => psn.add(1),
+                    _ => *psn,
+                };
                 self.out.pop_front();
                 if next.is_after(self.acked_to) {
                     self.acked_to = next;
