@@ -932,11 +932,22 @@ fn bundles_lost_duplicated_and_reordered_are_recovered() {
     assert_eq!(b.dev.stats().rx_icrc_errors, 0);
 }
 
-/// With a peer that is our engine, the ACK of a SEND waits for the answer and rides in its
-/// bundle: one datagram carries both (no `ack_delay` configured).
+/// With a peer that is our engine, a held ACK (`QpCaps::ack_delay`) rides in the answer's
+/// bundle: one datagram carries both.
 #[test]
 fn with_our_engine_the_ack_rides_in_the_answers_bundle() {
-    let (a, b) = (side(None), side(None));
+    let caps = QpCaps {
+        ack_delay: Some(Duration::from_micros(300)),
+        ..QpCaps::default()
+    };
+    let mk = || {
+        let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq().unwrap();
+        let qp = pd.create_qp(&cq, &cq, caps, false).unwrap();
+        Side { dev, pd, cq, qp }
+    };
+    let (a, b) = (mk(), mk());
     connect(&a, &b, Mtu::Mtu1024, 14);
     let mr = |s: &Side| s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let (ma, mb) = (mr(&a), mr(&b));

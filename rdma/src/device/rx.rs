@@ -63,12 +63,6 @@ impl RxState {
 
 const RX_BATCH: usize = 8;
 
-/// How long the ACK of a message that completes a receive waits for our answer to ride in,
-/// with a peer that is our engine (`QpCaps::ack_delay`; across two namespaces sockperf 64 B
-/// p50 10 → 6 µs, redis `-P 1` and `-P 16` +10–15 %). Shorter than any probe interval the
-/// peer starts with, and a peer whose probe fired early learns the wait (`rttvar`).
-const EXT_ACK_DELAY: std::time::Duration = std::time::Duration::from_micros(200);
-
 impl Shared {
     /// Reads and handles what waits on the socket, up to `rounds` recvmmsg calls; returns how
     /// many datagrams were handled.
@@ -381,11 +375,9 @@ fn receive(
         return;
     }
     if shared.ext && wire::has_flag(bytes, wire::MARK) {
-        if !core.peer_ext {
-            // Our engine: its ACKs can wait for our answer and ride in its bundle.
-            core.peer_ext = true;
-            core.rc.hold_acks(EXT_ACK_DELAY);
-        }
+        // Our engine: a held ACK (QpCaps::ack_delay, smcr's SMCR_ACK_DELAY_US) rides in the
+        // answer's bundle at no cost.
+        core.peer_ext = true;
         core.peer_no_icrc = wire::has_flag(bytes, wire::TAKES_NO_ICRC);
     }
     core.rc.handle_packet(now, &repr, &shared.mrs);

@@ -174,8 +174,6 @@ pub struct RcQp {
     /// Until when the responder's pending ACK waits for a request to leave with
     /// ([`QpCaps::ack_delay`]).
     ack_hold: Option<Instant>,
-    /// The hold the driver chose for this peer ([`Self::hold_acks`]; a reset forgets it).
-    learned_hold: Option<std::time::Duration>,
     /// A request left in this transmit pass: a held ACK goes with it.
     ack_ride: bool,
 }
@@ -198,7 +196,6 @@ impl RcQp {
             min_rnr_timer: 12,
             flushed: VecDeque::new(),
             ack_hold: None,
-            learned_hold: None,
             ack_ride: false,
         }
     }
@@ -432,7 +429,7 @@ impl RcQp {
                     // end); any other reason to answer (a NAK, a READ, data that is not
                     // answered) sends what is pending at once.
                     let answered = kind == Kind::Send && op.position().is_some_and(|p| p.ends());
-                    self.ack_hold = match self.caps.ack_delay.or(self.learned_hold) {
+                    self.ack_hold = match self.caps.ack_delay {
                         // Not after bulk: the peer's whole window would wait.
                         Some(d)
                             if answered && r.only_plain_ack() && r.unacked() <= HOLD_MAX_PKTS =>
@@ -499,13 +496,6 @@ impl RcQp {
         let n = self.resp.as_mut()?.poll_transmit(buf)?;
         self.ack_hold = None;
         Some(n)
-    }
-
-    /// Holds the ACK of a message that completes a receive for up to `d` (see
-    /// [`QpCaps::ack_delay`]), unless a hold was set already. The driver does so for a peer
-    /// that is our engine: the ACK then rides in the answer's datagram (a bundle) at no cost.
-    pub fn hold_acks(&mut self, d: std::time::Duration) {
-        self.learned_hold = Some(d);
     }
 
     /// Ends a hold of the responder's ACK: it leaves with the next transmission. Returns
