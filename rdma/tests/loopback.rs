@@ -480,23 +480,25 @@ fn a_multi_homed_device_runs_queue_pairs_from_each_of_its_addresses() {
     );
 }
 
+/// A side whose QP holds the ACK of a SEND for 300 µs (`QpCaps::ack_delay`).
+fn side_holding_acks() -> Side {
+    let caps = QpCaps {
+        ack_delay: Some(Duration::from_micros(300)),
+        ..QpCaps::default()
+    };
+    let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq().unwrap();
+    let qp = pd.create_qp(&cq, &cq, caps, false).unwrap();
+    Side { dev, pd, cq, qp }
+}
+
 /// `QpCaps::ack_delay` over real UDP: B holds the ACK of A's SEND, answers with a SEND of its
 /// own, and the answer and the ACK leave in one system call (`sendmmsg`); A sees both. With
 /// no answer, the held ACK leaves by itself (A's SEND completes).
 #[test]
 fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
-    let caps = QpCaps {
-        ack_delay: Some(Duration::from_micros(300)),
-        ..QpCaps::default()
-    };
-    let mk = || {
-        let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq().unwrap();
-        let qp = pd.create_qp(&cq, &cq, caps, false).unwrap();
-        Side { dev, pd, cq, qp }
-    };
-    let (a, b) = (mk(), mk());
+    let (a, b) = (side_holding_acks(), side_holding_acks());
     connect(&a, &b, Mtu::Mtu1024, 14);
     let mr = |s: &Side| s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let (ma, mb) = (mr(&a), mr(&b));
@@ -936,18 +938,7 @@ fn bundles_lost_duplicated_and_reordered_are_recovered() {
 /// bundle: one datagram carries both.
 #[test]
 fn with_our_engine_the_ack_rides_in_the_answers_bundle() {
-    let caps = QpCaps {
-        ack_delay: Some(Duration::from_micros(300)),
-        ..QpCaps::default()
-    };
-    let mk = || {
-        let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq().unwrap();
-        let qp = pd.create_qp(&cq, &cq, caps, false).unwrap();
-        Side { dev, pd, cq, qp }
-    };
-    let (a, b) = (mk(), mk());
+    let (a, b) = (side_holding_acks(), side_holding_acks());
     connect(&a, &b, Mtu::Mtu1024, 14);
     let mr = |s: &Side| s.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     let (ma, mb) = (mr(&a), mr(&b));
