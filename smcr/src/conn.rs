@@ -54,6 +54,10 @@ pub enum ConnError {
 pub struct WritePlan {
     /// (offset in the peer RMB, length) pieces; the second is empty unless the ring wraps.
     pub pieces: [(u32, u32); 2],
+    /// The peer should acknowledge the CDC at once: it is not expected to answer soon (see
+    /// [`ConnCore::prepare_write`]). Otherwise its engine may hold the ACK for its answer to
+    /// carry (rdma's `QpCaps::ack_delay`, `SendFlags::ACK_NOW`).
+    pub ack_now: bool,
     /// The CDC to send after the RDMA WRITEs (on the same QP, so it lands after the data).
     pub cdc: CdcMessage,
     /// Bytes right after the last piece that are free in the peer's RMB (consumed, before the
@@ -127,6 +131,10 @@ pub struct ConnCore {
     /// Our data CDCs whose SEND has not completed (autocorking holds small writes while one
     /// is in flight).
     pub inflight: u32,
+    /// Data came from the peer since our last data CDC: the exchange is a conversation.
+    rx_since_tx: bool,
+    /// We sent a data CDC.
+    sent_data: bool,
     /// Our application closed the connection (the close or abort CDC is out).
     local_closed: bool,
     /// We shut down writing (PEER_DONE_WRITING sent).
@@ -301,6 +309,8 @@ impl ConnCore {
             peer_flags: ConnStateFlags::empty(),
             staged: 0,
             inflight: 0,
+            rx_since_tx: false,
+            sent_data: false,
             local_closed: false,
             shut_wr: false,
             shut_rd: false,
@@ -481,7 +491,16 @@ impl ConnCore {
 
     /// Plans writing `len` bytes (at most [`ConnCore::space`]) when `pending` bytes wait in
     /// total (`pending >= len`): where they go and the CDC announcing them.
+    ///
+    /// The CDC asks for its ACK at once ([`WritePlan::ack_now`]) unless the peer is likely to
+    /// answer soon: when it is the first data we send (a request), or when data came from
+    /// the peer since our last (a conversation: request, answer, request). Data we keep
+    /// sending without hearing back (a stream), and a connection closing, get no answer to
+    /// carry the ACK.
     pub fn prepare_write(&mut self, len: u32, pending: u32) -> WritePlan {
+        let ack_now = (self.sent_data && !self.rx_since_tx) || !self.local_flags.is_empty();
+        self.sent_data = true;
+        self.rx_since_tx = false;
         let space = self.space();
         let len = len.min(space);
         let off = self.tx_prod.count;
@@ -503,6 +522,7 @@ impl ConnCore {
         };
         WritePlan {
             pieces,
+            ack_now,
             cdc: self.next_cdc(flags),
             slack,
         }
@@ -637,6 +657,7 @@ impl ConnCore {
         }
         if up.new_data > 0 {
             self.rx_prod = m.prod;
+            self.rx_since_tx = true;
         }
         if up.freed > 0 {
             self.peer_cons = m.cons;

@@ -217,8 +217,8 @@ pub static SETTINGS: &[Setting] = &[
         key: "smcr.ack_delay_us",
         var: "SMCR_ACK_DELAY_US",
         kind: Kind::WholeUpTo("microseconds, a whole number, at most 400; 0: off", 400),
-        default: "0",
-        about: "how long the ACK of a received message may wait to leave behind our answer (UDP links)",
+        default: "200",
+        about: "how long the ACK of a received message may wait to leave with our answer (UDP links to a peer that is smcr)",
     },
     Setting {
         key: "smcr.alt_addrs",

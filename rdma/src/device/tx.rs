@@ -253,8 +253,13 @@ impl Shared {
                     std::slice::from_raw_parts_mut(buf_ptr.add(head_end), TRAILER),
                 )
             };
-            // Byte 4 is masked out of the ICRC: the mark costs a Linux peer nothing.
-            head[4] |= self.ext_flags(no_icrc);
+            // Byte 4 is masked out of the ICRC: the mark costs a Linux peer nothing. Without
+            // our extensions it carries none of their flags (the requester's ACK_NOW either).
+            head[4] = if self.ext {
+                head[4] | self.ext_flags(no_icrc)
+            } else {
+                head[4] & 0xC0
+            };
             let mut parts: [&[u8]; 6] = [&[]; 6];
             parts[0] = head;
             let mut n = 1;

@@ -161,6 +161,12 @@ bitflags! {
         /// (SMC-R's LLC requests and answers, so that they do not wait behind megabytes of
         /// connection data on a slow path). Its completion may come before theirs.
         const EXPEDITE = 8;
+        /// Our extension: the peer acknowledges the request at once, instead of holding the
+        /// ACK for an answer to carry ([`QpCaps::ack_delay`](crate::QpCaps::ack_delay)): for
+        /// a message nobody answers soon (a close, an LLC message, data the peer does not
+        /// reply to), whose completion the sender would otherwise wait for. Only a peer that
+        /// is our engine holds ACKs; to others it is not sent.
+        const ACK_NOW = 16;
     }
 }
 

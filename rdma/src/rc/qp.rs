@@ -49,6 +49,8 @@ pub struct QpCaps {
     /// wait for a request of ours to leave with (`None`: sent at once, as rxe does). The
     /// receiver usually answers such a message: the ACK then closes the answer's datagram
     /// instead of taking a datagram, a system call and a wake-up of the peer of its own.
+    /// Held only for a peer that is our engine (its packets carry [`crate::wire::MARK`]),
+    /// and never for a message sent with [`SendFlags::ACK_NOW`](crate::SendFlags::ACK_NOW).
     pub ack_delay: Option<std::time::Duration>,
 }
 
@@ -428,7 +430,12 @@ impl RcQp {
                     // Hold the ACK of a message the receiver will likely answer (a SEND's
                     // end); any other reason to answer (a NAK, a READ, data that is not
                     // answered) sends what is pending at once.
-                    let answered = kind == Kind::Send && op.position().is_some_and(|p| p.ends());
+                    // Only our engine (its packets marked) waits for such an ACK knowingly, and
+                    // its sender says when none of ours will come soon (ACK_NOW).
+                    let answered = kind == Kind::Send
+                        && op.position().is_some_and(|p| p.ends())
+                        && pkt.bth.ext & (crate::wire::MARK | crate::wire::ACK_NOW)
+                            == crate::wire::MARK;
                     self.ack_hold = match self.caps.ack_delay {
                         // Not after bulk: the peer's whole window would wait.
                         Some(d)

@@ -34,6 +34,8 @@ pub(crate) struct SendWqe {
     rkey: u32,
     signaled: bool,
     solicited: bool,
+    /// [`SendFlags::ACK_NOW`]: its last packet asks for the ACK at once.
+    ack_now: bool,
     sgl: SgList,
     first_psn: Psn,
     npkts: u32,
@@ -260,6 +262,7 @@ impl Requester {
             rkey,
             signaled: flags.contains(SendFlags::SIGNALED),
             solicited: flags.contains(SendFlags::SOLICITED),
+            ack_now: flags.contains(SendFlags::ACK_NOW),
             sgl,
             first_psn: self.next_psn,
             npkts,
@@ -493,6 +496,11 @@ impl Requester {
                     bth: BthRepr {
                         solicited,
                         ack_req,
+                        ext: if ends && w.ack_now {
+                            crate::wire::ACK_NOW
+                        } else {
+                            0
+                        },
                         ..BthRepr::new(opcode, self.p.dest_qp, self.snd_psn)
                     },
                     reth: opcode.has_reth().then_some(Reth {

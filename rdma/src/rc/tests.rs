@@ -1420,23 +1420,29 @@ fn a_held_ack_rides_with_the_answer_or_leaves_when_its_wait_is_over() {
         };
         h.qp.post_recv(&wr, &h.mrs).unwrap();
     };
-    let send = |h: &mut Host, id: u64, mr: &Region| {
+    let send_with = |h: &mut Host, id: u64, mr: &Region, flags: SendFlags| {
         let wr = SendWr {
             wr_id: id,
             opcode: WrOpcode::Send,
             sg_list: &[sge(mr, 0, 8)],
-            flags: SendFlags::SIGNALED,
+            flags: SendFlags::SIGNALED | flags,
         };
         h.qp.post_send(&wr, &h.mrs).unwrap();
     };
-    // One packet from `from` to `to`, if `from` has one: its opcode.
-    let hop = |from: &mut Host, to: &mut Host, now: Instant| -> Option<u8> {
+    let send = |h: &mut Host, id: u64, mr: &Region| send_with(h, id, mr, SendFlags::empty());
+    // One packet from `from` to `to`, if `from` has one, marked as our device marks it when
+    // `mark`: its opcode.
+    let hop_marked = |from: &mut Host, to: &mut Host, now: Instant, mark: bool| -> Option<u8> {
         let mut buf = vec![0u8; 8192];
         let n = from.qp.poll_transmit(now, &mut buf)?;
+        if mark {
+            buf[4] |= crate::wire::MARK;
+        }
         let pkt = PacketRepr::parse_bytes(&buf[..n]).unwrap();
         to.qp.handle_packet(now, &pkt, &to.mrs);
         Some(buf[0])
     };
+    let hop = |from: &mut Host, to: &mut Host, now: Instant| hop_marked(from, to, now, true);
     recv(&mut p.b, 1, &db);
     recv(&mut p.a, 2, &da);
     send(&mut p.a, 10, &sa);
@@ -1472,6 +1478,28 @@ fn a_held_ack_rides_with_the_answer_or_leaves_when_its_wait_is_over() {
         done.iter()
             .any(|(s, c)| *s == CqSide::Send && c.wr_id == 20)
     );
+    // A SEND that asks for its ACK at once (nobody answers a close) gets it at once.
+    let t2 = due + Duration::from_micros(10);
+    recv(&mut p.b, 3, &db);
+    send_with(&mut p.a, 11, &sa, SendFlags::ACK_NOW);
+    assert_eq!(hop(&mut p.a, &mut p.b, t2), Some(Opcode::SEND_ONLY.0));
+    assert_eq!(hop(&mut p.b, &mut p.a, t2), Some(Opcode::ACKNOWLEDGE.0));
+    // A peer that is not our engine (no mark: rxe, an RNIC) is never kept waiting.
+    recv(&mut p.b, 4, &db);
+    send(&mut p.a, 12, &sa);
+    assert_eq!(
+        hop_marked(&mut p.a, &mut p.b, t2, false),
+        Some(Opcode::SEND_ONLY.0)
+    );
+    assert_eq!(hop(&mut p.b, &mut p.a, t2), Some(Opcode::ACKNOWLEDGE.0));
+    let done: Vec<_> = std::iter::from_fn(|| p.a.qp.poll_completion()).collect();
+    for id in [11, 12] {
+        assert!(
+            done.iter()
+                .any(|(s, c)| *s == CqSide::Send && c.wr_id == id),
+            "{id}: {done:?}"
+        );
+    }
 }
 
 /// A long transfer through a link that holds back a share of the packets (each way) for up to

@@ -28,6 +28,12 @@ pub const MARK: u8 = 0x01;
 pub const NO_ICRC: u8 = 0x02;
 /// Byte 4 of the BTH, with [`MARK`]: "and I take packets without ICRC".
 pub const TAKES_NO_ICRC: u8 = 0x04;
+/// Byte 4 of the BTH, on the last packet of a message: "acknowledge this at once". Our
+/// engine may hold the ACK of a message that ends in a SEND for a moment, for the answer to
+/// carry it ([`QpCaps::ack_delay`](crate::QpCaps::ack_delay)); a sender that expects no
+/// answer (a close, an LLC message, data nobody replies to) says so, and is not kept waiting
+/// for its completion.
+pub const ACK_NOW: u8 = 0x08;
 /// The first byte of a bundle (IBA: opcodes `110xxxxx` are manufacturer-specific).
 pub const BUNDLE_OPCODE: u8 = 0xC0;
 /// A bundle's header: shaped as a BTH (opcode, flags, destination QP at bytes 5..8).

@@ -20,8 +20,8 @@ mod packet;
 mod psn;
 
 pub use bundle::{
-    BUNDLE_HEADER_LEN, BUNDLE_OPCODE, BUNDLE_PREFIX_LEN, Bundle, MARK, NO_ICRC, TAKES_NO_ICRC,
-    bundle_header, has_flag, is_bundle, parse_bundle,
+    ACK_NOW, BUNDLE_HEADER_LEN, BUNDLE_OPCODE, BUNDLE_PREFIX_LEN, Bundle, MARK, NO_ICRC,
+    TAKES_NO_ICRC, bundle_header, has_flag, is_bundle, parse_bundle,
 };
 pub use icrc::{IcrcHeaders, compute_icrc, compute_icrc_vectored, ip_id_delta, verify_icrc};
 pub use ip::{IPV4_HEADER_LEN, ROCE_V2_PORT, UDP_HEADER_LEN, emit_ipv4_udp, ipv4_checksum};

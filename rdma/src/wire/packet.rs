@@ -133,6 +133,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn becn(&self) -> bool {
         self.buffer.as_ref()[4] & 0x40 != 0
     }
+    /// The reserved low six bits of byte 4 (our engines' extension flags).
+    pub fn ext_flags(&self) -> u8 {
+        self.buffer.as_ref()[4] & 0x3F
+    }
     /// Destination queue pair number (24 bits).
     pub fn dest_qp(&self) -> u32 {
         be24(self.buffer.as_ref(), 5)
@@ -382,6 +386,9 @@ pub struct BthRepr {
     pub fecn: bool,
     /// BECN bit.
     pub becn: bool,
+    /// The reserved low six bits of byte 4: our engines' extension flags ([`super::MARK`],
+    /// [`super::ACK_NOW`], …); 0 from rxe and RNICs.
+    pub ext: u8,
     /// Destination QP number (24 bits).
     pub dest_qp: u32,
     /// Acknowledge request.
@@ -400,6 +407,7 @@ impl BthRepr {
             pkey: 0xFFFF,
             fecn: false,
             becn: false,
+            ext: 0,
             dest_qp,
             ack_req: false,
             psn,
@@ -443,6 +451,7 @@ impl<'a> PacketRepr<'a> {
                 pkey: view.pkey(),
                 fecn: view.fecn(),
                 becn: view.becn(),
+                ext: view.ext_flags(),
                 dest_qp: view.dest_qp(),
                 ack_req: view.ack_req(),
                 psn: view.psn(),
@@ -505,7 +514,8 @@ impl<'a> PacketRepr<'a> {
             | (u8::from(self.bth.mig_req) << 6)
             | ((pad as u8) << 4);
         b[2..4].copy_from_slice(&self.bth.pkey.to_be_bytes());
-        b[4] = (u8::from(self.bth.fecn) << 7) | (u8::from(self.bth.becn) << 6);
+        b[4] =
+            (u8::from(self.bth.fecn) << 7) | (u8::from(self.bth.becn) << 6) | (self.bth.ext & 0x3F);
         put24(b, 5, self.bth.dest_qp & 0xFF_FFFF);
         b[8] = u8::from(self.bth.ack_req) << 7;
         put24(b, 9, self.bth.psn.value());

@@ -612,3 +612,35 @@ fn autocorking_holds_small_writes_while_a_cdc_is_in_flight() {
     c.inflight = 1;
     assert!(!c.cdc_completed(), "nothing corked");
 }
+
+/// `WritePlan::ack_now`: the peer may hold the ACK of a request (the first data) and of data
+/// that follows data from the peer (a conversation); data sent again without hearing back (a
+/// stream) and data of a closing connection ask for the ACK at once.
+#[test]
+fn a_write_asks_for_its_ack_at_once_unless_an_answer_is_likely() {
+    let (mut a, mut b) = (
+        ConnCore::new(1, 65536, 65536),
+        ConnCore::new(2, 65536, 65536),
+    );
+    let plan = a.prepare_write(10, 10);
+    assert!(!plan.ack_now, "a request: its answer carries the ACK");
+    b.on_cdc(&plan.cdc).unwrap();
+    let plan = a.prepare_write(10, 10);
+    assert!(plan.ack_now, "more data without hearing back: a stream");
+    b.on_cdc(&plan.cdc).unwrap();
+    // B answers: its first data, then a reply to A.
+    let answer = b.prepare_write(5, 5);
+    assert!(!answer.ack_now);
+    a.on_cdc(&answer.cdc).unwrap();
+    assert!(!a.prepare_write(10, 10).ack_now, "a conversation");
+    // A CDC without new data (a cursor update) is not an answer.
+    let update = b.control_cdc();
+    a.on_cdc(&update).unwrap();
+    assert!(a.prepare_write(10, 10).ack_now);
+    let _ = a.shutdown_write();
+    a.on_cdc(&b.prepare_write(5, 5).cdc).unwrap();
+    assert!(
+        a.prepare_write(0, 0).ack_now,
+        "closing: nothing will answer"
+    );
+}

@@ -62,14 +62,17 @@ pub struct RuntimeConfig {
     /// sends Linux's exact lengths; the peer reads neither way any byte past its producer
     /// cursor). See docs/protocol.md.
     pub write_pad: bool,
-    /// On UDP links, how long the ACK of a received CDC (or LLC message) may wait for a
-    /// message of ours to leave with (`SMCR_ACK_DELAY_US`, at most 400; default 0: at once,
-    /// as rxe does). The receiver usually answers: the ACK then leaves right behind the
-    /// answer (one `sendmmsg`) instead of in a datagram of its own before it, which the
-    /// peer's thread may have to wake for. Measured across namespaces (docs/performance.md):
-    /// redis `-P 1` +3–5 %, ping-pong p99 −5 %, but p50 +5 % (the ACK's handling moves onto
-    /// the answer's path), hence off by default. Below the 500 µs a peer of ours waits
-    /// before an early retransmission, and far below Linux's 134 ms local ACK timeout.
+    /// On UDP links to a peer that is our engine, how long the ACK of a received data CDC
+    /// may wait for a message of ours to leave with (`SMCR_ACK_DELAY_US`, at most 400;
+    /// 0: at once, as rxe does; default 200). The receiver usually answers: the ACK then
+    /// rides in the answer's datagram instead of taking a datagram, a system call and a
+    /// wake-up of the peer of its own. The sender says when no answer is expected (a CDC
+    /// without data, a close, an LLC message, data sent again without hearing back:
+    /// `SendFlags::ACK_NOW`), and those are acknowledged at once; a peer that is not our
+    /// engine (Linux rxe, an RNIC) is never held. Unanswered, the ACK leaves when the wait
+    /// is over (up to `TIMER_GRACE` later when no thread of ours waits), below the 500 µs a
+    /// peer of ours waits before probing, and far below Linux's 134 ms local ACK timeout.
+    /// Needs `rdma_ext`.
     pub ack_delay: Option<Duration>,
     /// A pooled RMB keeps the rkey the peer confirmed for it: a later connection on the group
     /// that reuses it skips CONFIRM RKEY, and a closing one sends no DELETE RKEY (the setup
@@ -139,7 +142,7 @@ impl RuntimeConfig {
             remote_rmb_size: Some(512 * 1024),
             app_hold: Duration::from_millis(1),
             write_pad: true,
-            ack_delay: None,
+            ack_delay: Some(Duration::from_micros(200)),
             rkey_reuse: true,
             faults: None,
             rdma_icrc_always: false,

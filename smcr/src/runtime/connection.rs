@@ -147,7 +147,7 @@ impl ConnShared {
             peer: lg.peer_rmb(&mut s.peer, path),
             slack: plan.slack,
         };
-        if lg.post_data(path, &writes, slot, &plan.cdc, self.token)? {
+        if lg.post_data(path, &writes, slot, &plan.cdc, self.token, plan.ack_now)? {
             s.core.inflight -= 1;
         }
         Ok(())
@@ -210,7 +210,7 @@ impl ConnShared {
                 peer: lg.peer_rmb(&mut s.peer, path),
                 slack: 0,
             };
-            if !lg.post_data(path, &writes, third, &f.cdc, self.token)? {
+            if !lg.post_data(path, &writes, third, &f.cdc, self.token, true)? {
                 s.core.inflight += 1;
             }
             Ok(())

@@ -92,7 +92,8 @@ impl LinkGroup {
         let caps = QpCaps {
             max_send_wr: 4096,
             max_recv_wr: RECV_SLOTS as u32,
-            ack_delay: rt.cfg.ack_delay,
+            // Only our extensions tell a peer that holds from one that does not.
+            ack_delay: rt.cfg.ack_delay.filter(|_| rt.cfg.rdma_ext),
             ..QpCaps::default()
         };
         let pd = if rt.cfg.same_host {

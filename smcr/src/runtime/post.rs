@@ -5,10 +5,11 @@
 use super::*;
 
 impl LinkGroup {
-    /// Sends CDC `m` from `slot`; `owner` (a connection token, 0 for none) hears of its
-    /// completion (autocorking waits for it). Returns `true` when the SEND completed at once
-    /// (same-host link): the slot is free again and no completion will follow, so the caller
-    /// counts it as done.
+    /// Sends CDC `m` (one without data: cursors, close flags) from `slot`; `owner` (a
+    /// connection token, 0 for none) hears of its completion. Returns `true` when the SEND
+    /// completed at once (same-host link): the slot is free again and no completion will
+    /// follow, so the caller counts it as done. The peer acknowledges it at once: nothing of
+    /// its own answers such a CDC soon.
     pub(crate) fn post_cdc(
         &self,
         path: usize,
@@ -16,10 +17,11 @@ impl LinkGroup {
         m: &CdcMessage,
         owner: u32,
     ) -> io::Result<bool> {
-        self.post_cdc_after(path, &[], slot, m, owner)
+        self.post_cdc_after(path, &[], slot, m, owner, SendFlags::ACK_NOW)
     }
 
-    /// [`Self::post_cdc`], with `before` (RDMA WRITEs) posted ahead of it in the same post.
+    /// [`Self::post_cdc`], with `before` (RDMA WRITEs) posted ahead of it in the same post,
+    /// and `flags` on the SEND.
     pub(super) fn post_cdc_after(
         &self,
         path: usize,
@@ -27,10 +29,11 @@ impl LinkGroup {
         slot: usize,
         m: &CdcMessage,
         owner: u32,
+        flags: SendFlags,
     ) -> io::Result<bool> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
-        self.post_owned(path, before, slot, &b, owner)
+        self.post_owned(path, before, slot, &b, owner, flags)
     }
 
     /// Posts `bytes` from `slot` for connection `owner` (0: none), after `before`; the slot
@@ -42,10 +45,11 @@ impl LinkGroup {
         slot: usize,
         bytes: &[u8],
         owner: u32,
+        flags: SendFlags,
     ) -> io::Result<bool> {
         // The owner first: on UDP the completion may be handled before post_send returns.
         self.st.lock().g.conns.set_owner(slot, owner);
-        let done = self.post_send_slot_with(path, before, slot, bytes, SendFlags::empty());
+        let done = self.post_send_slot_with(path, before, slot, bytes, flags);
         if !matches!(done, Ok(false)) {
             // Completed at once, or never posted: the slot is free again.
             self.put_back(slot);
@@ -61,7 +65,7 @@ impl LinkGroup {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let slot = self.take_slot(false)?;
-        self.post_owned(self.active(), &[], slot, bytes, 0)
+        self.post_owned(self.active(), &[], slot, bytes, 0, SendFlags::empty())
             .map(drop)
     }
 
@@ -147,7 +151,8 @@ impl LinkGroup {
     }
 
     /// Posts a connection's data: the RDMA WRITEs of `w`, then the CDC `m` announcing them
-    /// from `slot`, like [`Self::post_cdc`].
+    /// from `slot`, like [`Self::post_cdc`]; with `ack_now` the peer acknowledges it at once
+    /// ([`crate::conn::WritePlan::ack_now`]), else it may hold the ACK for its answer.
     pub(crate) fn post_data(
         &self,
         path: usize,
@@ -155,6 +160,7 @@ impl LinkGroup {
         slot: usize,
         m: &CdcMessage,
         owner: u32,
+        ack_now: bool,
     ) -> io::Result<bool> {
         let DataWrites {
             sndbuf,
@@ -202,7 +208,12 @@ impl LinkGroup {
         // WRITEs and SEND in one post (one lock of the QP). On UDP they are transmitted in
         // one pass (one GSO datagram when their sizes allow), not one system call each; the
         // shared-memory transport copies them as they are posted.
-        self.post_cdc_after(path, wrs, slot, m, owner)
+        let flags = if ack_now {
+            SendFlags::ACK_NOW
+        } else {
+            SendFlags::empty()
+        };
+        self.post_cdc_after(path, wrs, slot, m, owner, flags)
     }
 
     /// Sends an LLC message longer than a slot: its first [`SLOT`] bytes from `slot`, the rest
@@ -224,7 +235,10 @@ impl LinkGroup {
                 wr_id: slot as u64,
                 opcode: WrOpcode::Send,
                 sg_list: &sge,
-                flags: SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::EXPEDITE,
+                flags: SendFlags::SIGNALED
+                    | SendFlags::SOLICITED
+                    | SendFlags::EXPEDITE
+                    | SendFlags::ACK_NOW,
             }])
             .map_err(post_error)
     }
@@ -248,10 +262,12 @@ impl LinkGroup {
             // leave (a CONFIRM RKEY answer behind megabytes of data on a slow path outlived
             // the peer's LLC_WAIT); DELETE LINK stays behind it: what was posted before it
             // must arrive first.
+            // An LLC request's answer is an LLC message too, but not sent from the
+            // application's path: the peer acknowledges LLC messages at once.
             let flags = if matches!(m.body, llc::Llc::DeleteLink(_)) {
-                SendFlags::empty()
+                SendFlags::ACK_NOW
             } else {
-                SendFlags::EXPEDITE
+                SendFlags::EXPEDITE | SendFlags::ACK_NOW
             };
             if !matches!(
                 self.post_send_slot_with(path, &[], slot, &b, flags),
