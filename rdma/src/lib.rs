@@ -17,6 +17,7 @@
 
 mod access;
 mod arena;
+pub mod cork;
 mod device;
 pub mod env;
 pub mod fdzone;

@@ -568,7 +568,8 @@ impl QueuePair {
     }
 
     /// Posts send requests and starts transmitting them on the calling thread
-    /// (`ibv_post_send`). Stops at the first request that cannot be posted.
+    /// (`ibv_post_send`; a corked thread's leave when it uncorks, see [`crate::cork`]). Stops
+    /// at the first request that cannot be posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         self.post_send_report(wrs).map(drop)
     }
@@ -941,7 +942,20 @@ impl EngineQp {
                 }
             }
         }
-        shared.drive(&mut core, Instant::now());
+        let now = Instant::now();
+        // A corked thread's requests over UDP leave when it uncorks (crate::cork); the engine
+        // sends them if it does not come back in time.
+        let deferred = (!same_host && res.is_ok() && crate::cork::corked())
+            .then(|| crate::cork::defer(&self.guard, &self.qp))
+            .flatten();
+        match deferred {
+            Some(first) => {
+                if first {
+                    shared.arm(&mut core, now + shared.cfg.cork_max);
+                }
+            }
+            None => shared.drive(&mut core, now),
+        }
         res.map(|()| ran)
     }
 

@@ -1031,3 +1031,57 @@ fn a_message_just_over_the_mtu_leaves_as_one_datagram() {
     }
     assert_eq!(wait_one(&a.cq).wr_id, 3);
 }
+
+/// `rdma::cork`: what a corked thread posts leaves when it uncorks, all of it in one
+/// datagram; a thread that does not uncork has it sent by the engine's timer
+/// (`DeviceConfig::cork_max`).
+#[test]
+fn a_corked_threads_requests_leave_together_when_it_uncorks_or_by_the_engine() {
+    let long = DeviceConfig {
+        cork_max: Duration::from_secs(30),
+        ..DeviceConfig::new("127.0.0.1:0".parse().unwrap())
+    };
+    let (a, b) = (side_of(long), side(None));
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    small_messages(&a, &b, 3); // each learns the other's mark: bundles
+    let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    for id in 1..=3 {
+        post_recv(&b, &mb, id);
+    }
+    let before = a.dev.stats();
+    rdma::cork::begin();
+    assert!(rdma::cork::corked());
+    for id in 11..=13 {
+        post_send(&a, &ma, id, 40, SendFlags::SIGNALED);
+    }
+    // Nothing can send them now: the cork's timer is 30 s away, nothing else is in flight.
+    assert_eq!(a.dev.stats().tx_packets, before.tx_packets);
+    rdma::cork::end();
+    assert!(!rdma::cork::corked());
+    let got: Vec<u64> = (0..3).map(|_| wait_one(&b.cq).wr_id).collect();
+    assert_eq!(got, [1, 2, 3]);
+    let st = a.dev.stats();
+    assert_eq!(st.tx_packets - before.tx_packets, 3);
+    assert_eq!(
+        st.tx_syscalls - before.tx_syscalls,
+        1,
+        "one datagram: {st:?}"
+    );
+    assert_eq!(st.tx_bundles - before.tx_bundles, 1);
+    let mut done: Vec<u64> = (0..3).map(|_| wait_one(&a.cq).wr_id).collect();
+    done.sort();
+    assert_eq!(done, [11, 12, 13]);
+
+    // A thread that stays corked: the engine sends what it posted (default cork_max).
+    let (c, d) = (side(None), side(None));
+    connect(&c, &d, Mtu::Mtu1024, 14);
+    let mc = c.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let md = d.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    post_recv(&d, &md, 7);
+    rdma::cork::begin();
+    post_send(&c, &mc, 70, 40, SendFlags::SIGNALED);
+    assert_eq!(wait_one(&d.cq).wr_id, 7, "sent without the thread");
+    assert_eq!(wait_one(&c.cq).wr_id, 70);
+    rdma::cork::end();
+}

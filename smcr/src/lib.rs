@@ -38,6 +38,7 @@ pub use clc::DeclineReason;
 /// The AF_XDP probe of issue 27 (measurement only; see `bench xdp`).
 #[doc(hidden)]
 pub use option::xdp as xdp_probe;
+pub use rdma::cork;
 /// Threads that leave the application's signals to the application (see [`rdma::thread`]).
 pub use rdma::thread;
 pub use rdma::{DeviceStats, FaultConfig};

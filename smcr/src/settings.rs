@@ -326,6 +326,13 @@ pub static SETTINGS: &[Setting] = &[
         about: "capture the RoCE engine's packets to this pcap file",
     },
     Setting {
+        key: "smcr.cork",
+        var: "SMCR_CORK",
+        kind: Kind::Flag,
+        default: ON,
+        about: "an event loop's writes after an epoll_wait leave together when it calls in again (UDP links)",
+    },
+    Setting {
         key: "smcr.rdma_ext",
         var: "SMCR_RDMA_EXT",
         kind: Kind::Flag,

@@ -290,7 +290,25 @@ pub(crate) fn closed_epfd(epfd: i32) {
 /// max, timeout)` runs the real one): events of our group descriptors are handled here and
 /// taken out of the result, and the set's registrations of ours (`vepoll`) add theirs; if
 /// only ours came and nothing is ready, the wait goes on for the rest of the timeout.
+///
+/// A thread whose wait returns events is corked (`smcr::cork`): the replies it writes on UDP
+/// links until it calls in again (this wait's next call first) leave together.
 pub(crate) fn wait(
+    epfd: i32,
+    events: *mut libc::epoll_event,
+    maxevents: i32,
+    timeout_ms: i32,
+    call: impl FnMut(*mut libc::epoll_event, i32, i32) -> i32,
+) -> i32 {
+    smcr::cork::end();
+    let r = wait_events(epfd, events, maxevents, timeout_ms, call);
+    if r > 0 {
+        smcr::cork::begin();
+    }
+    r
+}
+
+fn wait_events(
     epfd: i32,
     events: *mut libc::epoll_event,
     maxevents: i32,

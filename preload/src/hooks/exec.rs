@@ -47,6 +47,8 @@ enum Env {
 /// Before an exec (or spawn): our sockets that would reach an image without the library are
 /// made plain TCP. Keeps the program's errno.
 fn before_exec(env: Env) {
+    // What this thread corked leaves before the image goes.
+    smcr::cork::end();
     if bypassed() {
         return;
     }

@@ -90,6 +90,8 @@ pub unsafe extern "C" fn sendfile64(
 /// libc's contract for fork(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // What this thread corked leaves from the parent, before the child gets a copy.
+    smcr::cork::end();
     // SAFETY: forwarding.
     let r = unsafe { real::fork()() };
     if !bypassed() {

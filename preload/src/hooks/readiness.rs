@@ -132,6 +132,8 @@ unsafe fn poll_groups<'a>(
     fds: *mut libc::pollfd,
     nfds: libc::nfds_t,
 ) -> Option<(&'a mut [libc::pollfd], crate::poll::Ours)> {
+    // What this thread corked goes before it may sleep (also `poll(NULL, 0, ms)`).
+    smcr::cork::end();
     if bypassed() || fds.is_null() || nfds == 0 || nfds > table::MAX_FDS as libc::nfds_t {
         return None;
     }
@@ -232,6 +234,8 @@ pub unsafe extern "C" fn select(
     exceptfds: *mut libc::fd_set,
     timeout: *mut libc::timeval,
 ) -> c_int {
+    // What this thread corked goes before it may sleep.
+    smcr::cork::end();
     if bypassed() || nfds <= 0 {
         // SAFETY: forwarding.
         return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
@@ -276,6 +280,8 @@ pub unsafe extern "C" fn pselect(
     timeout: *const libc::timespec,
     sigmask: *const libc::sigset_t,
 ) -> c_int {
+    // What this thread corked goes before it may sleep.
+    smcr::cork::end();
     if bypassed() || nfds <= 0 {
         // SAFETY: forwarding.
         return unsafe { real::pselect()(nfds, readfds, writefds, exceptfds, timeout, sigmask) };

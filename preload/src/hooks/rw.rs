@@ -49,7 +49,11 @@ fn write_to(
             return (staged + more) as ssize_t;
         }
         match t {
-            Target::Real | Target::Eof => return real(),
+            Target::Real | Target::Eof => {
+                // Another descriptor (a pipe, a file, a TCP socket): the call may block.
+                smcr::cork::end();
+                return real();
+            }
             Target::Smc(s) => return smc(&s),
             Target::Err(e) => {
                 set_errno(e);
@@ -129,7 +133,11 @@ fn read_from(
             -1
         }
         Target::Smc(s) => smc(&s),
-        Target::Real => real(),
+        Target::Real => {
+            // Another descriptor: the read may block.
+            smcr::cork::end();
+            real()
+        }
     }
 }
 

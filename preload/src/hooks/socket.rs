@@ -35,6 +35,8 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 /// libc's contract for connect(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // A blocking connect waits (and a handshake of ours may run here).
+    smcr::cork::end();
     let s = if bypassed() { None } else { table::get(fd) };
     match s.as_deref() {
         Some(Sock::Inet) => {}
@@ -209,6 +211,8 @@ fn v6only(fd: c_int) -> bool {
 }
 
 fn accept_common(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // A blocking accept may wait: what this thread corked goes first.
+    smcr::cork::end();
     let ours = !bypassed() && table::get(fd).is_some_and(|s| matches!(*s, Sock::Listener(_)));
     if !ours {
         // SAFETY: forwarding.

@@ -119,6 +119,14 @@ impl Shared {
         }
     }
 
+    /// Makes sure the QP's timer runs by `t` (a corked QP: the engine transmits it then).
+    pub(crate) fn arm(&self, core: &mut QpCore, t: Instant) {
+        if core.timer_at.is_none_or(|old| t < old) {
+            core.timer_at = Some(t);
+            self.schedule(t, core.rc.qp_num());
+        }
+    }
+
     /// Whether a waiting thread keeps the timers (one holds the socket now, or let go within
     /// [`TIMER_GRACE`]): the engine then sleeps up to that much past a deadline.
     pub(super) fn timers_kept(&self, now: Instant) -> bool {

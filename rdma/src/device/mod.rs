@@ -111,6 +111,9 @@ pub struct DeviceConfig {
     /// corruption past the UDP checksum (a NIC or bus that corrupts after its check) is then
     /// caught, as it is with any RoCE peer.
     pub icrc_always: bool,
+    /// How long requests a corked thread posted wait for it before the engine sends them
+    /// ([`crate::cork`]; default [`crate::cork::CORK_MAX`]).
+    pub cork_max: Duration,
 }
 
 impl DeviceConfig {
@@ -139,6 +142,7 @@ impl DeviceConfig {
                 )
             }),
             icrc_always: crate::env::var("SMCR_RDMA_ICRC").is_some_and(|v| v == "always"),
+            cork_max: crate::cork::CORK_MAX,
         }
     }
 }

@@ -62,6 +62,13 @@ pub struct RuntimeConfig {
     /// sends Linux's exact lengths; the peer reads neither way any byte past its producer
     /// cursor). See docs/protocol.md.
     pub write_pad: bool,
+    /// On UDP links, an event loop's writes after an `epoll_wait` leave together when it
+    /// calls in again (`rdma::cork`: the next `epoll_wait`, `poll`, a wait, a call on another
+    /// descriptor), in a few bundles of the link's queue pair instead of a datagram each; a
+    /// loop that does not come back has them sent by the engine's timer (200 µs, up to 5 ms
+    /// later while a thread of ours keeps the timers). `SMCR_CORK=off`: each write leaves at
+    /// once.
+    pub cork: bool,
     /// On UDP links to a peer that is our engine, how long the ACK of a received data CDC
     /// may wait for a message of ours to leave with (`SMCR_ACK_DELAY_US`, at most 400;
     /// 0: at once, as rxe does; default 200). The receiver usually answers: the ACK then
@@ -142,6 +149,7 @@ impl RuntimeConfig {
             remote_rmb_size: Some(512 * 1024),
             app_hold: Duration::from_millis(1),
             write_pad: true,
+            cork: true,
             ack_delay: Some(Duration::from_micros(200)),
             rkey_reuse: true,
             faults: None,
@@ -314,6 +322,9 @@ impl RuntimeConfig {
         }
         if let Some(b) = on_off!("SMCR_WRITE_PAD") {
             cfg.write_pad = b;
+        }
+        if let Some(b) = on_off!("SMCR_CORK") {
+            cfg.cork = b;
         }
         if let Some(b) = on_off!("SMCR_RKEY_REUSE") {
             cfg.rkey_reuse = b;

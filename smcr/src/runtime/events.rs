@@ -537,6 +537,7 @@ impl LinkGroup {
 
     /// Drives the group until `done` holds, the group is down, or `deadline` passed.
     pub(super) fn wait(self: &Arc<Self>, deadline: Instant, done: impl Fn(&Self) -> bool) {
+        rdma::cork::end();
         while !done(self) && Instant::now() < deadline {
             // As `finish`: take what arrived, whoever else might (an event loop that holds
             // the group, the poller), then handle it.

@@ -94,6 +94,7 @@ impl Inner {
         dcfg.faults = self.cfg.faults;
         dcfg.icrc_always |= self.cfg.rdma_icrc_always;
         dcfg.ext &= self.cfg.rdma_ext;
+        rdma::cork::set_enabled(self.cfg.cork);
         // A thread blocked in a read keeps the socket between its waits as long as an event
         // loop keeps its group (SMCR_HOLD_US).
         dcfg.rx_hold = self.cfg.app_hold;

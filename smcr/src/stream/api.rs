@@ -749,6 +749,8 @@ pub(super) fn wait(
     if nonblocking {
         return Err(io::ErrorKind::WouldBlock.into());
     }
+    // What this thread corked goes before it sleeps (rdma::cork).
+    rdma::cork::end();
     if lg.claim_blocking_driver() {
         let seen = conn.wakes.load(std::sync::atomic::Ordering::Acquire);
         let changed = || conn.wakes.load(std::sync::atomic::Ordering::Acquire) != seen;

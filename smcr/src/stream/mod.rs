@@ -540,6 +540,7 @@ fn linger_zero(tcp: &TcpStream) -> bool {
 /// Waits until `tcp` is ready for `events` (or has an error or hang-up); `false` on timeout.
 fn wait_fd(tcp: &TcpStream, events: libc::c_short, timeout: Option<Duration>) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
+    rdma::cork::end();
     // A signal (the application's thread runs handshakes too) does not restart the wait from
     // the beginning: a periodic timer would otherwise keep a stalled peer's wait going.
     let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
