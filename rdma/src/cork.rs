@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use crate::device::{EngineGuard, QpShared};
 
-/// How long a deferred queue pair waits for its thread before the engine sends it.
-pub const CORK_MAX: Duration = Duration::from_micros(200);
+/// How long a deferred queue pair waits for its thread before the engine sends it, by default
+/// (`DeviceConfig::cork_max`).
+pub const CORK_MAX: Duration = crate::device::DEFAULT_CORK_MAX;
 
 /// Corking is allowed in this process (smcr's `SMCR_CORK`).
 static ENABLED: AtomicBool = AtomicBool::new(true);

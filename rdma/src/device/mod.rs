@@ -112,7 +112,7 @@ pub struct DeviceConfig {
     /// caught, as it is with any RoCE peer.
     pub icrc_always: bool,
     /// How long requests a corked thread posted wait for it before the engine sends them
-    /// ([`crate::cork`]; default [`crate::cork::CORK_MAX`]).
+    /// (the `cork` module; default 200 µs, its `CORK_MAX`).
     pub cork_max: Duration,
 }
 
@@ -142,10 +142,14 @@ impl DeviceConfig {
                 )
             }),
             icrc_always: crate::env::var("SMCR_RDMA_ICRC").is_some_and(|v| v == "always"),
-            cork_max: crate::cork::CORK_MAX,
+            cork_max: DEFAULT_CORK_MAX,
         }
     }
 }
+
+/// See [`DeviceConfig::cork_max`]: a pass of an event loop takes microseconds; a loop away
+/// longer is not coming back soon.
+pub(crate) const DEFAULT_CORK_MAX: Duration = Duration::from_micros(200);
 
 /// See [`DeviceConfig::spin`].
 const DEFAULT_SPIN: Duration = Duration::from_micros(15);
