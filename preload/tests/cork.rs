@@ -8,18 +8,9 @@
 
 mod common;
 
-use common::{Bg, NetPair, Shim};
+use common::{Bg, NetPair, Shim, py_script as script};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::Stdio;
-
-fn script(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/py")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 #[test]
 fn an_event_loop_that_answers_and_stays_away_does_not_hold_its_answer_back() {

@@ -7,19 +7,10 @@
 
 mod common;
 
-use common::{Bg, NetPair, Shim};
+use common::{Bg, NetPair, Shim, py_script as script};
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn script(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/py")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 #[test]
 fn a_process_that_exits_with_data_in_flight_loses_nothing_and_deletes_its_group() {

@@ -7,6 +7,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// The path of `tests/py/NAME`, a Python program of the end-to-end tests.
+pub fn py_script(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// The library `cargo test` just built (next to the test binary; the copy one directory up is
 /// only refreshed by `cargo build`).
 pub fn lib() -> PathBuf {
