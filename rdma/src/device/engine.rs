@@ -111,15 +111,13 @@ impl Shared {
             let r = now + Duration::from_micros(200);
             next = Some(next.map_or(r, |t| t.min(r)));
         }
-        if let Some(t) = next
-            && core.timer_at.is_none_or(|old| t < old)
-        {
-            core.timer_at = Some(t);
-            self.schedule(t, core.rc.qp_num());
+        if let Some(t) = next {
+            self.arm(core, t);
         }
     }
 
-    /// Makes sure the QP's timer runs by `t` (a corked QP: the engine transmits it then).
+    /// Makes sure the QP's timer runs by `t` (its next deadline; for a corked QP, when the
+    /// engine transmits it).
     pub(crate) fn arm(&self, core: &mut QpCore, t: Instant) {
         if core.timer_at.is_none_or(|old| t < old) {
             core.timer_at = Some(t);
