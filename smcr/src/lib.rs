@@ -13,6 +13,7 @@
 pub mod conn;
 pub mod diag;
 pub mod error;
+mod fallback;
 pub mod group;
 pub mod handshake;
 #[cfg(feature = "hostile")]
@@ -35,6 +36,7 @@ pub mod tokio;
 pub mod view;
 
 pub use clc::DeclineReason;
+pub use fallback::FallbackReason;
 /// The AF_XDP probe of issue 27 (measurement only; see `bench xdp`).
 #[doc(hidden)]
 pub use option::xdp as xdp_probe;
@@ -46,7 +48,7 @@ pub use rdma::{DeviceStats, FaultConfig};
 /// [`rdma::fdzone`]).
 pub use rdma::{env, fdzone, forkhold, sandbox};
 pub use runtime::{
-    ConfigError, Negotiation, RdmaDevice, Readiness, ReadyState, Runtime, RuntimeConfig,
+    ConfigError, ConnStats, Negotiation, RdmaDevice, Readiness, ReadyState, Runtime, RuntimeConfig,
 };
 
 /// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this library's
@@ -62,6 +64,5 @@ pub fn release_after_fork() {
     rdma::forkhold::release();
 }
 pub use stream::{
-    Blocking, ConnStats, Driver, FallbackReason, Incoming, ListenerRecord, Mode, SmcListener,
-    SmcStream, not_clc, v4_of,
+    Blocking, Driver, Incoming, ListenerRecord, Mode, SmcListener, SmcStream, not_clc, v4_of,
 };

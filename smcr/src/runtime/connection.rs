@@ -5,6 +5,21 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// Counters of an SMC-R stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Bytes written into the peer's RMB and announced.
+    pub bytes_sent: u64,
+    /// Bytes read by the application.
+    pub bytes_received: u64,
+    /// CDCs that announced data (fewer than writes when autocorking coalesced them).
+    pub data_cdcs: u64,
+    /// `write` calls that moved bytes.
+    pub writes: u64,
+    /// Times the connection moved to another link of its group (a link failed).
+    pub failovers: u64,
+}
+
 /// One SMC-R connection's shared state (the stream holds it; so does the link group until
 /// both sides closed, because the peer may still write into our RMB until it has seen our
 /// close).
@@ -47,7 +62,7 @@ pub(crate) struct ConnState {
     /// The peer's RMB as the path we last wrote on reaches it (see [`crate::rtokens`]).
     pub(crate) peer: crate::rtokens::PeerRmb,
     /// Counters.
-    pub(crate) stats: crate::ConnStats,
+    pub(crate) stats: ConnStats,
     /// A reset (peer abort or failure) was reported to the application once; later reads
     /// give EOF and writes EPIPE, as for a TCP socket whose error was collected.
     pub(crate) reset_reported: bool,

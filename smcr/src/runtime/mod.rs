@@ -52,7 +52,7 @@ pub use config::{
     ConfigError, DEFAULT_UEID, LINGER, RdmaDevice, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS,
 };
 pub(crate) use connection::{ConnShared, ConnState, StatRef};
-pub use connection::{Readiness, ReadyState};
+pub use connection::{ConnStats, Readiness, ReadyState};
 pub(crate) use events::pinning_note;
 
 /// How a connection learns that its peer can do SMC-R.
