@@ -604,8 +604,12 @@ impl Requester {
                 self.probe_at = None;
             } else {
                 // No progress for a few round trips: the tail of the window (or a NAK, or our
-                // retransmission) was lost. Resend from the oldest unacknowledged packet now
-                // rather than waiting for the local ACK timeout; this spends no retry.
+                // retransmission) was lost, or the peer's ACK is late (it holds ACKs, its
+                // thread is busy). Send the oldest unacknowledged packet again, alone (as TCP's
+                // tail loss probe sends one segment), rather than waiting for the local ACK
+                // timeout; this spends no retry. A late ACK then costs one duplicate, not the
+                // window; a loss is told by the answer: an ACK up to it (then the rest goes
+                // again, go-back-N, unless the peer kept it) or a NAK.
                 self.stats.probes += 1;
                 self.probe_undo = Some(ProbeUndo {
                     retransmits: self.stats.retransmits,
@@ -617,9 +621,11 @@ impl Requester {
                 });
                 self.on_loss();
                 self.gobackn_from = None;
-                self.resend_done();
                 let una = self.una;
-                self.go_back_to(una);
+                self.resend_one(una);
+                self.resend_psn = Some(una);
+                self.resend_backoff = 1;
+                self.resend_at = Some(now + self.resend_interval());
                 self.probe_backoff = (self.probe_backoff * 2).min(64);
                 self.probe_at = self.probe_interval().map(|d| now + d);
             }
