@@ -341,8 +341,14 @@ fn connections_passed_to_workers(shim: bool) {
 ///    LD_PRELOAD): before the primary sends a socket to such a process it is made plain TCP —
 ///    an accepted connection declined (the clients: TCP, peer declined), the listener quiet
 ///    (the clients: TCP, PEERNOSMC). Every echo intact; the primary's log names HANDOFF.
-fn passed_to_workers_without_the_library(listener: bool) {
-    let tag = if listener { "ho-plain-l" } else { "ho-plain-c" };
+///    `exec_delay_ms`: each worker waits that long between its fork and its exec, so the
+///    primary sends to a child that still runs the library's image and is about to drop it.
+fn passed_to_workers_without_the_library(listener: bool, exec_delay_ms: u32) {
+    let tag = match (listener, exec_delay_ms) {
+        (true, 0) => "ho-plain-l",
+        (true, _) => "ho-plain-ld",
+        (false, _) => "ho-plain-c",
+    };
     let Some(w) = World::new(tag, true, &[]) else {
         return;
     };
@@ -360,7 +366,12 @@ fn passed_to_workers_without_the_library(listener: bool) {
     };
     let mut args = vec![mode];
     args.extend(n.iter().map(String::as_str));
-    let r = c_run_with(&w, &args, &[("HANDOVER_PLAIN_WORKERS", "1")], port, 2);
+    let delay = exec_delay_ms.to_string();
+    let env = [
+        ("HANDOVER_PLAIN_WORKERS", "1"),
+        ("HANDOVER_EXEC_DELAY_MS", delay.as_str()),
+    ];
+    let r = c_run_with(&w, &args, &env, port, 2);
     r.assert_served(&w, CONNS);
     let ctx = r.context(&w);
     let connects: Vec<String> = log_lines(&w, "client")
@@ -1038,11 +1049,18 @@ mod baseline {
 mod over_smcr {
     #[test]
     fn connections_passed_to_workers_without_the_library() {
-        super::passed_to_workers_without_the_library(false);
+        super::passed_to_workers_without_the_library(false, 0);
     }
     #[test]
     fn listener_passed_to_a_worker_without_the_library() {
-        super::passed_to_workers_without_the_library(true);
+        super::passed_to_workers_without_the_library(true, 0);
+    }
+    /// The worker is still the primary's image (forked, library mapped) when the listener is
+    /// sent, and execs without the library 30 ms later: the listener must go quiet all the
+    /// same (it once reached the worker offering SMC-R, whose clients then sent it CLC).
+    #[test]
+    fn listener_passed_to_a_worker_that_execs_late_without_the_library() {
+        super::passed_to_workers_without_the_library(true, 30);
     }
     #[test]
     fn connections_passed_to_workers() {

@@ -207,18 +207,76 @@ fn receiver_runs_library(on: i32, pid: u32) -> bool {
     })
 }
 
-/// Whether process `pid` has this library loaded (its `/proc/PID/maps` names it); false when
-/// that cannot be read (another user's process, as non-root): nothing is offered on a guess.
+/// How long a process that was forked by one running the library, and has not exec'd since,
+/// is given to exec before it is taken for a worker that stays (a prefork worker runs the
+/// library); counted from its start, so a worker that stays costs this once, at most.
+const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The kernel's task flag "forked but not exec'd yet" (`PF_FORKNOEXEC`).
+const PF_FORKNOEXEC: u64 = 0x40;
+
+/// Whether process `pid` runs this library: its `/proc/PID/maps` names it, or it has just
+/// exec'd with `LD_PRELOAD` naming it (the loader maps it in a moment). False when that cannot
+/// be read (another user's process, as non-root): nothing is offered on a guess.
+///
+/// A child forked by a process that runs the library has it mapped until it execs, and the
+/// image it execs may be without it (a worker started by fork and exec without `LD_PRELOAD`:
+/// a listener sent to it before its exec reached a program that cannot negotiate, whose
+/// clients then sent it CLC bytes). Such a child is given until [`EXEC_WAIT`] after its start
+/// to exec, then judged by what it runs.
 fn runs_library(pid: u32) -> bool {
     let Some(ours) = our_name().and_then(|n| n.to_str()) else {
         return true;
     };
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+    loop {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        let mapped = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .any(|path| Path::new(path).file_name().and_then(|n| n.to_str()) == Some(ours));
+        match fork_state(pid) {
+            Some((true, age)) if mapped && age < EXEC_WAIT => {
+                std::thread::sleep((EXEC_WAIT - age).min(std::time::Duration::from_millis(2)));
+            }
+            _ => return mapped || preloads(pid, ours),
+        }
+    }
+}
+
+/// Whether `pid`'s environment has `LD_PRELOAD` naming library file `ours`.
+fn preloads(pid: u32, ours: &str) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
         return false;
     };
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .any(|path| Path::new(path).file_name().and_then(|n| n.to_str()) == Some(ours))
+    env.split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
+        .flat_map(|v| v.split(|&b| b == b' ' || b == b':'))
+        .any(|lib| lib.rsplit(|&b| b == b'/').next() == Some(ours.as_bytes()))
+}
+
+/// `pid`'s "forked, not exec'd since" flag and its age, from `/proc/PID/stat`.
+fn fork_state(pid: u32) -> Option<(bool, std::time::Duration)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces and parentheses): state, ppid, pgrp,
+    // session, tty_nr, tpgid, flags, …; the start time (clock ticks since boot) is the 20th.
+    let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let flags: u64 = f.get(6)?.parse().ok()?;
+    let start: u64 = f.get(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to fill.
+    if tck <= 0 || unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    let now = std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+    let started = std::time::Duration::from_secs_f64(start as f64 / tck as f64);
+    Some((flags & PF_FORKNOEXEC != 0, now.saturating_sub(started)))
 }
 
 /// Makes our socket `s` at `fd`, about to reach a program that cannot negotiate (`why`),
@@ -249,5 +307,73 @@ fn make_tcp(fd: i32, s: &Sock, why: &str) {
             acc.hand_off(fd);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::time::{Duration, Instant};
+
+    /// Forks a child that sleeps `pause` and then execs `sleep 2` (or exits when `exec` is
+    /// false); returns its pid.
+    fn child(pause: Duration, exec: bool) -> libc::pid_t {
+        let path = CString::new("/bin/sleep").unwrap();
+        let arg = CString::new("2").unwrap();
+        let argv = [path.as_ptr(), arg.as_ptr(), std::ptr::null()];
+        let ts = libc::timespec {
+            tv_sec: pause.as_secs() as libc::time_t,
+            tv_nsec: pause.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the child only calls async-signal-safe functions on memory prepared above.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork");
+            if pid == 0 {
+                libc::nanosleep(&ts, std::ptr::null_mut());
+                if exec {
+                    libc::execv(path.as_ptr(), argv.as_ptr());
+                }
+                libc::_exit(0);
+            }
+            pid
+        }
+    }
+
+    fn reap(pid: libc::pid_t) {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+
+    #[test]
+    fn a_fresh_fork_is_waited_for_until_it_execs_or_stays() {
+        // Forked from this process (which maps the code of `our_name`), about to exec a
+        // program without it: judged by what it execs, once it has.
+        let pid = child(Duration::from_millis(30), true);
+        let (forked, age) = fork_state(pid as u32).expect("its stat");
+        assert!(forked, "not exec'd yet");
+        assert!(age < EXEC_WAIT, "{age:?}");
+        let t = Instant::now();
+        assert!(!runs_library(pid as u32), "sleep does not run the library");
+        assert!(
+            t.elapsed() >= Duration::from_millis(20),
+            "waited for the exec"
+        );
+        assert_eq!(fork_state(pid as u32).map(|f| f.0), Some(false));
+        reap(pid);
+        // A fork that stays the same image (a prefork worker) runs the library, decided once
+        // its age passes EXEC_WAIT; later looks do not wait.
+        let pid = child(Duration::from_secs(2), false);
+        assert!(runs_library(pid as u32));
+        let t = Instant::now();
+        assert!(runs_library(pid as u32));
+        assert!(t.elapsed() < EXEC_WAIT, "no second wait");
+        reap(pid);
+        // This process was exec'd: no fork flag.
+        assert_eq!(fork_state(std::process::id()).map(|f| f.0), Some(false));
     }
 }

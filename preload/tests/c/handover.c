@@ -20,7 +20,8 @@
  *                                  LISTEN_FDS=1: an image that does not run the library)
  *   handover worker FD N           a worker on socketpair end FD (with HANDOVER_PLAIN_WORKERS
  *                                  set, conn and listener exec their workers this way,
- *                                  without LD_PRELOAD: workers that do not run the library)
+ *                                  without LD_PRELOAD: workers that do not run the library;
+ *                                  HANDOVER_EXEC_DELAY_MS: after that long a pause)
  *   handover fd FD N               serves what FD is: a listener (N connections accepted on
  *                                  it) or a connection (served alone); with LISTEN_FDS set
  *                                  (systemd's protocol) it checks LISTEN_PID first
@@ -317,6 +318,10 @@ static void fork_workers(int w, int n, int *socks, pid_t *pids) {
                 snprintf(fd_s, sizeof fd_s, "%d", sv[1]);
                 snprintf(n_s, sizeof n_s, "%d", n);
                 if (fcntl(sv[1], F_SETFD, 0) != 0) die("fcntl");
+                /* HANDOVER_EXEC_DELAY_MS: the worker stays the primary's image that long
+                 * before its exec (the primary sends it the socket meanwhile). */
+                const char *delay = getenv("HANDOVER_EXEC_DELAY_MS");
+                if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
                 unsetenv("LD_PRELOAD");
                 execl(self_path, self_path, "worker", fd_s, n_s, (char *)NULL);
                 die("execl");
