@@ -21,16 +21,17 @@ use crate::runtime::{ConnShared, ConnState, ConnStats, LinkGroup, Negotiation, R
 use crate::stats::StatSlot;
 
 mod api;
+mod data;
 mod listener;
 mod negotiate;
 mod records;
 
-pub use api::Blocking;
+pub use data::Blocking;
 pub(crate) use listener::Acceptor;
 pub use listener::Incoming;
 // The parts' helpers, for one another (each part imports `super::*`).
 #[allow(unused_imports)]
-use {api::*, listener::*, negotiate::*, records::*};
+use {api::*, data::*, listener::*, negotiate::*, records::*};
 
 /// What a stream runs over.
 #[derive(Debug, Clone, PartialEq, Eq)]
