@@ -29,7 +29,7 @@ pub mod settings;
 pub mod stats;
 pub mod steer;
 mod stream;
-mod sys;
+pub mod sys;
 mod tcpwatch;
 #[cfg(feature = "tokio")]
 pub mod tokio;

@@ -258,12 +258,7 @@ fn preloads(pid: u32, ours: &str) -> bool {
 
 /// `pid`'s "forked, not exec'd since" flag and its age, from `/proc/PID/stat`.
 fn fork_state(pid: u32) -> Option<(bool, std::time::Duration)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold spaces and parentheses): state, ppid, pgrp,
-    // session, tty_nr, tpgid, flags, …; the start time (clock ticks since boot) is the 20th.
-    let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    let flags: u64 = f.get(6)?.parse().ok()?;
-    let start: u64 = f.get(19)?.parse().ok()?;
+    let stat = smcr::sys::proc_stat(pid)?;
     // SAFETY: sysconf has no preconditions.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let mut ts = libc::timespec {
@@ -275,8 +270,8 @@ fn fork_state(pid: u32) -> Option<(bool, std::time::Duration)> {
         return None;
     }
     let now = std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
-    let started = std::time::Duration::from_secs_f64(start as f64 / tck as f64);
-    Some((flags & PF_FORKNOEXEC != 0, now.saturating_sub(started)))
+    let started = std::time::Duration::from_secs_f64(stat.start_ticks as f64 / tck as f64);
+    Some((stat.flags & PF_FORKNOEXEC != 0, now.saturating_sub(started)))
 }
 
 /// Makes our socket `s` at `fd`, about to reach a program that cannot negotiate (`why`),

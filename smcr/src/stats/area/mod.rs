@@ -421,12 +421,9 @@ fn seq_read(r: &[AtomicU64], out: &mut [u64]) -> Result<bool, ()> {
     Err(())
 }
 
-/// A process's start time (clock ticks after boot, field 22 of /proc/PID/stat).
+/// A process's start time (clock ticks after boot).
 fn start_time(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    crate::sys::proc_stat(pid).map(|s| s.start_ticks)
 }
 
 /// Removes the areas in `dir` whose processes are gone; returns their paths.
