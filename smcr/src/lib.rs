@@ -10,20 +10,15 @@
 //! [`Mode`]: SMC-R, or TCP with the [`FallbackReason`]. docs/protocol.md describes each.
 #![warn(missing_docs)]
 
-pub mod conn;
 pub mod diag;
+pub use smcr_proto::{conn, group, handshake, lgr, link, rtokens};
 pub mod error;
 mod fallback;
-pub mod group;
-pub mod handshake;
 #[cfg(feature = "hostile")]
 mod hostile;
-pub mod lgr;
-pub mod link;
 mod metrics;
 pub mod option;
 pub mod policy;
-pub mod rtokens;
 pub mod runtime;
 pub mod settings;
 pub mod stats;
