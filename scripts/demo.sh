@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-100000}"
-cargo_build() { cargo build --release --locked -q -p preload -p smcr --lib --bin smcr --bin smc-stat; }
+cargo_build() { cargo build --release --locked -q -p preload -p smcr-tools --lib --bin smcr --bin smc-stat; }
 work=$(mktemp -d /tmp/smcr-demo.XXXXXX)
 chmod 755 "$work"
 if [ "$(id -u)" -eq 0 ]; then

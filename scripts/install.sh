@@ -73,7 +73,7 @@ fi
 
 if [ -z "$from" ]; then
   cargo build --release --locked -q -p preload --lib
-  cargo build --release --locked -q -p smcr --bin smcr --bin smc-stat
+  cargo build --release --locked -q -p smcr-tools --bin smcr --bin smc-stat
   from="${CARGO_TARGET_DIR:-target}/release"
 fi
 lib=${lib:-$from/libsmcr_preload.so}

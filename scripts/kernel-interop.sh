@@ -60,7 +60,7 @@ count() { grep -c "$@" 2>/dev/null || true; }
 
 # ------------------------------------------------------------ build, rig
 echo "== building (profile ci)"
-(cd "$ROOT" && cargo build -q --profile ci -p preload -p smcr --bins --lib &&
+(cd "$ROOT" && cargo build -q --profile ci -p preload -p smcr-tools --bins --lib &&
 	cargo build -q --profile ci -p rdma --example ibv_rc &&
 	cargo build -q --profile ci -p examples --bin bench) || skip_build=1
 # smcr's device suite (tests/devices.rs): its verbs:: half runs in guest B over rxe0.

@@ -48,7 +48,7 @@ if [ "$detach" -eq 1 ]; then
   dir=/sys/fs/bpf/smcr
   [ "$(id -u)" -eq 0 ] || { echo "--detach needs root" >&2; exit 1; }
   smcr=${SMCR:-target/release/smcr}
-  [ -x "$smcr" ] || cargo build --release --locked -q -p smcr --bin smcr
+  [ -x "$smcr" ] || cargo build --release --locked -q -p smcr-tools --bin smcr
   rm -f "$dir/sk_opt_set_link_v1" "$dir/sk_opt_get_link_v1"
   trap '"$smcr" bpf install --only option >/dev/null' EXIT
   echo "== without them"

@@ -546,7 +546,8 @@ fn smc_stat_shows_redis_smcr_and_tcp_clients() {
     assert!(table.contains("PEERNOSMC 0x03010000"), "{table}");
     assert!(table.contains("redis-server"), "{table}");
     let prom = stat(&["--prometheus"]);
-    let samples = smcr::view::parse_prometheus(&prom).unwrap_or_else(|e| panic!("{e}\n{prom}"));
+    let samples =
+        smcr_tools::view::parse_prometheus(&prom).unwrap_or_else(|e| panic!("{e}\n{prom}"));
     assert!(
         samples.iter().any(|(n, l, v)| n == "smcr_fallbacks_total"
             && l.iter().any(|(k, x)| k == "reason" && x == "PEERNOSMC")

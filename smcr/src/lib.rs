@@ -28,7 +28,6 @@ pub mod sys;
 mod tcpwatch;
 #[cfg(feature = "tokio")]
 pub mod tokio;
-pub mod view;
 
 pub use clc::DeclineReason;
 pub use fallback::FallbackReason;

@@ -289,7 +289,7 @@ impl Env {
     }
 
     /// Adds the device counters of every stats area (the programs of this run, the exited
-    /// clients' too: read before [`smcr::view::Snapshot::collect`] removes those) to the
+    /// clients' too: read before [`smcr_tools::view::Snapshot::collect`] removes those) to the
     /// workload's [`Engine`] row.
     pub(super) fn count_engines(&self, s: Setup) {
         let mut rows = self.engine.borrow_mut();
@@ -336,7 +336,7 @@ impl Env {
             return Ok(());
         }
         self.count_engines(s);
-        let snap = smcr::view::Snapshot::collect(&self.stats, Some(server.id()));
+        let snap = smcr_tools::view::Snapshot::collect(&self.stats, Some(server.id()));
         let p = snap
             .procs
             .first()

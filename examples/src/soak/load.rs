@@ -97,13 +97,13 @@ impl Soak<'_> {
             }
             if r.started.elapsed() > limit {
                 // What the shim's stats areas say, for the report.
-                let snap = smcr::view::Snapshot::collect(&self.env.stats, None);
+                let snap = smcr_tools::view::Snapshot::collect(&self.env.stats, None);
                 let keep = std::env::temp_dir().join(format!(
                     "smcr-soak-{}-hang-{}.json",
                     std::process::id(),
                     r.child.id()
                 ));
-                if std::fs::write(&keep, smcr::view::render_json(&snap)).is_ok() {
+                if std::fs::write(&keep, smcr_tools::view::render_json(&snap)).is_ok() {
                     eprintln!("  hung: the stats areas are saved in {}", keep.display());
                 }
                 let _ = r.child.kill();

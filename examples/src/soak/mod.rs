@@ -511,7 +511,7 @@ pub fn run(opt: &Options) -> Result<()> {
         ));
     }
     // The server's stats area: every connection (from every client) SMC-R.
-    let snap = smcr::view::Snapshot::collect(&env.stats, Some(server.0.id()));
+    let snap = smcr_tools::view::Snapshot::collect(&env.stats, Some(server.0.id()));
     let p = snap.procs.first().context("the server has no stats area")?;
     use smcr::stats::total;
     let (smcr_conns, tcp_conns, failed_conns) = (

@@ -45,7 +45,7 @@ pub fn bin(name: &str) -> PathBuf {
             "--profile",
             profile,
             "-p",
-            "smcr",
+            "smcr-tools",
             "--bin",
             name,
         ])

@@ -1,4 +1,4 @@
-//! What `smc-stat` shows: a [`Snapshot`] of every stats area ([`crate::stats`]), and its
+//! What `smc-stat` shows: a [`Snapshot`] of every stats area ([`smcr::stats`]), and its
 //! renderings — the socket table (like smc-tools' `smcss`), link groups, fallback counters
 //! with meanings and remedies, JSON (the stable schema our tests read) and the Prometheus
 //! text exposition. Pure functions of the snapshot, so the formats are snapshot-tested.
@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 
-use crate::stats::{self, Area, conn, lg, total};
+use smcr::stats::{self, Area, conn, lg, total};
 
 /// Version of the JSON schema (bumped on incompatible changes).
 pub const JSON_VERSION: u32 = 1;
@@ -533,7 +533,7 @@ impl Snapshot {
                             continue;
                         }
                         let k = kernel.get_or_insert_with(|| {
-                            crate::diag::tcp_bytes_of(pid).unwrap_or_default()
+                            smcr::diag::tcp_bytes_of(pid).unwrap_or_default()
                         });
                         if let Some(b) = k.get(&inode) {
                             c.sent = b.sent;

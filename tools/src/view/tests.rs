@@ -1,5 +1,5 @@
 //! Snapshot tests of every output format, on a fixed snapshot. After an intended format
-//! change, regenerate with `SMCR_UPDATE_SNAPSHOTS=1 cargo test -p smcr --lib view` and
+//! change, regenerate with `SMCR_UPDATE_SNAPSHOTS=1 cargo test -p smcr-tools --lib view` and
 //! review the diff.
 
 use super::*;
@@ -380,7 +380,7 @@ fn records_decode_into_rows() {
 
 #[test]
 fn native_ipv6_rows_round_trip_and_v4_mapped_ones_are_ipv4() {
-    use crate::stats::{ConnRecord, conn};
+    use smcr::stats::{ConnRecord, conn};
     let mut r = ConnRecord::default();
     r.words[conn::IN_USE] = 1;
     r.words[conn::STATE] = conn::STATE_ACTIVE | conn::MODE_TCP << 16;

@@ -440,8 +440,8 @@ pub fn totals(s: &Snapshot) -> [u64; total::COUNT] {
 
 /// Every code `smc-stat` can name: Linux's decline codes and ours.
 pub fn all_codes() -> Vec<u32> {
-    use crate::FallbackReason as F;
-    let mut v: Vec<u32> = clc::DeclineReason::ALL.iter().map(|r| r.0).collect();
+    use smcr::FallbackReason as F;
+    let mut v: Vec<u32> = smcr::DeclineReason::ALL.iter().map(|r| r.0).collect();
     v.extend([
         F::CODE_NO_BPF,
         F::CODE_OPTION_NOT_OBSERVED,

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{Kind, Snapshot, Traffic, fallback_totals, totals, traffic};
-use crate::stats::{self, total};
+use smcr::stats::{self, total};
 
 /// Connections now, by mode and role: `[smcr, tcp]` × `[client, server]`, and listeners.
 fn live_by_role(s: &Snapshot) -> ([[u64; 2]; 2], u64) {

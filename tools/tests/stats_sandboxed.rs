@@ -3,6 +3,7 @@
 //! a directory without `/dev/shm` (haproxy's `chroot`), whose area has no file at all. Both are
 //! found through `/proc/PID/fd` and shown with the pid this reader sees.
 
+#[path = "../../smcr/tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -10,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use smcr::stats::{ANONYMOUS_NAME, Area};
-use smcr::view::Snapshot;
+use smcr_tools::view::Snapshot;
 
 /// Run by `areas_of_sandboxed_processes_are_found` in a child that the test put in a sandbox
 /// (a thread of the test harness cannot change the process's namespaces itself): makes an area

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use smcr::view::{self, Snapshot};
 use smcr::{option, settings, stats, steer};
+use smcr_tools::view::{self, Snapshot};
 
 mod config;
 mod service;

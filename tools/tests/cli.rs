@@ -2,6 +2,7 @@
 //! without `--`, and smc-tools' views (`smcr stats`, `linkgroup show`, `device show`,
 //! `ueid show`) on an empty stats directory and on this process's live SMC-R connection.
 
+#[path = "../../smcr/tests/common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};
@@ -468,7 +469,7 @@ fn stats_count_a_live_smcr_connection() {
         [0, 2, 0, 0, 0, 0, 0, 0],
         "{stats}"
     );
-    let json = smcr::view::render_json(&smcr::view::Snapshot::collect(
+    let json = smcr_tools::view::render_json(&smcr_tools::view::Snapshot::collect(
         &dir.0,
         Some(std::process::id()),
     ));

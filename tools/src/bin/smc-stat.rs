@@ -1,7 +1,7 @@
 //! `smc-stat`: every SMC-R connection, link group and fallback reason of the processes running
 //! smcr, read from their shared-memory stats areas (`smcr::stats`) without disturbing them.
 //! It takes smc-tools' `smcss` options with their meaning (`-a -l -d -D -R -W -v`) and adds
-//! its own views. The formats live in `smcr::view` (snapshot-tested); this is the command line.
+//! its own views. The formats live in `smcr_tools::view` (snapshot-tested); this is the command line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand};
 use smcr::stats;
-use smcr::view::{self, Rows, Snapshot, SocketView};
+use smcr_tools::view::{self, Rows, Snapshot, SocketView};
 
 /// Connections, link groups, devices and fallback reasons of the processes running smcr
 /// (like smc-tools' smcss, with its options, plus PID, command, fallback reasons, remedies and

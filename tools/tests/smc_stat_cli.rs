@@ -1,6 +1,7 @@
 //! `smc-stat`'s command line: help and version, unknown options, smcss's options (`-a -l -d -D
 //! -R -W -v`, combined short flags) and ours, on an empty stats directory.
 
+#[path = "../../smcr/tests/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Output};
