@@ -11,18 +11,17 @@
 #![warn(missing_docs)]
 
 pub mod diag;
+pub use smcr_bpf::{option, steer};
 pub use smcr_proto::{conn, group, handshake, lgr, link, rtokens};
 pub mod error;
 mod fallback;
 #[cfg(feature = "hostile")]
 mod hostile;
 mod metrics;
-pub mod option;
 pub mod policy;
 pub mod runtime;
 pub mod settings;
 pub mod stats;
-pub mod steer;
 mod stream;
 pub mod sys;
 mod tcpwatch;
