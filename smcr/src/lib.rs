@@ -13,23 +13,20 @@
 pub mod diag;
 pub use smcr_bpf::{option, steer};
 pub use smcr_proto::{conn, group, handshake, lgr, link, rtokens};
+pub use smcr_stats::{self as stats, sys};
 pub mod error;
-mod fallback;
 #[cfg(feature = "hostile")]
 mod hostile;
 mod metrics;
 pub mod policy;
 pub mod runtime;
 pub mod settings;
-pub mod stats;
 mod stream;
-pub mod sys;
 mod tcpwatch;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
 pub use clc::DeclineReason;
-pub use fallback::FallbackReason;
 /// The AF_XDP probe of issue 27 (measurement only; see `bench xdp`).
 #[doc(hidden)]
 pub use option::xdp as xdp_probe;
@@ -43,6 +40,7 @@ pub use rdma::{env, fdzone, forkhold, sandbox};
 pub use runtime::{
     ConfigError, ConnStats, Negotiation, RdmaDevice, Readiness, ReadyState, Runtime, RuntimeConfig,
 };
+pub use smcr_stats::FallbackReason;
 
 /// Before a `fork` (`pthread_atfork`'s prepare): the forking thread takes this library's
 /// process-wide locks, so that the child finds none held by a thread it does not have; then

@@ -11,9 +11,9 @@ use cdc::ConnStateFlags;
 use clc::{DeclineReason, Gid, RmbSize};
 use socket2::{Domain, Socket, Type};
 
+use crate::FallbackReason;
 use crate::conn::ConnCore;
 use crate::error::{ConnFailure, SetupError};
-use crate::fallback::FallbackReason;
 use crate::handshake::{self, Endpoint, Event};
 use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
 use crate::option::Capability;

@@ -15,6 +15,8 @@
 //! `lg_slots` link-group records of [`LG_WORDS`] words, then [`DEV_SLOTS`] RoCE device records
 //! of [`DEV_WORDS`] words (the engine's counters, which it bumps there itself).
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -265,9 +267,11 @@ pub mod conn {
 
 /// A claimed connection record in an area, freed with the stream (or, for a socket handed
 /// back to the application as plain TCP, when its descriptor is found closed).
-pub(crate) struct StatSlot {
-    pub(crate) area: std::sync::Arc<Area>,
-    pub(crate) slot: usize,
+pub struct StatSlot {
+    /// The area holding the record.
+    pub area: std::sync::Arc<Area>,
+    /// The record's slot in it.
+    pub slot: usize,
 }
 
 impl Drop for StatSlot {
@@ -279,12 +283,12 @@ impl Drop for StatSlot {
 /// Linux's SMC socket states (`enum smc_state`) by number, with the short names of smcss(8)'s
 /// manual page (the JSON schema's).
 pub fn state_name(state: u64) -> &'static str {
-    crate::conn::SmcState::from_code(state).map_or("UNKNOWN", crate::conn::SmcState::name)
+    smcr_proto::conn::SmcState::from_code(state).map_or("UNKNOWN", smcr_proto::conn::SmcState::name)
 }
 
 /// The state as `smcss` prints it (`PEERCLOSEWAIT1`; an unknown number as `0x3?`).
 pub fn smcss_state_name(state: u64) -> String {
-    crate::conn::SmcState::from_code(state)
+    smcr_proto::conn::SmcState::from_code(state)
         .map_or_else(|| format!("{state:#x}?"), |s| s.smcss_name().to_owned())
 }
 
@@ -410,9 +414,12 @@ pub struct LgRecord {
 
 mod area;
 mod codes;
+mod fallback;
+pub mod sys;
 
 pub use area::{ANONYMOUS_NAME, Area, clean_stale};
 pub use codes::{reason, remedy};
+pub use fallback::FallbackReason;
 
 #[cfg(test)]
 mod tests;

@@ -41,7 +41,7 @@ pub enum FallbackReason {
     HandedOff,
     /// Local: the server answered our CLC Proposal with bytes that are not CLC (or closed at
     /// it): the process reading its end had no record of the connection. The preload then
-    /// connects again, unmarked, over plain TCP ([`crate::not_clc`]).
+    /// connects again, unmarked, over plain TCP (`smcr::not_clc`).
     NotClc,
 }
 
@@ -54,7 +54,7 @@ impl FallbackReason {
     /// Local code: not an IPv4 connection.
     pub const CODE_NOT_IPV4: u32 = 0x7f00_0003;
     /// Local code: kept off SMC-R by the user's policy (`SMCR_INCLUDE`/`SMCR_EXCLUDE`, see
-    /// [`crate::policy`]); the preload applies it before the TCP handshake.
+    /// `smcr::policy`); the preload applies it before the TCP handshake.
     pub const CODE_EXCLUDED: u32 = 0x7f00_0004;
     /// Local code: no descriptor left for SMC-R in the process's limit.
     pub const CODE_NO_FD: u32 = 0x7f00_0005;
@@ -65,7 +65,7 @@ impl FallbackReason {
     /// Local code: handed to a program that cannot negotiate.
     pub const CODE_HANDED_OFF: u32 = 0x7f00_0008;
     /// Local code: the server answered the CLC Proposal with bytes that are not CLC
-    /// ([`crate::not_clc`]) — the process that reads the server's end had no record of the
+    /// (`smcr::not_clc`) — the process that reads the server's end had no record of the
     /// connection ([`FallbackReason::NotClc`]; a Rust API client's connect fails with it).
     pub const CODE_NOT_CLC: u32 = 0x7f00_0009;
 
