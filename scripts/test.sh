@@ -13,6 +13,10 @@ cargo fmt --all -- --check
 # names re-exported by lib.rs resolved to their modules (issue 40).
 python3 scripts/module_cycles.py --self-test
 for c in smcr proto bpf stats tools clc llc cdc rdma preload; do python3 scripts/module_cycles.py "$c/src" --enforce; done
+# Crates by job: dependencies between them point down the layers, libsmcr.so links no tool
+# crate (clap, serde_json, toml_edit), and the protocol crate is pure (issue 40).
+python3 scripts/crate_deps.py --self-test
+python3 scripts/crate_deps.py --enforce
 # One room per job: no source file over 800 lines outside tests (issue 40).
 python3 scripts/long_files.py --enforce
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
