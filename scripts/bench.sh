@@ -13,5 +13,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "bench: needs root (network namespaces, the TCP option program)" >&2; exit 1; }
 bash scripts/setup.sh >/dev/null
-cargo build --release --locked -q -p preload -p examples --lib --bin bench
+cargo build --release --locked -q -p preload -p smcr-bench --lib --bin bench
 exec target/release/bench apps "$@"

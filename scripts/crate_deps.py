@@ -22,7 +22,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Layers, bottom up: codecs and the engine; the protocol; the system parts (kernel programs,
-# stats area); the runtime and socket API; its front ends; the bench harness.
+# stats area); the runtime and socket API; its front ends and the demos; the bench harness.
 ALLOWED = {
     "clc": set(),
     "cdc": set(),
@@ -34,7 +34,8 @@ ALLOWED = {
     "smcr": {"clc", "llc", "cdc", "rdma", "smcr-proto", "smcr-bpf", "smcr-stats"},
     "preload": {"smcr", "smcr-tools"},  # smcr-tools: dev (tests read smc-stat's output)
     "smcr-tools": {"smcr", "clc", "rdma", "smcr-stats", "smcr-bpf"},
-    "examples": {"smcr", "smcr-tools", "rdma", "clc", "llc", "cdc"},
+    "examples": {"smcr", "rdma"},
+    "smcr-bench": {"smcr", "smcr-tools", "examples", "rdma", "clc", "llc", "cdc"},
 }
 
 # Only the command-line tools may pull these (argument parsing, JSON, editing TOML in place).

@@ -62,7 +62,7 @@ count() { grep -c "$@" 2>/dev/null || true; }
 echo "== building (profile ci)"
 (cd "$ROOT" && cargo build -q --profile ci -p preload -p smcr-tools --bins --lib &&
 	cargo build -q --profile ci -p rdma --example ibv_rc &&
-	cargo build -q --profile ci -p examples --bin bench) || skip_build=1
+	cargo build -q --profile ci -p smcr-bench --bin bench) || skip_build=1
 # smcr's device suite (tests/devices.rs): its verbs:: half runs in guest B over rxe0.
 DEVICES_TEST=$(cd "$ROOT" && cargo test -q --profile ci -p smcr --test devices --no-run \
 	--message-format=json 2>/dev/null | python3 -c '

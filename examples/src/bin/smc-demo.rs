@@ -11,7 +11,7 @@
 //! be installed (`smcr bpf install`). `--netns NS` enters a network namespace first.
 
 use anyhow::{Context, Result, bail, ensure};
-use examples::smc_bench::{Net, enter_netns, serve};
+use examples::netns::{Net, enter_netns, serve};
 use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;

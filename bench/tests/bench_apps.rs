@@ -63,7 +63,7 @@ fn bench_apps_smoke_run() {
     // The engines' counters: across the namespaces every workload's programs sent RoCE packets
     // (counted from the exited clients' stats areas too), and a needless probe was a probe.
     let engine = doc["engine"].as_array().unwrap();
-    for w in examples::app_bench::WORKLOADS {
+    for w in smcr_bench::app_bench::WORKLOADS {
         let row = engine
             .iter()
             .find(|r| r["workload"] == w && r["setup"] == "smcr-remote")

@@ -42,7 +42,7 @@ impl Env {
         let built = exe.parent().context("exe dir")?.join("libsmcr_preload.so");
         ensure!(
             built.exists(),
-            "{} missing: build with `cargo build --release -p preload -p examples`",
+            "{} missing: build with `cargo build --release -p preload -p smcr-bench`",
             built.display()
         );
         let pid = std::process::id();

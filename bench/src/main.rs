@@ -2,19 +2,19 @@
 //! [--svg FILE]` (root): real programs
 //! (redis-benchmark, sockperf, iperf3, a connect+echo+close loop) over plain TCP, smcr on one
 //! host, both across two namespaces (joined by a veth of MTU `N`, default 1500), and smcr
-//! fallback, with ratios (see `examples::app_bench`).
+//! fallback, with ratios (see `smcr_bench::app_bench`).
 //!
 //! `bench soak [--minutes N] [--loss PCT] [--dup PCT] [--faults roce|all] [--seed N] [--keys N]`
 //! (root): redis-benchmark under the shim with random faults on the wire for N minutes, then a
-//! check of every key of a known data set (see `examples::soak`).
+//! check of every key of a known data set (see `smcr_bench::soak`).
 //!
 //! `bench xdp [--quick] [--rounds N] [--iters N] [--secs S] [--cpus A,B] [--only V,..]
 //! [--sizes N,..]` (root):
 //! issue 27's probe — AF_XDP against kernel UDP sockets (and TCP) across a veth pair, ping-pong
-//! latency and one-way throughput (see `examples::xdp_bench`).
+//! latency and one-way throughput (see `smcr_bench::xdp_bench`).
 //!
 //! `bench smc [--quick] [--json FILE]`: SmcStream against TcpStream across a veth pair (see
-//! `examples::smc_bench`).
+//! `smcr_bench::smc_bench`).
 //!
 //! `bench rdma [--quick] [--json FILE]`: the rdma engine against kernel TCP on loopback, measured
 //! in the same run, in separate processes as a real application would use them:
@@ -160,16 +160,16 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--role") {
         if args[2] == "smc-server" {
-            return examples::smc_bench::server_role(&args[3], &args[4]);
+            return smcr_bench::smc_bench::server_role(&args[3], &args[4]);
         }
         if args[2] == "echo-server" {
-            return examples::app_bench::echo_server(&args[3]);
+            return smcr_bench::app_bench::echo_server(&args[3]);
         }
         if args[2] == "connect-loop" {
-            return examples::app_bench::connect_loop(&args[3], args[4].parse()?);
+            return smcr_bench::app_bench::connect_loop(&args[3], args[4].parse()?);
         }
         if args[2] == "hold" {
-            return examples::app_bench::hold(&args[3], args[4].parse()?);
+            return smcr_bench::app_bench::hold(&args[3], args[4].parse()?);
         }
         return child_role(&args[2], &args[3]);
     }
@@ -191,7 +191,7 @@ fn main() -> Result<()> {
             .cloned()
     };
     if what == "apps" {
-        use examples::app_bench;
+        use smcr_bench::app_bench;
         let opt = app_bench::Options {
             quick,
             smoke: args.iter().any(|a| a == "--smoke"),
@@ -227,14 +227,14 @@ fn main() -> Result<()> {
         return Ok(());
     }
     if what == "soak" {
-        let opt = examples::soak::parse(&args[2..])?;
-        return examples::soak::run(&opt);
+        let opt = smcr_bench::soak::parse(&args[2..])?;
+        return smcr_bench::soak::run(&opt);
     }
     if what == "xdp" {
-        return examples::xdp_bench::run(&examples::xdp_bench::Options::parse(&args[2..])?);
+        return smcr_bench::xdp_bench::run(&smcr_bench::xdp_bench::Options::parse(&args[2..])?);
     }
     if what == "smc" {
-        let json = examples::smc_bench::suite(quick)?;
+        let json = smcr_bench::smc_bench::suite(quick)?;
         if let Some(p) = json_path {
             std::fs::write(&p, &json).with_context(|| format!("writing {p}"))?;
             eprintln!("wrote {p}");
@@ -309,7 +309,7 @@ fn main() -> Result<()> {
         rl99,
         rl99 / tl99
     );
-    let n = examples::app_bench::json_num;
+    let n = smcr_bench::app_bench::json_num;
     let json = format!(
         "{}\n",
         serde_json::json!({
@@ -335,7 +335,7 @@ fn usage() -> String {
     format!(
         "usage: bench {{rdma|smc}} [--quick] [--json FILE]\n       {}\n       \
          bench apps [--quick|--smoke] [--only SETUPS] [--workloads W,..] [--mtu N] [--json FILE] [--svg FILE]\n       {}",
-        examples::xdp_bench::USAGE,
-        examples::soak::USAGE
+        smcr_bench::xdp_bench::USAGE,
+        smcr_bench::soak::USAGE
     )
 }
