@@ -4,6 +4,7 @@
 //! (`to_io`, `From`); the group's own reasons are [`GroupDown`].
 
 use std::io;
+use std::net::Ipv4Addr;
 
 use crate::conn::ConnError;
 use crate::group::GroupDown;
@@ -23,11 +24,11 @@ pub enum ConnFailure {
     #[error("the peer sent urgent data (MSG_OOB), which smcr does not support")]
     UrgentData,
     /// Posting the connection's writes or CDCs failed.
-    #[error("{0}")]
-    Post(String),
+    #[error(transparent)]
+    Post(PostFailure),
     /// After a failover, the connection could not be moved to the other link.
     #[error("moving to another link: {0}")]
-    Move(String),
+    Move(PostFailure),
     /// Aborted by its owner (the preload, after a panic in a call on it).
     #[error("{0}")]
     Aborted(String),
@@ -38,6 +39,75 @@ impl ConnFailure {
     pub fn to_io(&self) -> io::Error {
         io::Error::new(io::ErrorKind::ConnectionReset, self.to_string())
     }
+}
+
+/// Why a connection's message (data with its CDC, a control CDC, or what a failover moves)
+/// was not posted. [`Self::NoSlot`] is a wait, not a failure; every other variant fails the
+/// connection ([`ConnFailure::Post`], [`ConnFailure::Move`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PostFailure {
+    /// No SEND slot free for the poller, which must not wait for one: tried again when a
+    /// SEND completes.
+    #[error("no SEND slot for the poller")]
+    NoSlot,
+    /// The link group is down.
+    #[error(transparent)]
+    Group(GroupDown),
+    /// The queue pair refused the request.
+    #[error("post_send: {0:?}")]
+    Refused(rdma::PostError),
+    /// A write of more than two pieces (the ring wraps at most once: a bug).
+    #[error("a write of more than two pieces")]
+    TooManyPieces,
+    /// The connection was released; its buffers may serve another connection.
+    #[error("the connection is gone")]
+    Released,
+}
+
+impl From<PostFailure> for io::Error {
+    /// The one place a post's failure becomes what a caller of the socket API sees:
+    /// `WouldBlock` for a wait, else `ConnectionReset`, as TCP reports a broken connection.
+    fn from(e: PostFailure) -> Self {
+        let kind = match e {
+            PostFailure::NoSlot => io::ErrorKind::WouldBlock,
+            _ => io::ErrorKind::ConnectionReset,
+        };
+        Self::new(kind, e)
+    }
+}
+
+/// Why a device cannot run a link with a peer: the handshake declines with `NOSMCRDEV`, and
+/// the text is what the log and the fallback record say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreachable {
+    /// The device on `ip` is local-only (another process owns the RoCE port, steering is not
+    /// attached) and the peer is on another host.
+    #[error("{}", crate::steer::local_only_diagnosis(*ip))]
+    LocalOnly {
+        /// The device's address.
+        ip: Ipv4Addr,
+    },
+    /// As [`Self::LocalOnly`], with the same-host transport turned off.
+    #[error(
+        "{} (and the same-host transport is off: SMCR_SAME_HOST=off)",
+        crate::steer::local_only_diagnosis(*ip)
+    )]
+    SameHostOff {
+        /// The device's address.
+        ip: Ipv4Addr,
+    },
+    /// The device is local-only and the peer on this host runs as another user, whom shared
+    /// memory does not serve.
+    #[error(
+        "{}; the peer runs as another user (uid {uid}) and shared memory only serves processes of one user",
+        crate::steer::local_only_diagnosis(*ip)
+    )]
+    OtherUser {
+        /// The device's address.
+        ip: Ipv4Addr,
+        /// The peer's user.
+        uid: u32,
+    },
 }
 
 /// Why setting a connection up (the CLC driver, the link, an rkey flow) or a group's control
@@ -111,8 +181,18 @@ mod tests {
         assert_eq!(g.to_io().kind(), io::ErrorKind::ConnectionReset);
         assert!(matches!(g, ConnFailure::Group(GroupDown::Link(_))));
         assert_eq!(
-            ConnFailure::Move("no SEND slot".into()).to_string(),
-            "moving to another link: no SEND slot"
+            ConnFailure::Move(PostFailure::Refused(rdma::PostError::QueueFull)).to_string(),
+            "moving to another link: post_send: QueueFull"
+        );
+        let e = ConnFailure::Post(PostFailure::Group(GroupDown::PeerLostPath));
+        assert_eq!(e.to_io().kind(), io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            io::Error::from(PostFailure::NoSlot).kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!(
+            io::Error::from(PostFailure::Released).kind(),
+            io::ErrorKind::ConnectionReset
         );
     }
 

@@ -9,6 +9,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use smcr::error::Unreachable;
 use smcr::steer::{PortMode, SteerAttach, local_only_diagnosis, netns_inode, status, uninstall};
 use smcr::{Negotiation, Runtime, RuntimeConfig};
 
@@ -124,7 +125,8 @@ fn a_local_only_runtime_refuses_remote_peers_with_the_remedy() {
             .device_reaches(lo, Ipv4Addr::new(192, 0, 2, 1))
             .unwrap()
             .unwrap_err();
-        assert_eq!(why, local_only_diagnosis(lo));
+        assert_eq!(why, Unreachable::LocalOnly { ip: lo });
+        assert_eq!(why.to_string(), local_only_diagnosis(lo));
         assert_eq!(
             first
                 .device_reaches(lo, Ipv4Addr::new(192, 0, 2, 1))

@@ -124,7 +124,7 @@ impl ConnShared {
         lg: &LinkGroup,
         pending: u32,
         poller: bool,
-    ) -> io::Result<()> {
+    ) -> Result<(), PostFailure> {
         self.flush_staged(s, lg, pending, poller, false)
     }
 
@@ -137,7 +137,7 @@ impl ConnShared {
         pending: u32,
         poller: bool,
         written: bool,
-    ) -> io::Result<()> {
+    ) -> Result<(), PostFailure> {
         let staged = s.core.staged;
         if staged == 0 {
             return Ok(());
@@ -183,17 +183,14 @@ impl ConnShared {
         lg: &LinkGroup,
         slot: usize,
         poller: bool,
-    ) -> io::Result<usize> {
+    ) -> Result<usize, PostFailure> {
         let (epoch, path) = lg.route();
         if s.epoch == epoch {
             return Ok(path);
         }
         if s.released {
             lg.put_back(slot);
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "the connection is gone",
-            ));
+            return Err(PostFailure::Released);
         }
         if s.core
             .peer_flags()
@@ -204,7 +201,7 @@ impl ConnShared {
             s.epoch = epoch;
             return Ok(path);
         }
-        let moved = (|| -> io::Result<()> {
+        let moved = (|| -> Result<(), PostFailure> {
             let second = lg.take_slot(poller)?;
             let third = match lg.take_slot(poller) {
                 Ok(x) => x,
@@ -237,14 +234,13 @@ impl ConnShared {
                 s.stats.failovers += 1;
                 Ok(path)
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            Err(PostFailure::NoSlot) => {
                 lg.put_back(slot);
-                Err(e)
+                Err(PostFailure::NoSlot)
             }
             Err(e) => {
                 lg.put_back(slot);
-                s.failed
-                    .get_or_insert_with(|| ConnFailure::Move(e.to_string()));
+                s.failed.get_or_insert_with(|| ConnFailure::Move(e.clone()));
                 s.publish();
                 Err(e)
             }
@@ -258,7 +254,7 @@ impl ConnShared {
         lg: &LinkGroup,
         m: &CdcMessage,
         poller: bool,
-    ) -> io::Result<()> {
+    ) -> Result<(), PostFailure> {
         let slot = lg.take_slot(poller)?;
         let path = self.route(s, lg, slot, poller)?;
         lg.post_cdc(path, slot, m, 0).map(drop)
@@ -317,11 +313,11 @@ impl ConnShared {
         let pending = s.core.staged;
         match self.flush_locked(&mut s, lg, pending, true) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            Err(PostFailure::NoSlot) => {
                 lg.st.lock().g.conns.defer_flush(self.token);
             }
             Err(e) => {
-                s.failed.get_or_insert(ConnFailure::Post(e.to_string()));
+                s.failed.get_or_insert(ConnFailure::Post(e));
                 s.publish();
                 drop(s);
                 self.wake();

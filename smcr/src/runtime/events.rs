@@ -260,7 +260,7 @@ impl LinkGroup {
             });
             match moved {
                 Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => left = true,
+                Err(PostFailure::NoSlot) => left = true,
                 Err(_) => {
                     // `route` recorded why.
                     drop(s);

@@ -401,7 +401,7 @@ impl Runtime {
         &self,
         local: Ipv4Addr,
         peer: Ipv4Addr,
-    ) -> io::Result<Result<(), String>> {
+    ) -> io::Result<Result<(), Unreachable>> {
         Ok(self
             .inner
             .device(local)?
@@ -419,16 +419,13 @@ impl Dev {
     /// reach it; when it is local-only, only with a peer on this host (in this network
     /// namespace) through shared memory (`same_host`: [`crate::RuntimeConfig::same_host`]).
     /// `Err`: why not, for the log and the fallback record (decline with `NOSMCRDEV`).
-    pub(crate) fn reaches(&self, peer: Ipv4Addr, same_host: bool) -> Result<(), String> {
+    pub(crate) fn reaches(&self, peer: Ipv4Addr, same_host: bool) -> Result<(), Unreachable> {
         if self.reaches_remote() || (same_host && crate::steer::on_this_host(peer)) {
             Ok(())
         } else if same_host {
-            Err(crate::steer::local_only_diagnosis(self.ip))
+            Err(Unreachable::LocalOnly { ip: self.ip })
         } else {
-            Err(format!(
-                "{} (and the same-host transport is off: SMCR_SAME_HOST=off)",
-                crate::steer::local_only_diagnosis(self.ip)
-            ))
+            Err(Unreachable::SameHostOff { ip: self.ip })
         }
     }
 

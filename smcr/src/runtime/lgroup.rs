@@ -487,24 +487,18 @@ impl LinkGroup {
     }
 
     /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the reserve).
-    pub(crate) fn take_slot(&self, poller: bool) -> io::Result<usize> {
+    pub(crate) fn take_slot(&self, poller: bool) -> Result<usize, PostFailure> {
         Ok({
             let mut st = self.st.lock();
             loop {
                 if let Some(r) = st.g.down() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionReset,
-                        r.to_string(),
-                    ));
+                    return Err(PostFailure::Group(r.clone()));
                 }
                 if let Slot::Got(slot) = st.g.conns.take_slot(poller) {
                     break slot;
                 }
                 if poller {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WouldBlock,
-                        "no SEND slot for the poller",
-                    ));
+                    return Err(PostFailure::NoSlot);
                 }
                 self.cond.wait(&mut st);
             }

@@ -31,7 +31,7 @@ use rdma::{
 };
 
 use crate::conn::ConnCore;
-use crate::error::{ConnFailure, SetupError};
+use crate::error::{ConnFailure, PostFailure, SetupError, Unreachable};
 use crate::group::{GroupCore, GroupDown, GroupEvent, PathIds, RkeyError};
 use crate::handshake;
 use crate::lgr::{LgrCore, Route, Slot};
@@ -339,8 +339,8 @@ fn tcp_has_input(tcp: &std::net::TcpStream) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-fn post_error(e: rdma::PostError) -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionReset, format!("post_send: {e:?}"))
+fn post_error(e: rdma::PostError) -> PostFailure {
+    PostFailure::Refused(e)
 }
 
 /// A connection's data to write (see [`LinkGroup::post_data`]).

@@ -16,7 +16,7 @@ impl LinkGroup {
         slot: usize,
         m: &CdcMessage,
         owner: u32,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, PostFailure> {
         self.post_cdc_after(path, &[], slot, m, owner, SendFlags::ACK_NOW)
     }
 
@@ -30,7 +30,7 @@ impl LinkGroup {
         m: &CdcMessage,
         owner: u32,
         flags: SendFlags,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, PostFailure> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
         self.post_owned(path, before, slot, &b, owner, flags)
@@ -46,7 +46,7 @@ impl LinkGroup {
         bytes: &[u8],
         owner: u32,
         flags: SendFlags,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, PostFailure> {
         // The owner first: on UDP the completion may be handled before post_send returns.
         self.st.lock().g.conns.set_owner(slot, owner);
         let done = self.post_send_slot_with(path, before, slot, bytes, flags);
@@ -65,8 +65,8 @@ impl LinkGroup {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let slot = self.take_slot(false)?;
-        self.post_owned(self.active(), &[], slot, bytes, 0, SendFlags::empty())
-            .map(drop)
+        self.post_owned(self.active(), &[], slot, bytes, 0, SendFlags::empty())?;
+        Ok(())
     }
 
     /// Why the QP failed, as the link's down reason: a flush caused by a request of the peer
@@ -118,7 +118,7 @@ impl LinkGroup {
         slot: usize,
         bytes: &[u8],
         extra: SendFlags,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, PostFailure> {
         self.send_mr.write(slot * SLOT, bytes);
         let sge = [self.send_mr.sge(slot * SLOT, bytes.len())];
         let send = SendWr {
@@ -161,7 +161,7 @@ impl LinkGroup {
         m: &CdcMessage,
         owner: u32,
         ack_now: bool,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, PostFailure> {
         let DataWrites {
             sndbuf,
             pieces,
@@ -178,7 +178,7 @@ impl LinkGroup {
         // At most two pieces (the ring wraps once): scatter lists and requests on the stack.
         if pieces.len() > 2 {
             self.put_back(slot);
-            return Err(io::Error::other("a write of more than two pieces"));
+            return Err(PostFailure::TooManyPieces);
         }
         let zero = self.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize);
         let mut sges = [[zero; 2]; 2];
@@ -240,7 +240,7 @@ impl LinkGroup {
                     | SendFlags::EXPEDITE
                     | SendFlags::ACK_NOW,
             }])
-            .map_err(post_error)
+            .map_err(|e| post_error(e).into())
     }
 
     pub(super) fn flush_llc(&self, st: &mut LgState) {

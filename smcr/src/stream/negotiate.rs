@@ -4,6 +4,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::error::Unreachable;
 
 /// What a server handshake holds in a group before its connection exists: the token it
 /// reserved (counted against the group's connections; CDCs for it are held) and the RMB it
@@ -174,7 +175,7 @@ impl SmcStream {
                 if let Some(ip) = peer.gid.to_ipv4()
                     && let Err(why) = link_possible(rt, &dev, &self.tcp, ip)
                 {
-                    rt.inner.note(why);
+                    rt.inner.note(why.to_string());
                     return Err(DeclineReason::NOSMCRDEV);
                 }
                 let mtu = crate::runtime::smaller_mtu(peer.mtu, mtu);
@@ -293,7 +294,7 @@ pub(super) fn link_possible(
     dev: &crate::runtime::Dev,
     tcp: &TcpStream,
     peer_ip: std::net::Ipv4Addr,
-) -> Result<(), String> {
+) -> Result<(), Unreachable> {
     dev.reaches(peer_ip, rt.inner.cfg.same_host)?;
     if dev.reaches_remote() {
         return Ok(());
@@ -305,10 +306,7 @@ pub(super) fn link_possible(
     }
     match (tcp.local_addr(), tcp.peer_addr()) {
         (Ok(l), Ok(p)) => match crate::diag::peer_uid(l, p) {
-            Some(u) if u != me && u != 0 => Err(format!(
-                "{}; the peer runs as another user (uid {u}) and shared memory only serves processes of one user",
-                crate::steer::local_only_diagnosis(dev.ip)
-            )),
+            Some(uid) if uid != me && uid != 0 => Err(Unreachable::OtherUser { ip: dev.ip, uid }),
             _ => Ok(()),
         },
         _ => Ok(()),
@@ -555,7 +553,7 @@ impl SmcStream {
                     };
                     // See the client's first contact: a local-only device serves this host.
                     if let Err(why) = link_possible(rt, &dev, &self.tcp, peer_ip) {
-                        rt.inner.note(why);
+                        rt.inner.note(why.to_string());
                         return decline(self, &mut hs, DeclineReason::NOSMCRDEV);
                     }
                     match LinkGroup::create(
