@@ -5,8 +5,8 @@
 //! reach a peer's; below both.
 
 use crate::access::{Access, AccessError};
+use crate::locks::Mutex;
 use crate::shm::Segment;
-use parking_lot::Mutex;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;

@@ -23,6 +23,7 @@ pub mod env;
 pub mod fdzone;
 pub mod forkhold;
 pub mod ibv;
+pub mod locks;
 pub mod mr;
 mod notify;
 pub mod rc;

@@ -6,7 +6,7 @@
 //! touched. Regions are reference counted, so deregistering one while a packet is being placed
 //! into it cannot free memory under the engine.
 
-use parking_lot::RwLock;
+use crate::locks::RwLock;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

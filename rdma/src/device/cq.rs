@@ -7,9 +7,9 @@
 use super::rx::RxState;
 use super::spin::{SpinState, Spun, YIELD_LOST};
 use super::{Shared, drain_eventfd, timespec, wait_readable};
+use crate::locks::Mutex;
 use crate::notify::{Notify, Sleepers, Wake};
 use crate::rc::WorkCompletion;
-use parking_lot::Mutex;
 use rustix::event::EventfdFlags;
 use rustix::fd::OwnedFd;
 use std::collections::VecDeque;

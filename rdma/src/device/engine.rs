@@ -7,9 +7,9 @@ use super::{
     EV_ALT, EV_KICK, EV_OFFER, EV_OFFERED, EV_PEER, EV_RENDEZVOUS, EV_SOCK, EV_SPARE, QpCore,
     Shared, drain_eventfd, timespec,
 };
+use crate::locks::Mutex;
 use crate::rc::{CqSide, WcStatus};
 use crate::thread::JoinHandle;
-use parking_lot::Mutex;
 use rustix::event::epoll;
 use std::cmp::Reverse;
 use std::sync::Arc;

@@ -34,7 +34,7 @@ use crate::transport::pcap::PcapWriter;
 use crate::transport::steer::{self, PortMode};
 use crate::transport::udp::{UdpOptions, UdpSocket};
 
-use parking_lot::{Mutex, RwLock};
+use crate::locks::{Mutex, RwLock};
 use rustix::event::{EventfdFlags, epoll};
 use rustix::fd::{AsFd, OwnedFd};
 use std::cmp::Reverse;

@@ -96,6 +96,7 @@ impl<'a> RxRun<'a> {
         }
         let qp = self.qp.as_ref()?;
         if self.locked.is_none() {
+            crate::locks::note();
             // SAFETY: paired with the unlock in `release`, which runs before `qp` changes and
             // on drop (unwinding included).
             self.locked = Some(parking_lot::lock_api::RawMutex::lock(unsafe {

@@ -10,8 +10,8 @@
 
 use super::{Context, Cq, Pd};
 use crate::Mtu;
+use crate::locks::Mutex;
 use crate::rc::WorkCompletion;
-use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, epoll};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::collections::{HashMap, VecDeque};

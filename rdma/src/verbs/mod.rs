@@ -31,6 +31,7 @@ use crate::device::{
     CqShared, DeviceConfig, DeviceStats, EngineGuard, QpShared, Shared, run_engine,
 };
 use crate::ibv::{self, VerbsCq, VerbsDevice};
+use crate::locks::Mutex;
 use crate::mr::{Access, Region};
 use crate::rc::{
     ModifyError, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWr, SendFlags, SendWr, Sge,
@@ -39,7 +40,6 @@ use crate::rc::{
 use crate::sched::{CqScheduler, EngineSched, SchedKind};
 use crate::transport::fault::FaultStats;
 use crate::transport::steer::PortMode;
-use parking_lot::Mutex;
 use rustix::fd::{AsFd, BorrowedFd};
 use std::io;
 use std::net::SocketAddrV4;

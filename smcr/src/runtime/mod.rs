@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use cdc::{CdcMessage, ConnStateFlags, ProducerFlags};
 use clc::{Eid, Gid, Mac, PeerId, QpMtu};
 use llc::Version;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
+use rdma::locks::Mutex;
 use rdma::{
     Access, CompletionQueue, Device, DeviceConfig, MemoryRegion, Mtu, ProtectionDomain, Psn,
     QpAttr, QpCaps, QpState, QueuePair, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,

@@ -30,7 +30,7 @@ fn accept_error(e: &io::Error) -> AcceptError {
 type Deliver = Arc<dyn Fn(SmcStream, SocketAddr) + Send + Sync>;
 
 /// An accepted connection waiting for the thread that negotiates it (taken once).
-type Pending = Arc<parking_lot::Mutex<Option<(TcpStream, SocketAddr)>>>;
+type Pending = Arc<rdma::locks::Mutex<Option<(TcpStream, SocketAddr)>>>;
 
 /// Negotiates the server side of the connection in `job` (if no one took it) and delivers it.
 fn handshake(rt: &Runtime, deliver: &Deliver, job: &Pending) {
@@ -109,7 +109,7 @@ impl Acceptor {
                 };
                 // On a thread of its own; without one (a program that forbids new threads, no
                 // spare left) here, rather than dropping the connection.
-                let job = Arc::new(parking_lot::Mutex::new(Some((tcp, peer))));
+                let job = Arc::new(rdma::locks::Mutex::new(Some((tcp, peer))));
                 let (theirs, rt2, deliver2) = (job.clone(), rt.clone(), deliver.clone());
                 let spawned = rdma::thread::spawn("smcr-handshake".into(), move || {
                     handshake(&rt2, &deliver2, &theirs)
@@ -154,7 +154,7 @@ impl SmcListener {
         })?;
         Ok(Self {
             acceptor,
-            ready: parking_lot::Mutex::new(ready),
+            ready: rdma::locks::Mutex::new(ready),
             nonblocking: std::sync::atomic::AtomicBool::new(false),
         })
     }

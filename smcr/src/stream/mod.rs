@@ -562,6 +562,6 @@ fn endpoint(lg: &LinkGroup, rmb: &rdma::MemoryRegion, size: RmbSize, token: u32)
 /// ```
 pub struct SmcListener {
     acceptor: Acceptor,
-    ready: parking_lot::Mutex<std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>>,
+    ready: rdma::locks::Mutex<std::sync::mpsc::Receiver<(SmcStream, SocketAddr)>>,
     nonblocking: std::sync::atomic::AtomicBool,
 }

@@ -93,7 +93,7 @@ pub(super) fn make_conn(
         token,
         rmb,
         sndbuf,
-        core: parking_lot::Mutex::new(ConnState {
+        core: rdma::locks::Mutex::new(ConnState {
             // The key is for the peer's link of this connection, named by its QPN.
             peer: crate::rtokens::PeerRmb {
                 vaddr: peer.rmb_vaddr,
