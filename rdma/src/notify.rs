@@ -36,6 +36,10 @@ mod sync {
         pub(super) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
             self.0.lock().expect("a model thread panicked")
         }
+
+        pub(super) fn try_lock(&self) -> Option<loom::sync::MutexGuard<'_, T>> {
+            self.0.try_lock().ok()
+        }
     }
 }
 
@@ -252,6 +256,38 @@ impl Notify {
     #[inline]
     pub(crate) fn take_kick(&self) -> bool {
         self.kicked.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// The device socket's receive state is one thread's at a time (a try-lock). A thread woken
+/// by the socket (edge-triggered: nobody is woken again for the packets there now) that finds
+/// it taken leaves those packets to its holder, which receives again after letting go. A
+/// store-buffering pair: the wanting thread publishes its want, then tries the lock; the
+/// holder unlocks, then reads the want. Either the wanting thread gets the lock or the
+/// holder sees the want.
+pub(crate) struct RxWanted(AtomicBool);
+
+impl RxWanted {
+    pub(crate) fn new() -> Self {
+        Self(AtomicBool::new(false))
+    }
+
+    /// Before trying to take the receive state.
+    pub(crate) fn want(&self) {
+        self.0.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// The receive state was taken: the wants so far are served by what the taker receives.
+    pub(crate) fn served(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    /// After unlocking the receive state: whether a thread wanted it meanwhile (then receive
+    /// again, [`Self::want`] first).
+    pub(crate) fn after_release(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.0.load(Ordering::SeqCst)
     }
 }
 

@@ -274,7 +274,7 @@ pub(crate) struct Shared {
     rx: Mutex<RxState>,
     /// A thread found the socket readable but the receive state taken (see
     /// [`RxGuard`](rx::RxGuard)).
-    rx_wanted: AtomicBool,
+    rx_wanted: crate::notify::RxWanted,
     /// The engine thread's epoll set (socket and kick eventfd).
     epoll: OwnedFd,
     /// Why the engine thread does not watch the socket now (see `engine_rx_interest`).
@@ -470,7 +470,7 @@ impl Shared {
             send_no_icrc,
             take_no_icrc,
             tx_bufs: Mutex::new(Vec::new()),
-            rx_wanted: AtomicBool::new(false),
+            rx_wanted: crate::notify::RxWanted::new(),
             rx: Mutex::new(RxState::new()),
             epoll: ep,
             rx_away: Mutex::new(0),

@@ -320,17 +320,15 @@ impl Shared {
     pub(crate) fn receive_now(&self) -> usize {
         let mut total = 0;
         loop {
-            self.rx_wanted.store(true, Ordering::SeqCst);
-            std::sync::atomic::fence(Ordering::SeqCst);
+            self.rx_wanted.want();
             // Taken: its holder receives again once it lets go.
             let Some(mut rx) = self.rx.try_lock() else {
                 return total;
             };
-            self.rx_wanted.store(false, Ordering::SeqCst);
+            self.rx_wanted.served();
             total += self.rx_drain(&mut rx, usize::MAX);
             drop(rx);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if !self.rx_wanted.load(Ordering::SeqCst) {
+            if !self.rx_wanted.after_release() {
                 return total;
             }
         }
@@ -347,9 +345,8 @@ impl Shared {
     /// After letting go of the receive state: a thread that wanted it meanwhile (woken by
     /// the socket, edge-triggered) left its packets to us.
     fn rx_recheck(&self) -> usize {
-        std::sync::atomic::fence(Ordering::SeqCst);
         // (Not while unwinding: a second panic would abort.)
-        if self.rx_wanted.load(Ordering::SeqCst) && !std::thread::panicking() {
+        if self.rx_wanted.after_release() && !std::thread::panicking() {
             self.receive_now()
         } else {
             0

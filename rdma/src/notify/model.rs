@@ -322,3 +322,63 @@ fn a_ring_that_joins_while_a_poller_registers_rings_it() {
         );
     });
 }
+
+/// The device socket and its receive state, as `device::rx` has them: packets waiting in the
+/// kernel (a counter), the receive state (a try-lock) and [`RxWanted`].
+struct Sock {
+    pending: AtomicUsize,
+    rx: Mutex<()>,
+    wanted: RxWanted,
+}
+
+impl Sock {
+    /// `receive_now`: want, try to take, drain, let go, look for a want that came meanwhile.
+    fn receive_now(&self) {
+        loop {
+            self.wanted.want();
+            let Some(g) = self.rx.try_lock() else {
+                return; // left to the holder
+            };
+            self.wanted.served();
+            self.pending.store(0, SeqCst);
+            drop(g);
+            if !self.wanted.after_release() {
+                return;
+            }
+        }
+    }
+}
+
+/// (e) A thread holds the receive state (the engine thread, or a driver in `drive_wait`:
+/// `rx_try`), drains the socket and lets go (`RxGuard`'s drop: `rx_recheck`); meanwhile a
+/// packet arrives and its edge wakes another thread (an event loop watching the socket, or
+/// `CqScheduler::receive`), which finds the state taken and leaves the packet to the holder.
+/// Someone receives it: nobody would be woken for it again.
+#[test]
+fn a_packet_left_to_the_receive_state_holder_is_received() {
+    model(|| {
+        let sock = Arc::new(Sock {
+            pending: AtomicUsize::new(0),
+            rx: Mutex::new(()),
+            wanted: RxWanted::new(),
+        });
+        let s = sock.clone();
+        let holder = thread::spawn(move || {
+            if let Some(g) = s.rx.try_lock() {
+                s.pending.store(0, SeqCst);
+                drop(g);
+                if s.wanted.after_release() {
+                    s.receive_now();
+                }
+            }
+        });
+        sock.pending.fetch_add(1, SeqCst);
+        sock.receive_now();
+        holder.join().unwrap();
+        assert_eq!(
+            sock.pending.load(SeqCst),
+            0,
+            "lost: a packet waits on the socket and nobody will receive it"
+        );
+    });
+}

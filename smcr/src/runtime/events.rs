@@ -486,19 +486,13 @@ impl LinkGroup {
     /// retries) until the peer has acknowledged everything posted, so closing a connection
     /// and deleting the group right after it (a process that ends) loses nothing in flight;
     /// then the queue pair fails.
-    pub(super) fn finish(&self) {
+    pub(super) fn finish(self: &Arc<Self>) {
         if self.st.lock().g.orderly() {
             let deadline = Instant::now() + DRAIN_WAIT;
             let qp = self.qp();
-            while qp.unfinished_sends() > 0
-                && qp.state() != QpState::Error
-                && Instant::now() < deadline
-            {
-                // The engine thread receives the ACKs, unless an event loop holding another
-                // group of this device watches the socket: then the ACKs would wait for it.
-                self.sched.receive();
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            self.wait(deadline, |_| {
+                qp.unfinished_sends() == 0 || qp.state() == QpState::Error
+            });
         }
         for p in &self.paths {
             let _ = p.qp.modify(&QpAttr::state(QpState::Error));
@@ -535,18 +529,23 @@ impl LinkGroup {
         })
     }
 
-    /// Drives the group until `done` holds, the group is down, or `deadline` passed.
+    /// Drives the group until `done` holds, the group is down with nothing left unsent, or
+    /// `deadline` passed. No polling: each pass sleeps as a blocked reader does
+    /// ([`Self::drive_blocked`]) until a completion arrives — the last SEND's acknowledgement,
+    /// the peer's closing CDC — receiving from the device's socket itself unless an event loop
+    /// watches it. Such an event loop may be this very thread (a process ending from its loop)
+    /// or one busy elsewhere, so each pass also takes what waits on the socket
+    /// (`CqScheduler::receive`, which never blocks); a hold of this group ends when the group
+    /// goes down (`release_hold`), those of other groups when their pollers take them back.
     pub(super) fn wait(self: &Arc<Self>, deadline: Instant, done: impl Fn(&Self) -> bool) {
         rdma::cork::end();
-        while !done(self) && Instant::now() < deadline {
-            // As `finish`: take what arrived, whoever else might (an event loop that holds
-            // the group, the poller), then handle it.
+        loop {
             self.sched.receive();
             self.progress();
-            if self.is_down() && self.sends_done() {
+            if done(self) || (self.is_down() && self.sends_done()) || Instant::now() >= deadline {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            self.drive_blocked(Some(deadline), || done(self));
         }
     }
 
