@@ -89,7 +89,7 @@ fn smcr_bin() -> PathBuf {
             "--profile",
             profile,
             "-p",
-            "smcr",
+            "smcr-tools",
             "--bin",
             "smcr",
         ])
