@@ -127,10 +127,10 @@ pub struct ConnCore {
     peer_flags: ConnStateFlags,
     /// Bytes copied into the send buffer, not yet written to the peer (the next flush writes
     /// and announces them).
-    pub staged: u32,
+    staged: u32,
     /// Our data CDCs whose SEND has not completed (autocorking holds small writes while one
     /// is in flight).
-    pub inflight: u32,
+    inflight: u32,
     /// Data came from the peer since our last data CDC: the exchange is a conversation.
     rx_since_tx: bool,
     /// We sent a data CDC.
@@ -370,6 +370,31 @@ impl ConnCore {
     /// back).
     pub fn corked(&self, limit: u32) -> bool {
         self.inflight > 0 && self.staged <= limit
+    }
+
+    /// Bytes staged: in the send buffer (or, on one host, already in the peer's RMB), not yet
+    /// announced.
+    pub fn staged(&self) -> u32 {
+        self.staged
+    }
+
+    /// Our data CDCs whose SEND has not completed.
+    pub fn inflight(&self) -> u32 {
+        self.inflight
+    }
+
+    /// `n` more bytes are staged: copied into the send buffer at
+    /// [`Self::stage_pieces`]`(self.staged(), n)`, or written there in the peer's RMB directly
+    /// (same host). The next flush ([`Self::prepare_write`], [`Self::take_staged`]) announces
+    /// them.
+    pub fn stage(&mut self, n: u32) {
+        self.staged += n;
+    }
+
+    /// The data CDC that [`Self::failover`] made was posted and completes later: it counts as
+    /// in flight, as a flush's does ([`Self::take_staged`]).
+    pub fn failover_cdc_posted(&mut self) {
+        self.inflight += 1;
     }
 
     /// The staged bytes go out now (their CDC is in flight): how many.

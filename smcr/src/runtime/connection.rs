@@ -138,7 +138,7 @@ impl ConnShared {
         poller: bool,
         written: bool,
     ) -> Result<(), PostFailure> {
-        let staged = s.core.staged;
+        let staged = s.core.staged();
         if staged == 0 {
             return Ok(());
         }
@@ -163,7 +163,8 @@ impl ConnShared {
             slack: plan.slack,
         };
         if lg.post_data(path, &writes, slot, &plan.cdc, self.token, plan.ack_now)? {
-            s.core.inflight -= 1;
+            // Completed when posted (same host): no completion will say so.
+            let _ = s.core.cdc_completed();
         }
         Ok(())
     }
@@ -223,7 +224,7 @@ impl ConnShared {
                 slack: 0,
             };
             if !lg.post_data(path, &writes, third, &f.cdc, self.token, true)? {
-                s.core.inflight += 1;
+                s.core.failover_cdc_posted();
             }
             Ok(())
         })();
@@ -272,7 +273,7 @@ impl ConnShared {
         buf: &[u8],
         pending: u32,
     ) -> io::Result<bool> {
-        if s.core.staged != 0 || s.core.inflight != 0 || !lg.same_host() {
+        if s.core.staged() != 0 || s.core.inflight() != 0 || !lg.same_host() {
             return Ok(false);
         }
         let n = buf.len() as u32;
@@ -291,7 +292,7 @@ impl ConnShared {
             }
             at += len as usize;
         }
-        s.core.staged = n;
+        s.core.stage(n);
         self.flush_staged(s, lg, pending, false, true)?;
         Ok(true)
     }
@@ -307,10 +308,10 @@ impl ConnShared {
 
     pub(super) fn flush_corked(&self, lg: &LinkGroup) {
         let mut s = self.core.lock();
-        if s.failed.is_some() || s.core.inflight > 0 {
+        if s.failed.is_some() || s.core.inflight() > 0 {
             return;
         }
-        let pending = s.core.staged;
+        let pending = s.core.staged();
         match self.flush_locked(&mut s, lg, pending, true) {
             Ok(()) => {}
             Err(PostFailure::NoSlot) => {

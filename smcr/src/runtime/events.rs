@@ -513,7 +513,7 @@ impl LinkGroup {
         let conns = self.st.lock().g.conns.conns();
         conns.iter().all(|c| {
             let s = c.core.lock();
-            s.core.staged == 0 && s.core.inflight == 0
+            s.core.staged() == 0 && s.core.inflight() == 0
         }) && self.sends_done()
     }
 

@@ -520,7 +520,7 @@ impl Drop for SmcStream {
         // Our stats record is freed after this body (field drop): no update may follow.
         s.stat = None;
         if !s.core.local_closed() {
-            let staged = s.core.staged;
+            let staged = s.core.staged();
             let _ = smc.conn.flush_locked(&mut s, &smc.lg, staged, false);
             // Close or abort: `ConnCore::close` decides (unread data, or SO_LINGER {on, 0},
             // which is only asked for when it matters).

@@ -9,7 +9,7 @@ impl SmcStream {
     pub(super) fn flush_staged(&self) -> io::Result<()> {
         if let Some(smc) = &self.smc {
             let mut s = smc.conn.core.lock();
-            let staged = s.core.staged;
+            let staged = s.core.staged();
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
         }
         Ok(())
@@ -32,7 +32,7 @@ impl SmcStream {
             if s.core.shut_wr() {
                 return Ok(());
             }
-            let staged = s.core.staged;
+            let staged = s.core.staged();
             smc.conn.flush_locked(&mut s, &smc.lg, staged, false)?;
             if let Some(cdc) = s.core.shutdown_write() {
                 s.publish();
@@ -221,7 +221,7 @@ impl SmcStream {
                     ),
                 ));
             }
-            let avail = s.core.space().saturating_sub(s.core.staged);
+            let avail = s.core.space().saturating_sub(s.core.staged());
             if avail > 0 {
                 let want = buf.len().min(u32::MAX as usize) as u32;
                 let n = want.min(avail);
@@ -235,7 +235,7 @@ impl SmcStream {
                     return Ok(n as usize);
                 }
                 let mut at = 0usize;
-                for (off, len) in s.core.stage_pieces(s.core.staged, n) {
+                for (off, len) in s.core.stage_pieces(s.core.staged(), n) {
                     if len > 0 {
                         smc.conn
                             .sndbuf
@@ -243,13 +243,13 @@ impl SmcStream {
                         at += len as usize;
                     }
                 }
-                s.core.staged += n;
+                s.core.stage(n);
                 s.stats.writes += 1;
                 // Autocorking as Linux: while a CDC of ours is in flight, small writes wait in
                 // the send buffer and go out together when it completes; a lone write (nothing
                 // in flight) goes at once.
                 if !s.core.corked(smc.conn.cork_limit()) {
-                    let pending = s.core.staged + (want - n);
+                    let pending = s.core.staged() + (want - n);
                     smc.conn.flush_locked(&mut s, &smc.lg, pending, false)?;
                 }
                 smc.conn.report(&mut s);
