@@ -20,7 +20,7 @@ impl LinkGroup {
             };
             // Sleep without taking completions: an application thread may take and handle
             // them first (`progress`), always under the driver lock, so they stay in order.
-            if let Err(e) = self.sched.wait_ready(Some(wait)) {
+            if let Err(e) = self.drive.sched.wait_ready(Some(wait)) {
                 self.fail(GroupDown::CompletionQueue(e.to_string()));
                 self.release_hold();
                 return;
@@ -29,14 +29,14 @@ impl LinkGroup {
             // signalled, and sleeps until then): only the timers are ours. Woken with none due
             // (a kick: a holder came back), only the wait is recomputed, without the driver
             // lock: a driver's `progress` must not find it taken for nothing.
-            if self.sched.driven() && !self.timers_due(Instant::now()) {
+            if self.drive.sched.driven() && !self.timers_due(Instant::now()) {
                 continue;
             }
-            let driver = self.driver.lock();
-            let n = if self.sched.driven() {
+            let driver = self.drive.driver.lock();
+            let n = if self.drive.sched.driven() {
                 0
             } else {
-                self.cq.poll(&mut wcs)
+                self.drive.cq.poll(&mut wcs)
             };
             if self.handle(&wcs[..n]) {
                 drop(driver);
@@ -55,19 +55,19 @@ impl LinkGroup {
     /// The poller stops (the group failed or was deleted): nobody will take the hold back, so
     /// it ends now; the device socket goes back to the engine thread for the other groups.
     pub(super) fn release_hold(&self) {
-        let mut h = self.hold.lock();
+        let mut h = self.drive.hold.lock();
         if std::mem::take(&mut h.rx) {
-            self.sched.delegate_rx(false);
+            self.drive.sched.delegate_rx(false);
         }
         if std::mem::take(&mut h.held) {
             drop(h);
-            self.sched.end_drive();
+            self.drive.sched.end_drive();
         }
     }
 
     /// The completion queue's driver descriptor (see [`crate::Driver`]).
     pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.sched.driver_fd()
+        self.drive.sched.driver_fd()
     }
 
     /// The device socket the group's packets arrive on, unless it uses shared memory only
@@ -75,10 +75,10 @@ impl LinkGroup {
     pub(crate) fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         // Without the hold the socket stays with the engine thread: a watcher would only race
         // it for packets.
-        if self.hold_for.is_zero() {
+        if self.drive.hold_for.is_zero() {
             return None;
         }
-        self.sched.rx_fd()
+        self.drive.sched.rx_fd()
     }
 
     /// Receives what waits on the device socket, then handles the group's completions (see
@@ -86,7 +86,7 @@ impl LinkGroup {
     pub(crate) fn receive(self: &Arc<Self>) {
         // (A group on shared memory has nothing on the socket: no system call for nothing.)
         if !self.same_host() {
-            self.sched.receive();
+            self.drive.sched.receive();
         }
         self.progress();
     }
@@ -99,27 +99,27 @@ impl LinkGroup {
     /// `rx`: the caller's wait also watches [`Self::rx_fd`] (edge-triggered) and calls
     /// [`Self::receive`] when it fires; then the group's packets wake it directly.
     pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
-        self.sched.begin_drive();
-        if !self.hold_for.is_zero() {
-            let mut h = self.hold.lock();
+        self.drive.sched.begin_drive();
+        if !self.drive.hold_for.is_zero() {
+            let mut h = self.drive.hold.lock();
             // A group that is down has no poller left to take a hold back (`release_hold`);
             // read under the hold's lock, which `release_hold` takes after the group went down.
             if !self.down.load(Ordering::Acquire) {
                 if !h.held {
                     h.held = true;
-                    self.sched.begin_drive();
+                    self.drive.sched.begin_drive();
                 }
                 if rx && !h.rx && !self.same_host() {
                     h.rx = true;
-                    self.sched.delegate_rx(true);
+                    self.drive.sched.delegate_rx(true);
                 }
             }
             h.sleeping += 1;
             h.last = Instant::now();
         }
-        if self.sched.drive_spin(rx) || self.sched.drive_sleep(true) {
+        if self.drive.sched.drive_spin(rx) || self.drive.sched.drive_sleep(true) {
             self.hold_woke();
-            self.sched.end_drive();
+            self.drive.sched.end_drive();
             self.progress();
             return false;
         }
@@ -128,28 +128,30 @@ impl LinkGroup {
 
     /// Ends what [`Self::sleep_begin`] started (after the wait returned).
     pub(crate) fn sleep_end(&self, slept: Duration, woken: bool) {
-        self.sched.drive_sleep(false);
+        self.drive.sched.drive_sleep(false);
         if woken {
-            self.sched.drive_woke_after(slept);
+            self.drive.sched.drive_woke_after(slept);
         }
         self.hold_woke();
-        self.sched.end_drive();
+        self.drive.sched.end_drive();
     }
 
     /// A holder's sleep ended: the poller, if it went to its long timer meanwhile, must watch
     /// the hold again.
     pub(super) fn hold_woke(&self) {
-        if self.hold_for.is_zero() {
+        if self.drive.hold_for.is_zero() {
             return;
         }
-        let mut h = self.hold.lock();
+        let mut h = self.drive.hold.lock();
         h.sleeping = h.sleeping.saturating_sub(1);
         let now = Instant::now();
         h.last = now;
         // Under the hold lock: `check_hold` sets `poller_until` under it too.
-        if h.poller_until.is_some_and(|t| t > now + self.hold_for) {
+        if h.poller_until
+            .is_some_and(|t| t > now + self.drive.hold_for)
+        {
             h.poller_until = None;
-            self.sched.kick();
+            self.drive.sched.kick();
         }
     }
 
@@ -158,10 +160,10 @@ impl LinkGroup {
     /// holders are awake; while they sleep they are signalled themselves, and the first to wake
     /// kicks the poller, see `hold_woke`).
     pub(super) fn check_hold(&self, wait: Duration) -> Duration {
-        if self.hold_for.is_zero() {
+        if self.drive.hold_for.is_zero() {
             return wait;
         }
-        let mut h = self.hold.lock();
+        let mut h = self.drive.hold.lock();
         let now = Instant::now();
         let since = now.saturating_duration_since(h.last);
         let wait = if !h.held {
@@ -172,16 +174,16 @@ impl LinkGroup {
             } else {
                 wait.min(HOLD_IDLE - since)
             }
-        } else if since >= self.hold_for {
+        } else if since >= self.drive.hold_for {
             h.held = false;
             if std::mem::take(&mut h.rx) {
-                self.sched.delegate_rx(false);
+                self.drive.sched.delegate_rx(false);
             }
             // What arrived meanwhile is signalled to the poller (us) now.
-            self.sched.end_drive();
+            self.drive.sched.end_drive();
             wait
         } else {
-            wait.min(self.hold_for - since)
+            wait.min(self.drive.hold_for - since)
         };
         h.poller_until = Some(now + wait);
         wait
@@ -209,13 +211,13 @@ impl LinkGroup {
         struct Drive<'a>(&'a LinkGroup);
         impl Drop for Drive<'_> {
             fn drop(&mut self) {
-                self.0.sched.end_drive();
-                self.0.blocking_driver.store(false, Ordering::Release);
+                self.0.drive.sched.end_drive();
+                self.0.drive.blocking_driver.store(false, Ordering::Release);
                 DRIVING.with(|d| d.set(false));
             }
         }
         DRIVING.with(|d| d.set(true));
-        self.sched.begin_drive();
+        self.drive.sched.begin_drive();
         let _drive = Drive(self);
         // The poller takes no new batch now; waiting for the driver lock lets it finish the
         // one it may be handling, so `changed` sees its effect.
@@ -227,33 +229,34 @@ impl LinkGroup {
                 d.saturating_duration_since(Instant::now()).min(cap)
             });
             // An error of the CQ wait is the poller's to report; this thread just goes on.
-            let _ = self.sched.drive_wait(Some(timeout));
+            let _ = self.drive.sched.drive_wait(Some(timeout));
             self.handle_queued();
         }
     }
 
     /// Wakes whoever sleeps on the group's driver descriptor (see [`crate::Driver::kick`]).
     pub(crate) fn kick_drivers(&self) {
-        self.sched.kick_driver();
+        self.drive.sched.kick_driver();
     }
 
     /// Wakes the blocking driver, if there is one and it is not this thread's own handling
     /// (its sleep ends; it re-checks its condition).
     pub(crate) fn kick_blocking_driver(&self) {
-        if self.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
-            self.sched.kick_driver();
+        if self.drive.blocking_driver.load(Ordering::Acquire) && !DRIVING.with(|d| d.get()) {
+            self.drive.sched.kick_driver();
         }
     }
 
     /// Claims the group's blocking driver role (see [`Self::drive_blocked`]); false if another
     /// thread has it or the group is down.
     pub(crate) fn claim_blocking_driver(&self) -> bool {
-        !self.down.load(Ordering::Acquire) && !self.blocking_driver.swap(true, Ordering::AcqRel)
+        !self.down.load(Ordering::Acquire)
+            && !self.drive.blocking_driver.swap(true, Ordering::AcqRel)
     }
 
     /// Takes and handles what the completion queue holds, under the driver lock.
     pub(super) fn handle_queued(self: &Arc<Self>) {
-        let _driver = self.driver.lock();
+        let _driver = self.drive.driver.lock();
         self.handle_batches(usize::MAX);
     }
 
@@ -262,7 +265,7 @@ impl LinkGroup {
     pub(super) fn handle_batches(self: &Arc<Self>, batches: usize) {
         let mut wcs = [WorkCompletion::EMPTY; 64];
         for _ in 0..batches {
-            let n = self.cq.poll(&mut wcs);
+            let n = self.drive.cq.poll(&mut wcs);
             if n == 0 || self.handle(&wcs[..n]) {
                 return;
             }
@@ -273,14 +276,14 @@ impl LinkGroup {
     /// is doing so (never blocks): the CDC that makes its socket readable is then handled
     /// on its own thread, without waiting for the poller to wake.
     pub(crate) fn progress(self: &Arc<Self>) {
-        if !self.hold_for.is_zero() {
+        if !self.drive.hold_for.is_zero() {
             // A loop came by (an `epoll_wait` that does not sleep, too): the hold stays.
-            let mut h = self.hold.lock();
+            let mut h = self.drive.hold.lock();
             if h.held {
                 h.last = Instant::now();
             }
         }
-        let Some(_driver) = self.driver.try_lock() else {
+        let Some(_driver) = self.drive.driver.try_lock() else {
             return;
         };
         self.handle_batches(16);
@@ -333,7 +336,7 @@ impl LinkGroup {
                         let p = &self.paths[path];
                         let len = (wc.byte_len as usize).min(SLOT);
                         let mut b = [0u8; SLOT];
-                        self.recv_mr.read(slot * SLOT, &mut b[..len]);
+                        self.slots.recv_mr.read(slot * SLOT, &mut b[..len]);
                         // An LLC message longer than a slot (ADD LINK with many rkeys).
                         let long = match &p.big {
                             Some(big) if wc.byte_len as usize > SLOT => {
@@ -345,7 +348,7 @@ impl LinkGroup {
                             }
                             _ => None,
                         };
-                        let _ = p.post_recv(&self.recv_mr, slot);
+                        let _ = p.post_recv(&self.slots.recv_mr, slot);
                         if b[0] == cdc::CDC_TYPE {
                             // CDCs count on any link (Linux accepts them on each).
                             st.g.note_activity(path, now);
@@ -369,7 +372,7 @@ impl LinkGroup {
                             // (groups that can fail over only).
                             let seq = (self.paths.len() > 1).then(|| {
                                 let mut b = [0u8; cdc::CDC_LEN];
-                                self.send_mr.read(slot * SLOT, &mut b);
+                                self.slots.send_mr.read(slot * SLOT, &mut b);
                                 CdcMessage::parse(&b).ok().map(|m| m.seq)
                             });
                             sent.push((c, seq.flatten()));
@@ -403,7 +406,7 @@ impl LinkGroup {
             // move every connection to the surviving link.
             let mut more = [WorkCompletion::EMPTY; 64];
             loop {
-                let n = self.cq.poll(&mut more);
+                let n = self.drive.cq.poll(&mut more);
                 if n == 0 {
                     break;
                 }

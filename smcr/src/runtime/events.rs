@@ -70,7 +70,7 @@ impl LinkGroup {
                 GroupEvent::PrepareAddLink { path, link_id } => {
                     let req = match self.rkey_pairs(st) {
                         None => Err("too many RMBs for one ADD LINK".to_string()),
-                        Some(rkeys) => match self.paths[path].reset(&self.recv_mr) {
+                        Some(rkeys) => match self.paths[path].reset(&self.slots.recv_mr) {
                             Ok(()) => Ok(self.add_link_msg(path, link_id, self.mtu, rkeys)),
                             Err(e) => Err(format!("queue pair not reset: {e}")),
                         },
@@ -116,7 +116,7 @@ impl LinkGroup {
                         (_, None) => Err("the peer's GID is no IPv4 address".to_string()),
                         (Some(_), Some(ip)) => {
                             let p = &self.paths[path];
-                            p.reset(&self.recv_mr)
+                            p.reset(&self.slots.recv_mr)
                                 .and_then(|()| {
                                     p.connect(
                                         ip,
@@ -291,6 +291,7 @@ impl LinkGroup {
             return Err(clc::DeclineReason::MEM);
         }
         match self
+            .slots
             .pd
             .reg_mr(size as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         {
@@ -316,7 +317,7 @@ impl LinkGroup {
             }
         }
         Ok(Arc::new(
-            self.pd.reg_mr(size as usize, Access::LOCAL_WRITE)?,
+            self.slots.pd.reg_mr(size as usize, Access::LOCAL_WRITE)?,
         ))
     }
 
@@ -540,7 +541,7 @@ impl LinkGroup {
     pub(super) fn wait(self: &Arc<Self>, deadline: Instant, done: impl Fn(&Self) -> bool) {
         rdma::cork::end();
         loop {
-            self.sched.receive();
+            self.drive.sched.receive();
             self.progress();
             if done(self) || (self.is_down() && self.sends_done()) || Instant::now() >= deadline {
                 return;
@@ -604,7 +605,7 @@ impl crate::tcpwatch::HangUp for LinkGroup {
         self.flush_llc(st);
         drop(guard);
         // The poller, asleep on its long timer, learns the probe's deadline.
-        self.sched.kick();
+        self.drive.sched.kick();
     }
 }
 

@@ -142,28 +142,32 @@ impl LinkGroup {
             rtokens: Mutex::new(crate::rtokens::PeerRtokens::default()),
             route: AtomicU64::new(0),
             link_id: AtomicU32::new(1),
-            sched: cq.scheduler(),
-            cq,
-            poller: Mutex::new(Some(poller)),
-            driver: Mutex::new(()),
-            blocking_driver: AtomicBool::new(false),
-            hold: Mutex::new(Hold {
-                held: false,
-                rx: false,
-                sleeping: 0,
-                last: Instant::now(),
-                poller_until: None,
-            }),
-            hold_for: rt.cfg.app_hold,
+            drive: Drive {
+                sched: cq.scheduler(),
+                cq,
+                poller: Mutex::new(Some(poller)),
+                driver: Mutex::new(()),
+                blocking_driver: AtomicBool::new(false),
+                hold: Mutex::new(Hold {
+                    held: false,
+                    rx: false,
+                    sleeping: 0,
+                    last: Instant::now(),
+                    poller_until: None,
+                }),
+                hold_for: rt.cfg.app_hold,
+            },
             write_pad: rt.cfg.write_pad,
             rkey_reuse: rt.cfg.rkey_reuse,
             shown_shm: AtomicBool::new(false),
-            pd,
+            slots: Slots {
+                pd,
+                recv_mr,
+                send_mr,
+            },
             peer_gid,
             peer_id,
             mtu,
-            recv_mr,
-            send_mr,
             st: Mutex::new(LgState {
                 g: GroupCore::new(
                     role,
@@ -398,7 +402,7 @@ impl LinkGroup {
         }
         let me = self.clone();
         let name = format!("smcr-lgr-{}", self.id);
-        match self.poller.lock().take() {
+        match self.drive.poller.lock().take() {
             Some(claim) => claim.run(name, move || me.poll_loop())?,
             None => rdma::thread::spawn(name, move || me.poll_loop())?,
         };

@@ -234,18 +234,11 @@ const ADD_LINK_MAX_RKEYS: usize = 255;
 
 /// A link group: one link, or two over two paths (the active one carries every connection;
 /// the other stands by).
-pub(crate) struct LinkGroup {
-    pub(crate) id: u32,
-    pub(crate) role: link::Role,
-    pub(crate) dev: Arc<Dev>,
-    /// One path, or two with an alternate local address.
-    pub(crate) paths: Vec<Path>,
-    /// The active path (low 8 bits) and the failover epoch above them, in one word: a
-    /// connection reads both at once, and moves itself to the path (see
-    /// [`ConnShared::route`]) before it posts anything there after a failover.
-    route: AtomicU64,
-    /// The active link's id (for the stats record).
-    link_id: AtomicU32,
+/// A link group's completions and who takes them (job C of the driver contract,
+/// docs/architecture.md): its poller by default, an application thread blocked in a call
+/// (`drive_blocked`), or an event loop that holds the group between its waits. The methods
+/// that use it are in `drive.rs`.
+pub(crate) struct Drive {
     cq: CompletionQueue,
     /// The poller's thread, claimed when the group is made (a group that could get none is
     /// never made: NOTHREAD), taken by [`LinkGroup::start`] — the server starts its group
@@ -263,22 +256,46 @@ pub(crate) struct LinkGroup {
     /// waits for up to `hold_for` (see [`Hold`]).
     hold: Mutex<Hold>,
     hold_for: Duration,
+}
+
+/// A link group's own memory for its control messages (`post.rs` posts from it).
+pub(crate) struct Slots {
+    /// The group's own protection domain: with a same-host peer its memory is shared with
+    /// that peer (and only that peer), so RMBs of other peers are never in reach.
+    pd: ProtectionDomain,
+    /// The receive slots (CDCs and LLC messages from the peer), one region for every path.
+    recv_mr: MemoryRegion,
+    /// The SEND slots (our CDCs and LLC messages), and the zeros a short write is padded with.
+    send_mr: MemoryRegion,
+}
+
+pub(crate) struct LinkGroup {
+    pub(crate) id: u32,
+    pub(crate) role: link::Role,
+    pub(crate) dev: Arc<Dev>,
+    /// One path, or two with an alternate local address.
+    pub(crate) paths: Vec<Path>,
+    /// The active path (low 8 bits) and the failover epoch above them, in one word: a
+    /// connection reads both at once, and moves itself to the path (see
+    /// [`ConnShared::route`]) before it posts anything there after a failover.
+    route: AtomicU64,
+    /// The active link's id (for the stats record).
+    link_id: AtomicU32,
+    /// Who takes the group's completions, and how they sleep for them.
+    drive: Drive,
     /// See [`RuntimeConfig::write_pad`].
     write_pad: bool,
     /// See [`RuntimeConfig::rkey_reuse`].
     rkey_reuse: bool,
     /// `smc-stat` shows the link on shared memory.
     shown_shm: AtomicBool,
-    /// The group's own protection domain: with a same-host peer its memory is shared with
-    /// that peer (and only that peer), so RMBs of other peers are never in reach.
-    pd: ProtectionDomain,
+    /// The group's own memory for its control messages.
+    slots: Slots,
     pub(crate) peer_gid: Gid,
     /// The peer's system ID (from its Proposal or Accept): a restarted peer process on the same
     /// address is another system, with link groups of its own (Linux's `smcr_lgr_match`).
     pub(crate) peer_id: PeerId,
     pub(crate) mtu: QpMtu,
-    recv_mr: MemoryRegion,
-    send_mr: MemoryRegion,
     st: Mutex<LgState>,
     cond: Condvar,
     down: AtomicBool,
@@ -401,8 +418,8 @@ impl LgStat {
 impl Drop for LinkGroup {
     fn drop(&mut self) {
         // The device socket goes back to the engine thread, for the other groups on it.
-        if std::mem::take(&mut self.hold.get_mut().rx) {
-            self.sched.delegate_rx(false);
+        if std::mem::take(&mut self.drive.hold.get_mut().rx) {
+            self.drive.sched.delegate_rx(false);
         }
     }
 }

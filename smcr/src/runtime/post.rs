@@ -119,8 +119,8 @@ impl LinkGroup {
         bytes: &[u8],
         extra: SendFlags,
     ) -> Result<bool, PostFailure> {
-        self.send_mr.write(slot * SLOT, bytes);
-        let sge = [self.send_mr.sge(slot * SLOT, bytes.len())];
+        self.slots.send_mr.write(slot * SLOT, bytes);
+        let sge = [self.slots.send_mr.sge(slot * SLOT, bytes.len())];
         let send = SendWr {
             wr_id: slot as u64,
             opcode: WrOpcode::Send,
@@ -180,7 +180,7 @@ impl LinkGroup {
             self.put_back(slot);
             return Err(PostFailure::TooManyPieces);
         }
-        let zero = self.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize);
+        let zero = self.slots.send_mr.sge(ZERO_SLOT * SLOT, zero_len as usize);
         let mut sges = [[zero; 2]; 2];
         for (sg, &(off, len)) in sges.iter_mut().zip(pieces) {
             sg[0] = sndbuf.sge(off as usize, len as usize);
@@ -222,11 +222,11 @@ impl LinkGroup {
         if b.len() > LLC_MAX || self.paths.len() < 2 {
             return Err(io::ErrorKind::InvalidInput.into());
         }
-        let tail = self.pd.reg_mr(b.len() - SLOT, Access::LOCAL_WRITE)?;
+        let tail = self.slots.pd.reg_mr(b.len() - SLOT, Access::LOCAL_WRITE)?;
         tail.write(0, &b[SLOT..]);
-        self.send_mr.write(slot * SLOT, &b[..SLOT]);
+        self.slots.send_mr.write(slot * SLOT, &b[..SLOT]);
         let sge = [
-            self.send_mr.sge(slot * SLOT, SLOT),
+            self.slots.send_mr.sge(slot * SLOT, SLOT),
             tail.sge(0, b.len() - SLOT),
         ];
         self.paths[path]
