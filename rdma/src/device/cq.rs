@@ -103,12 +103,15 @@ impl Shared {
         // would only cost the engine's interest twice (two epoll_ctl) per wake-up.
         // Nor while an event loop watches the socket (it hands our completions over): a
         // poller taking it too would be woken for the loop's packets.
-        let rx =
-            if driven || recent || self.delegated.load(Ordering::SeqCst) > 0 || self.shm_only(cq) {
-                None
-            } else {
-                self.rx_try()
-            };
+        let rx = if driven
+            || recent
+            || self.receive.delegated.load(Ordering::SeqCst) > 0
+            || self.shm_only(cq)
+        {
+            None
+        } else {
+            self.rx_try()
+        };
         let Some(mut rx) = rx else {
             // Driven: what is there is the driver's; we are signalled if it is left behind.
             let sleep = cq.notify.event_sleep(
@@ -156,7 +159,7 @@ impl Shared {
             let mut fds = [
                 rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&cq.event, rustix::event::PollFlags::IN),
-                rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&self.receive.rx_yield, rustix::event::PollFlags::IN),
             ];
             let ts = if keep {
                 self.until_next_timer(now, left)
@@ -184,7 +187,7 @@ impl Shared {
             if !cq.queue.lock().is_empty() {
                 break Ok(());
             }
-            if self.delegated.load(Ordering::SeqCst) > 0 {
+            if self.receive.delegated.load(Ordering::SeqCst) > 0 {
                 // An event loop watches the socket now: it is its (the caller waits again).
                 break Ok(());
             }
@@ -276,7 +279,7 @@ impl Shared {
     pub(crate) fn drive_spin_rx(&self, cq: &CqShared, rx: bool) -> bool {
         // Only while the engine's interest is off (delegated): else the engine, woken by each
         // packet, would find the socket taken again and again.
-        let rx = rx && self.delegated.load(Ordering::SeqCst) > 0;
+        let rx = rx && self.receive.delegated.load(Ordering::SeqCst) > 0;
         match rx.then(|| self.rx_try()).flatten() {
             Some(mut g) => self.drive_spin(cq, Some(&mut g)),
             None => self.drive_spin(cq, None),
@@ -337,7 +340,7 @@ impl Shared {
         let shm_only = self.shm_only(cq);
         // A CQ fed by shared memory only has nothing to receive from the socket.
         // Nor while an event loop watches it (it hands our completions over).
-        let delegated = || self.delegated.load(Ordering::SeqCst) > 0;
+        let delegated = || self.receive.delegated.load(Ordering::SeqCst) > 0;
         let mut rx = if shm_only || delegated() {
             None
         } else {
@@ -382,7 +385,10 @@ impl Shared {
                     let mut fds = [
                         ev,
                         rustix::event::PollFd::new(self.sock.fd(), rustix::event::PollFlags::IN),
-                        rustix::event::PollFd::new(&self.rx_yield, rustix::event::PollFlags::IN),
+                        rustix::event::PollFd::new(
+                            &self.receive.rx_yield,
+                            rustix::event::PollFlags::IN,
+                        ),
                     ];
                     let r = rustix::event::poll(&mut fds, ts.as_ref());
                     let rd = |f: &rustix::event::PollFd<'_>| {

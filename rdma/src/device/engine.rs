@@ -37,11 +37,11 @@ impl Shared {
     /// Asks the engine to call back for `qpn` at `at` (or the thread keeping the timers: then
     /// the engine is woken only if it would be late by more than [`TIMER_GRACE`]).
     pub(super) fn schedule(&self, at: Instant, qpn: u32) {
-        let mut heap = self.timers.lock();
+        let mut heap = self.timers.heap.lock();
         heap.push(Reverse((at, qpn)));
         let at = self.nanos(at);
-        self.timer_next.fetch_min(at, Ordering::SeqCst);
-        let sleeping = self.sleep_until.load(Ordering::Acquire);
+        self.timers.next.fetch_min(at, Ordering::SeqCst);
+        let sleeping = self.timers.sleep_until.load(Ordering::Acquire);
         let due = if self.timers_kept(Instant::now()) {
             at.saturating_add(TIMER_GRACE.as_nanos() as u64)
         } else {
@@ -49,7 +49,7 @@ impl Shared {
         };
         if sleeping != 0 && due < sleeping {
             // Mark it awake so that a burst of earlier timers kicks only once.
-            self.sleep_until.store(0, Ordering::Release);
+            self.timers.sleep_until.store(0, Ordering::Release);
             drop(heap);
             self.wake_engine();
         }
@@ -128,14 +128,14 @@ impl Shared {
     /// Whether a waiting thread keeps the timers (one holds the socket now, or let go within
     /// [`TIMER_GRACE`]): the engine then sleeps up to that much past a deadline.
     pub(super) fn timers_kept(&self, now: Instant) -> bool {
-        let left = self.timer_kept_at.load(Ordering::Relaxed);
-        self.timer_keepers.load(Ordering::SeqCst) > 0
+        let left = self.timers.kept_at.load(Ordering::Relaxed);
+        self.timers.keepers.load(Ordering::SeqCst) > 0
             || (left != 0 && self.nanos(now).saturating_sub(left) < TIMER_GRACE.as_nanos() as u64)
     }
 
     /// For a waiting thread: runs the timers that are due (a lock-free look when none is).
     pub(super) fn run_due_timers(&self, now: Instant) {
-        if self.nanos(now) >= self.timer_next.load(Ordering::SeqCst) {
+        if self.nanos(now) >= self.timers.next.load(Ordering::SeqCst) {
             run_timers(self, now);
         }
     }
@@ -147,7 +147,7 @@ impl Shared {
         now: Instant,
         left: Option<Duration>,
     ) -> Option<Duration> {
-        let next = self.timer_next.load(Ordering::SeqCst);
+        let next = self.timers.next.load(Ordering::SeqCst);
         let timer =
             (next != u64::MAX).then(|| Duration::from_nanos(next.saturating_sub(self.nanos(now))));
         match (left, timer) {
@@ -170,7 +170,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
         // Decide how long to sleep, under the timer lock so that `schedule` sees a consistent
         // picture (it kicks only when its deadline is earlier than ours).
         let timeout = {
-            let heap = shared.timers.lock();
+            let heap = shared.timers.heap.lock();
             let now = Instant::now();
             let next = heap.peek().map(|Reverse((t, _))| *t);
             let next = if shared.timers_kept(now) {
@@ -181,7 +181,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
             } else {
                 next
             };
-            shared.sleep_until.store(
+            shared.timers.sleep_until.store(
                 next.map_or(u64::MAX, |t| shared.nanos(t).max(1)),
                 Ordering::Release,
             );
@@ -205,7 +205,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
                 }
             }
         }
-        shared.sleep_until.store(0, Ordering::Release);
+        shared.timers.sleep_until.store(0, Ordering::Release);
         bump(&shared.stats.engine_wakes, 1);
         if kicked {
             drain_eventfd(&shared.kick);
@@ -236,7 +236,7 @@ pub(crate) fn run_engine(shared: Arc<Shared>) {
 fn run_timers(shared: &Shared, now: Instant) {
     loop {
         let due = {
-            let mut heap = shared.timers.lock();
+            let mut heap = shared.timers.heap.lock();
             let due = match heap.peek() {
                 Some(Reverse((t, _))) if *t <= now => heap.pop().map(|Reverse(e)| e),
                 _ => None,
@@ -244,7 +244,7 @@ fn run_timers(shared: &Shared, now: Instant) {
             let next = heap
                 .peek()
                 .map_or(u64::MAX, |Reverse((t, _))| shared.nanos(*t));
-            shared.timer_next.store(next, Ordering::SeqCst);
+            shared.timers.next.store(next, Ordering::SeqCst);
             due
         };
         let Some((t, qpn)) = due else { return };

@@ -220,6 +220,59 @@ struct Middleware {
     released: Vec<Release>,
 }
 
+/// The device's timers (RC retransmissions and probes, held ACKs, RNR waits, hand-back ends)
+/// and who runs them: the engine thread, or a thread that holds the socket while it waits
+/// (the keeper; docs/architecture.md, "The driver contract", job T). `engine.rs` keeps them.
+struct Timers {
+    heap: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
+    /// The earliest entry of `heap` (ns since `base`; `u64::MAX`: none), read without the
+    /// lock by the thread that keeps the timers while it waits.
+    next: AtomicU64,
+    /// Waiting threads holding the socket now, which keep the timers (see
+    /// `Shared::timer_keeper`).
+    keepers: AtomicU32,
+    /// When one of them last let go of the socket (ns since `base`).
+    kept_at: AtomicU64,
+    /// When the engine will wake by itself (ns since `base`); 0 while it is awake.
+    sleep_until: AtomicU64,
+}
+
+/// The device socket's receive path and who watches the socket: the engine thread, a thread
+/// waiting in `drive_wait`, or event loops it is delegated to (docs/architecture.md, "The
+/// driver contract", job R). `rx.rs` hands it over.
+struct Receive {
+    /// The receive state: whoever holds it reads the socket.
+    rx: Mutex<RxState>,
+    /// A thread found the socket readable but the receive state taken (see
+    /// [`RxGuard`](rx::RxGuard)).
+    rx_wanted: crate::notify::RxWanted,
+    /// Why the engine thread does not watch the socket now (see `engine_rx_interest`).
+    rx_away: Mutex<u32>,
+    /// A waiting thread's hand-back of the socket, held for its next wait (see
+    /// [`DeviceConfig::rx_hold`]): set, it keeps one count of `rx_away`.
+    rx_sticky: AtomicBool,
+    /// Until when (ns since `base`) the hand-back waits for the thread to come back.
+    rx_sticky_until: AtomicU64,
+    /// An `RX_HOLD_TIMER` entry is in the engine's timers.
+    rx_sticky_armed: AtomicBool,
+    /// Threads watching the socket from their own epoll sets ([`Shared::delegate_rx`]).
+    delegated: AtomicU32,
+    /// Readable when delegation starts: a thread asleep in a receive of its own (holding the
+    /// receive state) lets go of it.
+    rx_yield: OwnedFd,
+}
+
+/// Where same-host peers find the device and offer their queue pairs' shared memory.
+struct Rendezvous {
+    /// The same-host rendezvous (abstract Unix socket), if it could be bound.
+    local: Option<OwnedFd>,
+    /// The host-wide rendezvous (a socket in `samehost::rendezvous_dir`), for peers in other
+    /// network namespaces.
+    fs: Option<crate::samehost::FsRendezvous>,
+    /// Accepted rendezvous connections whose offer has not arrived yet, by descriptor number.
+    offers: Mutex<HashMap<i32, samehost::Incoming>>,
+}
+
 pub(crate) struct Shared {
     pub(crate) cfg: DeviceConfig,
     pub(crate) sock: UdpSocket,
@@ -248,17 +301,8 @@ pub(crate) struct Shared {
     /// The next QP index to try (round robin through the range, from a random start).
     next_qpn: AtomicU32,
     pub(crate) next_pd: AtomicU32,
-    timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
-    /// The earliest entry of `timers` (ns since `base`; `u64::MAX`: none), read without the
-    /// lock by the thread that keeps the timers while it waits.
-    timer_next: AtomicU64,
-    /// Waiting threads holding the socket now, which keep the timers (see
-    /// `Shared::timer_keeper`).
-    timer_keepers: AtomicU32,
-    /// When one of them last let go of the socket (ns since `base`).
-    timer_kept_at: AtomicU64,
-    /// When the engine will wake by itself (ns since `base`); 0 while it is awake.
-    sleep_until: AtomicU64,
+    /// The timers and who runs them (job T of the driver contract).
+    timers: Timers,
     base: Instant,
     kick: OwnedFd,
     stop: AtomicBool,
@@ -271,34 +315,13 @@ pub(crate) struct Shared {
     /// It takes packets without ICRC (not with [`DeviceConfig::icrc_always`]).
     take_no_icrc: bool,
     tx_bufs: Mutex<Vec<TxScratch>>,
-    rx: Mutex<RxState>,
-    /// A thread found the socket readable but the receive state taken (see
-    /// [`RxGuard`](rx::RxGuard)).
-    rx_wanted: crate::notify::RxWanted,
     /// The engine thread's epoll set (socket and kick eventfd).
     epoll: OwnedFd,
-    /// Why the engine thread does not watch the socket now (see `engine_rx_interest`).
-    rx_away: Mutex<u32>,
-    /// A waiting thread's hand-back of the socket, held for its next wait (see
-    /// [`DeviceConfig::rx_hold`]): set, it keeps one count of `rx_away`.
-    rx_sticky: AtomicBool,
-    /// Until when (ns since `base`) the hand-back waits for the thread to come back.
-    rx_sticky_until: AtomicU64,
-    /// An `RX_HOLD_TIMER` entry is in the engine's timers.
-    rx_sticky_armed: AtomicBool,
-    /// Threads watching the socket from their own epoll sets ([`Self::delegate_rx`]).
-    delegated: AtomicU32,
-    /// Readable when delegation starts: a thread asleep in a receive of its own (holding the
-    /// receive state) lets go of it.
-    rx_yield: OwnedFd,
+    /// The socket's receive path and who watches it (job R of the driver contract).
+    receive: Receive,
     stats: Counters,
-    /// The same-host rendezvous (abstract Unix socket), if it could be bound.
-    rendezvous: Option<OwnedFd>,
-    /// The host-wide rendezvous (a socket in `samehost::rendezvous_dir`), for peers in other
-    /// network namespaces.
-    rendezvous_fs: Option<crate::samehost::FsRendezvous>,
-    /// Accepted rendezvous connections whose offer has not arrived yet, by descriptor number.
-    offers: Mutex<HashMap<i32, samehost::Incoming>>,
+    /// Where same-host peers find this device (`samehost.rs` answers them).
+    rendezvous: Rendezvous,
 }
 
 /// Engine epoll tags.
@@ -457,11 +480,13 @@ impl Shared {
             // start in it.
             next_qpn: AtomicU32::new(steer::random_u32() % steer::PROBE_INDEX),
             next_pd: AtomicU32::new(1),
-            timers: Mutex::new(BinaryHeap::new()),
-            timer_next: AtomicU64::new(u64::MAX),
-            timer_keepers: AtomicU32::new(0),
-            timer_kept_at: AtomicU64::new(0),
-            sleep_until: AtomicU64::new(0),
+            timers: Timers {
+                heap: Mutex::new(BinaryHeap::new()),
+                next: AtomicU64::new(u64::MAX),
+                keepers: AtomicU32::new(0),
+                kept_at: AtomicU64::new(0),
+                sleep_until: AtomicU64::new(0),
+            },
             base: Instant::now(),
             kick,
             stop: AtomicBool::new(false),
@@ -470,22 +495,26 @@ impl Shared {
             send_no_icrc,
             take_no_icrc,
             tx_bufs: Mutex::new(Vec::new()),
-            rx_wanted: crate::notify::RxWanted::new(),
-            rx: Mutex::new(RxState::new()),
             epoll: ep,
-            rx_away: Mutex::new(0),
-            rx_sticky: AtomicBool::new(false),
-            rx_sticky_until: AtomicU64::new(0),
-            rx_sticky_armed: AtomicBool::new(false),
-            delegated: AtomicU32::new(0),
-            rx_yield: crate::fdzone::place(rustix::event::eventfd(
-                0,
-                EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
-            )?)?,
+            receive: Receive {
+                rx: Mutex::new(RxState::new()),
+                rx_wanted: crate::notify::RxWanted::new(),
+                rx_away: Mutex::new(0),
+                rx_sticky: AtomicBool::new(false),
+                rx_sticky_until: AtomicU64::new(0),
+                rx_sticky_armed: AtomicBool::new(false),
+                delegated: AtomicU32::new(0),
+                rx_yield: crate::fdzone::place(rustix::event::eventfd(
+                    0,
+                    EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+                )?)?,
+            },
             stats,
-            rendezvous,
-            rendezvous_fs,
-            offers: Mutex::new(HashMap::new()),
+            rendezvous: Rendezvous {
+                local: rendezvous,
+                fs: rendezvous_fs,
+                offers: Mutex::new(HashMap::new()),
+            },
         }))
     }
 

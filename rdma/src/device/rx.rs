@@ -206,7 +206,7 @@ impl Shared {
     /// watches the socket itself, see [`Self::delegate_rx`]) needs its `true`; the interest
     /// is back when none is left.
     pub(super) fn engine_rx_interest(&self, on: bool) {
-        let mut away = self.rx_away.lock();
+        let mut away = self.receive.rx_away.lock();
         if on {
             *away = away.saturating_sub(1);
             if *away > 0 {
@@ -239,7 +239,7 @@ impl Shared {
         if keep_timers {
             self.timer_keeper(true);
         }
-        if !self.rx_sticky.swap(false, Ordering::SeqCst) {
+        if !self.receive.rx_sticky.swap(false, Ordering::SeqCst) {
             self.engine_rx_interest(false);
         }
     }
@@ -250,11 +250,12 @@ impl Shared {
     /// that long after the last such thread let go).
     pub(super) fn timer_keeper(&self, on: bool) {
         if on {
-            self.timer_keepers.fetch_add(1, Ordering::SeqCst);
+            self.timers.keepers.fetch_add(1, Ordering::SeqCst);
         } else {
-            self.timer_kept_at
+            self.timers
+                .kept_at
                 .store(self.nanos(Instant::now()), Ordering::Relaxed);
-            self.timer_keepers.fetch_sub(1, Ordering::SeqCst);
+            self.timers.keepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -270,15 +271,16 @@ impl Shared {
             return;
         }
         let until = Instant::now() + self.cfg.rx_hold;
-        self.rx_sticky_until
+        self.receive
+            .rx_sticky_until
             .store(self.nanos(until), Ordering::SeqCst);
-        if self.rx_sticky.swap(true, Ordering::SeqCst) {
+        if self.receive.rx_sticky.swap(true, Ordering::SeqCst) {
             // Another thread's hand-back is held already (it let go of the receive state, we
             // took it before its hand-back was set, and turned the interest off a second
             // time): one held count is enough, ours goes back.
             self.engine_rx_interest(true);
         }
-        if !self.rx_sticky_armed.swap(true, Ordering::SeqCst) {
+        if !self.receive.rx_sticky_armed.swap(true, Ordering::SeqCst) {
             self.schedule(until, super::engine::RX_HOLD_TIMER);
         }
     }
@@ -286,19 +288,19 @@ impl Shared {
     /// The engine's `RX_HOLD_TIMER`: the hand-back ends unless its thread came back (then it
     /// was extended: look again then).
     pub(super) fn rx_hold_due(&self, now: Instant) {
-        self.rx_sticky_armed.store(false, Ordering::SeqCst);
-        if !self.rx_sticky.load(Ordering::SeqCst) {
+        self.receive.rx_sticky_armed.store(false, Ordering::SeqCst);
+        if !self.receive.rx_sticky.load(Ordering::SeqCst) {
             return;
         }
-        let until = self.rx_sticky_until.load(Ordering::SeqCst);
+        let until = self.receive.rx_sticky_until.load(Ordering::SeqCst);
         if self.nanos(now) < until {
-            if !self.rx_sticky_armed.swap(true, Ordering::SeqCst) {
+            if !self.receive.rx_sticky_armed.swap(true, Ordering::SeqCst) {
                 let at = self.base + std::time::Duration::from_nanos(until);
                 self.schedule(at, super::engine::RX_HOLD_TIMER);
             }
             return;
         }
-        if self.rx_sticky.swap(false, Ordering::SeqCst) {
+        if self.receive.rx_sticky.swap(false, Ordering::SeqCst) {
             self.engine_rx_interest(true);
         }
     }
@@ -306,11 +308,11 @@ impl Shared {
     /// See [`crate::CqScheduler::delegate_rx`].
     pub(crate) fn delegate_rx(&self, on: bool) {
         if on {
-            if self.delegated.fetch_add(1, Ordering::SeqCst) == 0 {
-                let _ = rustix::io::write(&self.rx_yield, &1u64.to_ne_bytes());
+            if self.receive.delegated.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = rustix::io::write(&self.receive.rx_yield, &1u64.to_ne_bytes());
             }
-        } else if self.delegated.fetch_sub(1, Ordering::SeqCst) == 1 {
-            drain_eventfd(&self.rx_yield);
+        } else if self.receive.delegated.fetch_sub(1, Ordering::SeqCst) == 1 {
+            drain_eventfd(&self.receive.rx_yield);
         }
         self.engine_rx_interest(!on);
     }
@@ -320,15 +322,15 @@ impl Shared {
     pub(crate) fn receive_now(&self) -> usize {
         let mut total = 0;
         loop {
-            self.rx_wanted.want();
+            self.receive.rx_wanted.want();
             // Taken: its holder receives again once it lets go.
-            let Some(mut rx) = self.rx.try_lock() else {
+            let Some(mut rx) = self.receive.rx.try_lock() else {
                 return total;
             };
-            self.rx_wanted.served();
+            self.receive.rx_wanted.served();
             total += self.rx_drain(&mut rx, usize::MAX);
             drop(rx);
-            if !self.rx_wanted.after_release() {
+            if !self.receive.rx_wanted.after_release() {
                 return total;
             }
         }
@@ -336,7 +338,7 @@ impl Shared {
 
     /// Takes the receive state if free (see [`RxGuard`]).
     pub(super) fn rx_try(&self) -> Option<RxGuard<'_>> {
-        self.rx.try_lock().map(|g| RxGuard {
+        self.receive.rx.try_lock().map(|g| RxGuard {
             shared: self,
             g: Some(g),
         })
@@ -346,7 +348,7 @@ impl Shared {
     /// the socket, edge-triggered) left its packets to us.
     fn rx_recheck(&self) -> usize {
         // (Not while unwinding: a second panic would abort.)
-        if self.rx_wanted.after_release() && !std::thread::panicking() {
+        if self.receive.rx_wanted.after_release() && !std::thread::panicking() {
             self.receive_now()
         } else {
             0

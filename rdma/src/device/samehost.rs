@@ -46,8 +46,8 @@ impl Shared {
     /// Accepts connections on the rendezvous; their hellos are read when they arrive. Any
     /// user may connect: what decides is the proof (see [`crate::samehost`]).
     pub(super) fn accept_offers(&self) {
-        let fs = self.rendezvous_fs.as_ref().map(|r| &r.fd);
-        for l in self.rendezvous.iter().chain(fs) {
+        let fs = self.rendezvous.fs.as_ref().map(|r| &r.fd);
+        for l in self.rendezvous.local.iter().chain(fs) {
             self.accept_on(l);
         }
     }
@@ -57,7 +57,7 @@ impl Shared {
             l,
             rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
         ) {
-            if self.offers.lock().len() >= 256 {
+            if self.rendezvous.offers.lock().len() >= 256 {
                 continue; // too many silent connections: dropped (that peer uses UDP)
             }
             let Ok(c) = crate::fdzone::place(c) else {
@@ -73,7 +73,7 @@ impl Shared {
             )
             .is_ok()
             {
-                self.offers.lock().insert(
+                self.rendezvous.offers.lock().insert(
                     raw,
                     Incoming {
                         conn: c,
@@ -88,14 +88,14 @@ impl Shared {
     /// at once, or when its QP reaches RTS), then the offer, which goes to its QP if its proof
     /// holds. Anything else ends the connection (the peer's QP then uses UDP).
     pub(super) fn take_offer(&self, raw: i32) {
-        let Some(mut inc) = self.offers.lock().remove(&raw) else {
+        let Some(mut inc) = self.rendezvous.offers.lock().remove(&raw) else {
             return;
         };
         let mut buf = [0u8; crate::samehost::MSG_LEN + 1];
         let (n, fds) = match crate::shm::recv_fds(inc.conn.as_fd(), &mut buf) {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.offers.lock().insert(raw, inc);
+                self.rendezvous.offers.lock().insert(raw, inc);
                 return;
             }
             Err(_) => (0, Vec::new()),
@@ -126,7 +126,7 @@ impl Shared {
                     a: nonce,
                 };
                 if answer(&mut inc, &core.rc, core.av, shm) {
-                    self.offers.lock().insert(raw, inc);
+                    self.rendezvous.offers.lock().insert(raw, inc);
                 } else {
                     self.end_incoming(&inc);
                 }
@@ -188,7 +188,7 @@ impl Shared {
 
     /// QP `qpn` reached RTS: challenge the hellos that came for it before.
     pub(crate) fn answer_hellos(&self, qpn: u32, rc: &RcQp, av: Option<SocketAddrV4>, shm: &ShmQp) {
-        let mut offers = self.offers.lock();
+        let mut offers = self.rendezvous.offers.lock();
         let waiting: Vec<i32> = offers
             .iter()
             .filter(|(_, i)| matches!(i.stage, Stage::Stashed { qpn: q, .. } if q == qpn))

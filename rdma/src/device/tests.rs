@@ -164,7 +164,7 @@ fn two_hand_backs_leave_no_count_behind() {
     let mut cfg = super::DeviceConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.rx_hold = std::time::Duration::from_millis(1);
     let dev = super::Shared::open(cfg).unwrap();
-    let away = || *dev.rx_away.lock();
+    let away = || *dev.receive.rx_away.lock();
     dev.rx_take(true); // thread 1 waits
     assert_eq!(away(), 1);
     dev.rx_take(true); // thread 2 takes the receive state before thread 1's hand-back is set
@@ -223,13 +223,13 @@ fn a_waiter_keeps_the_timers_unless_its_spins_keep_losing_the_cpu() {
             let until = Instant::now() + Duration::from_millis(400);
             let mut seen = 0;
             while Instant::now() < until && seen < u32::from(!busy) {
-                seen = seen.max(dev.timer_keepers.load(Ordering::SeqCst));
+                seen = seen.max(dev.timers.keepers.load(Ordering::SeqCst));
                 std::thread::sleep(Duration::from_millis(1));
             }
-            seen = seen.max(dev.timer_keepers.load(Ordering::SeqCst));
+            seen = seen.max(dev.timers.keepers.load(Ordering::SeqCst));
             t.join().unwrap().unwrap();
             assert_eq!(seen, u32::from(!busy), "driver {driver}, busy {busy}");
-            assert_eq!(dev.timer_keepers.load(Ordering::SeqCst), 0);
+            assert_eq!(dev.timers.keepers.load(Ordering::SeqCst), 0);
         }
     }
     dev.stop();
