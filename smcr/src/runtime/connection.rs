@@ -143,7 +143,7 @@ impl ConnShared {
             return Ok(());
         }
         // The slot first: once the cursor has advanced, the CDC must go out.
-        let slot = lg.take_slot(poller)?;
+        let slot = lg.take_slot(poller, self.token)?;
         let path = self.route(s, lg, slot, poller)?;
         let plan = s.core.prepare_write(staged, pending.max(staged));
         let (pieces, n) = nonempty(plan.pieces, !written);
@@ -162,7 +162,7 @@ impl ConnShared {
             peer: lg.peer_rmb(&mut s.peer, path),
             slack: plan.slack,
         };
-        if lg.post_data(path, &writes, slot, &plan.cdc, self.token, plan.ack_now)? {
+        if lg.post_data(path, &writes, slot, &plan.cdc, plan.ack_now)? {
             // Completed when posted (same host): no completion will say so.
             let _ = s.core.cdc_completed();
         }
@@ -203,8 +203,8 @@ impl ConnShared {
             return Ok(path);
         }
         let moved = (|| -> Result<(), PostFailure> {
-            let second = lg.take_slot(poller)?;
-            let third = match lg.take_slot(poller) {
+            let second = lg.take_slot(poller, 0)?;
+            let third = match lg.take_slot(poller, self.token) {
                 Ok(x) => x,
                 Err(e) => {
                     lg.put_back(second);
@@ -212,7 +212,7 @@ impl ConnShared {
                 }
             };
             let f = s.core.failover();
-            if let Err(e) = lg.post_cdc(path, second, &f.validation, 0) {
+            if let Err(e) = lg.post_cdc(path, second, &f.validation) {
                 lg.put_back(third);
                 return Err(e);
             }
@@ -223,7 +223,7 @@ impl ConnShared {
                 peer: lg.peer_rmb(&mut s.peer, path),
                 slack: 0,
             };
-            if !lg.post_data(path, &writes, third, &f.cdc, self.token, true)? {
+            if !lg.post_data(path, &writes, third, &f.cdc, true)? {
                 s.core.failover_cdc_posted();
             }
             Ok(())
@@ -256,9 +256,9 @@ impl ConnShared {
         m: &CdcMessage,
         poller: bool,
     ) -> Result<(), PostFailure> {
-        let slot = lg.take_slot(poller)?;
+        let slot = lg.take_slot(poller, 0)?;
         let path = self.route(s, lg, slot, poller)?;
-        lg.post_cdc(path, slot, m, 0).map(drop)
+        lg.post_cdc(path, slot, m).map(drop)
     }
 
     /// Same-host links: writes `buf` straight into the peer's RMB where the next staged bytes

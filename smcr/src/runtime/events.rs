@@ -254,7 +254,7 @@ impl LinkGroup {
                 continue;
             }
             // `route` wants a slot held for the caller's own message; there is none here.
-            let moved = self.take_slot(true).and_then(|slot| {
+            let moved = self.take_slot(true, 0).and_then(|slot| {
                 c.route(&mut s, self, slot, true)
                     .map(|_| self.put_back(slot))
             });

@@ -490,8 +490,11 @@ impl LinkGroup {
         }
     }
 
-    /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the reserve).
-    pub(crate) fn take_slot(&self, poller: bool) -> Result<usize, PostFailure> {
+    /// A SEND slot (waits for one unless `poller`: the poller never waits and gets the
+    /// reserve), for connection `owner` (a token; 0: none), whose completion handler hears of
+    /// the SEND (named now, under the lock the slot is taken with: on UDP the completion may
+    /// be handled before `post_send` returns).
+    pub(crate) fn take_slot(&self, poller: bool, owner: u32) -> Result<usize, PostFailure> {
         Ok({
             let mut st = self.st.lock();
             loop {
@@ -499,6 +502,7 @@ impl LinkGroup {
                     return Err(PostFailure::Group(r.clone()));
                 }
                 if let Slot::Got(slot) = st.g.conns.take_slot(poller) {
+                    st.g.conns.set_owner(slot, owner);
                     break slot;
                 }
                 if poller {

@@ -5,8 +5,8 @@
 use super::*;
 
 impl LinkGroup {
-    /// Sends CDC `m` (one without data: cursors, close flags) from `slot`; `owner` (a
-    /// connection token, 0 for none) hears of its completion. Returns `true` when the SEND
+    /// Sends CDC `m` (one without data: cursors, close flags) from `slot` (its owner, who
+    /// hears of its completion, named when it was taken: [`Self::take_slot`]). Returns `true` when the SEND
     /// completed at once (same-host link): the slot is free again and no completion will
     /// follow, so the caller counts it as done. The peer acknowledges it at once: nothing of
     /// its own answers such a CDC soon.
@@ -15,9 +15,8 @@ impl LinkGroup {
         path: usize,
         slot: usize,
         m: &CdcMessage,
-        owner: u32,
     ) -> Result<bool, PostFailure> {
-        self.post_cdc_after(path, &[], slot, m, owner, SendFlags::ACK_NOW)
+        self.post_cdc_after(path, &[], slot, m, SendFlags::ACK_NOW)
     }
 
     /// [`Self::post_cdc`], with `before` (RDMA WRITEs) posted ahead of it in the same post,
@@ -28,15 +27,14 @@ impl LinkGroup {
         before: &[SendWr<'_>],
         slot: usize,
         m: &CdcMessage,
-        owner: u32,
         flags: SendFlags,
     ) -> Result<bool, PostFailure> {
         let mut b = [0u8; cdc::CDC_LEN];
         m.emit(&mut b);
-        self.post_owned(path, before, slot, &b, owner, flags)
+        self.post_owned(path, before, slot, &b, flags)
     }
 
-    /// Posts `bytes` from `slot` for connection `owner` (0: none), after `before`; the slot
+    /// Posts `bytes` from `slot` (for the owner it was taken for), after `before`; the slot
     /// is freed here if the SEND completed at once or was never posted.
     pub(super) fn post_owned(
         &self,
@@ -44,11 +42,8 @@ impl LinkGroup {
         before: &[SendWr<'_>],
         slot: usize,
         bytes: &[u8],
-        owner: u32,
         flags: SendFlags,
     ) -> Result<bool, PostFailure> {
-        // The owner first: on UDP the completion may be handled before post_send returns.
-        self.st.lock().g.conns.set_owner(slot, owner);
         let done = self.post_send_slot_with(path, before, slot, bytes, flags);
         if !matches!(done, Ok(false)) {
             // Completed at once, or never posted: the slot is free again.
@@ -64,8 +59,8 @@ impl LinkGroup {
         if bytes.len() > SLOT {
             return Err(io::ErrorKind::InvalidInput.into());
         }
-        let slot = self.take_slot(false)?;
-        self.post_owned(self.active(), &[], slot, bytes, 0, SendFlags::empty())?;
+        let slot = self.take_slot(false, 0)?;
+        self.post_owned(self.active(), &[], slot, bytes, SendFlags::empty())?;
         Ok(())
     }
 
@@ -159,7 +154,6 @@ impl LinkGroup {
         w: &DataWrites<'_>,
         slot: usize,
         m: &CdcMessage,
-        owner: u32,
         ack_now: bool,
     ) -> Result<bool, PostFailure> {
         let DataWrites {
@@ -213,7 +207,7 @@ impl LinkGroup {
         } else {
             SendFlags::empty()
         };
-        self.post_cdc_after(path, wrs, slot, m, owner, flags)
+        self.post_cdc_after(path, wrs, slot, m, flags)
     }
 
     /// Sends an LLC message longer than a slot: its first [`SLOT`] bytes from `slot`, the rest
