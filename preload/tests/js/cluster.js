@@ -36,10 +36,11 @@ if (cluster.isPrimary) {
     res.end(body);
   });
   server.on('error', (e) => { console.error('ERROR', e); process.exit(1); });
-  // wrk resets its connections when its time is up (ECONNRESET, as Node itself ignores);
-  // anything else (a request Node cannot parse) is an error.
+  // wrk resets its connections when its time is up: a read sees ECONNRESET, a write after
+  // the reset was reported EPIPE (as over TCP: once ECONNRESET, then EPIPE), which Node itself
+  // ignores; anything else (a request Node cannot parse) is an error.
   server.on('clientError', (e, sock) => {
-    const what = e.code === 'ECONNRESET' ? 'note' : 'ERROR';
+    const what = e.code === 'ECONNRESET' || e.code === 'EPIPE' ? 'note' : 'ERROR';
     console.error(what + ' clientError in worker ' + process.pid + ': ' + e.code + ' ' + e.message);
     sock.destroy();
   });
