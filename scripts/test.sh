@@ -12,7 +12,7 @@ cargo fmt --all -- --check
 # Dependencies point down: no import cycles between the modules of these crates (issue 25),
 # names re-exported by lib.rs resolved to their modules (issue 40).
 python3 scripts/module_cycles.py --self-test
-for c in smcr proto bpf stats tools clc llc cdc rdma preload; do python3 scripts/module_cycles.py "$c/src" --enforce; done
+for c in smcr proto bpf stats tools clc llc cdc rdma preload examples bench; do python3 scripts/module_cycles.py "$c/src" --enforce; done
 # Crates by job: dependencies between them point down the layers, libsmcr.so links no tool
 # crate (clap, serde_json, toml_edit), and the protocol crate is pure (issue 40).
 python3 scripts/crate_deps.py --self-test
