@@ -6,45 +6,21 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::AtomicU16;
 use std::thread;
 
-use common::TestDir;
-use smcr::{Mode, Negotiation, Runtime, RuntimeConfig, SmcListener, SmcStream};
+use common::{byte_pattern as pattern, listen, stats_dir};
+use smcr::{Mode, Runtime, RuntimeConfig, SmcListener, SmcStream};
 
 static PORT: AtomicU16 = AtomicU16::new(0);
 
-/// Settings that assume SMC-R (no BPF needed) on a RoCE port of their own, so tests run in
-/// parallel.
+/// Settings that assume SMC-R (no BPF needed) on a RoCE port of their own.
 fn config() -> RuntimeConfig {
-    let n = PORT.fetch_add(1, Ordering::Relaxed);
-    let mut cfg = RuntimeConfig::new();
-    cfg.negotiation = Negotiation::Assume;
-    cfg.roce_port = 20000 + (std::process::id() % 2000) as u16 * 8 + n;
-    cfg
+    common::assume_config(20000, &PORT)
 }
 
 fn runtime() -> Runtime {
     Runtime::new(config())
-}
-
-/// The directory of a test's stats areas.
-fn stats_dir(tag: &str) -> TestDir {
-    TestDir::new("smcr-stats", tag)
-}
-
-fn listen(rt: &Runtime) -> (SmcListener, SocketAddr) {
-    let l = SmcListener::bind(rt, "127.0.0.1:0").unwrap();
-    let a = l.local_addr().unwrap();
-    (l, a)
-}
-
-fn pattern(pos: u64, out: &mut [u8]) {
-    for (i, b) in out.iter_mut().enumerate() {
-        let p = pos + i as u64;
-        *b = (p.wrapping_mul(0x9e37_79b9) >> 13) as u8;
-    }
 }
 
 #[test]

@@ -521,3 +521,34 @@ impl Drop for TestDir {
         }
     }
 }
+
+/// Settings that assume SMC-R (no BPF needed) on a RoCE port of their own: `base` plus a slot
+/// per process and `next`'s count, so the tests of one binary run in parallel and binaries
+/// with different bases at the same time.
+pub fn assume_config(base: u16, next: &std::sync::atomic::AtomicU16) -> smcr::RuntimeConfig {
+    let n = next.fetch_add(1, Ordering::Relaxed);
+    let mut cfg = smcr::RuntimeConfig::new();
+    cfg.negotiation = smcr::Negotiation::Assume;
+    cfg.roce_port = base + (std::process::id() % 2000) as u16 * 8 + n;
+    cfg
+}
+
+/// The directory of a test's stats areas.
+pub fn stats_dir(tag: &str) -> TestDir {
+    TestDir::new("smcr-stats", tag)
+}
+
+/// A listener on 127.0.0.1 (a free port) and its address.
+pub fn listen(rt: &smcr::Runtime) -> (smcr::SmcListener, std::net::SocketAddr) {
+    let l = smcr::SmcListener::bind(rt, "127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+/// Bytes at stream position `pos` of the tests' data pattern.
+pub fn byte_pattern(pos: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        let p = pos + i as u64;
+        *b = (p.wrapping_mul(0x9e37_79b9) >> 13) as u8;
+    }
+}
