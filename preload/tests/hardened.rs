@@ -1081,7 +1081,9 @@ fn rig_redis() {
         "ls:/var/tmp".into(),
         format!("write:/tmp/{inside}"),
         "ls:/dev".into(),
-        "ls:/dev/shm".into(),
+        // The marker itself, not a listing: a host's /dev/shm may hold hundreds of entries
+        // (PostgreSQL's segments), more than the probe's answer has room for.
+        format!("stat:/dev/shm/{mark}"),
         format!("write:/dev/shm/{inside}"),
         "ls:/home".into(),
         "ls:/root".into(),
@@ -1227,8 +1229,8 @@ fn rig_redis() {
     // systemd 252 binds the host's /dev/shm into the private /dev (mount_private_dev): POSIX
     // shared memory is the host's, and so are smcr's stats areas there.
     s.has(
-        "ls:/dev/shm",
-        &mark,
+        &format!("stat:/dev/shm/{mark}"),
+        "ok ",
         "PrivateDevices=true (/dev/shm is the host's)",
     );
     s.is(
