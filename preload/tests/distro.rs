@@ -618,6 +618,8 @@ fn postgres_pgbench(shim: bool) {
     } else {
         v.assert_tcp_baseline(4);
     }
+    // PostgreSQL's fast shutdown, which removes its shared memory segments from /dev/shm.
+    server.stop(libc::SIGINT, Duration::from_secs(20));
 }
 
 /// Scenario 4: four redis-server/redis-benchmark pairs at once, 8 shimmed processes: on

@@ -478,6 +478,8 @@ fn postgres(shim: bool) {
     } else {
         v.assert_tcp_baseline(4);
     }
+    // PostgreSQL's fast shutdown, which removes its shared memory segments from /dev/shm.
+    server.stop(libc::SIGINT, Duration::from_secs(20));
 }
 
 /// A syslog socket (haproxy's `log /dev/log`, bound into its chroot): the messages it got.

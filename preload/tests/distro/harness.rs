@@ -286,6 +286,15 @@ impl Proc {
         }
     }
 
+    /// Asks the program to stop (`sig`: its own clean shutdown) and waits up to `timeout`;
+    /// what is left is killed on drop. PostgreSQL removes its shared memory segments
+    /// (`/dev/shm/PostgreSQL.*`) only when it stops so: killed, it leaves them on the host.
+    pub fn stop(&mut self, sig: i32, timeout: Duration) -> Option<ExitStatus> {
+        // SAFETY: signalling the program this test started.
+        unsafe { libc::kill(self.pid() as i32, sig) };
+        self.wait(timeout)
+    }
+
     pub fn kill(&mut self) {
         // SAFETY: signalling the process group this test started (its pid is the group id).
         unsafe { libc::kill(-(self.pid() as i32), libc::SIGKILL) };
