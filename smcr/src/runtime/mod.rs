@@ -357,10 +357,6 @@ fn tcp_has_input(tcp: &std::net::TcpStream) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-fn post_error(e: rdma::PostError) -> PostFailure {
-    PostFailure::Refused(e)
-}
-
 /// A connection's data to write (see [`LinkGroup::post_data`]).
 #[derive(Clone, Copy)]
 pub(crate) struct DataWrites<'a> {

@@ -140,7 +140,7 @@ impl LinkGroup {
             wrs.push(send);
             qp.post_send_report(&wrs)
         }
-        .map_err(post_error)?;
+        .map_err(PostFailure::Refused)?;
         // Only the same-host transport runs requests when posted.
         Ok(ran == before.len() + 1)
     }
@@ -234,7 +234,7 @@ impl LinkGroup {
                     | SendFlags::EXPEDITE
                     | SendFlags::ACK_NOW,
             }])
-            .map_err(|e| post_error(e).into())
+            .map_err(|e| PostFailure::Refused(e).into())
     }
 
     pub(super) fn flush_llc(&self, st: &mut LgState) {
