@@ -73,6 +73,17 @@ struct Outcome {
     server: smcr::DeviceStats,
 }
 
+impl Outcome {
+    /// The longest either side's link waited for an acknowledgement.
+    fn longest_stall(&self) -> Duration {
+        Duration::from_micros(
+            self.client
+                .rc_longest_stall_us
+                .max(self.server.rc_longest_stall_us),
+        )
+    }
+}
+
 fn stats_of(rt: &Runtime) -> smcr::DeviceStats {
     rt.device_stats()
         .into_iter()
@@ -234,12 +245,14 @@ fn counts(o: &Outcome) -> String {
 
 fn report(case: &str, o: &Outcome, note: &str) {
     eprintln!(
-        "{case}: {} MiB intact in {:.2} s ({:.2} Gbit/s), longest wait for a read {:?}; \
-         client tx {} rx {} icrc-errors {}, server tx {} rx {} icrc-errors {}{note}",
+        "{case}: {} MiB intact in {:.2} s ({:.2} Gbit/s), longest wait for a read {:?}, \
+         for an ACK {:?}; client tx {} rx {} icrc-errors {}, server tx {} rx {} icrc-errors \
+         {}{note}",
         o.bytes >> 20,
         o.secs,
         o.bytes as f64 * 8.0 / o.secs / 1e9,
         o.longest_wait,
+        o.longest_stall(),
         o.client.tx_packets,
         o.client.rx_packets,
         o.client.rx_icrc_errors,
@@ -395,12 +408,16 @@ fn reordered(
     (o, ratio)
 }
 
-/// The longest a reader may wait under reordering: a packet overtaken by others is kept
-/// and placed, a missing one asked for again within a round trip, so no timer's wait.
+/// The longest a link may wait for an acknowledgement under reordering: a packet overtaken
+/// by others is kept and placed, a missing one asked for again within a round trip, so no
+/// timer's wait (the local ACK timeout is 134 ms). Measured on the link, not as a reader's
+/// wait: 65 connections share one queue pair, so a reader also waits for the others' data
+/// queued ahead of its own (up to 270 ms without any fault at 0.6 Gbit/s, the rate with the
+/// fault injector on a slow machine).
 const REORDER_MAX_WAIT: Duration = Duration::from_millis(100);
 
-/// A mild reordering profile: goodput at least half of the run without it, and no reader
-/// waits longer than [`REORDER_MAX_WAIT`].
+/// A mild reordering profile: goodput at least half of the run without it, and no link
+/// waits longer than [`REORDER_MAX_WAIT`] for an acknowledgement.
 fn mild_reordering(test: &str, port: u16, case: &str, profile: (f64, Duration, u64)) {
     let Some((_turn, install, net)) = setup(test) else {
         return;
@@ -408,10 +425,12 @@ fn mild_reordering(test: &str, port: u16, case: &str, profile: (f64, Duration, u
     let (o, ratio) = reordered(&net, &install, port, case, profile);
     assert!(ratio >= 0.5, "{case}: {:.0}% of the goodput", ratio * 100.0);
     assert!(
-        o.longest_wait <= REORDER_MAX_WAIT,
-        "{case}: a reader waited {:?}",
-        o.longest_wait
+        o.longest_stall() <= REORDER_MAX_WAIT,
+        "{case}: a link waited {:?} for an acknowledgement",
+        o.longest_stall()
     );
+    let timeouts = o.client.rc_timeouts + o.server.rc_timeouts;
+    assert_eq!(timeouts, 0, "{case}: local ACK timeouts");
 }
 
 #[test]

@@ -113,6 +113,10 @@ device_counters! {
     /// Packets sent without an ICRC (to a peer that is our engine, see
     /// [`crate::wire::NO_ICRC`]).
     tx_no_icrc,
+    /// The longest any QP waited for an acknowledgement while it had packets outstanding,
+    /// in µs (the most, not a sum): a round trip or so when packets are overtaken or lost
+    /// and asked for again; a timer's wait (the local ACK timeout) shows here.
+    rc_longest_stall_us,
 }
 
 /// Words a device keeps its counters in, when its user provides them: smcr puts them in its
@@ -204,6 +208,8 @@ impl Shared {
             &st.rx_access_errors,
             &st.rx_reordered,
         ];
+        st.rc_longest_stall_us
+            .fetch_max(q.longest_stall_us, Ordering::Relaxed);
         for ((&n, old), c) in now.iter().zip(&mut core.counted).zip(to) {
             // A requester made anew (the QP reset and reused) counts from 0 again.
             let d = n.checked_sub(*old).unwrap_or(n);

@@ -533,10 +533,29 @@ fn lost_acks_are_recovered_by_timeout_and_duplicates_reacked() {
     assert_eq!(p.b.qp.responder_stats().duplicates, 2);
     // Backoff: the second retransmission waited twice as long as the first.
     assert!(p.now - start >= timeout_duration(12).unwrap() * 3);
+    let waited = p.now - start;
     p.blackhole_b = false;
     p.run(100);
     assert_eq!(p.a.completions.len(), 1);
     assert_eq!(p.a.completions[0].1.status, WcStatus::Success);
+    // The timers' wait is the stall the requester reports.
+    let stall = Duration::from_micros(p.a.qp.requester_stats().longest_stall_us);
+    assert!(stall >= waited, "{stall:?} < {waited:?}");
+}
+
+#[test]
+fn on_a_clean_link_the_longest_stall_is_a_round_trip() {
+    let mut p = Pair::new(Mtu::Mtu1024, 1, 1);
+    let src = Pair::mr(&p.a, 64 << 10);
+    let dst = Pair::mr(&p.b, 64 << 10);
+    for i in 0..4 {
+        post_write(&mut p.a, i, (&src, &dst, 64 << 10), SendFlags::SIGNALED);
+    }
+    p.run(10_000);
+    assert_eq!(p.a.completions.len(), 4);
+    // Each step of `run` is 10 µs: an ACK comes a step or two after its request.
+    let stall = p.a.qp.requester_stats().longest_stall_us;
+    assert!((1..=100).contains(&stall), "{stall} µs");
 }
 
 #[test]

@@ -155,10 +155,20 @@ pub fn render_prometheus(s: &Snapshot) -> String {
         }),
     );
     for (i, name) in rdma::DeviceStats::NAMES.iter().enumerate() {
+        // The one high-water mark among the counters is a gauge, not a total.
+        let gauge = name.starts_with("rc_longest_");
         family(
-            &format!("smcr_device_{name}_total"),
-            "counter",
-            &format!("The RoCE engine's {name} counter, per local address."),
+            &if gauge {
+                format!("smcr_device_{name}")
+            } else {
+                format!("smcr_device_{name}_total")
+            },
+            if gauge { "gauge" } else { "counter" },
+            &if gauge {
+                format!("The RoCE engine's {name} high-water mark, per local address.")
+            } else {
+                format!("The RoCE engine's {name} counter, per local address.")
+            },
             per(&|p| {
                 p.devices
                     .iter()

@@ -89,6 +89,10 @@ pub struct RequesterStats {
     pub naks: u64,
     /// RNR NAKs received.
     pub rnr_naks: u64,
+    /// The longest wait for an acknowledgement while packets were outstanding, in µs: from
+    /// the first packet sent after idling, or the last progress, to the next progress. A
+    /// packet overtaken or lost costs a round trip or so; a timer's wait shows here.
+    pub longest_stall_us: u64,
 }
 
 /// See [`Requester::probe_undo`].
@@ -137,6 +141,8 @@ pub(crate) struct Requester {
     /// ssthresh) and when the packet whose ACK it gave up on was sent; kept until the PSNs it
     /// resends are acknowledged, to tell a late ACK (spurious probe) from a lost packet.
     probe_undo: Option<ProbeUndo>,
+    /// Since when packets have been outstanding without progress (`None`: idle).
+    stall_from: Option<Instant>,
     srtt: Option<Duration>,
     rttvar: Duration,
     /// The AckReq packet being timed: its PSN and when it was first sent.
@@ -196,6 +202,7 @@ impl Requester {
             probe_backoff: 1,
             last_ackreq_at: None,
             probe_undo: None,
+            stall_from: None,
             srtt: None,
             rttvar: Duration::ZERO,
             rtt_sample: None,
@@ -563,6 +570,9 @@ impl Requester {
         }
         if self.rtx_deadline.is_none() {
             self.rtx_deadline = self.rto().map(|d| now + d);
+        }
+        if self.stall_from.is_none() {
+            self.stall_from = Some(now);
         }
         if self.probe_at.is_none() {
             self.probe_at = self.probe_interval().map(|d| now + d);

@@ -121,6 +121,11 @@ impl Requester {
         }
         self.probe_backoff = 1;
         let busy = self.una != self.max_sent;
+        if let Some(f) = self.stall_from {
+            let us = now.saturating_duration_since(f).as_micros() as u64;
+            self.stats.longest_stall_us = self.stats.longest_stall_us.max(us);
+        }
+        self.stall_from = busy.then_some(now);
         self.rtx_deadline = if busy {
             self.rto().map(|d| now + d)
         } else {
@@ -402,5 +407,6 @@ impl Requester {
         self.rnr_until = None;
         self.probe_at = None;
         self.probe_undo = None;
+        self.stall_from = None;
     }
 }
