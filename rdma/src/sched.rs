@@ -25,6 +25,7 @@ pub struct CqScheduler(pub(crate) SchedKind);
 pub(crate) enum SchedKind {
     Engine(EngineSched),
     Verbs(Arc<crate::ibv::VerbsCq>),
+    Mem(Arc<crate::mem::MemCq>),
 }
 
 /// The engine's scheduling of one CQ.
@@ -36,10 +37,11 @@ pub(crate) struct EngineSched {
 
 /// Each public call, on the engine's CQ or a verbs device's.
 macro_rules! dispatch {
-    ($self:ident, $e:ident => $engine:expr, $v:ident => $verbs:expr) => {
+    ($self:ident, $e:ident => $engine:expr, $v:ident => $verbs:expr, $m:ident => $mem:expr) => {
         match &$self.0 {
             SchedKind::Engine($e) => $engine,
             SchedKind::Verbs($v) => $verbs,
+            SchedKind::Mem($m) => $mem,
         }
     };
 }
@@ -48,13 +50,13 @@ impl CqScheduler {
     /// Makes [`CompletionQueue::fd`](crate::CompletionQueue::fd) readable without a completion: wakes a thread waiting on it (a
     /// poller in [`Self::wait_ready`], which then returns so that it looks again).
     pub fn kick(&self) {
-        dispatch!(self, e => e.kick(), v => v.kick())
+        dispatch!(self, e => e.kick(), v => v.kick(), m => m.sig.kick())
     }
 
     /// Makes [`Self::driver_fd`] readable without a completion: a sleeping driver wakes and
     /// re-checks its condition.
     pub fn kick_driver(&self) {
-        dispatch!(self, e => e.kick_driver(), v => v.kick_driver())
+        dispatch!(self, e => e.kick_driver(), v => v.kick_driver(), m => m.sig.kick_driver())
     }
 
     /// Starts a *drive*: the calling thread will take and handle this CQ's completions itself
@@ -63,33 +65,33 @@ impl CqScheduler {
     /// only the driver descriptor, so a thread sleeping on [`CompletionQueue::fd`](crate::CompletionQueue::fd) (a poller) is not
     /// woken for them: one wake-up per completion, the driver's. Drives nest and count.
     pub fn begin_drive(&self) {
-        dispatch!(self, e => e.begin_drive(), v => v.begin_drive())
+        dispatch!(self, e => e.begin_drive(), v => v.begin_drive(), m => m.sig.begin_drive())
     }
 
     /// Ends a drive; after the last one, [`CompletionQueue::fd`](crate::CompletionQueue::fd) is signalled again (at once if a
     /// completion is waiting).
     pub fn end_drive(&self) {
-        dispatch!(self, e => e.end_drive(), v => v.end_drive())
+        dispatch!(self, e => e.end_drive(), v => v.end_drive(), m => m.sig.end_drive(|| m.has_completions()))
     }
 
     /// The driver descriptor (an eventfd, readable after a completion arrived for a sleeping
     /// driver; drain it or register it edge-triggered).
     pub fn driver_fd(&self) -> BorrowedFd<'_> {
-        dispatch!(self, e => e.driver_fd(), v => v.driver_fd())
+        dispatch!(self, e => e.driver_fd(), v => v.driver_fd(), m => m.sig.driver_fd())
     }
 
     /// Within a drive: says the caller is about to sleep on [`Self::driver_fd`] (`true`) or
     /// woke (`false`). Going to sleep, returns `true` if a completion is already there (then
     /// poll instead of sleeping; the sleep is not counted).
     pub fn drive_sleep(&self, on: bool) -> bool {
-        dispatch!(self, e => e.drive_sleep(on), v => v.drive_sleep(on))
+        dispatch!(self, e => e.drive_sleep(on), v => v.drive_sleep(on), m => m.sig.drive_sleep(on, || m.has_completions()))
     }
 
     /// Within a drive: sleeps until a completion is there to poll or `timeout` passes, without
     /// taking any; receives from the device's socket itself while it sleeps when no other thread
     /// does.
     pub fn drive_wait(&self, timeout: Option<Duration>) -> io::Result<()> {
-        dispatch!(self, e => e.drive_wait(timeout), v => v.drive_wait(timeout))
+        dispatch!(self, e => e.drive_wait(timeout), v => v.drive_wait(timeout), m => m.sig.drive_wait(timeout, || m.has_completions()))
     }
 
     /// The device's UDP socket, for a driver that sleeps in its own wait (an epoll set) and
@@ -98,7 +100,7 @@ impl CqScheduler {
     /// verbs device (the device receives). Register it edge-triggered, call
     /// [`Self::delegate_rx`] while it is watched, and [`Self::receive`] when it fires.
     pub fn rx_fd(&self) -> Option<BorrowedFd<'_>> {
-        dispatch!(self, e => e.rx_fd(), _v => None)
+        dispatch!(self, e => e.rx_fd(), _v => None, _m => None)
     }
 
     /// `true`: a thread watches [`Self::rx_fd`] itself (and receives when it fires), so the
@@ -106,14 +108,14 @@ impl CqScheduler {
     /// needs its `false`. While away from the engine, packets wait for the watcher; packets
     /// for other CQs of the device too (they are handed to their CQs as usual).
     pub fn delegate_rx(&self, on: bool) {
-        dispatch!(self, e => e.delegate_rx(on), _v => ())
+        dispatch!(self, e => e.delegate_rx(on), _v => (), _m => ())
     }
 
     /// Receives and handles what waits on the device's socket (all of it, for every QP), on
     /// the calling thread, unless another thread is receiving; never blocks. Returns how
     /// many datagrams were handled (none on a verbs device).
     pub fn receive(&self) -> usize {
-        dispatch!(self, e => e.receive(), _v => 0)
+        dispatch!(self, e => e.receive(), _v => 0, _m => 0)
     }
 
     /// Within a drive, before sleeping: polls the same-host rings for a short, adaptive while
@@ -121,18 +123,18 @@ impl CqScheduler {
     /// (the caller receives from the device's socket itself when it wakes) the spin also
     /// receives from the socket, unless another thread is receiving.
     pub fn drive_spin(&self, rx: bool) -> bool {
-        dispatch!(self, e => e.drive_spin(rx), _v => false)
+        dispatch!(self, e => e.drive_spin(rx), _v => false, _m => false)
     }
 
     /// Within a drive: the sleep that followed a failed [`Self::drive_spin`] ended after
     /// `slept` because something arrived (it tunes the spinning).
     pub fn drive_woke_after(&self, slept: Duration) {
-        dispatch!(self, e => e.drive_woke_after(slept), _v => ())
+        dispatch!(self, e => e.drive_woke_after(slept), _v => (), _m => ())
     }
 
     /// Whether a thread is driving this CQ.
     pub fn driven(&self) -> bool {
-        dispatch!(self, e => e.driven(), v => v.driven())
+        dispatch!(self, e => e.driven(), v => v.driven(), m => m.sig.driven())
     }
 
     /// Sleeps until a completion is there to poll (returns `true`) or `timeout` passes
@@ -142,7 +144,7 @@ impl CqScheduler {
     /// timeout, the end of the drive (if something is left then), or a write to [`CompletionQueue::fd`](crate::CompletionQueue::fd)
     /// (a kick: the caller's view of the drive may have changed), and returns `false`.
     pub fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        dispatch!(self, e => e.wait_ready(timeout), v => v.wait_ready(timeout))
+        dispatch!(self, e => e.wait_ready(timeout), v => v.wait_ready(timeout), m => m.wait_ready(timeout))
     }
 }
 

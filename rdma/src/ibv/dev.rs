@@ -12,14 +12,15 @@ use super::{Context, Cq, Pd};
 use crate::Mtu;
 use crate::locks::Mutex;
 use crate::rc::WorkCompletion;
+use crate::signals::Signals;
 use rustix::event::{EventfdFlags, epoll};
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fd::{BorrowedFd, OwnedFd};
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What a [`crate::Device`] on a verbs device knows of it.
 pub(crate) struct VerbsDevice {
@@ -105,14 +106,10 @@ impl VerbsDevice {
 
     pub(crate) fn create_cq(&self) -> io::Result<Arc<VerbsCq>> {
         let cq = Cq::create(&self.ctx, 4096)?;
-        let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
         let v = Arc::new(VerbsCq {
             cq,
             queue: Mutex::new(VecDeque::new()),
-            event: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
-            event_driver: crate::fdzone::place(rustix::event::eventfd(0, flags)?)?,
-            drives: AtomicU32::new(0),
-            kicked: AtomicBool::new(false),
+            sig: Signals::new()?,
             pump: Arc::downgrade(&self.pump),
             id: self.pump.next.fetch_add(1, Ordering::Relaxed),
             tracks: Mutex::new(HashMap::new()),
@@ -237,12 +234,8 @@ pub(crate) struct VerbsCq {
     pub(crate) cq: Arc<Cq>,
     /// Completions the pump took while re-arming (they came between the event and the arm).
     queue: Mutex<VecDeque<WorkCompletion>>,
-    /// Readable after a completion (or a kick) while no thread drives the CQ.
-    event: OwnedFd,
-    /// Readable after a completion (or a driver kick) while a thread drives it.
-    event_driver: OwnedFd,
-    drives: AtomicU32,
-    kicked: AtomicBool,
+    /// Its descriptors and their scheduling.
+    sig: Signals,
     pump: Weak<Pump>,
     id: u64,
     /// The requests of each queue pair using this CQ, by QP number.
@@ -341,28 +334,6 @@ impl Tracks {
     }
 }
 
-fn ring(fd: &OwnedFd) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
-}
-
-fn drain(fd: &OwnedFd) {
-    let mut b = [0u8; 8];
-    let _ = rustix::io::read(fd, &mut b);
-}
-
-/// Sleeps until `fd` is readable or `timeout` passes.
-fn sleep_on(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<()> {
-    let mut p = [rustix::event::PollFd::new(
-        &fd,
-        rustix::event::PollFlags::IN,
-    )];
-    let ts = timeout.map(crate::device::timespec);
-    match rustix::event::poll(&mut p, ts.as_ref()) {
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 impl VerbsCq {
     /// The pump's part: take the channel's events, re-arm, keep what came meanwhile, and ring
     /// whoever sleeps on this CQ.
@@ -421,11 +392,7 @@ impl VerbsCq {
     }
 
     fn signal(&self) {
-        if self.drives.load(Ordering::SeqCst) > 0 {
-            ring(&self.event_driver);
-        } else {
-            ring(&self.event);
-        }
+        self.sig.signal();
     }
 
     /// Takes up to `out.len()` completions: those the pump kept, then the device's.
@@ -450,95 +417,58 @@ impl VerbsCq {
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        self.event.as_fd()
+        self.sig.fd()
     }
 
-    /// Arming is the pump's (the channel is always armed); a completion already there is
-    /// rung at once so that a caller about to sleep on [`Self::fd`] does not miss it.
     pub(crate) fn req_notify(&self) {
-        if self.drives.load(Ordering::SeqCst) == 0 && self.has_completions() {
-            ring(&self.event);
-        }
+        self.sig.req_notify(|| self.has_completions());
     }
 
     pub(crate) fn ack_events(&self) {
-        drain(&self.event);
+        self.sig.ack_events();
     }
 
     /// [`crate::CompletionQueue::wait`]'s sleep: until the pump rings or `left` passes.
     pub(crate) fn sleep(&self, left: Option<Duration>) -> io::Result<()> {
-        sleep_on(self.event.as_fd(), left)?;
-        drain(&self.event);
-        Ok(())
+        self.sig.sleep(left)
     }
 
     // The scheduler's side (see `crate::CqScheduler` for the contract).
 
     pub(crate) fn kick(&self) {
-        self.kicked.store(true, Ordering::SeqCst);
-        ring(&self.event);
+        self.sig.kick();
     }
 
     pub(crate) fn kick_driver(&self) {
-        ring(&self.event_driver);
+        self.sig.kick_driver();
     }
 
     pub(crate) fn begin_drive(&self) {
-        self.drives.fetch_add(1, Ordering::SeqCst);
+        self.sig.begin_drive();
     }
 
     pub(crate) fn end_drive(&self) {
-        if self.drives.fetch_sub(1, Ordering::SeqCst) == 1 && self.has_completions() {
-            ring(&self.event);
-        }
+        self.sig.end_drive(|| self.has_completions());
     }
 
     pub(crate) fn driver_fd(&self) -> BorrowedFd<'_> {
-        self.event_driver.as_fd()
+        self.sig.driver_fd()
     }
 
     pub(crate) fn drive_sleep(&self, on: bool) -> bool {
-        if on {
-            return self.has_completions();
-        }
-        drain(&self.event_driver);
-        false
+        self.sig.drive_sleep(on, || self.has_completions())
     }
 
     pub(crate) fn drive_wait(&self, timeout: Option<Duration>) -> io::Result<()> {
-        drain(&self.event_driver);
-        if self.has_completions() {
-            return Ok(());
-        }
-        sleep_on(self.event_driver.as_fd(), timeout)?;
-        drain(&self.event_driver);
-        Ok(())
+        self.sig.drive_wait(timeout, || self.has_completions())
     }
 
     pub(crate) fn driven(&self) -> bool {
-        self.drives.load(Ordering::SeqCst) > 0
+        self.sig.driven()
     }
 
     pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if !self.driven() && self.has_completions() {
-                return Ok(true);
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Ok(false);
-            }
-            let driven = self.driven();
-            if self.kicked.swap(false, Ordering::SeqCst) {
-                return Ok(false);
-            }
-            sleep_on(self.event.as_fd(), left)?;
-            drain(&self.event);
-            if driven || self.driven() || self.kicked.swap(false, Ordering::SeqCst) {
-                return Ok(false);
-            }
-        }
+        self.sig.wait_ready(timeout, || self.has_completions())
     }
 }
 

@@ -14,6 +14,7 @@ pub(super) enum CqKind {
         guard: Arc<EngineGuard>,
     },
     Verbs(Arc<VerbsCq>),
+    Mem(Arc<MemCq>),
 }
 
 impl CompletionQueue {
@@ -22,6 +23,7 @@ impl CompletionQueue {
         let (shared, guard) = match &self.0 {
             CqKind::Engine { shared, guard } => (shared, guard),
             CqKind::Verbs(v) => return v.poll(out),
+            CqKind::Mem(m) => return m.poll(out),
         };
         guard.shared.shm_poll(shared);
         let mut q = shared.queue.lock();
@@ -38,6 +40,7 @@ impl CompletionQueue {
         let (shared, guard) = match &self.0 {
             CqKind::Engine { shared, guard } => (shared, guard),
             CqKind::Verbs(v) => return v.req_notify(),
+            CqKind::Mem(m) => return m.sig.req_notify(|| m.has_completions()),
         };
         shared.notify.arm();
         // Same-host producers write the eventfd only for a consumer that says it sleeps.
@@ -49,6 +52,7 @@ impl CompletionQueue {
         match &self.0 {
             CqKind::Engine { shared, .. } => shared.event.as_fd(),
             CqKind::Verbs(v) => v.fd(),
+            CqKind::Mem(m) => m.sig.fd(),
         }
     }
 
@@ -57,6 +61,7 @@ impl CompletionQueue {
         let (shared, guard) = match &self.0 {
             CqKind::Engine { shared, guard } => (shared, guard),
             CqKind::Verbs(v) => return v.ack_events(),
+            CqKind::Mem(m) => return m.sig.ack_events(),
         };
         let mut b = [0u8; 8];
         let _ = rustix::io::read(&shared.event, &mut b);
@@ -72,6 +77,7 @@ impl CompletionQueue {
                 guard: guard.clone(),
             }),
             CqKind::Verbs(v) => SchedKind::Verbs(v.clone()),
+            CqKind::Mem(m) => SchedKind::Mem(m.clone()),
         })
     }
 
@@ -92,6 +98,7 @@ impl CompletionQueue {
             match &self.0 {
                 CqKind::Engine { shared, guard } => guard.shared.wait_cq(shared, left)?,
                 CqKind::Verbs(v) => v.sleep(left)?,
+                CqKind::Mem(m) => m.sig.sleep(left)?,
             }
         }
     }

@@ -32,6 +32,7 @@ use crate::device::{
 };
 use crate::ibv::{self, VerbsCq, VerbsDevice};
 use crate::locks::Mutex;
+use crate::mem::{MemCq, MemDev, MemQp};
 use crate::mr::{Access, Region};
 use crate::rc::{
     ModifyError, PostError, QpAttr, QpCaps, QpState, RcQp, RecvWr, SendFlags, SendWr, Sge,
@@ -61,6 +62,8 @@ enum DevKind {
     /// The device and its one protection domain (every [`Device::alloc_pd`] shares it: an
     /// rkey names one region either way).
     Verbs(Arc<VerbsDevice>, Arc<ibv::Pd>),
+    /// A device of an in-memory fabric ([`crate::mem`]).
+    Mem(Arc<MemDev>),
 }
 
 impl Device {
@@ -97,10 +100,18 @@ impl Device {
         })
     }
 
-    /// The verbs device behind this one (`None`: our engine).
+    /// Joins the in-memory `fabric` at `ip` ([`crate::mem`]): requests run when they are
+    /// posted, between devices of this process only. For tests of what drives a device.
+    pub fn open_mem(fabric: &Arc<crate::mem::Fabric>, ip: std::net::Ipv4Addr) -> io::Result<Self> {
+        Ok(Self {
+            kind: DevKind::Mem(MemDev::open(fabric, ip)?),
+        })
+    }
+
+    /// The verbs device behind this one (`None`: our engine, or the in-memory one).
     pub fn verbs(&self) -> Option<ibv::VerbsInfo> {
         match &self.kind {
-            DevKind::Engine(_) => None,
+            DevKind::Engine(_) | DevKind::Mem(_) => None,
             DevKind::Verbs(v, _) => Some(v.info()),
         }
     }
@@ -113,7 +124,7 @@ impl Device {
     fn engine(&self) -> Option<&Arc<EngineGuard>> {
         match &self.kind {
             DevKind::Engine(g) => Some(g),
-            DevKind::Verbs(..) => None,
+            DevKind::Verbs(..) | DevKind::Mem(_) => None,
         }
     }
 
@@ -128,6 +139,7 @@ impl Device {
         match &self.kind {
             DevKind::Engine(g) => g.shared.local,
             DevKind::Verbs(v, _) => v.addr,
+            DevKind::Mem(m) => m.local_addr(),
         }
     }
 
@@ -140,7 +152,12 @@ impl Device {
 
     /// How packets reach the device (see [`crate::transport::steer`]).
     pub fn mode(&self) -> PortMode {
-        self.shared().map_or(PortMode::Verbs, |s| s.mode)
+        match &self.kind {
+            DevKind::Engine(g) => g.shared.mode,
+            DevKind::Verbs(..) => PortMode::Verbs,
+            // Every device of the fabric reaches every other at its address.
+            DevKind::Mem(_) => PortMode::Fixed,
+        }
     }
 
     /// Whether peers on other hosts (which send to the RoCE port) reach the device: false
@@ -160,6 +177,7 @@ impl Device {
         match &self.kind {
             DevKind::Engine(g) => crate::device::gid_of(*g.shared.local.ip()),
             DevKind::Verbs(v, _) => v.gid,
+            DevKind::Mem(m) => crate::device::gid_of(m.ip),
         }
     }
 
@@ -172,6 +190,10 @@ impl Device {
                 arena: None,
             }),
             DevKind::Verbs(v, pd) => ProtectionDomain(PdKind::Verbs(v.clone(), pd.clone())),
+            DevKind::Mem(m) => ProtectionDomain(PdKind::Mem {
+                dev: m.clone(),
+                id: m.next_pd.fetch_add(1, Ordering::Relaxed),
+            }),
         }
     }
 
@@ -189,7 +211,7 @@ impl Device {
                 id: g.shared.next_pd.fetch_add(1, Ordering::Relaxed),
                 arena: Some(crate::arena::Arena::create()?),
             })),
-            DevKind::Verbs(..) => Ok(self.alloc_pd()),
+            DevKind::Verbs(..) | DevKind::Mem(_) => Ok(self.alloc_pd()),
         }
     }
 
@@ -201,6 +223,7 @@ impl Device {
                 guard: g.clone(),
             },
             DevKind::Verbs(v, _) => CqKind::Verbs(v.create_cq()?),
+            DevKind::Mem(_) => CqKind::Mem(MemCq::new()?),
         }))
     }
 
@@ -236,6 +259,10 @@ enum PdKind {
         arena: Option<Arc<crate::arena::Arena>>,
     },
     Verbs(Arc<VerbsDevice>, Arc<ibv::Pd>),
+    Mem {
+        dev: Arc<MemDev>,
+        id: u32,
+    },
 }
 
 impl ProtectionDomain {
@@ -255,6 +282,10 @@ impl ProtectionDomain {
             PdKind::Verbs(_, pd) => Ok(MemoryRegion(MrKind::Verbs(Arc::new(
                 pd.reg_mr(len, access)?,
             )))),
+            PdKind::Mem { dev, id } => Ok(MemoryRegion(MrKind::Mem(MemMr {
+                region: dev.mrs.register(*id, len, access)?,
+                dev: dev.clone(),
+            }))),
         }
     }
 
@@ -279,9 +310,13 @@ impl ProtectionDomain {
             (PdKind::Verbs(_, pd), MrKind::Verbs(m)) => Ok(MemoryRegion(MrKind::Verbs(Arc::new(
                 pd.reg_alias(m, access)?,
             )))),
+            (PdKind::Mem { dev, id }, MrKind::Mem(m)) => Ok(MemoryRegion(MrKind::Mem(MemMr {
+                region: dev.mrs.register_alias(*id, &m.region, access)?,
+                dev: dev.clone(),
+            }))),
             _ => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "a region of our engine and one of a verbs device cannot alias each other",
+                "a region can only alias one of the same kind of device",
             )),
         }
     }
@@ -318,6 +353,20 @@ impl ProtectionDomain {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "a verbs queue pair needs completion queues of its own device",
+                ));
+            }
+            (PdKind::Mem { dev, id }, CqKind::Mem(s), CqKind::Mem(r)) => {
+                return Ok(QueuePair(QpKind::Mem(dev.create_qp(
+                    *id,
+                    (s, r),
+                    caps,
+                    sq_sig_all,
+                ))));
+            }
+            (PdKind::Mem { .. }, ..) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "an in-memory queue pair needs in-memory completion queues",
                 ));
             }
         };

@@ -11,6 +11,19 @@ pub(super) enum MrKind {
     Engine(EngineMr),
     /// Shared with its aliases.
     Verbs(Arc<ibv::Mr>),
+    Mem(MemMr),
+}
+
+/// A region of an in-memory device; deregistered when dropped.
+pub(super) struct MemMr {
+    pub(super) region: Arc<Region>,
+    pub(super) dev: Arc<MemDev>,
+}
+
+impl Drop for MemMr {
+    fn drop(&mut self) {
+        self.dev.mrs.deregister(self.region.key());
+    }
 }
 
 /// An engine region; deregistered when dropped.
@@ -30,6 +43,7 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         match &self.0 {
             MrKind::Engine(m) => m.region.addr(),
+            MrKind::Mem(m) => m.region.addr(),
             MrKind::Verbs(m) => m.addr(),
         }
     }
@@ -37,6 +51,7 @@ impl MemoryRegion {
     pub fn lkey(&self) -> u32 {
         match &self.0 {
             MrKind::Engine(m) => m.region.key(),
+            MrKind::Mem(m) => m.region.key(),
             MrKind::Verbs(m) => m.lkey(),
         }
     }
@@ -44,6 +59,7 @@ impl MemoryRegion {
     pub fn rkey(&self) -> u32 {
         match &self.0 {
             MrKind::Engine(m) => m.region.key(),
+            MrKind::Mem(m) => m.region.key(),
             MrKind::Verbs(m) => m.rkey(),
         }
     }
@@ -51,6 +67,7 @@ impl MemoryRegion {
     pub fn len(&self) -> usize {
         match &self.0 {
             MrKind::Engine(m) => m.region.len(),
+            MrKind::Mem(m) => m.region.len(),
             MrKind::Verbs(m) => m.len(),
         }
     }
@@ -70,6 +87,7 @@ impl MemoryRegion {
     pub fn write(&self, offset: usize, data: &[u8]) {
         match &self.0 {
             MrKind::Engine(m) => m.region.write(offset, data),
+            MrKind::Mem(m) => m.region.write(offset, data),
             MrKind::Verbs(m) => m.write(offset, data),
         }
     }
@@ -77,6 +95,7 @@ impl MemoryRegion {
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         match &self.0 {
             MrKind::Engine(m) => m.region.read(offset, out),
+            MrKind::Mem(m) => m.region.read(offset, out),
             MrKind::Verbs(m) => m.read(offset, out),
         }
     }
@@ -84,6 +103,7 @@ impl MemoryRegion {
     pub fn as_ptr(&self) -> *mut u8 {
         match &self.0 {
             MrKind::Engine(m) => m.region.as_ptr(),
+            MrKind::Mem(m) => m.region.as_ptr(),
             MrKind::Verbs(m) => m.as_ptr(),
         }
     }

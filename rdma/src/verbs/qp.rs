@@ -9,14 +9,16 @@ pub struct QueuePair(pub(super) QpKind);
 pub(super) enum QpKind {
     Engine(EngineQp),
     Verbs(VerbsQp),
+    Mem(Arc<MemQp>),
 }
 
-/// Each call, on the engine's queue pair or a verbs device's.
+/// Each call, on the engine's queue pair, a verbs device's or an in-memory one's.
 macro_rules! on_qp {
-    ($self:ident, $e:ident => $engine:expr, $v:ident => $verbs:expr) => {
+    ($self:ident, $e:ident => $engine:expr, $v:ident => $verbs:expr, $m:ident => $mem:expr) => {
         match &$self.0 {
             QpKind::Engine($e) => $engine,
             QpKind::Verbs($v) => $verbs,
+            QpKind::Mem($m) => $mem,
         }
     };
 }
@@ -24,18 +26,18 @@ macro_rules! on_qp {
 impl QueuePair {
     /// The QP number peers address.
     pub fn qp_num(&self) -> u32 {
-        on_qp!(self, e => e.qp_num(), v => v.qp.qp_num())
+        on_qp!(self, e => e.qp_num(), v => v.qp.qp_num(), m => m.qpn)
     }
 
     /// The current state.
     pub fn state(&self) -> QpState {
-        on_qp!(self, e => e.state(), v => *v.state.lock())
+        on_qp!(self, e => e.state(), v => *v.state.lock(), m => m.state())
     }
 
     /// Changes state and attributes (`ibv_modify_qp`). INIT → RTR needs `av`, the peer's
     /// address (its GID is `::ffff:` and the address, as RoCE v2 names IPv4 peers).
     pub fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
-        on_qp!(self, e => e.modify(attr), v => v.modify(attr))
+        on_qp!(self, e => e.modify(attr), v => v.modify(attr), m => m.modify(attr))
     }
 
     /// Posts send requests and starts transmitting them on the calling thread
@@ -50,7 +52,7 @@ impl QueuePair {
     /// [`SendFlags::SIGNAL_IF_DEFERRED`](crate::SendFlags::SIGNAL_IF_DEFERRED) only the others
     /// produce a completion).
     pub fn post_send_report(&self, wrs: &[SendWr<'_>]) -> Result<usize, PostError> {
-        on_qp!(self, e => e.post_send_report(wrs), v => v.post_send(wrs).map(|()| 0))
+        on_qp!(self, e => e.post_send_report(wrs), v => v.post_send(wrs).map(|()| 0), m => m.post_send(wrs))
     }
 
     /// Whether requests go through shared memory (the peer is on this host and in this
@@ -59,18 +61,18 @@ impl QueuePair {
     /// may be reused at once; a signaled one still produces its completion). Never on a verbs
     /// device.
     pub fn is_same_host(&self) -> bool {
-        on_qp!(self, e => e.is_same_host(), _v => false)
+        on_qp!(self, e => e.is_same_host(), _v => false, _m => false)
     }
 
     /// What became of the QP's same-host sharing (shared memory, or why not).
     pub fn same_host_state(&self) -> crate::SameHost {
-        on_qp!(self, e => e.same_host_state(), _v => crate::SameHost::Off)
+        on_qp!(self, e => e.same_host_state(), _v => crate::SameHost::Off, _m => crate::SameHost::Off)
     }
 
     /// The same-host peer's process (user and pid, as SO_PEERCRED tells them in our user
     /// namespace), once its offer came.
     pub fn same_host_peer(&self) -> Option<crate::PeerCred> {
-        on_qp!(self, e => e.same_host_peer(), _v => None)
+        on_qp!(self, e => e.same_host_peer(), _v => None, _m => None)
     }
 
     /// Whether a post (or [`Self::is_same_host`]) already saw requests go through shared
@@ -78,7 +80,7 @@ impl QueuePair {
     /// one post; a caller that asks then treats that request as one sent over UDP, which is
     /// also correct (it is posted signaled, and its completion comes as on UDP).
     pub fn same_host_seen(&self) -> bool {
-        on_qp!(self, e => e.same_host_seen(), _v => false)
+        on_qp!(self, e => e.same_host_seen(), _v => false, _m => false)
     }
 
     /// Same-host transport only: places `data` at `remote_addr` of the peer (`rkey` checked),
@@ -87,7 +89,7 @@ impl QueuePair {
     /// SEND posted afterwards is seen after it. `false`: the QP does not send through shared
     /// memory (or the check failed): post a WRITE instead.
     pub fn write_direct(&self, data: &[u8], remote_addr: u64, rkey: u32) -> bool {
-        on_qp!(self, e => e.write_direct(data, remote_addr, rkey), _v => false)
+        on_qp!(self, e => e.write_direct(data, remote_addr, rkey), _v => false, _m => false)
     }
 
     /// Send requests posted and not finished: on UDP, those the peer has not acknowledged
@@ -98,12 +100,12 @@ impl QueuePair {
         on_qp!(self, e => e.unfinished_sends(), v => {
             v.send_cq.has_completions();
             v.tracks.unfinished()
-        })
+        }, _m => 0)
     }
 
     /// Posts receive requests (`ibv_post_recv`).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        on_qp!(self, e => e.post_recv(wrs), v => v.post_recv(wrs))
+        on_qp!(self, e => e.post_recv(wrs), v => v.post_recv(wrs), m => m.post_recv(wrs))
     }
 
     /// A summary of the transport state (PSNs, window, timers), for diagnostics.
@@ -113,13 +115,13 @@ impl QueuePair {
             v.dev.ctx.name(),
             v.qp.qp_num(),
             *v.state.lock()
-        ))
+        ), m => m.summary())
     }
 
     /// What the responder refused so far (sequence errors, RNR, access errors…); a verbs
     /// device keeps its own counters (not read here).
     pub fn responder_stats(&self) -> crate::rc::ResponderStats {
-        on_qp!(self, e => e.responder_stats(), _v => crate::rc::ResponderStats::default())
+        on_qp!(self, e => e.responder_stats(), _v => crate::rc::ResponderStats::default(), _m => crate::rc::ResponderStats::default())
     }
 }
 
