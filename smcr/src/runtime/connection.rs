@@ -109,11 +109,113 @@ impl ConnState {
     }
 }
 
+impl ConnState {
+    /// The reset to report, once: the peer aborted or the connection failed, and the
+    /// application has not been told yet (later calls see EOF / EPIPE, as TCP after its
+    /// error was collected).
+    pub(crate) fn take_reset(&mut self) -> Option<io::Error> {
+        if self.reset_reported {
+            return None;
+        }
+        let why = if let Some(f) = &self.failed {
+            f.to_string()
+        } else if self
+            .core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            "peer aborted the connection".to_owned()
+        } else {
+            return None;
+        };
+        self.reset_reported = true;
+        Some(io::Error::new(io::ErrorKind::ConnectionReset, why))
+    }
+}
+
 impl ConnShared {
+    /// The connection of `token` on `lg` with its buffers (`sndbuf` as large as the peer's
+    /// RMB), to the peer's end `peer` as its Accept or Confirm gave it; not attached yet.
+    pub(crate) fn new(
+        lg: &Arc<LinkGroup>,
+        token: u32,
+        rmb: Arc<MemoryRegion>,
+        sndbuf: Arc<MemoryRegion>,
+        peer: &handshake::Endpoint,
+    ) -> Arc<Self> {
+        let rmb_len = rmb.len() as u32;
+        Arc::new(Self {
+            token,
+            rmb,
+            sndbuf,
+            core: Mutex::new(ConnState {
+                // The key is for the peer's link of this connection, named by its QPN.
+                peer: crate::rtokens::PeerRmb {
+                    vaddr: peer.rmb_vaddr,
+                    rkey: peer.rmb_rkey,
+                    path: lg.path_of_peer_qpn(peer.qpn),
+                },
+                core: ConnCore::new(peer.token, peer.rmb_size.bytes(), rmb_len),
+                failed: None,
+                released: false,
+                stats: ConnStats::default(),
+                reset_reported: false,
+                reported: None,
+                arrivals: 0,
+                stat: None,
+                epoch: lg.route().0,
+            }),
+            cond: Condvar::new(),
+            wakes: std::sync::atomic::AtomicU64::new(0),
+            lg: Arc::downgrade(lg),
+            events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
+            readiness: std::sync::OnceLock::new(),
+        })
+    }
+
     /// Most bytes held back while a CDC is in flight (Linux: min(sndbuf/2, autocorking_size
     /// 64 KiB)).
     pub(crate) fn cork_limit(&self) -> u32 {
         ((self.sndbuf.len() / 2) as u32).min(64 * 1024)
+    }
+
+    /// Waits for a change of this connection (data, room, a close, a failure), the caller
+    /// holding its lock `s`: as the group's blocking driver if no other thread is (it then
+    /// takes and handles the group's completions itself, see [`LinkGroup::drive_blocked`]),
+    /// else on the condition variable, which that driver or the poller signals. `WouldBlock`
+    /// if `nonblocking`, or when `deadline` passed with nothing new.
+    pub(crate) fn wait(
+        &self,
+        lg: &Arc<LinkGroup>,
+        s: &mut parking_lot::MutexGuard<'_, ConnState>,
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        if nonblocking {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        // What this thread corked goes before it sleeps (rdma::cork).
+        rdma::cork::end();
+        if lg.claim_blocking_driver() {
+            let seen = self.wakes.load(Ordering::Acquire);
+            let changed = || self.wakes.load(Ordering::Acquire) != seen;
+            parking_lot::MutexGuard::unlocked(s, || lg.drive_blocked(deadline, changed));
+            // Woken by the group's next completions, handled on this thread; the caller checks
+            // its condition again (a deadline passed with nothing new is a time-out).
+            if !changed() && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
+            }
+            return Ok(());
+        }
+        match deadline {
+            Some(d) => {
+                if self.cond.wait_until(s, d).timed_out() {
+                    return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
+                }
+            }
+            None => self.cond.wait(s),
+        }
+        Ok(())
     }
 
     /// Writes and announces the staged bytes (one or two RDMA WRITEs and a CDC); `pending` is
@@ -446,6 +548,42 @@ impl ConnShared {
     }
 
     /// Frees the RMB budget and detaches from the link group (once).
+    /// The application closed the connection: what is staged goes, then the close (or the
+    /// abort: unread data, or SO_LINGER {on, 0} as `linger_zero` says, asked only when it
+    /// matters); released once the peer closed too (here, or when its close comes).
+    pub(crate) fn close(&self, lg: &LinkGroup, linger_zero: impl FnOnce() -> bool) {
+        let mut s = self.core.lock();
+        // Our stats record is freed after this (the stream's field drop): no update may
+        // follow.
+        s.stat = None;
+        if !s.core.local_closed() {
+            let staged = s.core.staged();
+            let _ = self.flush_locked(&mut s, lg, staged, false);
+            let linger_zero = s.core.readable() == 0 && linger_zero();
+            if let Some(cdc) = s.core.close(linger_zero) {
+                let _ = self.send_ctl(&mut s, lg, &cdc, false);
+            }
+        }
+        let peer = s.core.peer_flags();
+        let peer_gone = peer
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+            || s.failed.is_some();
+        // The peer closed first and neither side aborted: ours is the passive close.
+        let passive = peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
+            && !peer.contains(ConnStateFlags::PEER_CONN_ABORT)
+            && s.failed.is_none()
+            && !s
+                .core
+                .local_flags()
+                .contains(ConnStateFlags::PEER_CONN_ABORT);
+        drop(s);
+        if passive {
+            self.release_passive(lg);
+        } else if peer_gone {
+            self.release(lg);
+        }
+    }
+
     pub(crate) fn release(&self, lg: &LinkGroup) {
         self.release_as(lg, false);
     }
@@ -463,8 +601,7 @@ impl ConnShared {
         }
         s.released = true;
         drop(s);
-        lg.detach(self.token, passive);
-        lg.recycle(&self.rmb, &self.sndbuf);
+        lg.release_conn(self.token, passive, &self.rmb, &self.sndbuf);
     }
 }
 

@@ -402,34 +402,51 @@ impl LinkGroup {
         }
     }
 
-    /// A connection is gone: keep its buffers for later connections, and withdraw its RMB's
-    /// rkey (DELETE RKEY, not waited for) unless the peer keeps it (`rkey_reuse`).
-    pub(super) fn recycle(&self, rmb: &Arc<MemoryRegion>, sndbuf: &Arc<MemoryRegion>) {
+    /// Connection `token` is gone (see [`ConnShared::release`]): it leaves the group, and its
+    /// buffers stay for later connections (its RMB's rkey withdrawn with DELETE RKEY, not
+    /// waited for, unless the peer keeps it: `rkey_reuse`), in one step under the group's
+    /// lock: whoever finds the connection gone finds its buffers back. `passive`: see
+    /// [`Self::detach`].
+    pub(super) fn release_conn(
+        &self,
+        token: u32,
+        passive: bool,
+        rmb: &Arc<MemoryRegion>,
+        sndbuf: &Arc<MemoryRegion>,
+    ) {
         let mut guard = self.st.lock();
         let st = &mut *guard;
+        st.g.conns.detach(token, Instant::now());
+        let w = st.watch.remove(&token);
+        self.publish_conns(st);
         if st.g.down().is_some() {
             if let Some(rt) = self.runtime.upgrade() {
                 rt.release_rmb(rmb.len() as u32);
             }
-            return;
+        } else {
+            if !st.confirmed.contains(&rmb.rkey()) && st.g.delete_rkey(rmb.rkey(), Instant::now()) {
+                self.count_rkey_request();
+            }
+            self.flush_llc(st);
+            st.rmb_pool.push(rmb.clone());
+            st.sndbuf_pool.push(sndbuf.clone());
         }
-        if !st.confirmed.contains(&rmb.rkey()) && st.g.delete_rkey(rmb.rkey(), Instant::now()) {
-            self.count_rkey_request();
+        self.cond.notify_all();
+        drop(guard);
+        match w {
+            Some(w) if passive => w.close_after_peer(),
+            _ => drop(w),
         }
-        self.flush_llc(st);
-        st.rmb_pool.push(rmb.clone());
-        st.sndbuf_pool.push(sndbuf.clone());
     }
 
-    /// Marks the group down and fails every connection on it.
-    /// The connections learn the group's first reason (a later one is the same failure seen
-    /// again).
     /// The peer, for log lines: its first path's address.
     pub(super) fn peer_text(&self) -> String {
         let ip = self.paths[0].peer_ip.load(Ordering::Relaxed);
         format!("peer {}", std::net::Ipv4Addr::from(ip))
     }
 
+    /// Marks the group down and fails every connection on it. The connections learn the
+    /// group's first reason (a later one is the same failure seen again).
     pub(crate) fn fail(&self, reason: GroupDown) {
         let first = !self.down.swap(true, Ordering::AcqRel);
         self.publish(crate::stats::lg::LINK_INACTIVE);
@@ -550,9 +567,9 @@ impl LinkGroup {
         }
     }
 
-    /// Removes a connection whose both sides have closed; the link group stays (lingers) for
-    /// later connections.
-    /// Detaches connection `token`. `passive`: the peer closed first, so its TCP socket is
+    /// Detaches connection `token` (one whose setup did not complete; a connection that
+    /// ends is released with [`Self::release_conn`]); the link group stays (lingers) for later
+    /// connections. `passive`: the peer closed first, so its TCP socket is
     /// kept until the peer's TCP closes too (see [`crate::tcpwatch::Watched::close_after_peer`]):
     /// the side that closed first keeps TIME_WAIT, as with TCP, and a server restarted
     /// without SO_REUSEADDR can bind its port again.

@@ -47,12 +47,14 @@ mod events;
 mod inner;
 mod lgroup;
 mod post;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use config::flag as config_flag;
 pub use config::{
     ConfigError, DEFAULT_UEID, LINGER, RdmaDevice, RuntimeConfig, STATS_CONN_SLOTS, STATS_LG_SLOTS,
 };
-pub(crate) use connection::{ConnShared, ConnState, StatRef};
+pub(crate) use connection::{ConnShared, StatRef};
 pub use connection::{ConnStats, Readiness, ReadyState};
 pub(crate) use events::pinning_note;
 

@@ -516,36 +516,6 @@ impl Drop for SmcStream {
         let Some(smc) = self.smc.take() else {
             return;
         };
-        let mut s = smc.conn.core.lock();
-        // Our stats record is freed after this body (field drop): no update may follow.
-        s.stat = None;
-        if !s.core.local_closed() {
-            let staged = s.core.staged();
-            let _ = smc.conn.flush_locked(&mut s, &smc.lg, staged, false);
-            // Close or abort: `ConnCore::close` decides (unread data, or SO_LINGER {on, 0},
-            // which is only asked for when it matters).
-            let linger_zero = s.core.readable() == 0 && linger_zero(&self.tcp);
-            if let Some(cdc) = s.core.close(linger_zero) {
-                let _ = smc.conn.send_ctl(&mut s, &smc.lg, &cdc, false);
-            }
-        }
-        let peer = s.core.peer_flags();
-        let peer_gone = peer
-            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
-            || s.failed.is_some();
-        // The peer closed first and neither side aborted: ours is the passive close.
-        let passive = peer.contains(ConnStateFlags::PEER_CONN_CLOSED)
-            && !peer.contains(ConnStateFlags::PEER_CONN_ABORT)
-            && s.failed.is_none()
-            && !s
-                .core
-                .local_flags()
-                .contains(ConnStateFlags::PEER_CONN_ABORT);
-        drop(s);
-        if passive {
-            smc.conn.release_passive(&smc.lg);
-        } else if peer_gone {
-            smc.conn.release(&smc.lg);
-        }
+        smc.conn.close(&smc.lg, || linger_zero(&self.tcp));
     }
 }

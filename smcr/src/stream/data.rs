@@ -62,28 +62,6 @@ impl SmcStream {
         smc.conn.wake();
     }
 
-    /// The reset to report, once: the peer aborted or the connection failed, and the
-    /// application has not been told yet (later calls see EOF / EPIPE, as TCP after its
-    /// error was collected).
-    pub(super) fn pending_reset(s: &mut crate::runtime::ConnState) -> Option<io::Error> {
-        if s.reset_reported {
-            return None;
-        }
-        let why = if let Some(f) = &s.failed {
-            f.to_string()
-        } else if s
-            .core
-            .peer_flags()
-            .contains(ConnStateFlags::PEER_CONN_ABORT)
-        {
-            "peer aborted the connection".to_owned()
-        } else {
-            return None;
-        };
-        s.reset_reported = true;
-        Some(io::Error::new(io::ErrorKind::ConnectionReset, why))
-    }
-
     /// Takes a reset not yet reported (for SO_ERROR, which reports it once): `true` if there
     /// was one. A TCP-mode stream: `false` (the socket keeps its own error).
     pub fn take_reset(&self) -> bool {
@@ -91,7 +69,7 @@ impl SmcStream {
             return false;
         };
         let mut s = smc.conn.core.lock();
-        let taken = Self::pending_reset(&mut s).is_some();
+        let taken = s.take_reset().is_some();
         if taken {
             smc.conn.report(&mut s);
         }
@@ -183,10 +161,10 @@ impl SmcStream {
             {
                 return Ok(0);
             }
-            if let Some(e) = Self::pending_reset(&mut s) {
+            if let Some(e) = s.take_reset() {
                 return Err(e);
             }
-            wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
+            smc.conn.wait(&smc.lg, &mut s, nonblocking, deadline)?;
         }
     }
 
@@ -202,7 +180,7 @@ impl SmcStream {
         let mut s = smc.conn.core.lock();
         let mut found_full = false;
         loop {
-            if let Some(e) = Self::pending_reset(&mut s) {
+            if let Some(e) = s.take_reset() {
                 return Err(e);
             }
             let pf = s.core.peer_flags();
@@ -265,43 +243,9 @@ impl SmcStream {
                     st.area.count_conn(st.slot, counter::TX_FULL_PEER);
                 }
             }
-            wait(&smc.conn, &smc.lg, &mut s, nonblocking, deadline)?;
+            smc.conn.wait(&smc.lg, &mut s, nonblocking, deadline)?;
         }
     }
-}
-
-pub(super) fn wait(
-    conn: &ConnShared,
-    lg: &Arc<LinkGroup>,
-    s: &mut parking_lot::MutexGuard<'_, ConnState>,
-    nonblocking: bool,
-    deadline: Option<Instant>,
-) -> io::Result<()> {
-    if nonblocking {
-        return Err(io::ErrorKind::WouldBlock.into());
-    }
-    // What this thread corked goes before it sleeps (rdma::cork).
-    rdma::cork::end();
-    if lg.claim_blocking_driver() {
-        let seen = conn.wakes.load(std::sync::atomic::Ordering::Acquire);
-        let changed = || conn.wakes.load(std::sync::atomic::Ordering::Acquire) != seen;
-        parking_lot::MutexGuard::unlocked(s, || lg.drive_blocked(deadline, changed));
-        // Woken by the group's next completions, handled on this thread; the caller checks
-        // its condition again (a deadline passed with nothing new is a time-out).
-        if !changed() && deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
-        }
-        return Ok(());
-    }
-    match deadline {
-        Some(d) => {
-            if conn.cond.wait_until(s, d).timed_out() {
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, "timed out"));
-            }
-        }
-        None => conn.cond.wait(s),
-    }
-    Ok(())
 }
 
 /// Whether an operation may wait, and how long.

@@ -12,12 +12,11 @@ use clc::{DeclineReason, Gid, RmbSize};
 use socket2::{Domain, Socket, Type};
 
 use crate::FallbackReason;
-use crate::conn::ConnCore;
 use crate::error::{ConnFailure, SetupError};
 use crate::handshake::{self, Endpoint, Event};
 use crate::link::{self, CLIENT_CONFIRM_WAIT, CONFIRM_WAIT};
 use crate::option::Capability;
-use crate::runtime::{ConnShared, ConnState, ConnStats, LinkGroup, Negotiation, Runtime, roce_mtu};
+use crate::runtime::{ConnShared, ConnStats, LinkGroup, Negotiation, Runtime, roce_mtu};
 use crate::stats::StatSlot;
 
 mod api;

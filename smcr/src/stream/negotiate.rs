@@ -87,35 +87,7 @@ pub(super) fn make_conn(
     peer: &Endpoint,
     tcp: &Arc<TcpStream>,
 ) -> Arc<ConnShared> {
-    let peer_rmb = peer.rmb_size.bytes();
-    let rmb_len = rmb.len() as u32;
-    let c = Arc::new(ConnShared {
-        token,
-        rmb,
-        sndbuf,
-        core: rdma::locks::Mutex::new(ConnState {
-            // The key is for the peer's link of this connection, named by its QPN.
-            peer: crate::rtokens::PeerRmb {
-                vaddr: peer.rmb_vaddr,
-                rkey: peer.rmb_rkey,
-                path: lg.path_of_peer_qpn(peer.qpn),
-            },
-            core: ConnCore::new(peer.token, peer_rmb, rmb_len),
-            failed: None,
-            released: false,
-            stats: ConnStats::default(),
-            reset_reported: false,
-            reported: None,
-            arrivals: 0,
-            stat: None,
-            epoch: lg.route().0,
-        }),
-        cond: parking_lot::Condvar::new(),
-        wakes: std::sync::atomic::AtomicU64::new(0),
-        lg: Arc::downgrade(lg),
-        events: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
-        readiness: std::sync::OnceLock::new(),
-    });
+    let c = ConnShared::new(lg, token, rmb, sndbuf, peer);
     lg.attach(token, c.clone(), Some(tcp.clone()));
     c
 }

@@ -1,0 +1,348 @@
+//! The link-group and connection drivers over the in-memory device ([`rdma::mem`]): two
+//! runtimes of this process, each with a group on its own device of one fabric, driven by
+//! their pollers as in a program. No network and no sleep: a request runs when it is posted,
+//! and every wait here is for a condition the drivers signal (a group's or a connection's
+//! condition variable), bounded by a deadline only a bug reaches.
+
+use super::*;
+use connection::ConnState;
+use rdma::mem::Fabric;
+
+/// Only a bug waits this long.
+const BUG: Duration = Duration::from_secs(30);
+
+struct Side {
+    rt: Runtime,
+    lg: Arc<LinkGroup>,
+}
+
+fn runtime() -> Runtime {
+    let mut cfg = RuntimeConfig::new();
+    cfg.negotiation = Negotiation::Assume;
+    cfg.stats_dir = None;
+    cfg.same_host = false;
+    Runtime::new(cfg)
+}
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 9, 0, last)
+}
+
+/// A runtime with a device at `me` on `fabric` and a new group to `peer`.
+fn side(fabric: &Arc<Fabric>, me: Ipv4Addr, peer: Ipv4Addr, role: link::Role) -> Side {
+    let rt = runtime();
+    let o = me.octets();
+    let dev = Arc::new(Dev {
+        ip: me,
+        alt: None,
+        device: Device::open_mem(fabric, me).unwrap(),
+        mac: Mac([0x02, 0x00, o[0], o[1], o[2], o[3]]),
+    });
+    rt.inner.devices.lock().insert(me, dev.clone());
+    let lg = LinkGroup::create(
+        &rt.inner,
+        dev,
+        role,
+        Gid::from_ipv4(peer),
+        PeerId([o[3]; 8]),
+        QpMtu::MTU_1024,
+    )
+    .unwrap();
+    rt.inner.add_group(lg.clone());
+    Side { rt, lg }
+}
+
+/// `s`'s end as its CLC message would carry it, with connection `conn` (token and RMB).
+fn endpoint(s: &Side, conn: Option<(u32, &MemoryRegion)>) -> handshake::Endpoint {
+    let (gid, mac, qpn, initial_psn, mtu) = s.lg.local_endpoint();
+    handshake::Endpoint {
+        gid,
+        mac,
+        qpn,
+        initial_psn,
+        mtu,
+        rmb_rkey: conn.map_or(0, |c| c.1.rkey()),
+        rmb_vaddr: conn.map_or(0, |c| c.1.addr()),
+        rmb_size: clc::RmbSize::DEFAULT,
+        token: conn.map_or(0, |c| c.0),
+    }
+}
+
+fn negotiated() -> handshake::Negotiated {
+    handshake::Negotiated {
+        version: 2,
+        eid: clc::Eid::new(DEFAULT_UEID).unwrap(),
+        release: 1,
+        max_conns: 255,
+        max_links: 1,
+        feature_mask: 0,
+    }
+}
+
+/// Waits on `lg`'s condition until `done`.
+fn until(lg: &LinkGroup, what: &str, done: impl Fn(&LinkGroup, &LgState) -> bool) {
+    let deadline = Instant::now() + BUG;
+    let mut st = lg.st.lock();
+    while !done(lg, &st) {
+        let timed_out = lg.cond.wait_until(&mut st, deadline).timed_out();
+        assert!(!timed_out || done(lg, &st), "{what}: not within {BUG:?}");
+    }
+}
+
+/// Waits on `c`'s condition until `done`.
+fn until_conn(c: &ConnShared, what: &str, done: impl Fn(&ConnState) -> bool) {
+    let deadline = Instant::now() + BUG;
+    let mut s = c.core.lock();
+    while !done(&s) {
+        let timed_out = c.cond.wait_until(&mut s, deadline).timed_out();
+        assert!(!timed_out || done(&s), "{what}: not within {BUG:?}");
+    }
+}
+
+/// A client and a server group with their first link up (CONFIRM LINK done), started in the
+/// order SMC-R starts them: the client's queue pair is ready when the server's request comes.
+fn up(fabric: &Arc<Fabric>) -> (Side, Side) {
+    let c = side(fabric, ip(1), ip(2), link::Role::Client);
+    let s = side(fabric, ip(2), ip(1), link::Role::Server);
+    let cfg = c.rt.inner.cfg.clone();
+    c.lg.start(&endpoint(&s, None), QpMtu::MTU_1024, &negotiated(), &cfg)
+        .unwrap();
+    s.lg.start(&endpoint(&c, None), QpMtu::MTU_1024, &negotiated(), &cfg)
+        .unwrap();
+    for x in [&c, &s] {
+        until(&x.lg, "link up", |lg, st| st.g.is_up() || lg.is_down());
+        assert!(x.lg.is_up(), "{:?}", x.lg.st.lock().g.down());
+    }
+    (c, s)
+}
+
+/// A connection on each side, as the CLC exchange sets them up: each with an RMB of the
+/// default size and a send buffer as large as the peer's.
+fn connect(c: &Side, s: &Side) -> (Arc<ConnShared>, Arc<ConnShared>) {
+    let size = clc::RmbSize::DEFAULT.bytes();
+    let (tc, ts) = (c.rt.inner.token(), s.rt.inner.token());
+    let (rmb_c, rmb_s) = (c.lg.take_rmb(size).unwrap(), s.lg.take_rmb(size).unwrap());
+    let (snd_c, snd_s) = (
+        c.lg.take_sndbuf(size).unwrap(),
+        s.lg.take_sndbuf(size).unwrap(),
+    );
+    let (ep_c, ep_s) = (
+        endpoint(c, Some((tc, &rmb_c))),
+        endpoint(s, Some((ts, &rmb_s))),
+    );
+    let cc = ConnShared::new(&c.lg, tc, rmb_c, snd_c, &ep_s);
+    let cs = ConnShared::new(&s.lg, ts, rmb_s, snd_s, &ep_c);
+    for (x, conn, t) in [(c, &cc, tc), (s, &cs, ts)] {
+        x.lg.reserve(t);
+        x.lg.attach(t, conn.clone(), None);
+    }
+    (cc, cs)
+}
+
+/// Writes all of `data` as the stream's `write` does (staged into the send buffer, then an
+/// RDMA WRITE and a CDC), waiting for room in the peer's RMB as the stream does: as the
+/// group's blocking driver when no other thread is, taking its completions itself.
+fn write_all(c: &ConnShared, lg: &Arc<LinkGroup>, mut data: &[u8]) {
+    let deadline = Instant::now() + BUG;
+    let mut s = c.core.lock();
+    while !data.is_empty() {
+        assert!(s.failed.is_none(), "{:?}", s.failed);
+        let avail = s.core.space().saturating_sub(s.core.staged());
+        if avail == 0 {
+            c.wait(lg, &mut s, false, Some(deadline)).expect("room");
+            continue;
+        }
+        let n = avail.min(data.len() as u32);
+        let mut at = 0;
+        for (off, len) in s.core.stage_pieces(s.core.staged(), n) {
+            c.sndbuf.write(off as usize, &data[at..at + len as usize]);
+            at += len as usize;
+        }
+        s.core.stage(n);
+        let pending = s.core.staged();
+        c.flush_locked(&mut s, lg, pending, false).unwrap();
+        data = &data[n as usize..];
+    }
+}
+
+/// Reads `n` bytes as the stream's `read` does (out of the RMB, then a CDC with the new
+/// consumer cursor when the peer needs room), waiting as the stream does.
+fn read_exact(c: &ConnShared, lg: &Arc<LinkGroup>, n: usize) -> Vec<u8> {
+    let deadline = Instant::now() + BUG;
+    let mut out = Vec::with_capacity(n);
+    let mut s = c.core.lock();
+    while out.len() < n {
+        assert!(s.failed.is_none(), "{:?}", s.failed);
+        if s.core.readable() == 0 {
+            c.wait(lg, &mut s, false, Some(deadline)).expect("data");
+            continue;
+        }
+        let k = s.core.readable().min((n - out.len()) as u32);
+        for (off, len) in s.core.read_pieces(k) {
+            let at = out.len();
+            out.resize(at + len as usize, 0);
+            c.rmb.read(off as usize, &mut out[at..]);
+        }
+        if let Some(cdc) = s.core.consume(k) {
+            c.send_ctl(&mut s, lg, &cdc, false).unwrap();
+        }
+    }
+    out
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn the_first_link_comes_up_with_confirm_link() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    for x in [&c, &s] {
+        assert_eq!(x.rt.links_confirmed(), 1);
+        assert_eq!(x.rt.group_links(), [1]);
+        assert!(
+            x.lg.qp().summary().starts_with("mem "),
+            "{}",
+            x.lg.qp().summary()
+        );
+    }
+}
+
+#[test]
+fn bytes_cross_in_both_directions_through_rmbs_smaller_than_the_stream() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    let (cc, cs) = connect(&c, &s);
+    // Four RMBs' worth each way: the writer waits for the reader's consumer updates.
+    let len = 4 * clc::RmbSize::DEFAULT.bytes() as usize + 1234;
+    let (up_data, down_data) = (pattern(len, 1), pattern(len, 2));
+    let reader = {
+        let (cs, lg) = (cs.clone(), s.lg.clone());
+        std::thread::spawn(move || read_exact(&cs, &lg, len))
+    };
+    write_all(&cc, &c.lg, &up_data);
+    assert!(reader.join().unwrap() == up_data, "client to server");
+    let reader = {
+        let (cc, lg) = (cc.clone(), c.lg.clone());
+        std::thread::spawn(move || read_exact(&cc, &lg, len))
+    };
+    write_all(&cs, &s.lg, &down_data);
+    assert!(reader.join().unwrap() == down_data, "server to client");
+    let st = cc.core.lock().stats;
+    assert_eq!(st.bytes_sent, len as u64);
+    assert!(st.data_cdcs >= 5, "{st:?}");
+}
+
+#[test]
+fn a_later_rmb_is_announced_with_confirm_rkey() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    let rmb = c.lg.take_rmb(clc::RmbSize::DEFAULT.bytes()).unwrap();
+    c.lg.confirm_rkey(&rmb).unwrap();
+    assert_eq!(c.rt.rkey_requests(), 1);
+    // The server learned the key: it reaches the RMB with it on its (only) link.
+    let mut peer = crate::rtokens::PeerRmb {
+        vaddr: rmb.addr(),
+        rkey: rmb.rkey(),
+        path: 0,
+    };
+    assert_eq!(s.lg.peer_rmb(&mut peer, 0), (rmb.addr(), rmb.rkey()));
+}
+
+#[test]
+fn a_peer_that_deletes_the_group_fails_its_connections_with_the_reason() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    let (cc, _cs) = connect(&c, &s);
+    s.lg.terminate();
+    until(&c.lg, "group down", |lg, _| lg.is_down());
+    let why = c.lg.st.lock().g.down().cloned().unwrap();
+    // Deleting a group is DELETE LINK with the "delete all" flag, for a program's end.
+    assert!(
+        matches!(
+            why,
+            GroupDown::Link(link::DownReason::PeerDeletedGroup(
+                llc::DeleteLinkReason::PROG_INIT_TERM
+            ))
+        ),
+        "{why}"
+    );
+    assert!(why.orderly());
+    until_conn(&cc, "connection failed", |s| s.failed.is_some());
+    let failed = cc.core.lock().failed.clone().unwrap();
+    assert!(failed.to_string().contains("DELETE LINK"), "{failed}");
+}
+
+#[test]
+fn a_write_to_a_wrong_rkey_fails_the_link_not_the_process() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    let (cc, cs) = connect(&c, &s);
+    // A peer that announced a key it does not have: the WRITE is refused by its device.
+    cc.core.lock().peer.rkey ^= 0x5a00;
+    let mut g = cc.core.lock();
+    g.core.stage(100);
+    let staged = g.core.staged();
+    let _ = cc.flush_locked(&mut g, &c.lg, staged, false);
+    drop(g);
+    for x in [&c, &s] {
+        until(&x.lg, "group down", |lg, _| lg.is_down());
+    }
+    let why = c.lg.st.lock().g.down().cloned().unwrap();
+    assert!(why.to_string().contains("RDMA transport failed"), "{why}");
+    for conn in [&cc, &cs] {
+        until_conn(conn, "connection failed", |s| s.failed.is_some());
+    }
+    // The runtime carries on: a new group on a new pair of devices comes up.
+    let fabric2 = Fabric::new();
+    up(&fabric2);
+}
+
+#[test]
+fn an_orderly_close_releases_both_ends_and_their_buffers_go_back_to_the_pools() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    let (cc, cs) = connect(&c, &s);
+    write_all(&cc, &c.lg, b"last words");
+    cc.close(&c.lg, || false);
+    // The server reads what came before the close, then sees it.
+    assert_eq!(read_exact(&cs, &s.lg, 10), b"last words");
+    until_conn(&cs, "peer closed", |s| {
+        s.core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_CLOSED)
+    });
+    cs.close(&s.lg, || false);
+    for (x, conn) in [(&c, &cc), (&s, &cs)] {
+        until(&x.lg, "connection detached", |_, st| st.g.conns.is_empty());
+        assert!(conn.core.lock().released);
+        assert!(conn.core.lock().failed.is_none());
+        // The RMB and send buffer wait in the pools for the group's next connection.
+        let st = x.lg.st.lock();
+        assert_eq!((st.rmb_pool.len(), st.sndbuf_pool.len()), (1, 1));
+    }
+    // The group lingers, up, for later connections.
+    assert!(c.lg.is_up() && s.lg.is_up());
+}
+
+#[test]
+fn closing_with_unread_data_aborts_and_the_peer_sees_a_reset() {
+    let fabric = Fabric::new();
+    let (c, s) = up(&fabric);
+    let (cc, cs) = connect(&c, &s);
+    write_all(&cs, &s.lg, b"never read");
+    until_conn(&cc, "data", |s| s.core.readable() == 10);
+    cc.close(&c.lg, || false);
+    until_conn(&cs, "abort", |s| {
+        s.core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_ABORT)
+    });
+    let mut g = cs.core.lock();
+    let e = g.take_reset().expect("a reset to report");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    assert!(g.take_reset().is_none(), "reported once");
+}
