@@ -6,7 +6,12 @@ use super::*;
 impl Runtime {
     /// A runtime with `cfg`. With TCP-option negotiation, the option records are probed now; if
     /// that fails every connection falls back to TCP with the reason (see [`crate::Mode`]).
-    pub fn new(mut cfg: RuntimeConfig) -> Self {
+    pub fn new(cfg: RuntimeConfig) -> Self {
+        Self::with_clock(cfg, clock::Clock::default())
+    }
+
+    /// [`Self::new`] with the link groups' timers on `clock`.
+    pub(super) fn with_clock(mut cfg: RuntimeConfig, clock: clock::Clock) -> Self {
         if !cfg.alt_addrs.is_empty() {
             // A second path: offer two links per group (Linux's default); without one, a
             // single link, so peers never try to add a link we could not run.
@@ -50,6 +55,7 @@ impl Runtime {
                 fallback_rows: Mutex::new(FallbackRows::default()),
                 local_addrs: Mutex::new(HashMap::new()),
                 problem: Mutex::new(None),
+                clock,
             }),
         }
     }

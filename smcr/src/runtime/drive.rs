@@ -14,7 +14,7 @@ impl LinkGroup {
                 // Nothing is due: sleep until something arrives (an idle program uses no
                 // CPU); the cap only bounds what a missed wake-up could cost.
                 let wait = next.map_or(IDLE_WAIT, |t| {
-                    t.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
+                    t.saturating_duration_since(self.clock.now()).min(IDLE_WAIT)
                 });
                 self.check_hold(wait)
             };
@@ -29,7 +29,7 @@ impl LinkGroup {
             // signalled, and sleeps until then): only the timers are ours. Woken with none due
             // (a kick: a holder came back), only the wait is recomputed, without the driver
             // lock: a driver's `progress` must not find it taken for nothing.
-            if self.drive.sched.driven() && !self.timers_due(Instant::now()) {
+            if self.drive.sched.driven() && !self.timers_due(self.clock.now()) {
                 continue;
             }
             let driver = self.drive.driver.lock();
@@ -303,7 +303,7 @@ impl LinkGroup {
                 crate::stats::lg::LINK_ACTIVATING
             });
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         // The thread's scratch lists (kept between calls: no allocation per batch).
         // (Not there during the thread's exit, e.g. the program's `exit()` ending our groups on
         // its main thread after its thread-locals went: then fresh ones.)

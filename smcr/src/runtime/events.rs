@@ -347,7 +347,7 @@ impl LinkGroup {
         // (many connections set up at once over a slow path). The deadline only bounds a
         // bug. (Was LLC_WAIT + 1 s from now: 65 connections at once over a 20 ms path timed
         // out in the queue and deleted a healthy group.)
-        let (id, backlog) = match st.g.confirm_rkey(rmb.rkey(), rmb.addr(), Instant::now()) {
+        let (id, backlog) = match st.g.confirm_rkey(rmb.rkey(), rmb.addr(), self.clock.now()) {
             Ok(started) => started,
             Err(RkeyError::NoLink) => return Err(SetupError::LinkNotStarted.into()),
             Err(RkeyError::Down(why)) => return Err(SetupError::Group(why).into()),
@@ -416,7 +416,7 @@ impl LinkGroup {
     ) {
         let mut guard = self.st.lock();
         let st = &mut *guard;
-        st.g.conns.detach(token, Instant::now());
+        st.g.conns.detach(token, self.clock.now());
         let w = st.watch.remove(&token);
         self.publish_conns(st);
         if st.g.down().is_some() {
@@ -424,7 +424,8 @@ impl LinkGroup {
                 rt.release_rmb(rmb.len() as u32);
             }
         } else {
-            if !st.confirmed.contains(&rmb.rkey()) && st.g.delete_rkey(rmb.rkey(), Instant::now()) {
+            if !st.confirmed.contains(&rmb.rkey()) && st.g.delete_rkey(rmb.rkey(), self.clock.now())
+            {
                 self.count_rkey_request();
             }
             self.flush_llc(st);
@@ -575,7 +576,7 @@ impl LinkGroup {
     /// without SO_REUSEADDR can bind its port again.
     pub(crate) fn detach(&self, token: u32, passive: bool) {
         let mut st = self.st.lock();
-        st.g.conns.detach(token, Instant::now());
+        st.g.conns.detach(token, self.clock.now());
         let w = st.watch.remove(&token);
         self.publish_conns(&st);
         drop(st);
@@ -618,7 +619,7 @@ impl crate::tcpwatch::HangUp for LinkGroup {
         if st.watch.remove(&token).is_none() {
             return;
         }
-        st.g.probe(Instant::now());
+        st.g.probe(self.clock.now());
         self.flush_llc(st);
         drop(guard);
         // The poller, asleep on its long timer, learns the probe's deadline.

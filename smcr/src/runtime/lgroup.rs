@@ -178,7 +178,7 @@ impl LinkGroup {
                         POLLER_RESERVE,
                         RECV_SLOTS,
                         rt.cfg.linger,
-                        Instant::now(),
+                        rt.clock.now(),
                     ),
                 ),
                 watch: HashMap::new(),
@@ -187,6 +187,7 @@ impl LinkGroup {
                 confirmed: HashSet::new(),
             }),
             cond: Condvar::new(),
+            clock: rt.clock.clone(),
             down: AtomicBool::new(false),
             runtime: Arc::downgrade(rt),
             stat: rt.stats.as_ref().and_then(|area| {
@@ -377,7 +378,7 @@ impl LinkGroup {
         )?;
         self.publish(crate::stats::lg::LINK_ACTIVATING);
         let (gid, mac, qpn, _, _) = self.local_endpoint();
-        let now = Instant::now();
+        let now = self.clock.now();
         let params = LinkParams {
             role: self.role,
             version: Version::V2,

@@ -40,6 +40,7 @@ use crate::link::{self, LinkParams};
 use crate::option::OptionRecords;
 
 mod api;
+mod clock;
 mod config;
 mod connection;
 mod drive;
@@ -135,6 +136,8 @@ pub(crate) struct Inner {
     /// Why the last connection that could not have SMC-R here could not (a local condition
     /// a decline code alone does not explain), for the program's log.
     problem: Mutex<Option<String>>,
+    /// What the link groups' timers run on (the system's clock but in driver tests).
+    pub(crate) clock: clock::Clock,
 }
 
 #[derive(Default)]
@@ -300,6 +303,8 @@ pub(crate) struct LinkGroup {
     pub(crate) mtu: QpMtu,
     st: Mutex<LgState>,
     cond: Condvar,
+    /// What the protocol's timers run on (`Inner::clock`).
+    clock: clock::Clock,
     down: AtomicBool,
     runtime: Weak<Inner>,
     /// This group's record in the stats area (freed when the group is).

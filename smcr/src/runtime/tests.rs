@@ -16,12 +16,12 @@ struct Side {
     lg: Arc<LinkGroup>,
 }
 
-fn runtime() -> Runtime {
+fn config() -> RuntimeConfig {
     let mut cfg = RuntimeConfig::new();
     cfg.negotiation = Negotiation::Assume;
     cfg.stats_dir = None;
     cfg.same_host = false;
-    Runtime::new(cfg)
+    cfg
 }
 
 fn ip(last: u8) -> Ipv4Addr {
@@ -30,7 +30,16 @@ fn ip(last: u8) -> Ipv4Addr {
 
 /// A runtime with a device at `me` on `fabric` and a new group to `peer`.
 fn side(fabric: &Arc<Fabric>, me: Ipv4Addr, peer: Ipv4Addr, role: link::Role) -> Side {
-    let rt = runtime();
+    side_with(fabric, (me, peer, role), config(), clock::Clock::default())
+}
+
+fn side_with(
+    fabric: &Arc<Fabric>,
+    (me, peer, role): (Ipv4Addr, Ipv4Addr, link::Role),
+    cfg: RuntimeConfig,
+    clock: clock::Clock,
+) -> Side {
+    let rt = Runtime::with_clock(cfg, clock);
     let o = me.octets();
     let dev = Arc::new(Dev {
         ip: me,
@@ -104,11 +113,15 @@ fn until_conn(c: &ConnShared, what: &str, done: impl Fn(&ConnState) -> bool) {
 fn up(fabric: &Arc<Fabric>) -> (Side, Side) {
     let c = side(fabric, ip(1), ip(2), link::Role::Client);
     let s = side(fabric, ip(2), ip(1), link::Role::Server);
-    let cfg = c.rt.inner.cfg.clone();
-    c.lg.start(&endpoint(&s, None), QpMtu::MTU_1024, &negotiated(), &cfg)
-        .unwrap();
-    s.lg.start(&endpoint(&c, None), QpMtu::MTU_1024, &negotiated(), &cfg)
-        .unwrap();
+    start(c, s)
+}
+
+fn start(c: Side, s: Side) -> (Side, Side) {
+    for (x, peer) in [(&c, &s), (&s, &c)] {
+        let cfg = &x.rt.inner.cfg;
+        x.lg.start(&endpoint(peer, None), QpMtu::MTU_1024, &negotiated(), cfg)
+            .unwrap();
+    }
     for x in [&c, &s] {
         until(&x.lg, "link up", |lg, st| st.g.is_up() || lg.is_down());
         assert!(x.lg.is_up(), "{:?}", x.lg.st.lock().g.down());
@@ -345,4 +358,110 @@ fn closing_with_unread_data_aborts_and_the_peer_sees_a_reset() {
     let e = g.take_reset().expect("a reset to report");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
     assert!(g.take_reset().is_none(), "reported once");
+}
+
+/// Both groups on `clock`, configured by `tune` (client, server).
+fn up_on(
+    fabric: &Arc<Fabric>,
+    clock: &clock::Clock,
+    tune: impl Fn(&mut RuntimeConfig, link::Role),
+) -> (Side, Side) {
+    let mut sides = [link::Role::Client, link::Role::Server].map(|role| {
+        let mut cfg = config();
+        tune(&mut cfg, role);
+        let (me, peer) = match role {
+            link::Role::Client => (ip(1), ip(2)),
+            link::Role::Server => (ip(2), ip(1)),
+        };
+        Some(side_with(fabric, (me, peer, role), cfg, clock.clone()))
+    });
+    start(sides[0].take().unwrap(), sides[1].take().unwrap())
+}
+
+/// Runs what is due on the group's clock, and handles what its queue holds, on this thread
+/// under the group's driver lock, as its poller would (after the poller's batch, if it is
+/// handling one).
+fn tick(x: &Side) {
+    {
+        let _driver = x.lg.drive.driver.lock();
+        x.lg.handle(&[]);
+    }
+    x.lg.handle_queued();
+}
+
+#[test]
+fn test_link_keeps_an_idle_link_up_and_one_unanswered_ends_it() {
+    let fabric = Fabric::new();
+    let clock = clock::Clock::manual();
+    // Only the client probes; neither side lingers out during the test.
+    let (c, s) = up_on(&fabric, &clock, |cfg, role| {
+        cfg.linger = Duration::from_secs(3600);
+        if role == link::Role::Server {
+            cfg.test_link_time = None;
+        }
+    });
+    let idle = c.rt.inner.cfg.test_link_time.expect("on by default");
+    // Idle for the keepalive time: the client asks, the server answers.
+    clock.advance(idle);
+    tick(&c);
+    assert_eq!(c.lg.test_links_sent(), 1);
+    tick(&s);
+    tick(&c);
+    clock.advance(link::LLC_WAIT * 2);
+    tick(&c);
+    assert!(c.lg.is_up() && s.lg.is_up());
+    // The server stops taking its completions (a driver that never comes back): the next
+    // request goes unanswered, and the client's link ends after the LLC wait, not before.
+    s.lg.drive.sched.begin_drive();
+    clock.advance(idle);
+    tick(&c);
+    assert_eq!(c.lg.test_links_sent(), 2);
+    clock.advance(link::LLC_WAIT - Duration::from_millis(1));
+    tick(&c);
+    assert!(c.lg.is_up(), "{:?}", c.lg.st.lock().g.down());
+    clock.advance(Duration::from_millis(2));
+    tick(&c);
+    until(&c.lg, "group down", |lg, _| lg.is_down());
+    let why = c.lg.st.lock().g.down().cloned().unwrap();
+    assert!(
+        matches!(why, GroupDown::Link(link::DownReason::TestLinkTimeout(_))),
+        "{why}"
+    );
+    s.lg.drive.sched.end_drive();
+}
+
+#[test]
+fn an_idle_group_is_deleted_after_its_linger_and_a_busy_one_is_not() {
+    let fabric = Fabric::new();
+    let clock = clock::Clock::manual();
+    let linger = Duration::from_secs(10);
+    let (c, s) = up_on(&fabric, &clock, |cfg, _| {
+        cfg.linger = linger;
+        cfg.test_link_time = None;
+    });
+    // A connection keeps the group however long it lasts.
+    let (cc, cs) = connect(&c, &s);
+    clock.advance(linger * 3);
+    tick(&c);
+    tick(&s);
+    assert!(c.lg.is_up() && s.lg.is_up());
+    // Closed on both sides: the linger starts then.
+    cc.close(&c.lg, || false);
+    until_conn(&cs, "peer closed", |s| {
+        s.core
+            .peer_flags()
+            .contains(ConnStateFlags::PEER_CONN_CLOSED)
+    });
+    cs.close(&s.lg, || false);
+    until(&c.lg, "released", |_, st| st.g.conns.is_empty());
+    clock.advance(linger - Duration::from_millis(1));
+    tick(&c);
+    assert!(c.lg.is_up());
+    clock.advance(Duration::from_millis(2));
+    tick(&c);
+    for x in [&c, &s] {
+        until(&x.lg, "group deleted", |lg, _| lg.is_down());
+        let why = x.lg.st.lock().g.down().cloned().unwrap();
+        assert!(why.orderly(), "{why}");
+    }
 }
