@@ -123,7 +123,12 @@ fn transfer_with(
             let mut handles = Vec::new();
             for _ in 0..conns + 1 {
                 let (mut s, _) = l.accept().unwrap();
-                assert!(matches!(s.mode(), Mode::SmcR { .. }), "{:?}", s.mode());
+                assert!(
+                    matches!(s.mode(), Mode::SmcR { .. }),
+                    "{:?} (server: {:?})",
+                    s.mode(),
+                    rt.problem()
+                );
                 handles.push(std::thread::spawn(move || {
                     let mut seed = [0u8; 8];
                     s.read_exact(&mut seed).unwrap();
@@ -157,7 +162,12 @@ fn transfer_with(
             handles.push(std::thread::spawn(move || {
                 let (seed, total) = if i == conns { (999, big) } else { (i, each) };
                 let mut c = SmcStream::connect(&rt, addr).unwrap();
-                assert!(matches!(c.mode(), Mode::SmcR { .. }), "{:?}", c.mode());
+                assert!(
+                    matches!(c.mode(), Mode::SmcR { .. }),
+                    "{:?} (client: {:?})",
+                    c.mode(),
+                    rt.problem()
+                );
                 c.write_all(&seed.to_le_bytes()).unwrap();
                 send_pattern(&mut c, seed, total);
                 let mut got = [0u8; 8];
