@@ -107,9 +107,7 @@ impl ConnState {
             u64::from(lf.bits()) | u64::from(pf.bits()) << 8 | self.linux_state() << 16,
         );
     }
-}
 
-impl ConnState {
     /// The reset to report, once: the peer aborted or the connection failed, and the
     /// application has not been told yet (later calls see EOF / EPIPE, as TCP after its
     /// error was collected).
@@ -547,7 +545,6 @@ impl ConnShared {
         Ok(slot.get().expect("set above").as_fd())
     }
 
-    /// Frees the RMB budget and detaches from the link group (once).
     /// The application closed the connection: what is staged goes, then the close (or the
     /// abort: unread data, or SO_LINGER {on, 0} as `linger_zero` says, asked only when it
     /// matters); released once the peer closed too (here, or when its close comes).
@@ -584,6 +581,7 @@ impl ConnShared {
         }
     }
 
+    /// Detaches from the link group and gives the buffers back to it (once).
     pub(crate) fn release(&self, lg: &LinkGroup) {
         self.release_as(lg, false);
     }

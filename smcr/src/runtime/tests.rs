@@ -2,7 +2,8 @@
 //! runtimes of this process, each with a group on its own device of one fabric, driven by
 //! their pollers as in a program. No network and no sleep: a request runs when it is posted,
 //! and every wait here is for a condition the drivers signal (a group's or a connection's
-//! condition variable), bounded by a deadline only a bug reaches.
+//! condition variable), bounded by a deadline only a bug reaches. The groups' timers run on a
+//! clock the test moves (`clock::Clock::manual`), so a timer's expiry is a step of the test.
 
 use super::*;
 use connection::ConnState;
