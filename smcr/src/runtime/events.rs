@@ -568,22 +568,17 @@ impl LinkGroup {
         }
     }
 
-    /// Detaches connection `token` (one whose setup did not complete; a connection that
-    /// ends is released with [`Self::release_conn`]); the link group stays (lingers) for later
-    /// connections. `passive`: the peer closed first, so its TCP socket is
-    /// kept until the peer's TCP closes too (see [`crate::tcpwatch::Watched::close_after_peer`]):
-    /// the side that closed first keeps TIME_WAIT, as with TCP, and a server restarted
-    /// without SO_REUSEADDR can bind its port again.
-    pub(crate) fn detach(&self, token: u32, passive: bool) {
+    /// Detaches connection `token`, one whose setup did not complete (a connection that ends
+    /// is released with [`Self::release_conn`]); the link group stays (lingers) for later
+    /// connections. Its TCP socket's watch ends with it: nothing was exchanged over SMC-R,
+    /// so no close order is kept.
+    pub(crate) fn detach(&self, token: u32) {
         let mut st = self.st.lock();
         st.g.conns.detach(token, self.clock.now());
         let w = st.watch.remove(&token);
         self.publish_conns(&st);
         drop(st);
-        match w {
-            Some(w) if passive => w.close_after_peer(),
-            _ => drop(w),
-        }
+        drop(w);
     }
 
     /// Gives up a new group whose first link did not come up. A client's fails here and now,

@@ -476,7 +476,7 @@ fn link_not_up(
     conn: &ConnShared,
     hs: &mut impl Handshake,
 ) -> io::Result<FallbackReason> {
-    lg.detach(conn.token, false);
+    lg.detach(conn.token);
     lg.give_back(conn.rmb.clone());
     lg.abandon();
     match drive(&s.tcp, hs, &mut s.timeline)? {

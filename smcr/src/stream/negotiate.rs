@@ -228,7 +228,7 @@ impl SmcStream {
         };
         if let Err(e) = finish(self, &mut hs) {
             // Never used: detach it and keep its RMB for others (or free it with the group).
-            lg.detach(token, false);
+            lg.detach(token);
             lg.give_back(conn.rmb.clone());
             return Err(e);
         }
