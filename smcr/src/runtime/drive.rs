@@ -100,8 +100,7 @@ impl LinkGroup {
     /// [`Self::receive`] when it fires; then the group's packets wake it directly.
     pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
         self.drive.sched.begin_drive();
-        let hold = !self.drive.hold_for.is_zero();
-        if hold {
+        if !self.drive.hold_for.is_zero() {
             let mut h = self.drive.hold.lock();
             // A group that is down has no poller left to take a hold back (`release_hold`);
             // read under the hold's lock, which `release_hold` takes after the group went down.
@@ -115,41 +114,25 @@ impl LinkGroup {
                     self.drive.sched.delegate_rx(true);
                 }
             }
+            h.sleeping += 1;
             h.last = Instant::now();
         }
-        // The spin comes before the loop counts as asleep: a poller that looked meanwhile
-        // would go to its long timer and have to be kicked when the spin catches something
-        // (a wake-up of the poller per message of a busy stream).
-        if self.drive.sched.drive_spin(rx) {
-            self.progress();
-            self.drive.sched.end_drive();
-            return false;
-        }
-        if hold {
-            self.drive.hold.lock().sleeping += 1;
-        }
-        if self.drive.sched.drive_sleep(true) {
+        if self.drive.sched.drive_spin(rx) || self.drive.sched.drive_sleep(true) {
             self.hold_woke();
-            // Handled within the drive: ending it with completions left would signal this
-            // thread's own next wait for nothing.
-            self.progress();
             self.drive.sched.end_drive();
+            self.progress();
             return false;
         }
         true
     }
 
     /// Ends what [`Self::sleep_begin`] started (after the wait returned).
-    pub(crate) fn sleep_end(self: &Arc<Self>, slept: Duration, woken: bool) {
+    pub(crate) fn sleep_end(&self, slept: Duration, woken: bool) {
         self.drive.sched.drive_sleep(false);
         if woken {
             self.drive.sched.drive_woke_after(slept);
         }
         self.hold_woke();
-        // What woke the wait is handled now, within the drive: a drive that ends with it left
-        // signals the drivers, i.e. this thread's own next wait, for nothing (a system call
-        // and a wait that returns at once, per wake-up).
-        self.progress();
         self.drive.sched.end_drive();
     }
 
