@@ -516,7 +516,9 @@ capture_start "$D9" "7105 or tcp port 7106 or tcp port 7107 or tcp port 7108"
 GB "$SHIM_B SMCR_LOG=/tmp/v9.log SMCR_TESTLINK_TIME=2 SMCR_RKEY_REUSE=off $REDIS --port 7105 >/tmp/v9-redis.txt 2>&1 &
 $SHIM_B SMCR_LOG=/tmp/v9t.log SMCR_TESTLINK_TIME=30 $REDIS --port 7108 >/tmp/v9t-redis.txt 2>&1 &
 SMCR_UEID=NOT-THE-KERNELS SMCR_LOG=/tmp/v9d.log LD_PRELOAD=/lib/libsmcr.so $REDIS --port 7107 >/tmp/v9d-redis.txt 2>&1 &" >/dev/null
-sleep 1
+# Until the three listen (7105, 7107, 7108 in hex), at most 10 s: a fixed second was too short
+# on a slow day (the kernel's client was refused on 7105, and its checks failed).
+GB "for i in \$(seq 100); do ok=1; for p in 1BC1 1BC3 1BC4; do grep -qs \":\$p [0-9A-F:]* 0A \" /proc/net/tcp /proc/net/tcp6 || ok=0; done; [ \$ok = 1 ] && break; sleep 0.1; done" >/dev/null
 GA "$KSMC timeout 100 redis-benchmark -h $B_IP -p 7105 -n 2000 -c 4 -t set,get -q
 (sleep 9; echo PING) | $KSMC timeout 30 redis-cli -h $B_IP -p 7108 >/tmp/v9t-ping.txt 2>&1 &
 (sleep 9; echo PING) | $KSMC timeout 30 redis-cli -h $B_IP -p 7105
