@@ -225,6 +225,11 @@ const PF_FORKNOEXEC: u64 = 0x40;
 /// clients then sent it CLC bytes). Such a child is given until [`EXEC_WAIT`] after its start
 /// to exec, then judged by what it runs.
 fn runs_library(pid: u32) -> bool {
+    runs_library_within(pid, EXEC_WAIT)
+}
+
+/// [`runs_library`] with `exec_wait` for [`EXEC_WAIT`] (tests give it margins).
+fn runs_library_within(pid: u32, exec_wait: std::time::Duration) -> bool {
     let Some(ours) = our_name().and_then(|n| n.to_str()) else {
         return true;
     };
@@ -237,8 +242,8 @@ fn runs_library(pid: u32) -> bool {
             .filter_map(|l| l.split_whitespace().nth(5))
             .any(|path| Path::new(path).file_name().and_then(|n| n.to_str()) == Some(ours));
         match fork_state(pid) {
-            Some((true, age)) if mapped && age < EXEC_WAIT => {
-                std::thread::sleep((EXEC_WAIT - age).min(std::time::Duration::from_millis(2)));
+            Some((true, age)) if mapped && age < exec_wait => {
+                std::thread::sleep((exec_wait - age).min(std::time::Duration::from_millis(2)));
             }
             _ => return mapped || preloads(pid, ours),
         }
@@ -311,63 +316,84 @@ mod tests {
     use std::ffi::CString;
     use std::time::{Duration, Instant};
 
-    /// Forks a child that sleeps `pause` and then execs `sleep 2` (or exits when `exec` is
-    /// false); returns its pid.
-    fn child(pause: Duration, exec: bool) -> libc::pid_t {
-        let path = CString::new("/bin/sleep").unwrap();
-        let arg = CString::new("2").unwrap();
-        let argv = [path.as_ptr(), arg.as_ptr(), std::ptr::null()];
-        let ts = libc::timespec {
-            tv_sec: pause.as_secs() as libc::time_t,
-            tv_nsec: pause.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: the child only calls async-signal-safe functions on memory prepared above.
-        unsafe {
-            let pid = libc::fork();
-            assert!(pid >= 0, "fork");
-            if pid == 0 {
-                libc::nanosleep(&ts, std::ptr::null_mut());
-                if exec {
-                    libc::execv(path.as_ptr(), argv.as_ptr());
+    /// A forked child that blocks until [`Child::go`], then execs `sleep 2` (or exits when
+    /// `exec` is false): no timing decides which state a look finds it in.
+    struct Child {
+        pid: libc::pid_t,
+        go: i32,
+    }
+
+    impl Child {
+        fn fork(exec: bool) -> Self {
+            let path = CString::new("/bin/sleep").unwrap();
+            let arg = CString::new("2").unwrap();
+            let argv = [path.as_ptr(), arg.as_ptr(), std::ptr::null()];
+            let mut p = [0i32; 2];
+            // SAFETY: a two-int array for pipe; the child only calls async-signal-safe
+            // functions on memory prepared above.
+            unsafe {
+                assert_eq!(libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC), 0, "pipe");
+                let pid = libc::fork();
+                assert!(pid >= 0, "fork");
+                if pid == 0 {
+                    let mut b = 0u8;
+                    libc::read(p[0], (&mut b as *mut u8).cast(), 1);
+                    if exec {
+                        libc::execv(path.as_ptr(), argv.as_ptr());
+                    }
+                    libc::_exit(0);
                 }
-                libc::_exit(0);
+                libc::close(p[0]);
+                Self { pid, go: p[1] }
             }
-            pid
+        }
+
+        fn go(&self) {
+            // SAFETY: our pipe's write end.
+            assert_eq!(unsafe { libc::write(self.go, b"g".as_ptr().cast(), 1) }, 1);
         }
     }
 
-    fn reap(pid: libc::pid_t) {
-        // SAFETY: our own child.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            // SAFETY: our own child and pipe.
+            unsafe {
+                libc::close(self.go);
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
         }
     }
 
     #[test]
     fn a_fresh_fork_is_waited_for_until_it_execs_or_stays() {
         // Forked from this process (which maps the code of `our_name`), about to exec a
-        // program without it: judged by what it execs, once it has.
-        let pid = child(Duration::from_millis(30), true);
-        let (forked, age) = fork_state(pid as u32).expect("its stat");
+        // program without it: judged by what it execs, once it has. The wait is long enough
+        // for any machine; the look returns as soon as the exec shows.
+        let c = Child::fork(true);
+        let (forked, _) = fork_state(c.pid as u32).expect("its stat");
         assert!(forked, "not exec'd yet");
-        assert!(age < EXEC_WAIT, "{age:?}");
-        let t = Instant::now();
-        assert!(!runs_library(pid as u32), "sleep does not run the library");
+        c.go();
         assert!(
-            t.elapsed() >= Duration::from_millis(20),
-            "waited for the exec"
+            !runs_library_within(c.pid as u32, Duration::from_secs(60)),
+            "sleep does not run the library"
         );
-        assert_eq!(fork_state(pid as u32).map(|f| f.0), Some(false));
-        reap(pid);
+        assert_eq!(fork_state(c.pid as u32).map(|f| f.0), Some(false));
+        drop(c);
         // A fork that stays the same image (a prefork worker) runs the library, decided once
-        // its age passes EXEC_WAIT; later looks do not wait.
-        let pid = child(Duration::from_secs(2), false);
-        assert!(runs_library(pid as u32));
+        // its age passes the wait; later looks do not wait.
+        let wait = Duration::from_millis(100);
+        let c = Child::fork(false);
+        assert!(runs_library_within(c.pid as u32, wait));
+        let (forked, age) = fork_state(c.pid as u32).expect("its stat");
+        assert!(
+            forked && age >= wait,
+            "decided only once it was {wait:?} old: {age:?}"
+        );
         let t = Instant::now();
-        assert!(runs_library(pid as u32));
-        assert!(t.elapsed() < EXEC_WAIT, "no second wait");
-        reap(pid);
+        assert!(runs_library_within(c.pid as u32, wait));
+        assert!(t.elapsed() < wait, "no second wait");
+        drop(c);
         // This process was exec'd: no fork flag.
         assert_eq!(fork_state(std::process::id()).map(|f| f.0), Some(false));
     }
