@@ -274,6 +274,16 @@ impl Pair {
         self.driver.get()
     }
 
+    /// The connection became SMC-R ([`Self::driver`] set): the poll and select calls in
+    /// progress that answer for it are woken, so that they drive its link group from now on
+    /// (else its arrivals reach them through the group's poller, one wake-up later).
+    pub(crate) fn driver_set(&self) {
+        let pollers = self.pollers.lock();
+        if !pollers.is_empty() {
+            wake::pollers(&pollers);
+        }
+    }
+
     /// The epoll set `epfd` holds (`on`) or no longer holds a registration of ours for the
     /// socket.
     pub(crate) fn watched_by(&self, epfd: i32, on: bool) {

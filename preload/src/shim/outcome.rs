@@ -237,8 +237,10 @@ fn write_all(fd: i32, mut buf: &[u8]) -> io::Result<()> {
 /// table: an application woken by the pair must find its calls going to SMC-R.
 fn follow(sock: &Sock) {
     if let Sock::Smc(c) = sock {
-        if let Some(d) = c.stream.driver() {
-            let _ = c.pair.driver.set(d);
+        if let Some(d) = c.stream.driver()
+            && c.pair.driver.set(d).is_ok()
+        {
+            c.pair.driver_set();
         }
         c.stream.set_readiness(Box::new(PairSink(c.pair.clone())));
     }

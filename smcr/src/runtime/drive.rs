@@ -100,7 +100,8 @@ impl LinkGroup {
     /// [`Self::receive`] when it fires; then the group's packets wake it directly.
     pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
         self.drive.sched.begin_drive();
-        if !self.drive.hold_for.is_zero() {
+        let hold = !self.drive.hold_for.is_zero();
+        if hold {
             let mut h = self.drive.hold.lock();
             // A group that is down has no poller left to take a hold back (`release_hold`);
             // read under the hold's lock, which `release_hold` takes after the group went down.
@@ -108,31 +109,52 @@ impl LinkGroup {
                 if !h.held {
                     h.held = true;
                     self.drive.sched.begin_drive();
+                    // The poller may have gone to its long timer while the group was not
+                    // held: it must watch the hold now, or a holder that does not come back
+                    // (its wait catches something, and its next one drives another group)
+                    // leaves what arrives next unhandled until that timer.
+                    self.poller_watches(&mut h, Instant::now());
                 }
                 if rx && !h.rx && !self.same_host() {
                     h.rx = true;
                     self.drive.sched.delegate_rx(true);
                 }
             }
-            h.sleeping += 1;
             h.last = Instant::now();
         }
-        if self.drive.sched.drive_spin(rx) || self.drive.sched.drive_sleep(true) {
-            self.hold_woke();
-            self.drive.sched.end_drive();
+        // The spin comes before the loop counts as asleep: a poller that looked meanwhile
+        // would go to its long timer and have to be kicked when the spin catches something
+        // (a wake-up of the poller per message of a busy stream).
+        if self.drive.sched.drive_spin(rx) {
             self.progress();
+            self.drive.sched.end_drive();
+            return false;
+        }
+        if hold {
+            self.drive.hold.lock().sleeping += 1;
+        }
+        if self.drive.sched.drive_sleep(true) {
+            self.hold_woke();
+            // Handled within the drive: ending it with completions left would signal this
+            // thread's own next wait for nothing.
+            self.progress();
+            self.drive.sched.end_drive();
             return false;
         }
         true
     }
 
     /// Ends what [`Self::sleep_begin`] started (after the wait returned).
-    pub(crate) fn sleep_end(&self, slept: Duration, woken: bool) {
+    pub(crate) fn sleep_end(self: &Arc<Self>, slept: Duration, woken: bool) {
         self.drive.sched.drive_sleep(false);
         if woken {
             self.drive.sched.drive_woke_after(slept);
         }
         self.hold_woke();
+        // What woke the wait is handled now, within the drive: a drive that ends with it left
+        // signals the drivers, i.e. this thread's own next wait, for nothing (a system call
+        // and a wait that returns at once, per wake-up).
+        self.progress();
         self.drive.sched.end_drive();
     }
 
@@ -146,7 +168,12 @@ impl LinkGroup {
         h.sleeping = h.sleeping.saturating_sub(1);
         let now = Instant::now();
         h.last = now;
-        // Under the hold lock: `check_hold` sets `poller_until` under it too.
+        self.poller_watches(&mut h, now);
+    }
+
+    /// Kicks the poller if it sleeps past `hold_for` from `now`: it looks at the hold again
+    /// (`check_hold`). Under the hold lock (`h`), which `check_hold` sets `poller_until` under.
+    fn poller_watches(&self, h: &mut Hold, now: Instant) {
         if h.poller_until
             .is_some_and(|t| t > now + self.drive.hold_for)
         {

@@ -466,3 +466,97 @@ fn an_idle_group_is_deleted_after_its_linger_and_a_busy_one_is_not() {
         assert!(why.orderly(), "{why}");
     }
 }
+
+/// Whether `fd` (an eventfd) is readable within `ms` milliseconds.
+fn signalled(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    let t = Timespec {
+        tv_sec: i64::from(ms / 1000),
+        tv_nsec: i64::from(ms % 1000) * 1_000_000,
+    };
+    poll(&mut p, Some(&t)).unwrap() == 1
+}
+
+/// An event loop's wait (`sleep_begin`, its own poll on the group's descriptor, `sleep_end`)
+/// handles what woke it before its drive ends. A drive that ended with it still queued would
+/// signal the descriptor again, and the loop's next wait would return at once for nothing: a
+/// system call and a pass of the loop per message of a busy stream.
+#[test]
+fn an_event_loop_wait_handles_what_woke_it_and_leaves_no_signal_behind() {
+    let fabric = Fabric::new();
+    // No timer falls due: the pollers never take the driver lock meanwhile.
+    let clock = clock::Clock::manual();
+    let (c, s) = up_on(&fabric, &clock, |_, _| {});
+    let (cc, cs) = connect(&c, &s);
+    let fd = s.lg.event_fd();
+    for round in 0..5u8 {
+        // (A completion still queued from before is handled, and the wait starts again.)
+        let mut tries = 0;
+        while !s.lg.sleep_begin(false) {
+            tries += 1;
+            assert!(tries < 100, "the group never goes to sleep");
+        }
+        // A batch the poller took before the group was driven ends first; from then on it
+        // leaves the driver lock alone (driven, no timer due), so the wait's handling gets it.
+        drop(s.lg.drive.driver.lock());
+        write_all(&cc, &c.lg, &pattern(100, round));
+        assert!(
+            signalled(fd, 30_000),
+            "round {round}: the CDC woke the loop"
+        );
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(fd, &mut b);
+        s.lg.sleep_end(Duration::ZERO, true);
+        assert_eq!(
+            cs.core.lock().core.readable(),
+            100,
+            "round {round}: handled"
+        );
+        assert!(
+            !signalled(fd, 0),
+            "round {round}: the descriptor signalled for what the wait handled"
+        );
+        assert_eq!(read_exact(&cs, &s.lg, 100), pattern(100, round));
+    }
+}
+
+/// Whether the group's poller sleeps past `beyond` from now (its next look at the hold).
+fn poller_sleeps_past(lg: &LinkGroup, beyond: Duration) -> bool {
+    lg.drive
+        .hold
+        .lock()
+        .poller_until
+        .is_some_and(|t| t > Instant::now() + beyond)
+}
+
+/// A wait that takes the hold while the poller sleeps on its long timer (the group was not
+/// held) makes the poller look at the hold again. Otherwise a holder that does not come back
+/// to the group — its wait caught something without sleeping, and its next wait is on other
+/// descriptors — leaves what arrives next unhandled until that timer (30 s): a Python client
+/// lost an echo that way in the leak test.
+#[test]
+fn taking_the_hold_wakes_a_poller_on_its_long_timer() {
+    let fabric = Fabric::new();
+    // No timer falls due: the poller's long timer is the one of an idle group.
+    let clock = clock::Clock::manual();
+    let (_c, s) = up_on(&fabric, &clock, |_, _| {});
+    let deadline = Instant::now() + BUG;
+    while s.lg.drive.hold.lock().held || !poller_sleeps_past(&s.lg, Duration::from_secs(5)) {
+        assert!(Instant::now() < deadline, "the poller never idles");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(s.lg.sleep_begin(false), "nothing arrived: the loop sleeps");
+    // Asleep itself, the holder is signalled for arrivals; the poller watches for its return
+    // (at most HOLD_IDLE away) instead of the rest of its long timer. A kick is immediate:
+    // seconds are for a slow machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while poller_sleeps_past(&s.lg, HOLD_IDLE + Duration::from_secs(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "the poller still sleeps on its long timer"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    s.lg.sleep_end(Duration::ZERO, false);
+}
