@@ -234,6 +234,10 @@ fn runs_library_within(pid: u32, exec_wait: std::time::Duration) -> bool {
         return true;
     };
     loop {
+        // The flag before the maps: an exec replaces the mappings before it clears the flag,
+        // so maps read after a flag that says "not exec'd" are the old image's or the new
+        // one's (judged by it), never the old image's after a flag that says it exec'd.
+        let state = fork_state(pid);
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             return false;
         };
@@ -241,7 +245,7 @@ fn runs_library_within(pid: u32, exec_wait: std::time::Duration) -> bool {
             .lines()
             .filter_map(|l| l.split_whitespace().nth(5))
             .any(|path| Path::new(path).file_name().and_then(|n| n.to_str()) == Some(ours));
-        match fork_state(pid) {
+        match state {
             Some((true, age)) if mapped && age < exec_wait => {
                 std::thread::sleep((exec_wait - age).min(std::time::Duration::from_millis(2)));
             }
