@@ -103,6 +103,7 @@ impl LinkGroup {
         let hold = !self.drive.hold_for.is_zero();
         if hold {
             let mut h = self.drive.hold.lock();
+            let now = Instant::now();
             // A group that is down has no poller left to take a hold back (`release_hold`);
             // read under the hold's lock, which `release_hold` takes after the group went down.
             if !self.down.load(Ordering::Acquire) {
@@ -113,14 +114,14 @@ impl LinkGroup {
                     // held: it must watch the hold now, or a holder that does not come back
                     // (its wait catches something, and its next one drives another group)
                     // leaves what arrives next unhandled until that timer.
-                    self.poller_watches(&mut h, Instant::now());
+                    self.poller_watches(&mut h, now);
                 }
                 if rx && !h.rx && !self.same_host() {
                     h.rx = true;
                     self.drive.sched.delegate_rx(true);
                 }
             }
-            h.last = Instant::now();
+            h.last = now;
         }
         // The spin comes before the loop counts as asleep: a poller that looked meanwhile
         // would go to its long timer and have to be kicked when the spin catches something
