@@ -103,7 +103,6 @@ impl LinkGroup {
         let hold = !self.drive.hold_for.is_zero();
         if hold {
             let mut h = self.drive.hold.lock();
-            let now = Instant::now();
             // A group that is down has no poller left to take a hold back (`release_hold`);
             // read under the hold's lock, which `release_hold` takes after the group went down.
             if !self.down.load(Ordering::Acquire) {
@@ -114,14 +113,14 @@ impl LinkGroup {
                     // held: it must watch the hold now, or a holder that does not come back
                     // (its wait catches something, and its next one drives another group)
                     // leaves what arrives next unhandled until that timer.
-                    self.poller_watches(&mut h, now);
+                    self.poller_watches(&mut h, Instant::now());
                 }
                 if rx && !h.rx && !self.same_host() {
                     h.rx = true;
                     self.drive.sched.delegate_rx(true);
                 }
             }
-            h.last = now;
+            h.last = Instant::now();
         }
         // The spin comes before the loop counts as asleep: a poller that looked meanwhile
         // would go to its long timer and have to be kicked when the spin catches something

@@ -521,16 +521,6 @@ fn an_event_loop_wait_handles_what_woke_it_and_leaves_no_signal_behind() {
     }
 }
 
-/// Looks at `done` every millisecond until it holds; fails after `limit` (a state no
-/// condition variable signals: the poller's next look at the hold).
-fn eventually(what: &str, limit: Duration, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Whether the group's poller sleeps past `beyond` from now (its next look at the hold).
 fn poller_sleeps_past(lg: &LinkGroup, beyond: Duration) -> bool {
     lg.drive
@@ -551,17 +541,22 @@ fn taking_the_hold_wakes_a_poller_on_its_long_timer() {
     // No timer falls due: the poller's long timer is the one of an idle group.
     let clock = clock::Clock::manual();
     let (_c, s) = up_on(&fabric, &clock, |_, _| {});
-    eventually("the poller idles", BUG, || {
-        !s.lg.drive.hold.lock().held && poller_sleeps_past(&s.lg, Duration::from_secs(5))
-    });
+    let deadline = Instant::now() + BUG;
+    while s.lg.drive.hold.lock().held || !poller_sleeps_past(&s.lg, Duration::from_secs(5)) {
+        assert!(Instant::now() < deadline, "the poller never idles");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(s.lg.sleep_begin(false), "nothing arrived: the loop sleeps");
     // Asleep itself, the holder is signalled for arrivals; the poller watches for its return
     // (at most HOLD_IDLE away) instead of the rest of its long timer. A kick is immediate:
     // seconds are for a slow machine.
-    eventually(
-        "the poller leaves its long timer",
-        Duration::from_secs(10),
-        || !poller_sleeps_past(&s.lg, HOLD_IDLE + Duration::from_secs(1)),
-    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while poller_sleeps_past(&s.lg, HOLD_IDLE + Duration::from_secs(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "the poller still sleeps on its long timer"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     s.lg.sleep_end(Duration::ZERO, false);
 }
