@@ -750,7 +750,13 @@ fn restarted_client_gets_a_new_link_group() {
             let l = SmcListener::bind(&rt, addr).unwrap();
             tx.send(()).unwrap();
             // The killed client's connection, then the new client's three.
-            let _first = l.accept().unwrap();
+            let (first, _) = l.accept().unwrap();
+            assert!(
+                matches!(first.mode(), Mode::SmcR { .. }),
+                "{:?}",
+                first.mode()
+            );
+            tx.send(()).unwrap();
             echo_server(l, 3)
         })
     };
@@ -759,6 +765,11 @@ fn restarted_client_gets_a_new_link_group() {
     let mut child = spawn_child("idle_client_child", &net.a, &install, addr, &[], false);
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.unwrap().contains("CONNECTED")));
+    // Killed only once the server has the connection too: a client killed while the server
+    // still confirms the link fails that handshake, and the connection never reaches accept
+    // (the new client's first connection would be taken for it).
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the server accepted the killed client's connection");
     child.kill().unwrap();
     let _ = child.wait();
     // At once, a new process on the same address (the server may still think the old group
@@ -769,6 +780,9 @@ fn restarted_client_gets_a_new_link_group() {
         for i in 0..3 {
             let mut c = SmcStream::connect(&rt, addr).unwrap();
             modes.push(c.mode().clone());
+            // Fails rather than hangs should the echo never come.
+            c.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+                .unwrap();
             echo_once(&mut c, format!("new client {i}").as_bytes());
         }
         modes
