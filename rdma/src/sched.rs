@@ -123,7 +123,8 @@ impl CqScheduler {
     /// (the caller receives from the device's socket itself when it wakes) the spin also
     /// receives from the socket, unless another thread is receiving.
     pub fn drive_spin(&self, rx: bool) -> bool {
-        dispatch!(self, e => e.drive_spin(rx), _v => false, _m => false)
+        // In memory: no spin, one look (what a spin's first poll would see).
+        dispatch!(self, e => e.drive_spin(rx), _v => false, m => m.has_completions())
     }
 
     /// Within a drive: the sleep that followed a failed [`Self::drive_spin`] ended after

@@ -101,6 +101,7 @@ impl LinkGroup {
     pub(crate) fn sleep_begin(self: &Arc<Self>, rx: bool) -> bool {
         self.drive.sched.begin_drive();
         let hold = !self.drive.hold_for.is_zero();
+        let mut fresh = false;
         if hold {
             let mut h = self.drive.hold.lock();
             // A group that is down has no poller left to take a hold back (`release_hold`);
@@ -108,12 +109,8 @@ impl LinkGroup {
             if !self.down.load(Ordering::Acquire) {
                 if !h.held {
                     h.held = true;
+                    fresh = true;
                     self.drive.sched.begin_drive();
-                    // The poller may have gone to its long timer while the group was not
-                    // held: it must watch the hold now, or a holder that does not come back
-                    // (its wait catches something, and its next one drives another group)
-                    // leaves what arrives next unhandled until that timer.
-                    self.poller_watches(&mut h, Instant::now());
                 }
                 if rx && !h.rx && !self.same_host() {
                     h.rx = true;
@@ -126,6 +123,14 @@ impl LinkGroup {
         // would go to its long timer and have to be kicked when the spin catches something
         // (a wake-up of the poller per message of a busy stream).
         if self.drive.sched.drive_spin(rx) {
+            if fresh {
+                // The poller may have gone to its long timer while the group was not held,
+                // and this return has no `hold_woke`: it must watch the hold now, or a holder
+                // that does not come back (its next wait drives another group) leaves what
+                // arrives next unhandled until that timer. (A wait that sleeps kicks it when
+                // it wakes; kicking it here too would wake it as the loop goes to sleep.)
+                self.poller_watches(&mut self.drive.hold.lock(), Instant::now());
+            }
             self.progress();
             self.drive.sched.end_drive();
             return false;

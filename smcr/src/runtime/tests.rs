@@ -530,33 +530,73 @@ fn poller_sleeps_past(lg: &LinkGroup, beyond: Duration) -> bool {
         .is_some_and(|t| t > Instant::now() + beyond)
 }
 
-/// A wait that takes the hold while the poller sleeps on its long timer (the group was not
-/// held) makes the poller look at the hold again. Otherwise a holder that does not come back
-/// to the group — its wait caught something without sleeping, and its next wait is on other
-/// descriptors — leaves what arrives next unhandled until that timer (30 s): a Python client
-/// lost an echo that way in the leak test.
-#[test]
-fn taking_the_hold_wakes_a_poller_on_its_long_timer() {
-    let fabric = Fabric::new();
-    // No timer falls due: the poller's long timer is the one of an idle group.
-    let clock = clock::Clock::manual();
-    let (_c, s) = up_on(&fabric, &clock, |_, _| {});
+/// Waits until the group's poller is idle: the group not held, the poller on its long timer.
+fn until_the_poller_idles(lg: &LinkGroup) {
     let deadline = Instant::now() + BUG;
-    while s.lg.drive.hold.lock().held || !poller_sleeps_past(&s.lg, Duration::from_secs(5)) {
+    while lg.drive.hold.lock().held || !poller_sleeps_past(lg, Duration::from_secs(5)) {
         assert!(Instant::now() < deadline, "the poller never idles");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(s.lg.sleep_begin(false), "nothing arrived: the loop sleeps");
-    // Asleep itself, the holder is signalled for arrivals; the poller watches for its return
-    // (at most HOLD_IDLE away) instead of the rest of its long timer. A kick is immediate:
-    // seconds are for a slow machine.
+}
+
+/// Waits until the poller looks at the hold again (it no longer sleeps past `beyond`). A kick
+/// is immediate: seconds are for a slow machine.
+fn until_the_poller_watches(lg: &LinkGroup, beyond: Duration, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while poller_sleeps_past(&s.lg, HOLD_IDLE + Duration::from_secs(1)) {
+    while poller_sleeps_past(lg, beyond) {
         assert!(
             Instant::now() < deadline,
-            "the poller still sleeps on its long timer"
+            "{what}: the poller still sleeps on its long timer"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// A wait that takes the hold while the poller sleeps on its long timer (the group was not
+/// held), and whose spin catches something, makes the poller look at the hold again: that
+/// return has no `hold_woke`. Otherwise a holder that does not come back to the group — its
+/// next wait is on other descriptors — leaves what arrives next unhandled until that timer
+/// (30 s): a Python client lost an echo that way in the leak test.
+#[test]
+fn a_wait_that_takes_the_hold_and_catches_something_wakes_a_poller_on_its_long_timer() {
+    let fabric = Fabric::new();
+    // No timer falls due: the poller's long timer is the one of an idle group.
+    let clock = clock::Clock::manual();
+    let (c, s) = up_on(&fabric, &clock, |_, _| {});
+    let (cc, cs) = connect(&c, &s);
+    until_the_poller_idles(&s.lg);
+    // Driven meanwhile, the group's arrivals signal only the driver descriptor: the CDC
+    // waits for the wait's spin, and the poller is not woken for it.
+    s.lg.drive.sched.begin_drive();
+    write_all(&cc, &c.lg, &pattern(100, 7));
+    assert!(signalled(s.lg.event_fd(), 30_000), "the CDC arrived");
+    assert!(!s.lg.sleep_begin(false), "the spin caught the CDC");
+    assert_eq!(cs.core.lock().core.readable(), 100, "handled by the wait");
+    until_the_poller_watches(
+        &s.lg,
+        s.lg.drive.hold_for + Duration::from_secs(1),
+        "caught",
+    );
+    s.lg.drive.sched.end_drive();
+    assert_eq!(read_exact(&cs, &s.lg, 100), pattern(100, 7));
+}
+
+/// A wait that takes the hold and sleeps leaves the poller on its long timer (the holder is
+/// signalled for arrivals itself; waking the poller as the loop goes to sleep costs a
+/// scheduler slice beside busy threads) and makes it look at the hold when it wakes.
+#[test]
+fn a_wait_that_takes_the_hold_and_sleeps_wakes_a_poller_on_its_long_timer_when_it_wakes() {
+    let fabric = Fabric::new();
+    let clock = clock::Clock::manual();
+    let (_c, s) = up_on(&fabric, &clock, |_, _| {});
+    until_the_poller_idles(&s.lg);
+    assert!(s.lg.sleep_begin(false), "nothing arrived: the loop sleeps");
+    // (A kick clears `poller_until` at once, under the hold's lock.)
+    assert!(
+        poller_sleeps_past(&s.lg, Duration::from_secs(5)),
+        "the poller was woken as the loop went to sleep"
+    );
     s.lg.sleep_end(Duration::ZERO, false);
+    // Back from its sleep with the hold, the holder may go elsewhere: the poller watches.
+    until_the_poller_watches(&s.lg, HOLD_IDLE + Duration::from_secs(1), "woke");
 }
