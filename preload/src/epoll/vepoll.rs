@@ -20,7 +20,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
@@ -67,6 +67,27 @@ thread_local! {
     /// The set this thread is in `epoll_wait` on (-1: none): what it makes ready there itself
     /// needs no kick. Const-initialised, no destructor.
     static WAITING_ON: Cell<i32> = const { Cell::new(-1) };
+}
+
+/// How many of this process's threads are in `epoll_wait` on each set, by descriptor modulo
+/// the table's size (two sets in one slot only cost a kick for nothing). A kick with nobody
+/// waiting is a system call for nothing, and the next wait returns at once for it:
+/// redis-benchmark re-arms EPOLLOUT, ready at once, with EPOLL_CTL_MOD for every request, on
+/// the thread that waits in the set. Only this process's threads count: a set shared with a
+/// forked process reports each process only its own registrations (`Reg::pid`).
+static WAITERS: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
+
+fn waiters(epfd: i32) -> &'static AtomicU32 {
+    &WAITERS[epfd as u32 as usize % WAITERS.len()]
+}
+
+/// Whether a thread of this process may be in `epoll_wait` on `epfd`. Called after the
+/// readiness it would be kicked for was published: the fence pairs with the one in
+/// [`Waiting::new`], so either this sees the waiter or the waiter's first look (after its
+/// count) sees the readiness.
+fn anyone_waits(epfd: i32) -> bool {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    waiters(epfd).load(Ordering::Relaxed) > 0
 }
 
 /// Whether virtual registrations are used: with application driving (the set must hold the
@@ -164,7 +185,7 @@ pub(crate) fn ctl(
             // Ready already: a thread sleeping in the set wakes, as the kernel wakes it when
             // a ready file is added.
             let want = ev.events | (libc::EPOLLERR | libc::EPOLLHUP) as u32;
-            if events_of(pair.latest()) & want != 0 {
+            if events_of(pair.latest()) & want != 0 && anyone_waits(epfd) {
                 let one = 1u64.to_ne_bytes();
                 // SAFETY: 8 bytes into our eventfd.
                 unsafe { real::write()(set.kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
@@ -445,7 +466,7 @@ pub(crate) fn kick(sets: &[i32]) {
     let _own = crate::guard::Bypass::new();
     let one = 1u64.to_ne_bytes();
     let guard = SETS.lock();
-    for epfd in sets.iter().filter(|&&e| e != mine) {
+    for epfd in sets.iter().filter(|&&e| e != mine && anyone_waits(e)) {
         if let Some(s) = guard.get(epfd) {
             // SAFETY: 8 bytes into our eventfd.
             unsafe { real::write()(s.kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
@@ -453,17 +474,28 @@ pub(crate) fn kick(sets: &[i32]) {
     }
 }
 
-/// Marks this thread as waiting on `epfd` while it lives.
-pub(crate) struct Waiting(i32);
+/// Marks this thread as waiting on `epfd` while it lives (counted in [`WAITERS`]). Made
+/// before the wait's first look at the set's registrations.
+pub(crate) struct Waiting {
+    epfd: i32,
+    before: i32,
+}
 
 impl Waiting {
     pub(crate) fn new(epfd: i32) -> Self {
-        Self(WAITING_ON.with(|w| w.replace(epfd)))
+        waiters(epfd).fetch_add(1, Ordering::Relaxed);
+        // Pairs with the fence in `anyone_waits` (see there).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Self {
+            epfd,
+            before: WAITING_ON.with(|w| w.replace(epfd)),
+        }
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        WAITING_ON.with(|w| w.set(self.0));
+        WAITING_ON.with(|w| w.set(self.before));
+        waiters(self.epfd).fetch_sub(1, Ordering::Relaxed);
     }
 }

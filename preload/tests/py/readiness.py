@@ -141,6 +141,15 @@ def quiet(ep, what, dur=QUIET):
     ok(what)
 
 
+def writes():
+    """How many write calls this thread made (the kernel's syscw)."""
+    with open("/proc/thread-self/io") as f:
+        for line in f:
+            if line.startswith("syscw:"):
+                return int(line.split()[1])
+    raise RuntimeError("no syscw in /proc/thread-self/io")
+
+
 def epoll(s, events):
     ep = select.epoll()
     ep.register(fileno(s), events)
@@ -807,6 +816,20 @@ def g_sets():
         fail("registered by another thread while one sleeps", f"epoll gives {show(got)}")
     ok("registered by another thread while one sleeps: it wakes with EPOLLIN")
     recv_exact(s2, 1, "read")
+    # Re-armed while ready, with no thread asleep in the set (redis-benchmark re-arms EPOLLOUT
+    # with EPOLL_CTL_MOD for every request): epoll_ctl and nothing more, as with TCP. This
+    # thread's own count of write calls (other threads of the process may write meanwhile).
+    w.register(s.fileno(), OUT)
+    level_now(w, s, OUT, "registered for EPOLLOUT")
+    before = writes()
+    for _ in range(1000):
+        w.modify(s.fileno(), OUT)
+    made = writes() - before
+    if made > 10:
+        fail("re-armed 1000 times while ready, nobody waiting", f"{made} write calls")
+    ok(f"re-armed 1000 times while ready, nobody waiting: {made} write calls")
+    level_now(w, s, OUT, "re-armed: still reported")
+    w.unregister(s.fileno())
     # Another thread shuts a socket down while this one sleeps.
     w.modify(s2.fileno(), IN | RDHUP)
     got = []
