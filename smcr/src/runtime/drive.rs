@@ -345,6 +345,10 @@ impl LinkGroup {
         let unmoved = {
             let mut guard = self.st.lock();
             let st = &mut *guard;
+            // Receive slots to post again: once per batch and path (one lock and drive of
+            // the queue pair) rather than per message. A batch is at most a quarter of the
+            // RECV_SLOTS posted, so the peer never waits for one meanwhile.
+            let mut repost = Reposts::new();
             for wc in wcs {
                 let path = self.path_of(wc.qp_num);
                 if wc.status != WcStatus::Success {
@@ -380,7 +384,7 @@ impl LinkGroup {
                             }
                             _ => None,
                         };
-                        let _ = p.post_recv(&self.slots.recv_mr, slot);
+                        repost.add(self, path, slot);
                         if b[0] == cdc::CDC_TYPE {
                             // CDCs count on any link (Linux accepts them on each).
                             st.g.note_activity(path, now);
@@ -414,6 +418,7 @@ impl LinkGroup {
                     _ => {}
                 }
             }
+            repost.flush(self);
             // (The linger timer too: the group's state machine deletes an idle group.)
             self.run_links(st, now);
             st.g.take_unmoved()
@@ -454,6 +459,55 @@ impl LinkGroup {
             return true;
         }
         false
+    }
+}
+
+/// Receive slots taken by a batch, to post again together (see `handle`).
+struct Reposts {
+    slots: [(usize, usize); Self::MAX],
+    n: usize,
+}
+
+impl Reposts {
+    /// A quarter of the slots a path posts.
+    const MAX: usize = RECV_SLOTS / 4;
+
+    fn new() -> Self {
+        Self {
+            slots: [(0, 0); Self::MAX],
+            n: 0,
+        }
+    }
+
+    /// Slot `slot` of path `path` was read: it goes back (at once when the list is full).
+    fn add(&mut self, lg: &LinkGroup, path: usize, slot: usize) {
+        if self.n == Self::MAX {
+            self.flush(lg);
+        }
+        self.slots[self.n] = (path, slot);
+        self.n += 1;
+    }
+
+    /// Posts the slots, one call per path.
+    fn flush(&mut self, lg: &LinkGroup) {
+        let mut rest = &mut self.slots[..self.n];
+        while let Some(&(path, _)) = rest.first() {
+            // This path's slots first (usually all of them: one link).
+            let mut k = 0;
+            for i in 0..rest.len() {
+                if rest[i].0 == path {
+                    rest.swap(i, k);
+                    k += 1;
+                }
+            }
+            let mut slots = [0usize; Self::MAX];
+            for (d, &(_, s)) in slots.iter_mut().zip(&rest[..k]) {
+                *d = s;
+            }
+            let _ = lg.paths[path].post_recvs(&lg.slots.recv_mr, &slots[..k]);
+            rest = &mut rest[k..];
+        }
+        self.n = 0;
     }
 }
 

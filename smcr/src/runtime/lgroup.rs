@@ -19,29 +19,43 @@ impl Path {
             .modify(&QpAttr::state(QpState::Reset))
             .and_then(|()| self.qp.modify(&QpAttr::state(QpState::Init)))
             .map_err(|e| SetupError::QueuePair(format!("QP to INIT: {e:?}")))?;
-        for i in self.base..self.base + RECV_SLOTS {
-            self.post_recv(recv_mr, i)
+        let all: Vec<usize> = (self.base..self.base + RECV_SLOTS).collect();
+        for some in all.chunks(RECV_SLOTS / 4) {
+            self.post_recvs(recv_mr, some)
                 .map_err(|e| SetupError::QueuePair(format!("post_recv: {e:?}")))?;
         }
         Ok(())
     }
 
-    /// Posts receive slot `slot` (and the buffer for longer LLC messages after it).
-    pub(super) fn post_recv(
+    /// Posts receive slots `slots` (at most `RECV_SLOTS / 4`) in one call, each with the
+    /// buffer for longer LLC messages after it.
+    pub(super) fn post_recvs(
         &self,
         recv_mr: &MemoryRegion,
-        slot: usize,
+        slots: &[usize],
     ) -> Result<(), rdma::PostError> {
-        let first = recv_mr.sge(slot * SLOT, SLOT);
-        let sges = match &self.big {
-            Some(b) => [first, b.sge(0, LLC_MAX - SLOT)],
-            None => [first, first],
+        const MAX: usize = RECV_SLOTS / 4;
+        debug_assert!(slots.len() <= MAX);
+        let slots = &slots[..slots.len().min(MAX)];
+        let big = self.big.as_ref().map(|b| b.sge(0, LLC_MAX - SLOT));
+        let n = if big.is_some() { 2 } else { 1 };
+        let unused = rdma::Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
         };
-        let n = if self.big.is_some() { 2 } else { 1 };
-        self.qp.post_recv(&[RecvWr {
-            wr_id: RECV_TAG | slot as u64,
-            sg_list: &sges[..n],
-        }])
+        let sges: [[rdma::Sge; 2]; MAX] = std::array::from_fn(|i| match slots.get(i) {
+            Some(&s) => {
+                let first = recv_mr.sge(s * SLOT, SLOT);
+                [first, big.unwrap_or(first)]
+            }
+            None => [unused; 2],
+        });
+        let wrs: [RecvWr<'_>; MAX] = std::array::from_fn(|i| RecvWr {
+            wr_id: RECV_TAG | slots.get(i).copied().unwrap_or(0) as u64,
+            sg_list: &sges[i][..n],
+        });
+        self.qp.post_recv(&wrs[..slots.len()])
     }
 
     /// Connects the queue pair to the peer's (`peer_qpn` at `peer_ip`, starting at
