@@ -346,8 +346,8 @@ impl LinkGroup {
             let mut guard = self.st.lock();
             let st = &mut *guard;
             // Receive slots to post again: once per batch and path (one lock and drive of
-            // the queue pair) rather than per message. A batch is at most a quarter of the
-            // RECV_SLOTS posted, so the peer never waits for one meanwhile.
+            // the queue pair) rather than per message, at most a quarter of the RECV_SLOTS at
+            // a time, so the peer never waits for one meanwhile.
             let mut repost = Reposts::new();
             for wc in wcs {
                 let path = self.path_of(wc.qp_num);
@@ -462,52 +462,40 @@ impl LinkGroup {
     }
 }
 
-/// Receive slots taken by a batch, to post again together (see `handle`).
+/// Receive slots taken by a batch, to post again together (see `handle`): a run of one
+/// path's slots (a batch is usually all one link's), posted when it is full or the path
+/// changes.
 struct Reposts {
-    slots: [(usize, usize); Self::MAX],
+    path: usize,
+    slots: [usize; Path::POST_MAX],
     n: usize,
 }
 
 impl Reposts {
-    /// A quarter of the slots a path posts.
-    const MAX: usize = RECV_SLOTS / 4;
-
     fn new() -> Self {
         Self {
-            slots: [(0, 0); Self::MAX],
+            path: 0,
+            slots: [0; Path::POST_MAX],
             n: 0,
         }
     }
 
-    /// Slot `slot` of path `path` was read: it goes back (at once when the list is full).
+    /// Slot `slot` of path `path` was read: it goes back.
     fn add(&mut self, lg: &LinkGroup, path: usize, slot: usize) {
-        if self.n == Self::MAX {
+        if self.n == Path::POST_MAX || (self.n > 0 && path != self.path) {
             self.flush(lg);
         }
-        self.slots[self.n] = (path, slot);
+        self.path = path;
+        self.slots[self.n] = slot;
         self.n += 1;
     }
 
-    /// Posts the slots, one call per path.
+    /// Posts the run.
     fn flush(&mut self, lg: &LinkGroup) {
-        let mut rest = &mut self.slots[..self.n];
-        while let Some(&(path, _)) = rest.first() {
-            // This path's slots first (usually all of them: one link).
-            let mut k = 0;
-            for i in 0..rest.len() {
-                if rest[i].0 == path {
-                    rest.swap(i, k);
-                    k += 1;
-                }
-            }
-            let mut slots = [0usize; Self::MAX];
-            for (d, &(_, s)) in slots.iter_mut().zip(&rest[..k]) {
-                *d = s;
-            }
-            let _ = lg.paths[path].post_recvs(&lg.slots.recv_mr, &slots[..k]);
-            rest = &mut rest[k..];
+        if self.n > 0 {
+            let _ = lg.paths[self.path].post_recvs(&lg.slots.recv_mr, &self.slots[..self.n]);
+            self.n = 0;
         }
-        self.n = 0;
     }
 }
 

@@ -20,23 +20,20 @@ impl Path {
             .and_then(|()| self.qp.modify(&QpAttr::state(QpState::Init)))
             .map_err(|e| SetupError::QueuePair(format!("QP to INIT: {e:?}")))?;
         let all: Vec<usize> = (self.base..self.base + RECV_SLOTS).collect();
-        for some in all.chunks(RECV_SLOTS / 4) {
-            self.post_recvs(recv_mr, some)
-                .map_err(|e| SetupError::QueuePair(format!("post_recv: {e:?}")))?;
-        }
-        Ok(())
+        self.post_recvs(recv_mr, &all)
+            .map_err(|e| SetupError::QueuePair(format!("post_recv: {e:?}")).into())
     }
 
-    /// Posts receive slots `slots` (at most `RECV_SLOTS / 4`) in one call, each with the
-    /// buffer for longer LLC messages after it.
+    /// The most receive slots one `post_recv` call of [`Self::post_recvs`] takes.
+    pub(super) const POST_MAX: usize = RECV_SLOTS / 4;
+
+    /// Posts receive slots `slots`, each with the buffer for longer LLC messages after it,
+    /// [`Self::POST_MAX`] per call.
     pub(super) fn post_recvs(
         &self,
         recv_mr: &MemoryRegion,
         slots: &[usize],
     ) -> Result<(), rdma::PostError> {
-        const MAX: usize = RECV_SLOTS / 4;
-        debug_assert!(slots.len() <= MAX);
-        let slots = &slots[..slots.len().min(MAX)];
         let big = self.big.as_ref().map(|b| b.sge(0, LLC_MAX - SLOT));
         let n = if big.is_some() { 2 } else { 1 };
         let unused = rdma::Sge {
@@ -44,18 +41,22 @@ impl Path {
             length: 0,
             lkey: 0,
         };
-        let sges: [[rdma::Sge; 2]; MAX] = std::array::from_fn(|i| match slots.get(i) {
-            Some(&s) => {
-                let first = recv_mr.sge(s * SLOT, SLOT);
-                [first, big.unwrap_or(first)]
-            }
-            None => [unused; 2],
-        });
-        let wrs: [RecvWr<'_>; MAX] = std::array::from_fn(|i| RecvWr {
-            wr_id: RECV_TAG | slots.get(i).copied().unwrap_or(0) as u64,
-            sg_list: &sges[i][..n],
-        });
-        self.qp.post_recv(&wrs[..slots.len()])
+        for slots in slots.chunks(Self::POST_MAX) {
+            let sges: [[rdma::Sge; 2]; Self::POST_MAX] =
+                std::array::from_fn(|i| match slots.get(i) {
+                    Some(&s) => {
+                        let first = recv_mr.sge(s * SLOT, SLOT);
+                        [first, big.unwrap_or(first)]
+                    }
+                    None => [unused; 2],
+                });
+            let wrs: [RecvWr<'_>; Self::POST_MAX] = std::array::from_fn(|i| RecvWr {
+                wr_id: RECV_TAG | slots.get(i).copied().unwrap_or(0) as u64,
+                sg_list: &sges[i][..n],
+            });
+            self.qp.post_recv(&wrs[..slots.len()])?;
+        }
+        Ok(())
     }
 
     /// Connects the queue pair to the peer's (`peer_qpn` at `peer_ip`, starting at
