@@ -512,17 +512,20 @@ fn nginx_master_and_two_workers(shim: bool) {
     let conf = nginx_conf(&w, 2, &format!("127.0.0.1:{port}"));
     let (master, workers) = nginx(&w, &conf, port, 2);
     let sampler = w.sampler(&Net::Host, &[port]);
-    let out = wrk(
-        &w,
-        "wrk",
-        2,
-        20,
-        5,
-        &format!("http://127.0.0.1:{port}/file64k"),
-    );
+    let url = format!("http://127.0.0.1:{port}/file64k");
+    check_wrk(&w, &wrk(&w, "wrk", 2, 20, 5, &url));
+    let mut by_pid = access_log_by_pid(&w, &w.dir.join("access.log"), 20);
+    // The kernel may hand all of a round's 20 connections to one worker (it did once in CI,
+    // over plain TCP): new rounds, new connections, until both served (or four rounds).
+    for round in 2..=4 {
+        if workers.iter().all(|p| by_pid.contains_key(p)) {
+            break;
+        }
+        eprintln!("round {}: one worker served all: {by_pid:?}", round - 1);
+        check_wrk(&w, &wrk(&w, "wrk", 2, 20, 2, &url));
+        by_pid = access_log_by_pid(&w, &w.dir.join("access.log"), 20 * round);
+    }
     let seen = sampler.stop();
-    check_wrk(&w, &out);
-    let by_pid = access_log_by_pid(&w, &w.dir.join("access.log"), 20);
     eprintln!("access log lines per worker: {by_pid:?} (workers {workers:?})");
     assert!(
         workers.iter().all(|p| by_pid.contains_key(p)),
