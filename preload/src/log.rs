@@ -85,7 +85,29 @@ pub(crate) fn enabled() -> bool {
 /// The log file as opened at load, with its device and inode.
 static KEPT: OnceLock<(std::os::fd::OwnedFd, (u64, u64))> = OnceLock::new();
 
-/// Appends one line (with the pid) to the log file, if logging was asked for: opened by its
+/// UTC time of day to the microsecond (`HH:MM:SS.ffffff`): lines of several processes, and a
+/// capture, line up by it (a failover's seconds show).
+struct TimeOfDay(std::time::SystemTime);
+
+impl std::fmt::Display for TimeOfDay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = self
+            .0
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let s = d.as_secs() % 86_400;
+        write!(
+            f,
+            "{:02}:{:02}:{:02}.{:06}",
+            s / 3600,
+            s / 60 % 60,
+            s % 60,
+            d.subsec_micros()
+        )
+    }
+}
+
+/// Appends one line (with the pid and the time) to the log file, if logging was asked for: opened by its
 /// path (so a file rotated or removed meanwhile is made again), else through the descriptor
 /// kept since load, when it still is that file (a program may have closed it and reused the
 /// number: no line is ever written into one of its own files or sockets).
@@ -93,7 +115,11 @@ pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(p) = path() else { return };
     let _b = crate::bypass::Bypass::new();
     // One write per line: O_APPEND keeps it whole among other processes' lines.
-    let line = format!("smcr[{}]: {args}\n", std::process::id());
+    let line = format!(
+        "smcr[{}]: {} {args}\n",
+        std::process::id(),
+        TimeOfDay(std::time::SystemTime::now())
+    );
     // std opens with O_CLOEXEC.
     match std::fs::OpenOptions::new()
         .append(true)
@@ -117,5 +143,21 @@ pub(crate) fn line(args: std::fmt::Arguments<'_>) {
                 let _ = f.write_all(line.as_bytes());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TimeOfDay;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn time_of_day_is_utc_to_the_microsecond() {
+        // 2026-11-30 15:55:42.000123 UTC
+        let t = UNIX_EPOCH + Duration::new(1_796_054_142, 123_456);
+        assert_eq!(TimeOfDay(t).to_string(), "15:55:42.000123");
+        assert_eq!(TimeOfDay(UNIX_EPOCH).to_string(), "00:00:00.000000");
+        let end = UNIX_EPOCH + Duration::new(86_399, 999_999_999);
+        assert_eq!(TimeOfDay(end).to_string(), "23:59:59.999999");
     }
 }
