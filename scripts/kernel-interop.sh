@@ -544,6 +544,8 @@ check "V: declines each way on rxe0: both values intact over TCP, our logs name 
 # V10: two links with failover between ours on rxe0 (client, guest B, a second address on its
 # port) and our engine (redis-server on the host with $ALT_IP): the first path (the host's
 # address <-> B's) is cut on the host mid-benchmark; the group goes on over the second link.
+# Whichever end had sends in flight finds the path dead by its retries (rxe0: 7 tries of
+# 537 ms; our engine: ~6.3 s); a failover found only by TEST LINK (30 s idle) is too late.
 B_ALT=10.77.0.23
 ip netns exec "$KP_NETNS" ip addr add "$ALT_IP/24" dev "$KP_BR" 2>/dev/null
 GB "ip addr add $B_ALT/32 dev eth0; for i in \$(seq 50); do grep -qs 0a4d:0017 /sys/class/infiniband/rxe0/ports/1/gids/* && break; sleep 0.1; done" >/dev/null
@@ -553,6 +555,7 @@ GB "SMCR_ALT_ADDRS=$B_ALT $SHIM_B SMCR_LOG=/tmp/v10.log timeout 200 redis-benchm
 GBP=$!
 for _ in $(seq 100); do grep -q 'second link up' "$D/v10-host.log" 2>/dev/null && break; sleep 0.2; done
 sleep 1
+V10_CUT=$(date +%s.%N)
 ip netns exec "$KP_NETNS" nft -f - <<NFT
 table inet ki_cut_v {
 	chain in { type filter hook input priority 0; ip saddr $B_IP ip daddr $H_IP meta l4proto udp drop; }
@@ -564,8 +567,19 @@ ip netns exec "$KP_NETNS" nft delete table inet ki_cut_v 2>/dev/null
 pkill -f 'redis-server.*:7110' 2>/dev/null
 GB "ip addr del $B_ALT/32 dev eth0" >/dev/null 2>&1
 ip netns exec "$KP_NETNS" ip addr del "$ALT_IP/24" dev "$KP_BR" 2>/dev/null
+# Both ends' links, failovers and failures (with their times, the cut's on the host's clock).
+v10_log() {
+	echo "cut at $(date -u -d "@$V10_CUT" +%T.%N)"
+	grep -h -e WARN -e INFO -e 'TCP' "$D/v10-host.log" "$D/v10-bench.txt" | head -30
+}
 check "V: two links ours on rxe0 <-> our engine, the first path cut mid-benchmark: redis-benchmark completes" \
-	"$(redis_ok "$D/v10-bench.txt"; echo $?)" "$(grep -v '^smcr' "$D/v10-bench.txt" | tail -3)"
+	"$(redis_ok "$D/v10-bench.txt"; echo $?)" "$(grep -v '^smcr' "$D/v10-bench.txt" | tail -3; v10_log)"
+# The host's failover, in seconds after the cut (its log's time of day, UTC).
+V10_FO=$(grep -m1 'failover to link' "$D/v10-host.log" | awk -v cut="$V10_CUT" '{
+	split($2, t, ":"); s = t[1] * 3600 + t[2] * 60 + t[3]; c = cut % 86400; d = s - c
+	if (d < -43200) d += 86400; printf "%.1f", d }')
+check "V: ... the host failed over ${V10_FO:-never} s after the cut (< 20 s: found by retries, not by TEST LINK)" \
+	"$(awk -v d="${V10_FO:-999}" 'BEGIN { exit !(d < 20) }'; echo $?)" "$(v10_log)"
 check "V: ... both ends added the second link and failed over to it" \
 	"$(grep -q 'second link up' "$D/v10-host.log" && grep -q 'second link up' "$D/v10-bench.txt" &&
 		grep -q 'failover to link' "$D/v10-host.log" && grep -q 'failover to link' "$D/v10-bench.txt"; echo $?)" \

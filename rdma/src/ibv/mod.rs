@@ -16,7 +16,7 @@ pub use dev::VerbsInfo;
 pub(crate) use dev::{Tracks, VerbsCq, VerbsDevice};
 #[allow(unused_imports)]
 use qp::*;
-pub use qp::{Qp, RtrAttr, RtsAttr};
+pub use qp::{Qp, RTS_RETRY_CNT, RTS_TIMEOUT, RtrAttr, RtsAttr};
 
 use crate::Mtu;
 use crate::rc::{

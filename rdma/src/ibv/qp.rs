@@ -35,14 +35,25 @@ pub struct RtrAttr {
     pub min_rnr_timer: Option<u8>,
 }
 
+/// The local ACK timeout exponent by default: 4.096 µs × 2^17 ≈ 537 ms per try.
+pub const RTS_TIMEOUT: u8 = 17;
+
+/// Retries by default. Not the kernel's 7 (smc_ib.c, `SMC_QP_RETRY_CNT`), which Linux's rxe
+/// takes as "retry for ever": a queue pair whose path died would then never fail, and its link
+/// would be found dead only by TEST LINK after the idle time (30 s), so a failover waited that
+/// long. With 6, a path that stopped answering fails the queue pair after 7 tries of
+/// [`RTS_TIMEOUT`] (about 3.8 s, on rxe and on hardware alike; our engine's budget is about
+/// 6.3 s), and its link fails over or ends as any failed transport.
+pub const RTS_RETRY_CNT: u8 = 6;
+
 /// What the RTS transition takes (`None`: SMC-R's values).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RtsAttr {
     /// The first PSN we send.
     pub sq_psn: u32,
-    /// Local ACK timeout exponent (`None`: 14).
+    /// Local ACK timeout exponent (`None`: [`RTS_TIMEOUT`]).
     pub timeout: Option<u8>,
-    /// Retries (`None`: 7).
+    /// Retries (`None`: [`RTS_RETRY_CNT`]).
     pub retry_cnt: Option<u8>,
     /// RNR retries (`None`: 7, infinite).
     pub rnr_retry: Option<u8>,
@@ -162,9 +173,8 @@ impl Qp {
         let mut a = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
             sq_psn: r.sq_psn & 0xff_ffff,
-            // SMC-R's values (the kernel's smc_ib_modify_qp_rts).
-            timeout: r.timeout.unwrap_or(14),
-            retry_cnt: r.retry_cnt.unwrap_or(7),
+            timeout: r.timeout.unwrap_or(RTS_TIMEOUT),
+            retry_cnt: r.retry_cnt.unwrap_or(RTS_RETRY_CNT),
             rnr_retry: r.rnr_retry.unwrap_or(7),
             max_rd_atomic: 1,
             ..Default::default()
