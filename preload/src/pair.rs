@@ -229,9 +229,21 @@ impl Pair {
 
     /// Wakes whoever waits on the socket through our hooks.
     fn wake(&self) {
-        let sets = self.watched.lock().clone();
-        if !sets.is_empty() {
+        // Copied out, so no set is woken under the lock; on the stack, as a socket is nearly
+        // always in one or two sets (a heap copy would be an allocation per arrival).
+        let mut few = [0i32; 4];
+        let w = self.watched.lock();
+        if w.len() > few.len() {
+            let sets = w.clone();
+            drop(w);
             wake::epoll_sets(&sets);
+        } else if !w.is_empty() {
+            let n = w.len();
+            few[..n].copy_from_slice(&w);
+            drop(w);
+            wake::epoll_sets(&few[..n]);
+        } else {
+            drop(w);
         }
         let pollers = self.pollers.lock();
         if !pollers.is_empty() {
