@@ -107,10 +107,10 @@ impl std::fmt::Display for TimeOfDay {
     }
 }
 
-/// Appends one line (with the pid and the time) to the log file, if logging was asked for: opened by its
-/// path (so a file rotated or removed meanwhile is made again), else through the descriptor
-/// kept since load, when it still is that file (a program may have closed it and reused the
-/// number: no line is ever written into one of its own files or sockets).
+/// Appends one line (with the pid and the time) to the log file, if logging was asked for:
+/// opened by its path (so a file rotated or removed meanwhile is made again), else through the
+/// descriptor kept since load, when it still is that file (a program may have closed it and
+/// reused the number: no line is ever written into one of its own files or sockets).
 pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(p) = path() else { return };
     let _b = crate::bypass::Bypass::new();

@@ -232,18 +232,18 @@ impl Pair {
         // Copied out, so no set is woken under the lock; on the stack, as a socket is nearly
         // always in one or two sets (a heap copy would be an allocation per arrival).
         let mut few = [0i32; 4];
+        let many;
         let w = self.watched.lock();
-        if w.len() > few.len() {
-            let sets = w.clone();
-            drop(w);
-            wake::epoll_sets(&sets);
-        } else if !w.is_empty() {
-            let n = w.len();
-            few[..n].copy_from_slice(&w);
-            drop(w);
-            wake::epoll_sets(&few[..n]);
+        let sets: &[i32] = if w.len() <= few.len() {
+            few[..w.len()].copy_from_slice(&w);
+            &few[..w.len()]
         } else {
-            drop(w);
+            many = w.clone();
+            &many
+        };
+        drop(w);
+        if !sets.is_empty() {
+            wake::epoll_sets(sets);
         }
         let pollers = self.pollers.lock();
         if !pollers.is_empty() {

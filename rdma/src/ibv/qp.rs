@@ -46,7 +46,7 @@ pub const RTS_TIMEOUT: u8 = 17;
 /// 6.3 s), and its link fails over or ends as any failed transport.
 pub const RTS_RETRY_CNT: u8 = 6;
 
-/// What the RTS transition takes (`None`: SMC-R's values).
+/// What the RTS transition takes (`None`: the defaults below).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RtsAttr {
     /// The first PSN we send.
