@@ -7,6 +7,11 @@
 //! be tested without a network, and without a sleep: nothing happens later than the call that
 //! caused it, except what the test's own threads do.
 //!
+//! A device can also defer its sends ([`crate::Device::defer_sends`]): requests then wait
+//! and run when the test says, reading their local memory only then, as a verbs device does
+//! (it reads a request's buffers when it sends it, not when it is posted). A device can have
+//! more than one address ([`Fabric::add_address`]), as a multi-homed port has.
+//!
 //! Errors are those of RC: a local key or range that is wrong fails the request with
 //! `LocProtErr`, a remote one with `RemAccessErr` (and moves both queue pairs to the error
 //! state); a peer that does not exist, or is not ready to receive, `RetryExcErr`, as
@@ -73,6 +78,20 @@ impl Fabric {
     fn dev(&self, ip: Ipv4Addr) -> Option<Arc<MemDev>> {
         self.devs.lock().get(&ip).and_then(Weak::upgrade)
     }
+
+    /// Gives the device at `of` a second address `ip` (peers reach its queue pairs there
+    /// too). False if no live device is at `of`, or `ip` is taken.
+    pub fn add_address(&self, of: Ipv4Addr, ip: Ipv4Addr) -> bool {
+        let mut devs = self.devs.lock();
+        let Some(dev) = devs.get(&of).filter(|d| d.strong_count() > 0).cloned() else {
+            return false;
+        };
+        if devs.get(&ip).is_some_and(|d| d.strong_count() > 0) {
+            return false;
+        }
+        devs.insert(ip, dev);
+        true
+    }
 }
 
 impl std::fmt::Debug for Fabric {
@@ -91,6 +110,17 @@ pub(crate) struct MemDev {
     qps: Mutex<HashMap<u32, Weak<MemQp>>>,
     next_qpn: AtomicU32,
     pub(crate) next_pd: AtomicU32,
+    /// While sends are deferred: the requests posted meanwhile, in order.
+    deferred: Mutex<Option<Vec<DeferredWr>>>,
+}
+
+/// A send request posted while sends are deferred: what it names, not what it reads.
+struct DeferredWr {
+    qp: Arc<MemQp>,
+    wr_id: u64,
+    opcode: WrOpcode,
+    sges: Vec<Sge>,
+    flags: SendFlags,
 }
 
 impl MemDev {
@@ -112,6 +142,7 @@ impl MemDev {
             // QP numbers of different devices differ too: a mistaken peer is not found.
             next_qpn: AtomicU32::new((u32::from(ip) & 0xff) << 12 | 0x11),
             next_pd: AtomicU32::new(1),
+            deferred: Mutex::new(None),
         });
         devs.insert(ip, Arc::downgrade(&dev));
         Ok(dev)
@@ -153,6 +184,31 @@ impl MemDev {
 
     fn qp(&self, qpn: u32) -> Option<Arc<MemQp>> {
         self.qps.lock().get(&qpn).and_then(Weak::upgrade)
+    }
+
+    /// See [`crate::Device::defer_sends`].
+    pub(crate) fn defer_sends(&self, on: bool) {
+        if on {
+            self.deferred.lock().get_or_insert_with(Vec::new);
+            return;
+        }
+        let Some(held) = self.deferred.lock().take() else {
+            return;
+        };
+        for d in held {
+            let wr = SendWr {
+                wr_id: d.wr_id,
+                opcode: d.opcode,
+                sg_list: &d.sges,
+                flags: d.flags,
+            };
+            let _ = d.qp.execute(std::slice::from_ref(&wr));
+        }
+    }
+
+    /// See [`crate::Device::deferred_sends`].
+    pub(crate) fn deferred_sends(&self) -> usize {
+        self.deferred.lock().as_ref().map_or(0, Vec::len)
     }
 }
 
@@ -353,7 +409,37 @@ impl MemQp {
     /// Runs the requests in order; each completes (when signaled, or failed) before the
     /// next runs. Returns 0: no request is reported as run at posting (their completions
     /// are queued as on UDP, so [`SendFlags::SIGNAL_IF_DEFERRED`] counts as signaled).
-    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<usize, PostError> {
+    pub(crate) fn post_send(self: &Arc<Self>, wrs: &[SendWr<'_>]) -> Result<usize, PostError> {
+        {
+            let mut deferred = self.dev.deferred.lock();
+            if let Some(held) = deferred.as_mut() {
+                let state = self.state();
+                if !matches!(state, QpState::Rts | QpState::Error) {
+                    return Err(PostError::InvalidState(state));
+                }
+                for w in wrs {
+                    if w.sg_list.len() > self.caps.max_send_sge as usize {
+                        return Err(PostError::TooManySge {
+                            given: w.sg_list.len(),
+                            max: self.caps.max_send_sge as usize,
+                        });
+                    }
+                }
+                held.extend(wrs.iter().map(|w| DeferredWr {
+                    qp: self.clone(),
+                    wr_id: w.wr_id,
+                    opcode: w.opcode,
+                    sges: w.sg_list.to_vec(),
+                    flags: w.flags,
+                }));
+                return Ok(0);
+            }
+        }
+        self.execute(wrs)
+    }
+
+    /// Runs send requests now (see [`Self::post_send`]).
+    fn execute(&self, wrs: &[SendWr<'_>]) -> Result<usize, PostError> {
         let _posting = self.posting.lock();
         let (state, peer) = {
             let st = self.st.lock();

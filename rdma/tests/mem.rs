@@ -298,3 +298,99 @@ fn posting_before_rts_is_refused_and_the_fd_wakes_a_sleeper() {
     let ids: Vec<_> = poll(&cq).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [9, 1]);
 }
+
+#[test]
+fn deferred_sends_read_their_memory_when_they_run_and_fail_if_it_was_deregistered() {
+    let fabric = mem::Fabric::new();
+    let p = pair(&fabric);
+    let dst = p.pb.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[dst.sge(0, 64)],
+    }])
+    .unwrap();
+    let kept = p.pa.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    kept.write(0, b"posted");
+    p.a.defer_sends(true);
+    let send = |mr: &MemoryRegion, id: u64| {
+        p.qa.post_send(&[SendWr {
+            wr_id: id,
+            opcode: WrOpcode::Send,
+            sg_list: &[mr.sge(0, 6)],
+            flags: SendFlags::SIGNALED,
+        }])
+        .unwrap();
+    };
+    send(&kept, 7);
+    // Nothing ran: no completion on either side, and the request reads what is there later.
+    assert_eq!(p.a.deferred_sends(), 1);
+    assert!(poll(&p.ca).is_empty() && poll(&p.cb).is_empty());
+    kept.write(0, b"latest");
+    p.a.defer_sends(false);
+    assert_eq!(p.a.deferred_sends(), 0);
+    let wcs = poll(&p.ca);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::Success));
+    let mut got = [0u8; 6];
+    dst.read(0, &mut got);
+    assert_eq!(&got, b"latest");
+    // A buffer deregistered between post and send fails the request, as on a verbs device.
+    let gone = p.pa.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.a.defer_sends(true);
+    send(&gone, 8);
+    drop(gone);
+    p.a.defer_sends(false);
+    let wcs = poll(&p.ca);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (8, WcStatus::LocProtErr));
+    assert_eq!(p.qa.state(), QpState::Error);
+}
+
+#[test]
+fn a_second_address_reaches_the_same_device() {
+    let fabric = mem::Fabric::new();
+    let p = pair(&fabric);
+    assert!(fabric.add_address(ip(2), ip(12)));
+    assert!(!fabric.add_address(ip(2), ip(1)), "taken");
+    assert!(!fabric.add_address(ip(9), ip(19)), "no device there");
+    // qa's peer at b's second address.
+    let qa2 =
+        p.pa.create_qp(&p.ca, &p.ca, QpCaps::default(), false)
+            .unwrap();
+    let qb2 =
+        p.pb.create_qp(&p.cb, &p.cb, QpCaps::default(), false)
+            .unwrap();
+    let alt = std::net::SocketAddrV4::new(ip(12), 4791);
+    qa2.modify(&QpAttr::state(QpState::Init)).unwrap();
+    qa2.modify(&QpAttr {
+        dest_qp_num: Some(qb2.qp_num()),
+        av: Some(alt),
+        rq_psn: Some(Psn::new(0)),
+        path_mtu: Some(Mtu::Mtu1024),
+        ..QpAttr::state(QpState::Rtr)
+    })
+    .unwrap();
+    qa2.modify(&QpAttr {
+        sq_psn: Some(Psn::new(0)),
+        ..QpAttr::state(QpState::Rts)
+    })
+    .unwrap();
+    connect(&qb2, &qa2, &p.a);
+    let src = p.pa.reg_mr(8, Access::LOCAL_WRITE).unwrap();
+    let dst = p.pb.reg_mr(8, Access::LOCAL_WRITE).unwrap();
+    qb2.post_recv(&[RecvWr {
+        wr_id: 3,
+        sg_list: &[dst.sge(0, 8)],
+    }])
+    .unwrap();
+    src.write(0, b"via alt!");
+    qa2.post_send(&[SendWr {
+        wr_id: 4,
+        opcode: WrOpcode::Send,
+        sg_list: &[src.sge(0, 8)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    assert_eq!(poll(&p.ca)[0].status, WcStatus::Success);
+    let mut got = [0u8; 8];
+    dst.read(0, &mut got);
+    assert_eq!(&got, b"via alt!");
+}

@@ -108,6 +108,24 @@ impl Device {
         })
     }
 
+    /// In-memory devices ([`crate::mem`]) only: while `on`, posted send requests wait, and
+    /// run (in order) when it is turned off, reading their local memory then, as a verbs
+    /// device reads a request's buffers when it sends them, not when they are posted. For
+    /// tests of what a caller does between posting and sending. No effect on other devices.
+    pub fn defer_sends(&self, on: bool) {
+        if let DevKind::Mem(m) = &self.kind {
+            m.defer_sends(on);
+        }
+    }
+
+    /// Send requests waiting while sends are deferred (see [`Self::defer_sends`]).
+    pub fn deferred_sends(&self) -> usize {
+        match &self.kind {
+            DevKind::Mem(m) => m.deferred_sends(),
+            _ => 0,
+        }
+    }
+
     /// The verbs device behind this one (`None`: our engine, or the in-memory one).
     pub fn verbs(&self) -> Option<ibv::VerbsInfo> {
         match &self.kind {

@@ -359,6 +359,7 @@ impl LinkGroup {
                     // count of CDCs in flight); a surviving link carries on. Known by its
                     // `wr_id`: an error completion's opcode is undefined (see RECV_TAG).
                     if wc.wr_id & RECV_TAG == 0 && (wc.wr_id as usize) < SEND_SLOTS {
+                        self.sent_on(path, wc.wr_id as usize);
                         if let Some(c) = st.g.conns.complete(wc.wr_id as usize) {
                             sent.push((c, None));
                         }
@@ -403,6 +404,7 @@ impl LinkGroup {
                     }
                     WcOpcode::Send => {
                         let slot = wc.wr_id as usize;
+                        self.sent_on(path, slot);
                         if let Some(c) = st.g.conns.complete(slot) {
                             // A data CDC: its sequence number is what a failover validates
                             // (groups that can fail over only).

@@ -44,6 +44,8 @@ impl LinkGroup {
                     if let Some(rt) = self.runtime.upgrade() {
                         rt.links_confirmed.fetch_add(1, Ordering::Relaxed);
                     }
+                    // (Whoever waits for the group's links.)
+                    self.cond.notify_all();
                 }
                 GroupEvent::RkeyDone { .. } => {
                     self.cond.notify_all();
@@ -66,6 +68,7 @@ impl LinkGroup {
                     if let Some(p) = self.paths.get(path) {
                         let _ = p.qp.modify(&QpAttr::state(QpState::Error));
                     }
+                    self.cond.notify_all();
                 }
                 GroupEvent::PrepareAddLink { path, link_id } => {
                     let req = match self.rkey_pairs(st) {

@@ -19,6 +19,8 @@ impl Path {
             .modify(&QpAttr::state(QpState::Reset))
             .and_then(|()| self.qp.modify(&QpAttr::state(QpState::Init)))
             .map_err(|e| SetupError::QueuePair(format!("QP to INIT: {e:?}")))?;
+        // A reset drops what was posted, without completions: the long-message buffer is free.
+        self.big_tx_slot.store(0, Ordering::Release);
         let all: Vec<usize> = (self.base..self.base + RECV_SLOTS).collect();
         self.post_recvs(recv_mr, &all)
             .map_err(|e| SetupError::QueuePair(format!("post_recv: {e:?}")).into())
@@ -134,6 +136,12 @@ impl LinkGroup {
                 } else {
                     None
                 },
+                big_tx: if srcs.len() > 1 {
+                    Some(pd.reg_mr(LLC_MAX - SLOT, Access::LOCAL_WRITE)?)
+                } else {
+                    None
+                },
+                big_tx_slot: AtomicUsize::new(0),
                 src,
                 psn: AtomicU32::new(random_u32() & 0xff_ffff),
                 peer_qpn: AtomicU32::new(0),

@@ -16,7 +16,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -218,6 +218,15 @@ pub(crate) struct Path {
     /// Where the part of an LLC message beyond its slot lands (two-link groups; see
     /// [`LLC_MAX`]): every receive names it after its slot.
     big: Option<MemoryRegion>,
+    /// Where the part of an LLC message we send beyond its slot waits until the SEND
+    /// completes (two-link groups). A verbs device reads a request's memory when it sends it,
+    /// not when it is posted: a buffer deregistered meanwhile fails the request and the whole
+    /// queue pair (rxe: a local protection error, reported as a flush of every request). One
+    /// long message in flight per path, as Linux has one v2 send buffer per link (smc_wr.c,
+    /// `smc_wr_tx_get_v2_slot()`, busy: -EBUSY).
+    big_tx: Option<MemoryRegion>,
+    /// The SEND slot + 1 whose message uses `big_tx` (0: free).
+    big_tx_slot: AtomicUsize,
     /// The local address its packets leave from.
     src: Ipv4Addr,
     /// Our initial PSN (a new one each time the path is set up).

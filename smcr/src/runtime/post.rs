@@ -211,30 +211,50 @@ impl LinkGroup {
     }
 
     /// Sends an LLC message longer than a slot: its first [`SLOT`] bytes from `slot`, the rest
-    /// from a region registered for it (the request keeps it alive until it completes).
+    /// from the path's long-message buffer, which stays the request's until it completes
+    /// (`WouldBlock` while another long message is in flight there; see `Path::big_tx`).
     pub(super) fn post_long_llc(&self, path: usize, slot: usize, b: &[u8]) -> io::Result<()> {
-        if b.len() > LLC_MAX || self.paths.len() < 2 {
+        let p = &self.paths[path];
+        let Some(tail) = p.big_tx.as_ref().filter(|_| b.len() <= LLC_MAX) else {
             return Err(io::ErrorKind::InvalidInput.into());
+        };
+        // The buffer is the path's until the SEND using it completes (see `Path::big_tx`).
+        if p.big_tx_slot
+            .compare_exchange(0, slot + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(io::ErrorKind::WouldBlock.into());
         }
-        let tail = self.slots.pd.reg_mr(b.len() - SLOT, Access::LOCAL_WRITE)?;
         tail.write(0, &b[SLOT..]);
         self.slots.send_mr.write(slot * SLOT, &b[..SLOT]);
         let sge = [
             self.slots.send_mr.sge(slot * SLOT, SLOT),
             tail.sge(0, b.len() - SLOT),
         ];
-        self.paths[path]
-            .qp
-            .post_send(&[SendWr {
-                wr_id: slot as u64,
-                opcode: WrOpcode::Send,
-                sg_list: &sge,
-                flags: SendFlags::SIGNALED
-                    | SendFlags::SOLICITED
-                    | SendFlags::EXPEDITE
-                    | SendFlags::ACK_NOW,
-            }])
-            .map_err(|e| PostFailure::Refused(e).into())
+        p.qp.post_send(&[SendWr {
+            wr_id: slot as u64,
+            opcode: WrOpcode::Send,
+            sg_list: &sge,
+            flags: SendFlags::SIGNALED
+                | SendFlags::SOLICITED
+                | SendFlags::EXPEDITE
+                | SendFlags::ACK_NOW,
+        }])
+        .map_err(|e| {
+            p.big_tx_slot.store(0, Ordering::Release);
+            PostFailure::Refused(e).into()
+        })
+    }
+
+    /// SEND slot `slot` of `path` completed (or was flushed): a long LLC message's buffer it
+    /// held is free again.
+    pub(super) fn sent_on(&self, path: usize, slot: usize) {
+        let _ = self.paths[path].big_tx_slot.compare_exchange(
+            slot + 1,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     pub(super) fn flush_llc(&self, st: &mut LgState) {
@@ -247,7 +267,15 @@ impl LinkGroup {
             m.emit(&mut b);
             if b.len() > SLOT {
                 // Only two-link groups make longer ones (ADD LINK).
-                if self.post_long_llc(path, slot, &b).is_err() {
+                if let Err(e) = self.post_long_llc(path, slot, &b) {
+                    // Lost like a message on a failing link: its flow times out and is retried.
+                    log::info!(
+                        "link group {} ({}): an LLC message of {} bytes on path {path} not \
+                         sent: {e}",
+                        self.id,
+                        self.peer_text(),
+                        b.len()
+                    );
                     st.g.conns.put_back(slot);
                 }
                 continue;

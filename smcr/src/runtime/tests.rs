@@ -40,14 +40,19 @@ fn side_with(
     cfg: RuntimeConfig,
     clock: clock::Clock,
 ) -> Side {
+    let alt = cfg.alt_addrs.first().copied();
     let rt = Runtime::with_clock(cfg, clock);
     let o = me.octets();
     let dev = Arc::new(Dev {
         ip: me,
-        alt: None,
+        alt,
         device: Device::open_mem(fabric, me).unwrap(),
         mac: Mac([0x02, 0x00, o[0], o[1], o[2], o[3]]),
     });
+    // A second address (a two-path group) is the device's on the fabric too.
+    if let Some(a) = alt {
+        assert!(fabric.add_address(me, a), "{a} taken");
+    }
     rt.inner.devices.lock().insert(me, dev.clone());
     let lg = LinkGroup::create(
         &rt.inner,
@@ -118,9 +123,18 @@ fn up(fabric: &Arc<Fabric>) -> (Side, Side) {
 }
 
 fn start(c: Side, s: Side) -> (Side, Side) {
+    start_links(c, s, 1)
+}
+
+/// As [`start`], with `max_links` negotiated.
+fn start_links(c: Side, s: Side, max_links: u8) -> (Side, Side) {
+    let n = handshake::Negotiated {
+        max_links,
+        ..negotiated()
+    };
     for (x, peer) in [(&c, &s), (&s, &c)] {
         let cfg = &x.rt.inner.cfg;
-        x.lg.start(&endpoint(peer, None), QpMtu::MTU_1024, &negotiated(), cfg)
+        x.lg.start(&endpoint(peer, None), QpMtu::MTU_1024, &n, cfg)
             .unwrap();
     }
     for x in [&c, &s] {
@@ -599,4 +613,116 @@ fn a_wait_that_takes_the_hold_and_sleeps_wakes_a_poller_on_its_long_timer_when_i
     s.lg.sleep_end(Duration::ZERO, false);
     // Back from its sleep with the hold, the holder may go elsewhere: the poller watches.
     until_the_poller_watches(&s.lg, HOLD_IDLE + Duration::from_secs(1), "woke");
+}
+
+/// A client and a server group with two paths each (second addresses on the fabric), both
+/// links up, on `clock`; no TEST LINK, no linger.
+fn two_links(fabric: &Arc<Fabric>, clock: &clock::Clock) -> (Side, Side) {
+    let [c, s] = [
+        (ip(1), ip(2), ip(11), link::Role::Client),
+        (ip(2), ip(1), ip(12), link::Role::Server),
+    ]
+    .map(|(me, peer, alt, role)| {
+        let mut cfg = config();
+        cfg.linger = Duration::from_secs(3600);
+        cfg.test_link_time = None;
+        cfg.alt_addrs = vec![alt];
+        side_with(fabric, (me, peer, role), cfg, clock.clone())
+    });
+    let (c, s) = start_links(c, s, 2);
+    for x in [&c, &s] {
+        until(&x.lg, "second link up", |_, st| st.g.spare_up());
+    }
+    (c, s)
+}
+
+#[test]
+fn a_long_llc_message_holds_its_paths_buffer_until_its_send_completes() {
+    let fabric = Fabric::new();
+    let clock = clock::Clock::manual();
+    let (c, s) = two_links(&fabric, &clock);
+    // Two TEST LINK requests padded past a slot (the peer reads a TEST LINK's head only).
+    let m = llc::LlcMessage {
+        version: llc::Version::V2,
+        body: llc::Llc::TestLink(llc::TestLink {
+            response: false,
+            user_data: [7; 16],
+        }),
+    };
+    let mut long = vec![0u8; 300];
+    m.emit(&mut long[..m.buffer_len()]);
+    let slot = || {
+        let st = &mut *c.lg.st.lock();
+        match st.g.conns.take_slot(true) {
+            Slot::Got(n) => n,
+            _ => panic!("no slot"),
+        }
+    };
+    let path = c.lg.active();
+    c.lg.dev.device.defer_sends(true);
+    let first = slot();
+    c.lg.post_long_llc(path, first, &long).unwrap();
+    let second = slot();
+    let busy = c.lg.post_long_llc(path, second, &long).unwrap_err();
+    assert_eq!(busy.kind(), io::ErrorKind::WouldBlock);
+    c.lg.put_back(second);
+    // Sent and completed: the buffer is free for the next one; the link stays up.
+    c.lg.dev.device.defer_sends(false);
+    until(&c.lg, "first SEND completed", |lg, _| {
+        lg.paths[path].big_tx_slot.load(Ordering::Acquire) == 0
+    });
+    let third = slot();
+    c.lg.post_long_llc(path, third, &long).unwrap();
+    until(&c.lg, "third SEND completed", |lg, _| {
+        lg.paths[path].big_tx_slot.load(Ordering::Acquire) == 0
+    });
+    for x in [&c, &s] {
+        assert!(
+            x.lg.is_up() && x.lg.links() == 2,
+            "{:?}",
+            x.lg.st.lock().g.down()
+        );
+    }
+}
+
+/// A device that reads a request's memory when it sends it (every verbs device; rxe from a
+/// work queue, after `ibv_post_send` returned) got an ADD LINK whose rkey list, beyond its
+/// SEND slot, sat in a buffer deregistered right after posting: the request failed
+/// (`LOC_PROT_ERR`, rxe reports a flush) and with it the active link and the group, at a
+/// heal's ADD LINK with more RMBs than one slot holds.
+#[test]
+fn an_add_link_longer_than_a_slot_survives_a_device_that_reads_it_late() {
+    let fabric = Fabric::new();
+    let clock = clock::Clock::manual();
+    let (c, s) = two_links(&fabric, &clock);
+    // Eight connections: ADD LINK then lists more rkeys than one SEND slot holds.
+    let conns: Vec<_> = (0..8).map(|_| connect(&c, &s)).collect();
+    // The server's spare fails; it heals after its wait, with the long ADD LINK.
+    {
+        let mut st = s.lg.st.lock();
+        let spare = 1 - st.g.route().1;
+        st.g.transport_failed(spare, "test");
+    }
+    tick(&s);
+    for x in [&c, &s] {
+        until(&x.lg, "second link gone", |_, st| !st.g.spare_up());
+    }
+    s.lg.dev.device.defer_sends(true);
+    clock.advance(smcr_proto::group::HEAL_MAX);
+    tick(&s);
+    assert!(s.lg.dev.device.deferred_sends() >= 1, "ADD LINK posted");
+    s.lg.dev.device.defer_sends(false);
+    for x in [&s, &c] {
+        until(&x.lg, "second link up again", |lg, st| {
+            st.g.spare_up() || lg.is_down()
+        });
+        assert!(x.lg.is_up(), "{:?}", x.lg.st.lock().g.down());
+        assert_eq!(x.lg.links(), 2);
+    }
+    // Every connection still carries data, over the active link.
+    for (i, (cc, cs)) in conns.iter().enumerate() {
+        let data = pattern(1000, i as u8);
+        write_all(cc, &c.lg, &data);
+        assert_eq!(read_exact(cs, &s.lg, data.len()), data);
+    }
 }
