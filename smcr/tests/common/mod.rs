@@ -68,8 +68,33 @@ pub struct NetPair {
     pub addr_b: Ipv4Addr,
 }
 
+/// Deletes the namespaces `smcr-PID-…` of test processes that are gone (killed before their
+/// drops ran), once per process.
+fn sweep_dead_namespaces() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
+            return;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("smcr-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = run(&["ip", "netns", "del", &name]);
+            }
+        }
+    });
+}
+
 impl NetPair {
     pub fn new() -> io::Result<Self> {
+        sweep_dead_namespaces();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let pair = Self {
@@ -81,6 +106,7 @@ impl NetPair {
             addr_a: Ipv4Addr::new(10, 77, 0, 1),
             addr_b: Ipv4Addr::new(10, 77, 0, 2),
         };
+        // (A step that fails drops `pair`: what was made is deleted.)
         run(&["ip", "netns", "add", &pair.a])?;
         run(&["ip", "netns", "add", &pair.b])?;
         run(&[
