@@ -77,6 +77,13 @@ impl LinkGroup {
             WcStatus::WrFlushErr if r.invalid > 0 => {
                 "the peer's RDMA request was refused (invalid request; WR_FLUSH_ERR)".into()
             }
+            // A verbs device keeps no responder counters we can read, and rxe reports its own
+            // local errors (a request naming memory no longer registered) as flushes too.
+            WcStatus::WrFlushErr if self.dev.device.is_verbs() => {
+                "WR_FLUSH_ERR (the verbs device gave no first error: a local error of the queue \
+                 pair, or a request of the peer it refused)"
+                    .into()
+            }
             s => s.name().into(),
         }
     }
