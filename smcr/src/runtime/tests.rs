@@ -553,6 +553,16 @@ fn until_the_poller_idles(lg: &LinkGroup) {
     }
 }
 
+/// The server holds its group for 2 s after a wait (1 ms by default): the poller's watch of
+/// the hold, which the tests look for, then lasts that long instead of a millisecond that a
+/// loaded machine's test thread can sleep through (the poller takes the group back and goes
+/// to its long timer again).
+fn long_hold(cfg: &mut RuntimeConfig, role: link::Role) {
+    if role == link::Role::Server {
+        cfg.app_hold = Duration::from_secs(2);
+    }
+}
+
 /// Waits until the poller looks at the hold again (it no longer sleeps past `beyond`). A kick
 /// is immediate: seconds are for a slow machine.
 fn until_the_poller_watches(lg: &LinkGroup, beyond: Duration, what: &str) {
@@ -576,7 +586,7 @@ fn a_wait_that_takes_the_hold_and_catches_something_wakes_a_poller_on_its_long_t
     let fabric = Fabric::new();
     // No timer falls due: the poller's long timer is the one of an idle group.
     let clock = clock::Clock::manual();
-    let (c, s) = up_on(&fabric, &clock, |_, _| {});
+    let (c, s) = up_on(&fabric, &clock, long_hold);
     let (cc, cs) = connect(&c, &s);
     until_the_poller_idles(&s.lg);
     // Driven meanwhile, the group's arrivals signal only the driver descriptor: the CDC
@@ -602,7 +612,7 @@ fn a_wait_that_takes_the_hold_and_catches_something_wakes_a_poller_on_its_long_t
 fn a_wait_that_takes_the_hold_and_sleeps_wakes_a_poller_on_its_long_timer_when_it_wakes() {
     let fabric = Fabric::new();
     let clock = clock::Clock::manual();
-    let (_c, s) = up_on(&fabric, &clock, |_, _| {});
+    let (_c, s) = up_on(&fabric, &clock, long_hold);
     until_the_poller_idles(&s.lg);
     assert!(s.lg.sleep_begin(false), "nothing arrived: the loop sleeps");
     // (A kick clears `poller_until` at once, under the hold's lock.)
@@ -612,7 +622,7 @@ fn a_wait_that_takes_the_hold_and_sleeps_wakes_a_poller_on_its_long_timer_when_i
     );
     s.lg.sleep_end(Duration::ZERO, false);
     // Back from its sleep with the hold, the holder may go elsewhere: the poller watches.
-    until_the_poller_watches(&s.lg, HOLD_IDLE + Duration::from_secs(1), "woke");
+    until_the_poller_watches(&s.lg, s.lg.drive.hold_for + Duration::from_secs(1), "woke");
 }
 
 /// A client and a server group with two paths each (second addresses on the fabric), both
