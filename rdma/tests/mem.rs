@@ -20,10 +20,15 @@ fn ip(last: u8) -> Ipv4Addr {
 }
 
 fn connect(q: &QueuePair, peer: &QueuePair, dev: &Device) {
+    connect_at(q, peer, dev.local_addr());
+}
+
+/// Connects `q` to `peer` at address `av` (a device may have more than one).
+fn connect_at(q: &QueuePair, peer: &QueuePair, av: std::net::SocketAddrV4) {
     q.modify(&QpAttr::state(QpState::Init)).unwrap();
     q.modify(&QpAttr {
         dest_qp_num: Some(peer.qp_num()),
-        av: Some(dev.local_addr()),
+        av: Some(av),
         rq_psn: Some(Psn::new(0)),
         path_mtu: Some(Mtu::Mtu1024),
         ..QpAttr::state(QpState::Rtr)
@@ -358,21 +363,7 @@ fn a_second_address_reaches_the_same_device() {
     let qb2 =
         p.pb.create_qp(&p.cb, &p.cb, QpCaps::default(), false)
             .unwrap();
-    let alt = std::net::SocketAddrV4::new(ip(12), 4791);
-    qa2.modify(&QpAttr::state(QpState::Init)).unwrap();
-    qa2.modify(&QpAttr {
-        dest_qp_num: Some(qb2.qp_num()),
-        av: Some(alt),
-        rq_psn: Some(Psn::new(0)),
-        path_mtu: Some(Mtu::Mtu1024),
-        ..QpAttr::state(QpState::Rtr)
-    })
-    .unwrap();
-    qa2.modify(&QpAttr {
-        sq_psn: Some(Psn::new(0)),
-        ..QpAttr::state(QpState::Rts)
-    })
-    .unwrap();
+    connect_at(&qa2, &qb2, std::net::SocketAddrV4::new(ip(12), 4791));
     connect(&qb2, &qa2, &p.a);
     let src = p.pa.reg_mr(8, Access::LOCAL_WRITE).unwrap();
     let dst = p.pb.reg_mr(8, Access::LOCAL_WRITE).unwrap();

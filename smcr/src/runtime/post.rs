@@ -256,12 +256,11 @@ impl LinkGroup {
     /// SEND slot `slot` of `path` completed (or was flushed): a long LLC message's buffer it
     /// held is free again.
     pub(super) fn sent_on(&self, path: usize, slot: usize) {
-        let _ = self.paths[path].big_tx_slot.compare_exchange(
-            slot + 1,
-            0,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        // (Under the group's lock, as every use of the mark: a load per completion, no RMW.)
+        let mark = &self.paths[path].big_tx_slot;
+        if mark.load(Ordering::Relaxed) == slot + 1 {
+            mark.store(0, Ordering::Relaxed);
+        }
     }
 
     pub(super) fn flush_llc(&self, st: &mut LgState) {

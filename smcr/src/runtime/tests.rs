@@ -661,28 +661,26 @@ fn a_long_llc_message_holds_its_paths_buffer_until_its_send_completes() {
     };
     let mut long = vec![0u8; 300];
     m.emit(&mut long[..m.buffer_len()]);
-    let slot = || {
-        let st = &mut *c.lg.st.lock();
-        match st.g.conns.take_slot(true) {
-            Slot::Got(n) => n,
-            _ => panic!("no slot"),
-        }
-    };
     let path = c.lg.active();
+    // A slot and the post, under the group's lock as the driver posts.
+    let post = || {
+        let st = &mut *c.lg.st.lock();
+        let Slot::Got(slot) = st.g.conns.take_slot(true) else {
+            panic!("no slot")
+        };
+        (slot, c.lg.post_long_llc(path, slot, &long))
+    };
     c.lg.dev.device.defer_sends(true);
-    let first = slot();
-    c.lg.post_long_llc(path, first, &long).unwrap();
-    let second = slot();
-    let busy = c.lg.post_long_llc(path, second, &long).unwrap_err();
-    assert_eq!(busy.kind(), io::ErrorKind::WouldBlock);
+    post().1.unwrap();
+    let (second, busy) = post();
+    assert_eq!(busy.unwrap_err().kind(), io::ErrorKind::WouldBlock);
     c.lg.put_back(second);
     // Sent and completed: the buffer is free for the next one; the link stays up.
     c.lg.dev.device.defer_sends(false);
     until(&c.lg, "first SEND completed", |lg, _| {
         lg.paths[path].big_tx_slot.load(Ordering::Acquire) == 0
     });
-    let third = slot();
-    c.lg.post_long_llc(path, third, &long).unwrap();
+    post().1.unwrap();
     until(&c.lg, "third SEND completed", |lg, _| {
         lg.paths[path].big_tx_slot.load(Ordering::Acquire) == 0
     });
