@@ -29,6 +29,8 @@ struct State {
     idle: usize,
     /// The process these workers belong to: a forked child has none of them.
     pid: u32,
+    /// Wake-ups of idle workers that found no job (another took it): each a context switch.
+    idle_wakes: u64,
 }
 
 /// `std` locks: the state is held across `fork` (`forkhold`).
@@ -36,6 +38,7 @@ static STATE: std::sync::Mutex<State> = std::sync::Mutex::new(State {
     jobs: VecDeque::new(),
     idle: 0,
     pid: 0,
+    idle_wakes: 0,
 });
 static COND: Condvar = Condvar::new();
 
@@ -62,10 +65,11 @@ pub(crate) fn run(keep: usize, job: impl FnOnce() + Send + 'static) {
     if st.idle > st.jobs.len() {
         st.jobs.push_back(Box::new(job));
         drop(st);
-        // All of them (few, and those without a job wait on): after a fork the condition
-        // variable may still list the parent's workers, and one of them could take the only
-        // notification.
-        COND.notify_all();
+        // One of them: each woken worker costs a context switch, and a burst of connects
+        // finds dozens idle. std's condition variable is a bare futex word (no list of
+        // waiters in our memory), so after a fork it holds none of the parent's workers to
+        // take this notification.
+        COND.notify_one();
         return;
     }
     drop(st);
@@ -124,9 +128,12 @@ fn worker() {
                     .wait_timeout(st, left)
                     .unwrap_or_else(PoisonError::into_inner);
                 st = g;
-                if t.timed_out() && st.jobs.is_empty() {
-                    st.idle -= 1;
-                    break None;
+                if st.jobs.is_empty() {
+                    if t.timed_out() {
+                        st.idle -= 1;
+                        break None;
+                    }
+                    st.idle_wakes += 1;
                 }
             }
         };
@@ -147,8 +154,66 @@ mod tests {
         unsafe { libc::gettid() }
     }
 
+    /// The workers are the process's: one test at a time.
+    static ONE: Mutex<()> = Mutex::new(());
+
+    fn wait_idle(n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while state().idle < n {
+            assert!(std::time::Instant::now() < deadline, "workers never idle");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_job_wakes_one_idle_worker_not_all() {
+        let _one = ONE.lock();
+        // Six workers, then idle (a burst of connects leaves dozens so).
+        const K: usize = 6;
+        let (tx, rx) = mpsc::channel();
+        let (go, wait) = std::sync::mpsc::sync_channel::<()>(0);
+        let wait = std::sync::Arc::new(Mutex::new(wait));
+        // Another test's idle workers leave after [`IDLE`].
+        let deadline = std::time::Instant::now() + IDLE * 3;
+        while state().idle > 0 {
+            assert!(std::time::Instant::now() < deadline, "idle workers stay");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let before = 0;
+        for _ in 0..K {
+            let (t, w) = (tx.clone(), wait.clone());
+            run(0, move || {
+                t.send(()).unwrap();
+                let _ = w.lock().recv();
+            });
+        }
+        for _ in 0..K {
+            rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        }
+        for _ in 0..K {
+            go.send(()).unwrap();
+        }
+        wait_idle(before + K);
+        let woke = state().idle_wakes;
+        // Jobs one after another: each should wake one worker, which takes it.
+        const JOBS: u64 = 20;
+        for _ in 0..JOBS {
+            let t = tx.clone();
+            run(0, move || t.send(()).unwrap());
+            rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            wait_idle(before + K);
+        }
+        let idle_wakes = state().idle_wakes - woke;
+        // (Was every idle worker per job: about (K - 1) * JOBS.)
+        assert!(
+            idle_wakes < JOBS,
+            "{idle_wakes} wake-ups for nothing over {JOBS} jobs"
+        );
+    }
+
     #[test]
     fn a_finished_worker_takes_the_next_job_and_a_busy_one_does_not_block_others() {
+        let _one = ONE.lock();
         let (tx, rx) = mpsc::channel();
         let t = tx.clone();
         run(0, move || t.send(tid()).unwrap());

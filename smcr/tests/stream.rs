@@ -431,6 +431,77 @@ fn pooled_rmbs_keep_their_confirmed_rkeys() {
 }
 
 #[test]
+fn a_same_host_peer_gets_no_confirm_rkey_for_new_rmbs() {
+    // Connections open at once each take a new RMB. Over UDP each of them costs a CONFIRM
+    // RKEY on both sides (as Linux's), one at a time on the link; over shared memory the peer
+    // is our engine, which the CLC message's rkey serves: none.
+    const N: usize = 6;
+    for same_host in [true, false] {
+        let mut cfg = config();
+        cfg.same_host = same_host;
+        let rt = Runtime::new(cfg);
+        let (l, addr) = listen(&rt);
+        let server = thread::spawn(move || {
+            let mut held = Vec::new();
+            for _ in 0..N {
+                let (mut s, _) = l.accept().unwrap();
+                let mut b = [0u8; 8];
+                s.read_exact(&mut b).unwrap();
+                s.write_all(&b).unwrap();
+                held.push(s);
+            }
+            for mut s in held {
+                let mut b = [0u8; 1];
+                assert_eq!(s.read(&mut b).unwrap(), 0);
+            }
+        });
+        let mut conns = Vec::new();
+        for i in 0..N {
+            let mut c = SmcStream::connect(&rt, addr).unwrap();
+            assert_eq!(
+                c.mode(),
+                &Mode::SmcR {
+                    first_contact: i == 0
+                }
+            );
+            let msg = format!("conn {i:03}");
+            c.write_all(msg.as_bytes()).unwrap();
+            let mut b = [0u8; 8];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(&b, msg.as_bytes());
+            conns.push(c);
+            if i == 0 && same_host {
+                // The offers cross after the first contact's link is up: from then on.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while rt
+                    .device_stats()
+                    .iter()
+                    .map(|(_, d)| d.shm_offers)
+                    .sum::<u64>()
+                    < 2
+                {
+                    assert!(std::time::Instant::now() < deadline, "no shared memory");
+                    thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+        drop(conns);
+        server.join().unwrap();
+        let offers: u64 = rt.device_stats().iter().map(|(_, d)| d.shm_offers).sum();
+        let n = rt.rkey_requests();
+        if same_host {
+            assert!(offers > 0, "no shared memory");
+            assert_eq!(n, 0, "{n} rkey requests over shared memory");
+        } else {
+            assert_eq!(offers, 0);
+            // Both sides of connections 2..N (the first contact's RMBs come with CLC).
+            assert!(n >= 2 * (N as u32 - 1), "{n} rkey requests over UDP");
+        }
+        rt.shutdown();
+    }
+}
+
+#[test]
 fn a_hold_that_begins_while_the_poller_sleeps_long_is_still_taken_back() {
     use std::time::{Duration, Instant};
     // The poller went to sleep on its long timer (500 ms) before an event loop took the group

@@ -212,6 +212,14 @@ impl EngineQp {
             .map_or(crate::SameHost::Off, crate::samehost::ShmQp::state)
     }
 
+    /// Whether the peer's offer came with its proof (or requests go through shared memory).
+    pub(super) fn peer_is_our_engine(&self) -> bool {
+        let core = self.qp.core.lock();
+        core.shm
+            .as_ref()
+            .is_some_and(|s| s.active || s.tx.is_some())
+    }
+
     /// The same-host peer's process (user and pid, as SO_PEERCRED tells them in our user
     /// namespace), once its offer came.
     pub(super) fn same_host_peer(&self) -> Option<crate::PeerCred> {

@@ -69,6 +69,12 @@ impl QueuePair {
         on_qp!(self, e => e.same_host_state(), _v => crate::SameHost::Off, _m => crate::SameHost::Off)
     }
 
+    /// Whether the peer is our engine, proven by its same-host offer (its pair's proof
+    /// checked): from then on, whether or not requests go through shared memory yet.
+    pub fn peer_is_our_engine(&self) -> bool {
+        on_qp!(self, e => e.peer_is_our_engine(), _v => false, _m => false)
+    }
+
     /// The same-host peer's process (user and pid, as SO_PEERCRED tells them in our user
     /// namespace), once its offer came.
     pub fn same_host_peer(&self) -> Option<crate::PeerCred> {

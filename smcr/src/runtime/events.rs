@@ -344,6 +344,15 @@ impl LinkGroup {
             // A pooled RMB the peer still knows (`rkey_reuse`).
             return Ok(());
         }
+        if self.rkey_reuse && self.peer_is_our_engine() {
+            // The peer is our engine (it proved it for shared memory), whose RMBs keep one key
+            // on every link: what CONFIRM RKEY would tell it, the CLC message it gets anyway
+            // carries (`rtokens`: every translation is the identity), and an ADD LINK lists
+            // all our RMBs. Counted as confirmed, so that its end sends no DELETE RKEY either.
+            // (A burst of connections paid one serialised LLC round trip each, both sides.)
+            guard.confirmed.insert(rmb.rkey());
+            return Ok(());
+        }
         let st = &mut *guard;
         // The link answers every request (the peer's answer, its LLC_WAIT timer once sent,
         // or the link going down), one request at a time: ours may wait behind the others
@@ -377,6 +386,12 @@ impl LinkGroup {
                 return Err(SetupError::RkeyTimeout.into());
             }
         }
+    }
+
+    /// Whether a path's peer proved itself for shared memory: only our engine makes that
+    /// exchange.
+    fn peer_is_our_engine(&self) -> bool {
+        self.paths.iter().any(|p| p.qp.peer_is_our_engine())
     }
 
     pub(super) fn count_rkey_request(&self) {
@@ -427,6 +442,10 @@ impl LinkGroup {
                 rt.release_rmb(rmb.len() as u32);
             }
         } else {
+            if self.rkey_reuse && !st.confirmed.contains(&rmb.rkey()) && self.peer_is_our_engine() {
+                // (The first contact's RMB.) Our engine keeps it as it keeps a confirmed one.
+                st.confirmed.insert(rmb.rkey());
+            }
             if !st.confirmed.contains(&rmb.rkey()) && st.g.delete_rkey(rmb.rkey(), self.clock.now())
             {
                 self.count_rkey_request();
