@@ -179,7 +179,6 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "idle workers stay");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let before = 0;
         for _ in 0..K {
             let (t, w) = (tx.clone(), wait.clone());
             run(0, move || {
@@ -193,7 +192,7 @@ mod tests {
         for _ in 0..K {
             go.send(()).unwrap();
         }
-        wait_idle(before + K);
+        wait_idle(K);
         let woke = state().idle_wakes;
         // Jobs one after another: each should wake one worker, which takes it.
         const JOBS: u64 = 20;
@@ -201,7 +200,7 @@ mod tests {
             let t = tx.clone();
             run(0, move || t.send(()).unwrap());
             rx.recv_timeout(Duration::from_secs(5)).unwrap();
-            wait_idle(before + K);
+            wait_idle(K);
         }
         let idle_wakes = state().idle_wakes - woke;
         // (Was every idle worker per job: about (K - 1) * JOBS.)
