@@ -619,13 +619,31 @@ check "V: ... the kernel added the second link, ours failed over to it, the kern
 GB "cd /tmp; rm -f /tmp/v7s.log /tmp/v7c.log; touch /tmp/v7s.log /tmp/v7c.log; chmod 666 /tmp/v7s.log /tmp/v7c.log
 su -s /bin/sh nobody -c \"ulimit -l 1024; SMCR_UEID=$UEID SMCR_LOG=/tmp/v7s.log LD_PRELOAD=/lib/libsmcr.so $REDIS --port 7104 >/dev/null 2>&1\" &
 sleep 1
+(sleep 90; for p in \$(pidof redis-benchmark redis-server); do for t in /proc/\$p/task/*; do echo \"\$p \$(cat \$t/comm) \$(cat \$t/wchan) \$(cut -d' ' -f1 \$t/syscall)\"; done; done) >/tmp/v7-stuck.txt 2>&1 </dev/null &
+W=\$!
 su -s /bin/sh nobody -c 'ulimit -l 1024; SMCR_UEID=$UEID SMCR_LOG=/tmp/v7c.log LD_PRELOAD=/lib/libsmcr.so timeout 100 redis-benchmark -h $B_IP -p 7104 -n 4000 -c 50 -t set,get -q'
+echo \"v7 redis-benchmark exit \$?\"; kill \$W 2>/dev/null
 for f in s c; do echo \"v7\$f: \$(grep -c 'SMC-R' /tmp/v7\$f.log) smcr \$(grep -c 'declined: MEM' /tmp/v7\$f.log) mem \$(grep -c 'handshake failed' /tmp/v7\$f.log) failed\"; done
-grep -h 'pinned memory' /tmp/v7s.log; kill \$(pidof redis-server)" >"$D/v7.txt" 2>&1
+grep -h 'pinned memory' /tmp/v7s.log; smc-stat >/tmp/v7-stat.txt 2>&1; smc-stat --links >>/tmp/v7-stat.txt 2>&1; kill \$(pidof redis-server)" >"$D/v7.txt" 2>&1
+# (Kept whole for a failure's story: both logs and what smc-stat saw at the end.)
+GB "cat /tmp/v7s.log" >"$D/v7-server.log" 2>&1
+GB "cat /tmp/v7c.log" >"$D/v7-client.log" 2>&1
+GB "cat /tmp/v7-stat.txt; cat /tmp/v7-stuck.txt 2>/dev/null" >"$D/v7-stat.txt" 2>&1
+# v7_story: what a failed V7 printed last, and each log's lines other than MEM declines.
+v7_story() {
+	grep '^v7' "$D/v7.txt"
+	tr '\r' '\n' <"$D/v7.txt" | grep -v '^ *$' | grep -v '^v7' | tail -3
+	for f in server client; do
+		echo "-- $f log (not MEM):"
+		grep -v 'declined: MEM' "$D/v7-$f.log" | tail -12
+	done
+	echo "-- smc-stat (and, when redis-benchmark was still running at 90 s, its threads: pid comm wchan syscall):"
+	head -50 "$D/v7-stat.txt"
+}
 check "V: as nobody with ulimit -l 1024 on rxe0: redis-benchmark -c 50 completes, connections past the pinning limit stay TCP (MEM), none reset" \
 	"$(redis_ok "$D/v7.txt" && grep -q 'pinned memory is limited to 1024 KiB' "$D/v7.txt" &&
 		grep -Eq '^v7c: [1-9][0-9]* smcr [1-9][0-9]* mem 0 failed' "$D/v7.txt" &&
-		grep -Eq '^v7s: [1-9][0-9]* smcr [1-9][0-9]* mem 0 failed' "$D/v7.txt"; echo $?)" "$(grep '^v7' "$D/v7.txt")"
+		grep -Eq '^v7s: [1-9][0-9]* smcr [1-9][0-9]* mem 0 failed' "$D/v7.txt"; echo $?)" "$(v7_story)"
 # V8: `bench apps` finds rxe0 and runs its workloads over it against TCP (smcr-verbs).
 strip -o "$D/bench" "$BIN/bench"
 GB "mkdir -p /opt/smcr-bench" >/dev/null
