@@ -182,6 +182,7 @@ over_both_kinds!(
         test_link_keeps_an_idle_link_up,
         an_idle_link_group_is_deleted,
         a_declining_server_leaves_a_clean_tcp_stream,
+        a_declining_client_ends_its_new_group_at_once,
     ],
     // Our engine's two links and failover: tests/failover.rs, across namespaces.
     verbs_only: [two_links_fail_over_when_the_first_path_goes],
@@ -556,6 +557,43 @@ fn a_declining_server_leaves_a_clean_tcp_stream(s: &Setup) {
             by_peer: false
         })]
     );
+    client_rt.shutdown();
+    server_rt.shutdown();
+}
+
+/// A client that cannot give an RMB for a first contact declines (MEM) after the server's
+/// Accept: both ends go on over TCP, and the group it had made for that connection ends at
+/// once. (It used to stay until its link's CONFIRM LINK wait ran out, 4 s later, holding
+/// its buffers: pinned memory on a verbs device past RLIMIT_MEMLOCK.)
+fn a_declining_client_ends_its_new_group_at_once(s: &Setup) {
+    let mut stingy = s.config();
+    stingy.rmb_budget = 0;
+    let client_rt = Runtime::new(stingy);
+    let server_rt = Runtime::new(s.config());
+    let (l, addr) = s.listen(&server_rt);
+    let server = echo_server(l, 1);
+    let mut c = SmcStream::connect(&client_rt, addr).unwrap();
+    // Checked before anything else could end it: the group was ended inside the handshake.
+    let groups = client_rt.link_groups();
+    echo_once(&mut c, b"after our decline the TCP stream is clean");
+    let mode = c.mode().clone();
+    drop(c);
+    assert_eq!(
+        mode,
+        Mode::Tcp(FallbackReason::Declined {
+            reason: DeclineReason::MEM,
+            by_peer: false
+        })
+    );
+    assert_eq!(groups, 0, "{}", client_rt.debug_summary());
+    assert_eq!(
+        server.join().unwrap(),
+        vec![Mode::Tcp(FallbackReason::Declined {
+            reason: DeclineReason::MEM,
+            by_peer: true
+        })]
+    );
+    assert_eq!(server_rt.link_groups(), 0, "{}", server_rt.debug_summary());
     client_rt.shutdown();
     server_rt.shutdown();
 }

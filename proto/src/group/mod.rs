@@ -71,6 +71,10 @@ pub enum GroupDown {
     /// The completion queue failed under the group.
     #[error("completion queue: {0}")]
     CompletionQueue(String),
+    /// A new group's first connection was declined before its link came up (no buffer for
+    /// it): the group has nothing to carry.
+    #[error("its first connection was declined before the link came up")]
+    Declined,
 }
 
 impl GroupDown {
@@ -87,6 +91,7 @@ impl GroupDown {
             Self::Link(
                 DownReason::PeerDeleted(r) | DownReason::PeerDeletedGroup(r) | DownReason::Local(r),
             ) => ended(r),
+            Self::Declined => true,
             _ => false,
         }
     }

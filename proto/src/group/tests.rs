@@ -581,4 +581,6 @@ fn orderly_ends_are_told_from_failures() {
         .orderly()
     );
     assert!(!GroupDown::FirstLinkNotUp.orderly());
+    // Ours, before its link came up: nothing failed.
+    assert!(GroupDown::Declined.orderly());
 }

@@ -175,16 +175,31 @@ impl SmcStream {
                     )
                     .ok_or(DeclineReason::SYNCERR)?
             };
-            let rmb = lg.take_rmb(size.bytes())?;
-            // Taken before the Confirm, so that a device that cannot register it (a verbs
-            // device past RLIMIT_MEMLOCK) declines instead of resetting the connection.
-            let sndbuf = match lg.take_sndbuf(peer.rmb_size.bytes()) {
+            let buffers = || {
+                let rmb = lg.take_rmb(size.bytes())?;
+                // Taken before the Confirm, so that a device that cannot register it (a verbs
+                // device past RLIMIT_MEMLOCK) declines instead of resetting the connection.
+                match lg.take_sndbuf(peer.rmb_size.bytes()) {
+                    Ok(b) => Ok((rmb, b)),
+                    Err(e) => {
+                        lg.give_back(rmb);
+                        rt.inner
+                            .note(crate::runtime::pinning_note("send buffer", &e));
+                        Err(DeclineReason::MEM)
+                    }
+                }
+            };
+            let (rmb, sndbuf) = match buffers() {
                 Ok(b) => b,
-                Err(e) => {
-                    lg.give_back(rmb);
-                    rt.inner
-                        .note(crate::runtime::pinning_note("send buffer", &e));
-                    return Err(DeclineReason::MEM);
+                Err(reason) => {
+                    if server.first_contact {
+                        // The new group will have no connection: its link would wait for
+                        // a CONFIRM LINK the server never sends (our Decline ends its side),
+                        // holding its buffers (pinned, on a verbs device) until the wait
+                        // ends. It ends now.
+                        lg.fail(crate::group::GroupDown::Declined);
+                    }
+                    return Err(reason);
                 }
             };
             if !server.first_contact && lg.confirm_rkey(&rmb).is_err() {
