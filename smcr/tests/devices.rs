@@ -530,6 +530,14 @@ fn an_idle_link_group_is_deleted(s: &Setup) {
     rt.shutdown();
 }
 
+/// TCP after a Decline for want of memory (`MEM`), sent by the peer or by us.
+fn mem_declined(by_peer: bool) -> Mode {
+    Mode::Tcp(FallbackReason::Declined {
+        reason: DeclineReason::MEM,
+        by_peer,
+    })
+}
+
 /// A server that cannot give an RMB declines (CLC Decline, out of memory): both ends fall
 /// back, say why, and the TCP stream carries the data untouched.
 fn a_declining_server_leaves_a_clean_tcp_stream(s: &Setup) {
@@ -543,20 +551,8 @@ fn a_declining_server_leaves_a_clean_tcp_stream(s: &Setup) {
     echo_once(&mut c, b"after a decline the TCP stream is clean");
     let mode = c.mode().clone();
     drop(c);
-    assert_eq!(
-        mode,
-        Mode::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::MEM,
-            by_peer: true
-        })
-    );
-    assert_eq!(
-        server.join().unwrap(),
-        vec![Mode::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::MEM,
-            by_peer: false
-        })]
-    );
+    assert_eq!(mode, mem_declined(true));
+    assert_eq!(server.join().unwrap(), vec![mem_declined(false)]);
     client_rt.shutdown();
     server_rt.shutdown();
 }
@@ -578,21 +574,9 @@ fn a_declining_client_ends_its_new_group_at_once(s: &Setup) {
     echo_once(&mut c, b"after our decline the TCP stream is clean");
     let mode = c.mode().clone();
     drop(c);
-    assert_eq!(
-        mode,
-        Mode::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::MEM,
-            by_peer: false
-        })
-    );
+    assert_eq!(mode, mem_declined(false));
     assert_eq!(groups, 0, "{}", client_rt.debug_summary());
-    assert_eq!(
-        server.join().unwrap(),
-        vec![Mode::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::MEM,
-            by_peer: true
-        })]
-    );
+    assert_eq!(server.join().unwrap(), vec![mem_declined(true)]);
     assert_eq!(server_rt.link_groups(), 0, "{}", server_rt.debug_summary());
     client_rt.shutdown();
     server_rt.shutdown();
