@@ -302,8 +302,8 @@ const R_SLOTS: usize = 8;
 const R_SLOT_SIZE: usize = 16;
 const R_TAIL: usize = 64; // producer's count, its own cache line
 const R_HEAD: usize = 128; // consumer's count
-const R_WAITING: usize = 192; // consumer asleep (u32)
-const R_DOORBELL: usize = 196; // futex word (u32)
+const R_WAITING: usize = 192; // consumer asleep (u64: doorbell bits, publish count)
+const R_DOORBELL: usize = 200; // futex word (u32)
 const R_SLOTS_AT: usize = 256;
 /// Each slot starts with the message length (u32).
 const SLOT_HDR: usize = 4;
@@ -423,13 +423,14 @@ impl Ring {
     /// Producer: appends `msg` without ringing; returns whether the consumer said it sleeps
     /// (then the caller wakes it by its own means, e.g. an eventfd).
     pub fn push_quiet(&self, msg: &[u8]) -> Result<bool, RingError> {
-        self.push_word(msg).map(|w| w != 0)
+        self.push_word(msg)
+            .map(|w| crate::notify::waiting_bits(w) != 0)
     }
 
     /// Producer: like [`Ring::push_quiet`], but returns the consumer's whole waiting word (a
     /// consumer with several kinds of sleepers says which of them sleep, bit by bit; see
     /// [`Ring::set_waiting_word`]).
-    pub fn push_word(&self, msg: &[u8]) -> Result<u32, RingError> {
+    pub fn push_word(&self, msg: &[u8]) -> Result<u64, RingError> {
         if msg.len() > self.max_message() {
             return Err(RingError::TooLong(msg.len()));
         }
@@ -450,20 +451,21 @@ impl Ring {
         Ok(crate::notify::ring_published(
             self.tail(),
             tail.wrapping_add(1),
-            self.seg.u32_at(self.base + R_WAITING),
+            self.seg.u64_at(self.base + R_WAITING),
         ))
     }
 
     /// Consumer: says whether it is about to sleep (producers then wake it). After setting
     /// it, check [`Ring::is_empty`] once more before sleeping.
     pub fn set_waiting(&self, on: bool) {
-        self.set_waiting_word(u32::from(on));
+        self.set_waiting_word(u64::from(on));
     }
 
-    /// Consumer: sets the waiting word (non-zero: someone sleeps; producers read it back from
-    /// [`Ring::push_word`]). Check [`Ring::is_empty`] afterwards, as for `set_waiting`.
-    pub fn set_waiting_word(&self, word: u32) {
-        crate::notify::ring_set_waiting(self.seg.u32_at(self.base + R_WAITING), word);
+    /// Consumer: sets the waiting word (its low bits set: someone sleeps; producers read it
+    /// back from [`Ring::push_word`]). Check [`Ring::is_empty`] afterwards, as for
+    /// `set_waiting`.
+    pub fn set_waiting_word(&self, word: u64) {
+        crate::notify::ring_set_waiting(self.seg.u64_at(self.base + R_WAITING), word);
     }
 
     /// Consumer: copies the next message into `out` and returns its length, or `None` when
@@ -522,7 +524,7 @@ impl Ring {
     /// Consumer: sleeps until a message is pushed or `timeout` passes (spurious returns are
     /// possible: pop again).
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
-        let waiting = self.seg.u32_at(self.base + R_WAITING);
+        let waiting = self.seg.u64_at(self.base + R_WAITING);
         let bell = self.seg.u32_at(self.base + R_DOORBELL);
         let seen = bell.load(Ordering::Acquire);
         crate::notify::ring_set_waiting(waiting, 1);

@@ -393,7 +393,7 @@ impl Shared {
                 let core = qp.core.lock();
                 if let Some(shm) = &core.shm {
                     shm.set_waiting(word);
-                    pending |= word != 0 && shm.rx_pending(&core.rc);
+                    pending |= crate::notify::waiting_bits(word) != 0 && shm.rx_pending(&core.rc);
                 }
             }
             pending

@@ -12,10 +12,10 @@ use super::sync::Mutex;
 use super::*;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicU32 as Word32, AtomicU64, AtomicUsize};
+use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use loom::thread;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
 /// The preemption bound without `LOOM_MAX_PREEMPTIONS`.
 const PREEMPTIONS: usize = 5;
@@ -37,12 +37,12 @@ struct Cq {
     ring: Ring,
 }
 
-/// A same-host ring into the CQ's QP: counts, the consumer's waiting word, one entry.
+/// A same-host ring into the CQ's QP: counts, the consumer's waiting word, two entries.
 struct Ring {
     tail: AtomicU64,
     head: AtomicU64,
-    waiting: Word32,
-    slot: UnsafeCell<u32>,
+    waiting: AtomicU64,
+    slots: [UnsafeCell<u32>; 2],
 }
 
 impl Cq {
@@ -55,8 +55,8 @@ impl Cq {
             ring: Ring {
                 tail: AtomicU64::new(0),
                 head: AtomicU64::new(0),
-                waiting: Word32::new(0),
-                slot: UnsafeCell::new(0),
+                waiting: AtomicU64::new(0),
+                slots: [UnsafeCell::new(0), UnsafeCell::new(0)],
             },
         })
     }
@@ -69,12 +69,22 @@ impl Cq {
         }
     }
 
-    /// `CqShared::signal`.
+    /// `CqShared::signal`: an eventfd write, which the kernel orders before the poll or read
+    /// that sees it (Release here, Acquire in [`Self::woken`]).
     fn signal(&self, w: Wake) {
         match w {
-            Wake::Event => self.event.fetch_add(1, Relaxed),
-            Wake::Driver => self.event_driver.fetch_add(1, Relaxed),
+            Wake::Event => self.event.fetch_add(1, Release),
+            Wake::Driver => self.event_driver.fetch_add(1, Release),
         };
+    }
+
+    /// A sleeper's look at its descriptor (its `poll`, then the `read` of the eventfd).
+    fn woken(&self, driver: bool) -> u64 {
+        if driver {
+            self.event_driver.load(Acquire)
+        } else {
+            self.event.load(Acquire)
+        }
     }
 
     fn empty(&self) -> bool {
@@ -90,7 +100,7 @@ impl Cq {
     fn sleepers(&self, change: impl FnOnce(&mut Sleepers)) -> bool {
         self.notify.sleepers(change, |word| {
             ring_set_waiting(&self.ring.waiting, word);
-            word != 0 && !ring_is_empty(&self.ring.tail, &self.ring.head)
+            waiting_bits(word) != 0 && !ring_is_empty(&self.ring.tail, &self.ring.head)
         })
     }
 
@@ -99,27 +109,42 @@ impl Cq {
         !ring_is_empty(&self.ring.tail, &self.ring.head)
     }
 
-    /// The same-host producer (`Ring::push_word`, then `ShmQp::ring_bell`): writes the entry,
-    /// publishes it, rings the doorbells the waiting word names.
+    /// The same-host producer (`Ring::push_word`, then `ShmQp::ring_bell`): writes the first
+    /// entry, publishes it, rings the doorbells the waiting word names.
     fn produce(&self) {
-        self.ring.slot.with_mut(|p| unsafe { *p = 7 });
-        let word = ring_published(&self.ring.tail, 1, &self.ring.waiting);
-        if word & WAIT_EVENT != 0 {
+        self.produce_at(0, &mut 0);
+    }
+
+    /// As [`Self::produce`], for entry `n` (0, then 1), with the producer's memory of the word
+    /// it rang for (`ShmQp::rang`).
+    fn produce_at(&self, n: usize, rang: &mut u64) {
+        self.ring.slots[n].with_mut(|p| unsafe { *p = 7 + n as u32 });
+        let word = ring_published(&self.ring.tail, n as u64 + 1, &self.ring.waiting);
+        let bells = doorbells(word, rang);
+        if bells & WAIT_EVENT != 0 {
             self.signal(Wake::Event);
         }
-        if word & WAIT_DRIVER != 0 {
+        if bells & WAIT_DRIVER != 0 {
             self.signal(Wake::Driver);
         }
     }
 
-    /// The consumer takes the ring's entry if it is there (the entry must be complete).
+    /// The consumer takes the ring's entries if they are there (each must be complete);
+    /// whether it took any.
     fn consume(&self) -> bool {
-        if ring_is_empty(&self.ring.tail, &self.ring.head) {
-            return false;
+        self.consume_all() > 0
+    }
+
+    /// As [`Self::consume`]; how many it took.
+    fn consume_all(&self) -> usize {
+        let tail = self.ring.tail.load(Acquire);
+        let head = self.ring.head.load(Relaxed);
+        for n in head..tail {
+            let v = self.ring.slots[n as usize].with(|p| unsafe { *p });
+            assert_eq!(v, 7 + n as u32, "a published entry is complete");
         }
-        assert_eq!(self.ring.slot.with(|p| unsafe { *p }), 7);
-        self.ring.head.store(1, Release);
-        true
+        self.ring.head.store(tail, Release);
+        (tail - head) as usize
     }
 
     /// `Shared::begin_drive`.
@@ -255,6 +280,61 @@ fn a_ring_consumer_sees_the_entry_or_is_rung() {
     }
 }
 
+/// (c) Doorbells rung once per word: the producer writes two entries one after the other
+/// while the consumer (a poller, or a driver) sleeps, is rung, wakes and looks again. The
+/// producer does not ring again for the word it rang for (`doorbells`); the consumer gets
+/// both entries all the same, and never sleeps on with an entry it was not rung for.
+#[test]
+fn a_consumer_rung_once_per_word_loses_no_entry() {
+    for as_driver in [false, true] {
+        model(move || {
+            let cq = Cq::new();
+            if as_driver {
+                cq.begin_drive();
+            }
+            let done = Arc::new(AtomicBool::new(false));
+            let (c, d) = (cq.clone(), done.clone());
+            let producer = thread::spawn(move || {
+                let mut rang = 0;
+                c.produce_at(0, &mut rang);
+                c.produce_at(1, &mut rang);
+                d.store(true, SeqCst);
+            });
+            let (mut got, mut seen) = (0, 0);
+            while got < 2 {
+                let pending = if as_driver {
+                    cq.sleepers(|s| s.drivers += 1)
+                } else {
+                    cq.sleepers(|s| s.event += 1)
+                };
+                if !pending {
+                    // Asleep until the doorbell rings.
+                    loop {
+                        let r = cq.woken(as_driver);
+                        if r > seen {
+                            seen = r;
+                            break;
+                        }
+                        assert!(
+                            !(done.load(SeqCst) && cq.woken(as_driver) == seen),
+                            "lost wake-up: asleep with {} entries unseen",
+                            2 - got
+                        );
+                        thread::yield_now();
+                    }
+                }
+                if as_driver {
+                    cq.sleepers(Sleepers::driver_woke);
+                } else {
+                    cq.sleepers(Sleepers::event_woke);
+                }
+                got += cq.consume_all();
+            }
+            producer.join().unwrap();
+        });
+    }
+}
+
 /// (b) and (c) together: a poller goes to sleep while the CQ is driven, a ring entry arrives
 /// (its producer sees no poller in the waiting word: the drive covers it), and the drive ends
 /// without taking it: the end of the drive signals the poller, or the producer rang it, or the
@@ -308,7 +388,7 @@ fn a_ring_that_joins_while_a_poller_registers_rings_it() {
                         }
                         let _qp = core.lock();
                         ring_set_waiting(&cq.ring.waiting, word);
-                        word != 0 && !ring_is_empty(&cq.ring.tail, &cq.ring.head)
+                        waiting_bits(word) != 0 && !ring_is_empty(&cq.ring.tail, &cq.ring.head)
                     },
                 )
             },

@@ -209,6 +209,8 @@ pub(crate) struct ShmQp {
     /// Which of the peer's doorbells to ring (its waiting word: [`WAIT_EVENT`],
     /// [`WAIT_DRIVER`]).
     ring_bell: u32,
+    /// The peer's waiting word we last rang its doorbells for ([`crate::notify::doorbells`]).
+    rang: u64,
     /// The doorbell was rung for a full ring (once per episode: a consumer without receive
     /// requests would otherwise be woken at every retry).
     rang_full: bool,
@@ -320,6 +322,7 @@ impl ShmQp {
             backlog: VecDeque::new(),
             rx: None,
             ring_bell: 0,
+            rang: 0,
             rang_full: false,
             fault: None,
             held: VecDeque::new(),
@@ -381,6 +384,7 @@ impl ShmQp {
         self.offered = None;
         self.live = None;
         self.tx = None;
+        self.rang = 0;
         self.active = false;
         self.wait_until = None;
         self.hello = None;

@@ -15,7 +15,7 @@ impl ShmQp {
 
     /// Tells producers who of us sleeps ([`WAIT_EVENT`](super::WAIT_EVENT),
     /// [`WAIT_DRIVER`](super::WAIT_DRIVER); 0: nobody).
-    pub(crate) fn set_waiting(&self, word: u32) {
+    pub(crate) fn set_waiting(&self, word: u64) {
         self.inbound.set_waiting_word(word);
     }
 

@@ -92,7 +92,12 @@ impl ShmQp {
                 continue;
             }
             let Some(tx) = &self.tx else { return };
-            match execute(tx, b, &mut self.ring_bell, &mut self.rang_full) {
+            let bell = Bell {
+                ring: &mut self.ring_bell,
+                rang: &mut self.rang,
+                rang_full: &mut self.rang_full,
+            };
+            match execute(tx, b, bell) {
                 Ok(true) => {
                     let b = self.backlog.pop_front().expect("non-empty");
                     if b.signaled {
@@ -131,14 +136,19 @@ impl ShmQp {
     }
 }
 
+/// The producer's doorbell state (of [`ShmQp`]), for the entries one request pushes.
+struct Bell<'a> {
+    /// The doorbells to ring at the end of the drive.
+    ring: &'a mut u32,
+    /// The waiting word last rung for.
+    rang: &'a mut u64,
+    /// Rung for a full ring.
+    rang_full: &'a mut bool,
+}
+
 /// Runs `b` against the peer: `Ok(true)` done, `Ok(false)` the ring is full (progress kept in
 /// `b`), `Err` a failed request.
-fn execute(
-    tx: &PeerTx,
-    b: &mut Backlog,
-    bell: &mut u32,
-    rang_full: &mut bool,
-) -> Result<bool, WcStatus> {
+fn execute(tx: &PeerTx, b: &mut Backlog, mut bell: Bell<'_>) -> Result<bool, WcStatus> {
     let len = b.sgl.len();
     match b.op {
         WrOpcode::RdmaWrite { remote_addr, rkey }
@@ -158,16 +168,7 @@ fn execute(
                 b.written = true;
             }
             if let WrOpcode::RdmaWriteWithImm { imm, .. } = b.op {
-                return push(
-                    tx,
-                    E_WRITE_IMM,
-                    F_FIRST | F_LAST,
-                    imm,
-                    len,
-                    &[],
-                    bell,
-                    rang_full,
-                );
+                return push(tx, E_WRITE_IMM, F_FIRST | F_LAST, imm, len, &[], &mut bell);
             }
             Ok(true)
         }
@@ -201,7 +202,7 @@ fn execute(
                     Some(v) => chunk[..take].copy_from_slice(&v[b.done..b.done + take]),
                     None => b.sgl.gather(b.done, &mut chunk[..take]),
                 }
-                if !push(tx, op, flags, imm, len, &chunk[..take], bell, rang_full)? {
+                if !push(tx, op, flags, imm, len, &chunk[..take], &mut bell)? {
                     return Ok(false);
                 }
                 b.done += take;
@@ -214,7 +215,6 @@ fn execute(
 }
 
 /// Pushes one ring entry; `Ok(false)` if the ring is full.
-#[allow(clippy::too_many_arguments)] // one entry's fields and the caller's doorbell state
 fn push(
     tx: &PeerTx,
     op: u8,
@@ -222,8 +222,7 @@ fn push(
     imm: u32,
     total: usize,
     data: &[u8],
-    bell: &mut u32,
-    rang_full: &mut bool,
+    bell: &mut Bell<'_>,
 ) -> Result<bool, WcStatus> {
     let mut e = [0u8; RING_SLOT];
     e[0] = op;
@@ -233,14 +232,14 @@ fn push(
     e[E_HDR..E_HDR + data.len()].copy_from_slice(data);
     match tx.ring.push_word(&e[..E_HDR + data.len()]) {
         Ok(waiting) => {
-            *bell |= waiting;
-            *rang_full = false;
+            *bell.ring |= crate::notify::doorbells(waiting, bell.rang);
+            *bell.rang_full = false;
             Ok(true)
         }
         Err(RingError::Full) => {
             // The consumer may sleep with a full ring: make sure it looks, once.
-            if !std::mem::replace(rang_full, true) {
-                *bell |= WAIT_EVENT | WAIT_DRIVER;
+            if !std::mem::replace(bell.rang_full, true) {
+                *bell.ring |= WAIT_EVENT | WAIT_DRIVER;
             }
             Ok(false)
         }
