@@ -76,7 +76,7 @@ pub(crate) struct Sleepers {
     /// Drivers asleep on the driver descriptor.
     pub(crate) drivers: u32,
     /// Waiting words published so far (each one is new: see [`doorbells`]).
-    published: u64,
+    words: u64,
 }
 
 impl Sleepers {
@@ -223,7 +223,7 @@ impl Notify {
         let mut s = self.sleepers.lock();
         change(&mut s);
         self.armed_driver.store(s.drivers > 0, Ordering::SeqCst);
-        s.published += 1;
+        s.words += 1;
         let word = self.waiting_word(&s);
         self.published.store(word, Ordering::Relaxed);
         // Pairs with the fence in `published`: `publish` looks at who has rings after it.
@@ -254,7 +254,7 @@ impl Notify {
         if (s.event > 0 || s.notify) && !self.driven() {
             w |= WAIT_EVENT;
         }
-        u64::from(w) | s.published << 2
+        u64::from(w) | s.words << 2
     }
 
     /// Before a kick's write to the notification descriptor: the sleeper it wakes learns why

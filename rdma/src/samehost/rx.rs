@@ -13,8 +13,8 @@ impl ShmQp {
         !self.inbound.is_empty() && (self.rx.is_some() || rc.has_recv())
     }
 
-    /// Tells producers who of us sleeps ([`WAIT_EVENT`](super::WAIT_EVENT),
-    /// [`WAIT_DRIVER`](super::WAIT_DRIVER); 0: nobody).
+    /// Tells producers who of us sleeps (the word's bits: [`WAIT_EVENT`](super::WAIT_EVENT),
+    /// [`WAIT_DRIVER`](super::WAIT_DRIVER); none: nobody).
     pub(crate) fn set_waiting(&self, word: u64) {
         self.inbound.set_waiting_word(word);
     }
