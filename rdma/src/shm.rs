@@ -295,8 +295,8 @@ pub enum RingError {
     Corrupt(&'static str),
 }
 
-/// `SMCRRNG1`.
-const RING_MAGIC: u64 = u64::from_le_bytes(*b"SMCRRNG1");
+/// `SMCRRNG2` (2: a 64-bit waiting word).
+const RING_MAGIC: u64 = u64::from_le_bytes(*b"SMCRRNG2");
 const R_MAGIC: usize = 0;
 const R_SLOTS: usize = 8;
 const R_SLOT_SIZE: usize = 16;

@@ -735,7 +735,7 @@ fn direct_writes_land_in_the_peers_region_after_the_same_checks() {
 /// A message of the offer exchange, as `samehost::offer` lays it out (48 bytes).
 fn offer_msg(kind: u32, fill: impl FnOnce(&mut [u8; 48])) -> [u8; 48] {
     let mut b = [0u8; 48];
-    b[..8].copy_from_slice(b"SMCRSHO2");
+    b[..8].copy_from_slice(b"SMCRSHO3");
     b[8..12].copy_from_slice(&kind.to_le_bytes());
     fill(&mut b);
     b

@@ -21,7 +21,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-const MAGIC: [u8; 8] = *b"SMCRSHO2";
+/// Names the layout of what is shared too: a peer of another layout is refused (and the pair
+/// uses UDP). 3: the rings' waiting word is 64 bits.
+const MAGIC: [u8; 8] = *b"SMCRSHO3";
 /// Every message of the exchange has this length.
 pub(crate) const MSG_LEN: usize = 48;
 const K_HELLO: u32 = 1;
