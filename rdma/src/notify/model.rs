@@ -104,6 +104,16 @@ impl Cq {
         })
     }
 
+    /// A ring consumer (a driver, or a poller) says it sleeps: whether something is there
+    /// already (`Shared::drive_sleep(true)`, or the poller's register in `Shared::wait_cq`).
+    fn register(&self, as_driver: bool) -> bool {
+        if as_driver {
+            self.sleepers(|s| s.drivers += 1)
+        } else {
+            self.sleepers(|s| s.event += 1)
+        }
+    }
+
     /// `Shared::shm_pending`.
     fn ring_pending(&self) -> bool {
         !ring_is_empty(&self.ring.tail, &self.ring.head)
@@ -259,11 +269,7 @@ fn a_ring_consumer_sees_the_entry_or_is_rung() {
             }
             let c = cq.clone();
             let producer = thread::spawn(move || c.produce());
-            let pending = if as_driver {
-                cq.sleepers(|s| s.drivers += 1)
-            } else {
-                cq.sleepers(|s| s.event += 1)
-            };
+            let pending = cq.register(as_driver);
             let saw = pending && cq.consume();
             producer.join().unwrap();
             let (event, driver) = cq.events();
@@ -302,11 +308,7 @@ fn a_consumer_rung_once_per_word_loses_no_entry() {
             });
             let (mut got, mut seen) = (0, 0);
             while got < 2 {
-                let pending = if as_driver {
-                    cq.sleepers(|s| s.drivers += 1)
-                } else {
-                    cq.sleepers(|s| s.event += 1)
-                };
+                let pending = cq.register(as_driver);
                 if !pending {
                     // Asleep until the doorbell rings.
                     loop {
@@ -323,11 +325,11 @@ fn a_consumer_rung_once_per_word_loses_no_entry() {
                         thread::yield_now();
                     }
                 }
-                if as_driver {
-                    cq.sleepers(Sleepers::driver_woke);
+                cq.sleepers(if as_driver {
+                    Sleepers::driver_woke
                 } else {
-                    cq.sleepers(Sleepers::event_woke);
-                }
+                    Sleepers::event_woke
+                });
                 got += cq.consume_all();
             }
             producer.join().unwrap();

@@ -149,3 +149,79 @@ fn an_offer_with_a_pipe_for_a_doorbell_is_refused() {
     let ev = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
     assert!(with_bell(ev).is_ok());
 }
+
+/// The producer rings the consumer's doorbell once per waiting word the consumer publishes:
+/// three messages to a consumer asleep ring once; a consumer that woke and sleeps again (a new
+/// word, the same bits) is rung again; an awake consumer is not rung.
+#[test]
+fn a_producer_rings_once_per_published_waiting_word() {
+    use crate::notify::WAIT_EVENT;
+    use rustix::event::{EventfdFlags, eventfd};
+    let (_rc, c, _mrs, _buf, _prod) = consumer(0);
+    let bell = eventfd(0, EventfdFlags::NONBLOCK).unwrap();
+    let [arena, ring] = c.offer_fds();
+    let fds = vec![
+        arena.try_clone_to_owned().unwrap(),
+        ring.try_clone_to_owned().unwrap(),
+        bell.try_clone().unwrap(),
+        eventfd(0, EventfdFlags::NONBLOCK).unwrap(),
+    ];
+    let conn = arena.try_clone_to_owned().unwrap();
+    let tx = PeerTx::new(9, "127.0.0.1:1".parse().unwrap(), fds, conn).unwrap();
+    // The producer: a QP in RTS with a registered source buffer.
+    let a = Arena::create().unwrap();
+    let mrs = MrTable::new(6);
+    let src = mrs
+        .register_in(1, 64, Access::LOCAL_WRITE, Some(&a))
+        .unwrap();
+    let mut rc = RcQp::new(3, 1, QpCaps::default(), false);
+    rc.modify(&QpAttr::state(QpState::Init)).unwrap();
+    rc.modify(&QpAttr {
+        path_mtu: Some(crate::rc::Mtu::Mtu1024),
+        dest_qp_num: Some(9),
+        rq_psn: Some(Psn::new(0)),
+        ..QpAttr::state(QpState::Rtr)
+    })
+    .unwrap();
+    rc.modify(&QpAttr {
+        sq_psn: Some(Psn::new(0)),
+        ..QpAttr::state(QpState::Rts)
+    })
+    .unwrap();
+    let mut p = ShmQp::new(a).unwrap();
+    p.tx = Some(tx);
+    let sge = [crate::rc::Sge {
+        addr: src.addr(),
+        length: 8,
+        lkey: src.key(),
+    }];
+    // One write of the application: a SEND, then the end of its drive rings.
+    let mut send = || {
+        let wr = crate::rc::SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::Send,
+            sg_list: &sge,
+            flags: crate::rc::SendFlags::empty(),
+        };
+        assert!(p.post(&mut rc, &wr, &mrs).unwrap(), "ran at once");
+        p.ring_bell();
+    };
+    let rung = || {
+        let mut b = [0u8; 8];
+        rustix::io::read(&bell, &mut b).map_or(0, |_| u64::from_ne_bytes(b))
+    };
+    let word = |n: u64, bits: u32| n << 2 | u64::from(bits);
+    c.set_waiting(word(1, WAIT_EVENT));
+    for _ in 0..3 {
+        send();
+    }
+    assert_eq!(rung(), 1, "three messages to one sleep ring once");
+    c.set_waiting(word(2, 0));
+    c.set_waiting(word(3, WAIT_EVENT));
+    send();
+    send();
+    assert_eq!(rung(), 1, "asleep again: rung again, once");
+    c.set_waiting(word(4, 0));
+    send();
+    assert_eq!(rung(), 0, "awake: not rung");
+}
