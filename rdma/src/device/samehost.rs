@@ -404,25 +404,10 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rc::{QpAttr, QpCaps, QpState};
-    use crate::wire::Psn;
 
     /// A QP in RTS (QPN 9, peer 3) and its same-host state with the pair's PSNs.
     fn rts() -> (RcQp, ShmQp) {
-        let mut rc = RcQp::new(9, 1, QpCaps::default(), false);
-        rc.modify(&QpAttr::state(QpState::Init)).unwrap();
-        rc.modify(&QpAttr {
-            path_mtu: Some(crate::rc::Mtu::Mtu1024),
-            dest_qp_num: Some(3),
-            rq_psn: Some(Psn::new(5)),
-            ..QpAttr::state(QpState::Rtr)
-        })
-        .unwrap();
-        rc.modify(&QpAttr {
-            sq_psn: Some(Psn::new(7)),
-            ..QpAttr::state(QpState::Rts)
-        })
-        .unwrap();
+        let rc = crate::samehost::tests::rts_qp(9, 3, 5, 7);
         let mut shm = ShmQp::new(crate::arena::Arena::create().unwrap()).unwrap();
         shm.rq_psn = Some(5);
         shm.sq_psn = Some(7);

@@ -536,7 +536,7 @@ fn wc(rc: &RcQp, wr_id: u64, status: WcStatus, op: &WrOpcode, byte_len: u32) -> 
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// Fuzzing entry point: `data` cut into ring entries (a length byte, then that many bytes)
 /// is pushed into a consumer QP's inbound ring and delivered; nothing may panic, and the

@@ -38,6 +38,25 @@ fn consumer(n: u64) -> (RcQp, ShmQp, MrTable, Arc<crate::mr::Region>, Ring) {
     (rc, shm, mrs, buf, prod)
 }
 
+/// A QP `qpn` in RTS towards `dest`, with those starting PSNs.
+pub(crate) fn rts_qp(qpn: u32, dest: u32, rq_psn: u32, sq_psn: u32) -> RcQp {
+    let mut rc = RcQp::new(qpn, 1, QpCaps::default(), false);
+    rc.modify(&QpAttr::state(QpState::Init)).unwrap();
+    rc.modify(&QpAttr {
+        path_mtu: Some(crate::rc::Mtu::Mtu1024),
+        dest_qp_num: Some(dest),
+        rq_psn: Some(Psn::new(rq_psn)),
+        ..QpAttr::state(QpState::Rtr)
+    })
+    .unwrap();
+    rc.modify(&QpAttr {
+        sq_psn: Some(Psn::new(sq_psn)),
+        ..QpAttr::state(QpState::Rts)
+    })
+    .unwrap();
+    rc
+}
+
 fn entry(op: u8, flags: u8, imm: u32, total: u32, data: &[u8]) -> Vec<u8> {
     let mut e = vec![op, flags, 0, 0];
     e.extend_from_slice(&imm.to_le_bytes());
@@ -174,20 +193,7 @@ fn a_producer_rings_once_per_published_waiting_word() {
     let src = mrs
         .register_in(1, 64, Access::LOCAL_WRITE, Some(&a))
         .unwrap();
-    let mut rc = RcQp::new(3, 1, QpCaps::default(), false);
-    rc.modify(&QpAttr::state(QpState::Init)).unwrap();
-    rc.modify(&QpAttr {
-        path_mtu: Some(crate::rc::Mtu::Mtu1024),
-        dest_qp_num: Some(9),
-        rq_psn: Some(Psn::new(0)),
-        ..QpAttr::state(QpState::Rtr)
-    })
-    .unwrap();
-    rc.modify(&QpAttr {
-        sq_psn: Some(Psn::new(0)),
-        ..QpAttr::state(QpState::Rts)
-    })
-    .unwrap();
+    let mut rc = rts_qp(3, 9, 0, 0);
     let mut p = ShmQp::new(a).unwrap();
     p.tx = Some(tx);
     let sge = [crate::rc::Sge {
