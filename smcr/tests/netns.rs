@@ -1170,10 +1170,12 @@ fn rmb_budget_exhaustion_declines_with_mem_and_recovers() {
 /// The server's process dies in the middle of the handshake (played by a raw server that
 /// closes its socket, as the kernel does for a killed process): after reading the Proposal,
 /// and after sending its Accept (first contact: the client has set up a link group, a QP and
-/// an RMB for it and waits for CONFIRM LINK, watching the TCP socket meanwhile). The client's
-/// connect fails promptly in both
-/// cases (no fallback is possible on a closed socket) and leaves no group or RMB behind; the
-/// next connection to a live server gets SMC-R.
+/// an RMB for it and waits for CONFIRM LINK, watching the TCP socket meanwhile); and after
+/// its Accept with a reset (SO_LINGER 0), so that the client's Confirm cannot be sent. The
+/// client's connect fails promptly in all three cases (no fallback is possible on a closed
+/// socket) and leaves no group or RMB behind, checked right after the last connect: the
+/// group made for a Confirm that failed ends with it, not at its CONFIRM LINK wait 4 s
+/// later. The next connection to a live server gets SMC-R.
 #[test]
 fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
     if !privileged("netns server gone mid-handshake") {
@@ -1196,7 +1198,7 @@ fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
         sock.listen(8).unwrap();
         let l: TcpListener = sock.into();
         tx.send(()).unwrap();
-        for accept in [false, true] {
+        for (accept, reset) in [(false, false), (true, false), (true, true)] {
             let (mut tcp, _) = l.accept().unwrap();
             let mut hs = Server::new(RuntimeConfig::new().handshake, std::time::Instant::now());
             let mut buf = [0u8; 4096];
@@ -1228,6 +1230,11 @@ fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
                     tcp.write_all(&b).unwrap();
                 }
             }
+            if reset {
+                socket2::SockRef::from(&tcp)
+                    .set_linger(Some(std::time::Duration::ZERO))
+                    .unwrap();
+            }
             drop(tcp); // the process is gone
         }
     });
@@ -1236,7 +1243,7 @@ fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
     let client_rt = rt.clone();
     let results = in_netns(&net.a, move || {
         let mut out = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let t = std::time::Instant::now();
             let r = SmcStream::connect(&rt, addr).map(|s| s.mode().clone());
             out.push((r.map_err(|e| e.to_string()), t.elapsed()));
@@ -1246,13 +1253,14 @@ fn a_server_gone_mid_handshake_fails_the_connect_and_leaves_nothing() {
     .join()
     .unwrap();
     raw.join().unwrap();
-    for ((r, took), when) in results
-        .iter()
-        .zip(["after the Proposal", "after the Accept"])
-    {
+    for ((r, took), when) in results.iter().zip([
+        "after the Proposal",
+        "after the Accept",
+        "after the Accept, with a reset",
+    ]) {
         eprintln!("server gone {when}: connect {r:?} in {took:?}");
         assert!(r.is_err(), "{when}: {r:?}");
-        // Both within a second: waiting for CONFIRM LINK, the client watches the TCP
+        // All within a second: waiting for CONFIRM LINK, the client watches the TCP
         // socket, so the server's close ends that wait too.
         assert!(
             *took < std::time::Duration::from_secs(1),

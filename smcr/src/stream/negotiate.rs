@@ -245,6 +245,12 @@ impl SmcStream {
             // Never used: detach it and keep its RMB for others (or free it with the group).
             lg.detach(token);
             lg.give_back(conn.rmb.clone());
+            if server.first_contact {
+                // Our Confirm never went out: the server never confirms the new group's link,
+                // which would otherwise hold its buffers until the CONFIRM LINK wait ends
+                // (Linux: `smc_conn_abort` → `smc_lgr_cleanup_early`).
+                lg.abandon();
+            }
             return Err(e);
         }
         let wait = CLIENT_CONFIRM_WAIT + Duration::from_secs(1);
