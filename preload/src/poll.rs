@@ -23,17 +23,20 @@ thread_local! {
 }
 
 /// The sockets of ours among a poll's or select's descriptors (SMC-R connections, and
-/// connections being settled), and the link groups of the connections (each once), which the
-/// call drives. With application driving the call answers for these sockets itself (`run`):
-/// their groups' descriptors wake it for arrivals, and this thread's waker for a change made
-/// on another thread; without it the kernel answers (SMC-R connections show their kernel
-/// pair, kept in step while the value lives).
+/// connections being settled), and the link groups of the connections (each once). The call
+/// answers for these sockets itself (`run`): this thread's waker wakes it for a change made on
+/// another thread and, with application driving, the call also drives the groups (their
+/// descriptors wake it for arrivals, and it handles them). Only without application driving
+/// and without a waker (no descriptor for one) does the kernel answer (SMC-R connections show
+/// their kernel pair, kept in step while the value lives).
 pub(crate) struct Ours {
     pub(crate) drivers: Vec<smcr::Driver>,
     /// Each socket, and whether the call answers for it (`polled`) or the kernel does.
     socks: Vec<(std::sync::Arc<Pair>, bool)>,
-    /// The call answers for sockets of ours (application driving), woken by this waker.
+    /// The call answers for sockets of ours.
     pub(crate) virt: bool,
+    /// The call drives the link groups of its connections (application driving).
+    drive: bool,
     pub(crate) waker: Option<i32>,
 }
 
@@ -56,8 +59,10 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         drivers: Vec::new(),
         socks: Vec::new(),
         virt: drive,
+        drive,
         waker: None,
     };
+    let mut asked = false;
     for fd in fds {
         if crate::epoll::vepoll::has(fd) {
             // An epoll set with registrations of ours, polled: the kernel must answer for it.
@@ -67,7 +72,13 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
         let Some(pair) = sock.pair().cloned() else {
             continue;
         };
-        if !drive {
+        if !asked {
+            // Taken once per call, when a socket of ours is first among the descriptors.
+            asked = true;
+            out.waker = wake::waker();
+            out.virt |= out.waker.is_some();
+        }
+        if !out.virt {
             // The kernel answers: an SMC-R connection shows its kernel pair (the others their
             // TCP socket, which the kernel answers for).
             if let Some(p) = crate::epoll::show_kernel(fd) {
@@ -77,7 +88,7 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
             continue;
         }
         match &*sock {
-            Sock::Smc(c) => {
+            Sock::Smc(c) if drive => {
                 if let Some(d) = c.stream.driver()
                     && !out.drivers.iter().any(|o| o.id() == d.id())
                 {
@@ -91,9 +102,6 @@ pub(crate) fn ours(fds: impl Iterator<Item = i32>) -> Option<Ours> {
                 });
             }
             _ => {}
-        }
-        if out.waker.is_none() {
-            out.waker = wake::waker();
         }
         if let Some(w) = out.waker {
             pair.polled_by(w, true);
@@ -172,7 +180,7 @@ fn run(
     let _polling = wake::Polling::new();
     loop {
         // A connection settled meanwhile (SMC-R now) is woken through its group from now on.
-        for p in pairs.iter().flatten() {
+        for p in pairs.iter().flatten().filter(|_| ours_.drive) {
             if let Some(d) = p.driver()
                 && !ds_own.iter().any(|o| o.id() == d.id())
             {

@@ -45,14 +45,15 @@ struct Run {
     out: String,
 }
 
-/// Runs the script's `group`, plainly or under the shim (with `log` and an engine port),
-/// killed after a minute.
-fn run(group: &str, shim: Option<&Path>) -> Run {
+/// Runs the script's `group`, plainly or under the shim (with `log`, an engine port and the
+/// settings `env`), killed after a minute.
+fn run(group: &str, shim: Option<&Path>, env: &[(&str, &str)]) -> Run {
     let tmp = std::env::temp_dir();
     let tag = format!(
-        "smcr-ready-{}-{group}-{}",
+        "smcr-ready-{}-{group}-{}{}",
         std::process::id(),
-        if shim.is_some() { "shim" } else { "plain" }
+        if shim.is_some() { "shim" } else { "plain" },
+        settings_tag(env)
     );
     let (out_path, err_path) = (
         tmp.join(format!("{tag}.out")),
@@ -69,7 +70,8 @@ fn run(group: &str, shim: Option<&Path>) -> Run {
             .env("SMCR_NEGOTIATION", "assume")
             .env("SMCR_LOG", log)
             .env("SMCR_ROCE_PORT", roce_port().to_string())
-            .env("SMCR_RMB_KIB", "16");
+            .env("SMCR_RMB_KIB", "16")
+            .envs(env.iter().copied());
     }
     let mut child = c.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -100,18 +102,34 @@ fn run(group: &str, shim: Option<&Path>) -> Run {
 /// `conns` connections SMC-R at both ends (others, never used, closed before they were
 /// settled).
 fn check(group: &str, conns: usize) {
+    check_with(group, conns, &[]);
+}
+
+/// Names a run's files after its settings (tests with other settings run the same groups at
+/// the same time).
+fn settings_tag(env: &[(&str, &str)]) -> String {
+    env.iter().map(|(k, v)| format!("-{k}={v}")).collect()
+}
+
+/// [`check`] with the settings `env` under the shim.
+fn check_with(group: &str, conns: usize, env: &[(&str, &str)]) {
     if !python3() {
         return;
     }
-    let plain = run(group, None);
+    // (The settings apply under the shim only; they name the files.)
+    let plain = run(group, None, env);
     assert!(
         plain.ok,
         "plain TCP does not meet the script's expectations (fix the script):\n{}",
         plain.out
     );
-    let log = std::env::temp_dir().join(format!("smcr-ready-{}-{group}.log", std::process::id()));
+    let log = std::env::temp_dir().join(format!(
+        "smcr-ready-{}-{group}{}.log",
+        std::process::id(),
+        settings_tag(env)
+    ));
     let _ = std::fs::remove_file(&log);
-    let shim = run(group, Some(&log));
+    let shim = run(group, Some(&log), env);
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
     // The failing step, first, then the whole story.
@@ -221,3 +239,32 @@ fn readiness_first_asked_after_it_changed() {
 fn epoll_sets_in_use() {
     check("sets", 9);
 }
+
+/// Every group again with `SMCR_APP_DRIVE=off`: the link groups' pollers handle every message
+/// and our epoll, poll and select still answer for the sockets, woken by the sockets' changes
+/// (answered by the kernel, an accepted connection still being settled showed its TCP socket:
+/// the peer's CLC messages read as data, EPOLLIN with nothing to read).
+#[test]
+fn every_group_with_the_pollers_alone() {
+    for (group, conns) in GROUPS {
+        check_with(group, conns, &[("SMCR_APP_DRIVE", "off")]);
+    }
+}
+
+/// The groups and their connections, as the tests above check them.
+const GROUPS: [(&str, usize); 14] = [
+    ("level", 1),
+    ("edge", 1),
+    ("oneshot", 1),
+    ("shutdown", 1),
+    ("close", 1),
+    ("reset", 1),
+    ("writable", 1),
+    ("multi", 1),
+    ("reuse", 2),
+    ("pollselect", 1),
+    ("listener", 3),
+    ("connect", 3),
+    ("unwatched", 1),
+    ("sets", 9),
+];

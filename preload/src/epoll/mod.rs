@@ -86,11 +86,13 @@ pub(crate) fn ctl(
             }
             match &*sock {
                 Sock::Smc(c) => {
-                    if drive_stream(epfd, &c.stream) {
+                    if !app_drive() || drive_stream(epfd, &c.stream) {
                         return r;
                     }
-                    // Without the group's descriptor in the set nothing would wake it: the
-                    // kernel keeps this one.
+                    // Application-driven, a set wakes for a group through the group's
+                    // descriptor; without it in the set the kernel keeps this one. (Without
+                    // application driving the group's poller handles the messages and the
+                    // socket's change kicks the set.)
                     let _ = vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, ev, pair, false);
                 }
                 Sock::Accepted(a) => {
@@ -159,7 +161,7 @@ pub(crate) fn virtualize(fd: i32, pair: &Arc<Pair>) {
         // as ours, or put back).
         unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         let ours = vepoll::ctl(epfd, libc::EPOLL_CTL_ADD, fd, &ev, pair, false) == Some(0)
-            && drive_with(epfd, fd);
+            && (!app_drive() || drive_with(epfd, fd));
         if !ours {
             let _ = vepoll::ctl(epfd, libc::EPOLL_CTL_DEL, fd, &ev, pair, false);
             let mut e = ev;

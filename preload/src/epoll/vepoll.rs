@@ -90,13 +90,12 @@ fn anyone_waits(epfd: i32) -> bool {
     waiters(epfd).load(Ordering::Relaxed) > 0
 }
 
-/// Whether virtual registrations are used: with application driving (the set must hold the
-/// groups' event descriptors to wake), unless `SMCR_VIRTUAL_EPOLL=off`.
+/// Whether virtual registrations are used: unless `SMCR_VIRTUAL_EPOLL=off`. With application
+/// driving the set also holds the groups' event descriptors; without it (`SMCR_APP_DRIVE=off`)
+/// the groups' pollers handle the messages and a changed socket kicks the set.
 pub(crate) fn on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        super::app_drive() && smcr::settings::flag("SMCR_VIRTUAL_EPOLL").unwrap_or(true)
-    })
+    *ON.get_or_init(|| smcr::settings::flag("SMCR_VIRTUAL_EPOLL").unwrap_or(true))
 }
 
 /// At load: reads the setting ([`on`]) and hands [`kick`] to `wake`, through which pairs
