@@ -447,11 +447,127 @@ fn drain(fd: i32, buf: &mut [u8]) {
     }
 }
 
-/// The connection's readiness, through the pair.
-pub(crate) struct PairSink(pub(crate) Arc<Pair>);
+/// The connection's readiness, through the pair, with its [`Gate`].
+pub(crate) struct PairSink(pub(crate) Arc<Pair>, pub(crate) Arc<Gate>);
 
 impl smcr::Readiness for PairSink {
     fn update(&self, now: smcr::ReadyState) {
-        self.0.set(now);
+        self.1.show(&self.0, now);
+    }
+}
+
+/// Holds back writability while what the application wrote before the connection settled
+/// (its preamble) waits for room in the peer's buffer: those bytes fill the send buffer as
+/// they would TCP's, and a write now would have to wait for them — a non-blocking one would
+/// say EAGAIN right after EPOLLOUT, and an edge-triggered program would then wait for an edge
+/// that may never come. Closed when the preamble must wait, opened once it is out: the latest
+/// state shows, writable rising then.
+pub(crate) struct Gate {
+    open: std::sync::atomic::AtomicBool,
+    /// The connection's latest state (what shows once open).
+    last: Mutex<Option<smcr::ReadyState>>,
+}
+
+impl Gate {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            open: std::sync::atomic::AtomicBool::new(true),
+            last: Mutex::new(None),
+        })
+    }
+
+    /// The preamble waits for room: not writable until [`Gate::open`].
+    pub(crate) fn close(&self, pair: &Pair) {
+        let last = self.last.lock();
+        self.open.store(false, Ordering::Release);
+        if let Some(now) = *last {
+            pair.set(Self::held(now));
+        }
+    }
+
+    /// What shows of `now` while closed.
+    fn held(now: smcr::ReadyState) -> smcr::ReadyState {
+        smcr::ReadyState {
+            writable: now.writable && (now.error || now.hup),
+            ..now
+        }
+    }
+
+    /// The connection's state `now`, shown on `pair` (not writable while closed, unless the
+    /// connection failed or hung up: a write must then find out).
+    pub(crate) fn show(&self, pair: &Pair, now: smcr::ReadyState) {
+        let mut last = self.last.lock();
+        *last = Some(now);
+        pair.set(if self.open.load(Ordering::Acquire) {
+            now
+        } else {
+            Self::held(now)
+        });
+    }
+
+    /// The preamble is out: the latest state shows as it is from now on.
+    pub(crate) fn open(&self, pair: &Pair) {
+        if self.open.load(Ordering::Acquire) {
+            return;
+        }
+        let last = self.last.lock();
+        self.open.store(true, Ordering::Release);
+        if let Some(now) = *last {
+            pair.set(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(writable: bool) -> smcr::ReadyState {
+        smcr::ReadyState {
+            writable,
+            ..Default::default()
+        }
+    }
+
+    /// While the preamble waits for room the connection shows not writable, whatever its
+    /// state; once it is out, the latest state shows and writable rises (a new edge).
+    #[test]
+    fn a_closed_gate_holds_writability_back_until_opened() {
+        let pair = Pair::new(false);
+        let gate = Gate::new();
+        gate.show(&pair, state(true));
+        assert_eq!(pair.latest() & 2, 2, "open: shown as it is");
+        gate.close(&pair);
+        assert_eq!(pair.latest() & 2, 0, "closed: not writable");
+        gate.show(&pair, state(true));
+        assert_eq!(
+            pair.latest() & 2,
+            0,
+            "a change while closed: still not writable"
+        );
+        let rises = pair.rises()[1];
+        gate.open(&pair);
+        assert_eq!(pair.latest() & 2, 2, "opened: the latest state");
+        assert_eq!(pair.rises()[1], rises + 1, "writable rose");
+        gate.open(&pair);
+        assert_eq!(pair.rises()[1], rises + 1, "opened once");
+    }
+
+    /// A failed or hung-up connection shows writable through a closed gate: a write must
+    /// find out.
+    #[test]
+    fn a_closed_gate_lets_a_failure_show() {
+        let pair = Pair::new(false);
+        let gate = Gate::new();
+        gate.close(&pair);
+        gate.show(
+            &pair,
+            smcr::ReadyState {
+                writable: true,
+                error: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(pair.latest() & (2 | 16), 2 | 16);
     }
 }

@@ -241,13 +241,23 @@ fn epoll_sets_in_use() {
 }
 
 /// Every group again with `SMCR_APP_DRIVE=off`: the link groups' pollers handle every message
-/// and our epoll, poll and select still answer for the sockets, woken by the sockets' changes
-/// (answered by the kernel, an accepted connection still being settled showed its TCP socket:
-/// the peer's CLC messages read as data, EPOLLIN with nothing to read).
+/// and our epoll, poll and select still answer for the sockets, woken by the sockets' changes.
+/// Its `writable` group fills a connect that is still settling (64 KiB staged, which then wait
+/// for the reader) and checks that a send right after EPOLLOUT succeeds.
 #[test]
 fn every_group_with_the_pollers_alone() {
     for (group, conns) in GROUPS {
         check_with(group, conns, &[("SMCR_APP_DRIVE", "off")]);
+    }
+}
+
+/// Every group again with `SMCR_VIRTUAL_EPOLL=off`: the kernel's epoll sets hold the
+/// registrations, on each connection's pair (a connection still being settled shows its pair
+/// too, not its TCP socket with the peer's CLC messages unread).
+#[test]
+fn every_group_with_kernel_epoll_sets() {
+    for (group, conns) in GROUPS {
+        check_with(group, conns, &[("SMCR_VIRTUAL_EPOLL", "off")]);
     }
 }
 

@@ -107,13 +107,15 @@ pub(crate) fn ctl(
             }
         }
     }
-    let smc = matches!(&*sock, Sock::Smc(_));
+    let paired = matches!(&*sock, Sock::Smc(_) | Sock::Accepted(_) | Sock::Pending(_));
     drop(sock);
-    if smc && op != libc::EPOLL_CTL_DEL {
+    let shown = if paired && op != libc::EPOLL_CTL_DEL {
         // The kernel answers for this registration: the number shows the connection's
-        // kernel pair from now on.
-        show_kernel(fd);
-    }
+        // kernel pair from now on (also while it settles, see `show_settling`).
+        show_kernel(fd)
+    } else {
+        None
+    };
     let mut m = REGS.lock();
     // SAFETY: as above.
     let r = unsafe { real::epoll_ctl()(epfd, op, fd, ev) };
@@ -128,11 +130,9 @@ pub(crate) fn ctl(
     }
     drop(m);
     if r == 0 && op != libc::EPOLL_CTL_DEL {
-        if let Some(s) = table::get(fd)
-            && let Sock::Smc(c) = &*s
-        {
+        if let Some(p) = shown {
             // The kernel reports the pair to this set from now on: keep it in step.
-            c.pair.observe_epoll();
+            p.observe_epoll();
         }
         drive_with(epfd, fd);
     }
@@ -157,6 +157,12 @@ pub(crate) fn virtualize(fd: i32, pair: &Arc<Pair>) {
     };
     let mut kept = Vec::new();
     for (epfd, ev) in regs {
+        if !vepoll::takes(epfd) {
+            // The kernel answers for the set: the registration stays (on the pair, if the
+            // number shows it already: made again, an edge-triggered one would fire again).
+            kept.push((epfd, ev));
+            continue;
+        }
         // SAFETY: taking the application's registration out of the kernel (it is re-made
         // as ours, or put back).
         unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
@@ -626,8 +632,10 @@ pub(crate) fn swap(
 /// kernel reports itself. Returns the socket's pair if the number shows one.
 pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
     let sock = table::get(fd)?;
-    let Sock::Smc(c) = &*sock else {
-        return None;
+    let c = match &*sock {
+        Sock::Smc(c) => c,
+        Sock::Accepted(a) | Sock::Pending(a) => return show_settling(fd, &sock, a),
+        _ => return None,
     };
     let pair = c.pair.clone();
     let _b = Bypass::new();
@@ -647,6 +655,77 @@ pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
                 "fd {fd}: no socketpair for the kernel's view of the connection: {e}"
             ));
             None
+        }
+    }
+}
+
+/// [`show_kernel`] for a connection not settled yet (an accepted one starts negotiating now):
+/// until it settles, its numbers show its pair (not readable, writable once TCP is connected:
+/// a TCP connection with nothing received yet) instead of the TCP socket, where the peer's
+/// CLC messages would read as data. Settled as SMC-R the pair stays; as TCP the numbers get
+/// the socket back (`shim::outcome`). `None` when the numbers show a TCP socket (it settled
+/// as TCP, or no descriptor was left for the pair).
+fn show_settling(fd: i32, sock: &Arc<Sock>, a: &Arc<Settling>) -> Option<Arc<Pair>> {
+    crate::guard::guarded((), || {
+        a.start(fd);
+    });
+    let _b = Bypass::new();
+    let mut st = a.st.lock();
+    if st.state == crate::sock::State::Done {
+        drop(st);
+        // Settled meanwhile: shown as what it became.
+        return match table::get(fd) {
+            Some(now) if !Arc::ptr_eq(&now, sock) => show_kernel(fd),
+            _ => None,
+        };
+    }
+    if st.shown.is_some() {
+        return Some(a.pair.clone());
+    }
+    if st.replaced {
+        return None;
+    }
+    // Taken while the number surely is the TCP socket (the settling lock keeps the outcome
+    // from swapping it meanwhile).
+    let tcp = crate::fds::hide(fd).ok()?;
+    let app = match a.pair.kernel_end() {
+        Ok(Some(app)) => app,
+        Ok(None) => return None,
+        Err(e) => {
+            log::line(format_args!(
+                "fd {fd}: no socketpair for the kernel's view of the connection: {e}"
+            ));
+            return None;
+        }
+    };
+    set_nonblocking(app.as_raw_fd(), a.nonblock.load(Ordering::Relaxed));
+    let mut shown = false;
+    for n in table::numbers_of(sock) {
+        match replace(n, app.as_raw_fd(), sock, || {}) {
+            Ok(()) => shown = true,
+            Err(e) => log::line(format_args!("fd {n}: could not show readiness: {e}")),
+        }
+    }
+    if !shown {
+        return None;
+    }
+    st.shown = Some(Arc::new(tcp));
+    a.shows_pair.store(true, Ordering::Release);
+    Some(a.pair.clone())
+}
+
+/// Sets or clears O_NONBLOCK on `fd` (the application's flag on the file now at its number).
+pub(crate) fn set_nonblocking(fd: i32, on: bool) {
+    // SAFETY: reading and setting file status flags of a descriptor we hold.
+    unsafe {
+        let fl = real::fcntl()(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let fl = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            real::fcntl()(fd, libc::F_SETFL, fl as libc::c_ulong);
         }
     }
 }

@@ -110,6 +110,11 @@ pub(crate) fn has(epfd: i32) -> bool {
     ANY.load(Ordering::Acquire) && SETS.lock().contains_key(&epfd)
 }
 
+/// Whether registrations in `epfd` may be ours (the kernel does not answer for the set).
+pub(crate) fn takes(epfd: i32) -> bool {
+    on() && !KERNEL.lock().contains(&epfd)
+}
+
 /// The application's `epoll_ctl(epfd, op, fd, ev)` for the SMC-R socket `fd` showing `pair`:
 /// `Some(result)` if we took it (the kernel holds no registration of `fd` in `epfd`), `None`
 /// if it is the kernel's to do. `kernel_has`: the kernel holds one already.

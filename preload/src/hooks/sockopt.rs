@@ -3,6 +3,8 @@
 //! it cannot honour).
 
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use libc::{c_int, sockaddr, socklen_t};
@@ -13,16 +15,22 @@ use crate::shim;
 use crate::sock::Sock;
 use crate::{real, table};
 
-/// The descriptor socket calls about `fd` should reach: the hidden TCP socket of an SMC-R fd.
-fn socket_fd(fd: c_int) -> c_int {
+/// The descriptor socket calls about `fd` should reach: the hidden TCP socket of an SMC-R fd
+/// (or of a connection being settled) whose number shows the kernel pair; with what keeps
+/// that descriptor open for the call.
+fn socket_fd(fd: c_int) -> (c_int, Option<Arc<OwnedFd>>) {
     if bypassed() {
-        return fd;
+        return (fd, None);
     }
     match table::get(fd).as_deref() {
         // The number shows the kernel pair: the socket is our duplicate.
-        Some(Sock::Smc(c)) if c.pair.has_kernel() => shim::tcp_fd(c),
+        Some(Sock::Smc(c)) if c.pair.has_kernel() => (shim::tcp_fd(c), None),
+        Some(Sock::Accepted(a) | Sock::Pending(a)) => match a.shown_socket() {
+            Some(d) => (d.as_raw_fd(), Some(d)),
+            None => (fd, None),
+        },
         // The number is the socket itself.
-        _ => fd,
+        _ => (fd, None),
     }
 }
 
@@ -30,16 +38,18 @@ fn socket_fd(fd: c_int) -> c_int {
 /// libc's contract for getpeername(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getpeername(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    let (sock, _open) = socket_fd(fd);
     // SAFETY: forwarding.
-    unsafe { real::getpeername()(socket_fd(fd), a, l) }
+    unsafe { real::getpeername()(sock, a, l) }
 }
 
 /// # Safety
 /// libc's contract for getsockname(2).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getsockname(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    let (sock, _open) = socket_fd(fd);
     // SAFETY: forwarding.
-    unsafe { real::getsockname()(socket_fd(fd), a, l) }
+    unsafe { real::getsockname()(sock, a, l) }
 }
 
 /// # Safety
@@ -71,8 +81,9 @@ pub unsafe extern "C" fn getsockopt(
         }
         return 0;
     }
+    let (sock, _open) = socket_fd(fd);
     // SAFETY: forwarding.
-    unsafe { real::getsockopt()(socket_fd(fd), level, name, val, len) }
+    unsafe { real::getsockopt()(sock, level, name, val, len) }
 }
 
 /// # Safety
@@ -133,6 +144,7 @@ pub unsafe extern "C" fn setsockopt(
         };
         slot.store(us, Ordering::Relaxed);
     }
+    let (sock, _open) = socket_fd(fd);
     // SAFETY: forwarding (the TCP socket keeps the option too).
-    unsafe { real::setsockopt()(socket_fd(fd), level, name, val, len) }
+    unsafe { real::setsockopt()(sock, level, name, val, len) }
 }

@@ -6,7 +6,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use smcr::{Blocking, SmcStream};
@@ -31,7 +31,8 @@ impl Settling {
             (false, true) => Some(Shutdown::Write),
             (false, false) => None,
         };
-        let installed = outcome.apply(fd, &self.pair, staged, shut);
+        let shown = st.shown.take();
+        let installed = outcome.apply(fd, &self.pair, staged, shut, shown, &self.nonblock);
         st.settled = installed.clone();
         if st.state == State::Running {
             let _ =
@@ -82,15 +83,31 @@ impl Outcome {
     /// connection then closes.
     /// Returns the SMC-R connection installed, whose preamble (`staged`) the caller sends
     /// once the lock is released.
+    ///
+    /// `shown`: our duplicate of the TCP socket while the numbers show the pair (the kernel
+    /// answered for the connection while it settled); settled as TCP, the numbers get the
+    /// socket back, with the application's O_NONBLOCK (`nonblock`).
     fn apply(
         self,
         fd: i32,
         pair: &Arc<Pair>,
         staged: Vec<u8>,
         shut: Option<std::net::Shutdown>,
+        shown: Option<Arc<OwnedFd>>,
+        nonblock: &AtomicBool,
     ) -> Option<Arc<Sock>> {
         let numbers = table::numbers_with_pair(pair);
         let rt = runtime();
+        if let Some(tcp) = &shown
+            && matches!(self, Self::Fallback(_) | Self::Plain(_) | Self::Failed)
+        {
+            show_tcp(
+                &numbers,
+                pair,
+                tcp.as_raw_fd(),
+                nonblock.load(Ordering::Relaxed),
+            );
+        }
         match self {
             Self::Smc(s) => {
                 if numbers.is_empty() {
@@ -191,6 +208,30 @@ impl Outcome {
     }
 }
 
+/// The numbers showing the pair of a connection that settled as TCP get the TCP socket `tcp`
+/// back (with the application's registrations, close-on-exec view and O_NONBLOCK).
+fn show_tcp(numbers: &[i32], pair: &Arc<Pair>, tcp: i32, nonblock: bool) {
+    crate::epoll::set_nonblocking(tcp, nonblock);
+    for &n in numbers {
+        let flags = if table::cloexec_view(n) {
+            libc::O_CLOEXEC
+        } else {
+            0
+        };
+        let still = || {
+            table::get_any(n)
+                .as_deref()
+                .and_then(Sock::pair)
+                .is_some_and(|p| Arc::ptr_eq(p, pair))
+        };
+        if let Err(e) = crate::epoll::swap(n, tcp, flags, still, || {}) {
+            log::line(format_args!(
+                "fd {n}: could not show the TCP socket again: {e}"
+            ));
+        }
+    }
+}
+
 /// Sends all of `buf` on an SMC-R connection (waiting for room in the peer's RMB).
 fn smc_send_all(s: &SmcStream, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
@@ -242,6 +283,7 @@ fn follow(sock: &Sock) {
         {
             c.pair.driver_set();
         }
-        c.stream.set_readiness(Box::new(PairSink(c.pair.clone())));
+        c.stream
+            .set_readiness(Box::new(PairSink(c.pair.clone(), c.gate.clone())));
     }
 }

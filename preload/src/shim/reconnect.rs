@@ -38,7 +38,16 @@ pub(super) fn plain_again(
     let peer = peer?;
     let numbers = table::numbers_with_pair(&s.pair);
     let first = *numbers.first()?;
-    let new = connect_plain(first, local, peer).ok()?;
+    // Made like the program's socket: our duplicate of it while the numbers show the pair.
+    let shown = s.shown_socket();
+    let like = shown.as_ref().map_or(first, |d| d.as_raw_fd());
+    let new = connect_plain(like, local, peer).ok()?;
+    {
+        // The numbers get the new connection: the old socket is not shown again, nor the pair.
+        let mut st = s.st.lock();
+        st.shown = None;
+        st.replaced = true;
+    }
     if is_nonblocking(first) {
         // SAFETY: setting a file status flag of our own socket.
         unsafe {

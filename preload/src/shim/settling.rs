@@ -30,11 +30,14 @@ impl Settling {
                 shut_wr: false,
                 settled: None,
                 handed_off: false,
+                shown: None,
+                replaced: false,
             }),
             done: Condvar::new(),
             nonblock: AtomicBool::new(nonblock),
             role,
             runner: AtomicU32::new(table::pid()),
+            shows_pair: AtomicBool::new(false),
         })
     }
 }

@@ -62,9 +62,14 @@ impl Sock {
 /// Whether the number's close-on-exec flag is the application's view only: an SMC-R
 /// connection, or a connect being negotiated (its worker would not survive the exec), is
 /// close-on-exec for real (an exec'd image could not serve it: it arrives closed rather than
-/// silent), whatever the program sets; one that settles as TCP gets the flag of the view.
+/// silent), whatever the program sets; one that settles as TCP gets the flag of the view. So
+/// is an accepted connection being settled while its numbers show its pair.
 pub(crate) fn cloexec_managed(s: &Sock) -> bool {
-    matches!(s, Sock::Smc(_) | Sock::Pending(_))
+    match s {
+        Sock::Smc(_) | Sock::Pending(_) => true,
+        Sock::Accepted(a) => a.shows_pair.load(std::sync::atomic::Ordering::Acquire),
+        _ => false,
+    }
 }
 
 /// An SMC-R connection at an application descriptor.
@@ -83,6 +88,8 @@ pub(crate) struct SmcFd {
     preamble: Mutex<Vec<u8>>,
     /// The preamble is sent (the usual case: no lock on the way to a send).
     preamble_sent: AtomicBool,
+    /// Holds writability back until the preamble is sent.
+    pub(crate) gate: Arc<crate::pair::Gate>,
     /// A shutdown of writing asked for while the preamble was still going: done right after
     /// it (once: whoever swaps it out does it).
     shut_after: AtomicBool,
@@ -105,13 +112,22 @@ impl SmcFd {
         };
         while !p.is_empty() {
             let how = until.left().ok_or_else(busy)?;
-            let n = self.stream.send(&p, how)?;
+            let n = match self.stream.send(&p, Blocking::No) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && how != Blocking::No => {
+                    // It waits for room: the application sees the connection not writable
+                    // until it is out (see `Gate`).
+                    self.gate.close(&self.pair);
+                    self.stream.send(&p, how)?
+                }
+                r => r?,
+            };
             p.drain(..n);
         }
         // SeqCst with `shutdown`'s: one of the two sees the other's flag (Dekker), so the
         // queued end of writing is done exactly once.
         self.preamble_sent.store(true, Ordering::SeqCst);
         drop(p);
+        self.gate.open(&self.pair);
         if self.shut_after.swap(false, Ordering::SeqCst) {
             let _ = self.stream.shutdown(std::net::Shutdown::Write);
         }
@@ -291,6 +307,7 @@ pub(crate) fn smc_fd(
         sndtimeo_us: AtomicU64::new(snd),
         pair,
         preamble_sent: AtomicBool::new(preamble.is_empty()),
+        gate: crate::pair::Gate::new(),
         preamble: Mutex::new(preamble),
         shut_after: AtomicBool::new(false),
     }))

@@ -4,6 +4,7 @@
 //! `accept`, `finish` in `outcome`.
 
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::time::{Duration, Instant};
@@ -34,6 +35,9 @@ pub(crate) struct Settling {
     /// The process whose worker (or reading thread) settles it (once [`State::Running`]): a
     /// child that forked meanwhile holds a copy saying Running with no worker of its own.
     pub(crate) runner: AtomicU32,
+    /// The numbers show the pair's kernel end, not the TCP socket ([`Phase::shown`]); read
+    /// without the lock by the close-on-exec hooks.
+    pub(crate) shows_pair: AtomicBool,
 }
 
 pub(crate) struct Phase {
@@ -53,6 +57,14 @@ pub(crate) struct Phase {
     /// The connection is about to go to a program that cannot negotiate: settled as TCP
     /// (HANDOFF), the peer declined.
     pub(crate) handed_off: bool,
+    /// Our duplicate of the TCP socket while the numbers show the pair instead (the kernel
+    /// answers for the readiness of a connection being settled: the peer's CLC messages on
+    /// the TCP socket would read as data): what socket calls reach meanwhile, and
+    /// what the numbers get back if the connection settles as TCP.
+    pub(crate) shown: Option<Arc<OwnedFd>>,
+    /// The numbers got a new plain connection (`shim::reconnect`): the pair is not shown
+    /// again.
+    pub(crate) replaced: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -134,6 +146,15 @@ impl Settling {
             });
         }
         true
+    }
+
+    /// Our duplicate of the TCP socket while the numbers show the pair (see [`Phase::shown`]):
+    /// socket calls on the numbers reach it (held for the call).
+    pub(crate) fn shown_socket(&self) -> Option<Arc<OwnedFd>> {
+        if !self.shows_pair.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.st.lock().shown.clone()
     }
 
     /// An accepted connection whose negotiation has not started.
