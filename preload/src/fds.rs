@@ -14,6 +14,22 @@ pub(crate) fn is_nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
+/// Sets or clears O_NONBLOCK on `fd` (the application's flag on the file now at its number).
+pub(crate) fn set_nonblocking(fd: i32, on: bool) {
+    // SAFETY: reading and setting file status flags of a descriptor we hold.
+    unsafe {
+        let fl = real::fcntl()(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let fl = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            real::fcntl()(fd, libc::F_SETFL, fl as libc::c_ulong);
+        }
+    }
+}
+
 /// A socket's own address (IPv4, or IPv6 for a dual-stack socket).
 pub(crate) fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
     // SAFETY: an all-zero sockaddr_storage is valid; the kernel fills at most `len` bytes.

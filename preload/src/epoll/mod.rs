@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -639,24 +639,37 @@ pub(crate) fn show_kernel(fd: i32) -> Option<Arc<Pair>> {
     };
     let pair = c.pair.clone();
     let _b = Bypass::new();
-    match pair.kernel_end() {
-        Ok(Some(app)) => {
-            // Every number showing this connection gets the pair (dup'd numbers share it).
-            for n in table::numbers_of(&sock) {
-                if let Err(e) = replace(n, app.as_raw_fd(), &sock, || {}) {
-                    log::line(format_args!("fd {n}: could not show readiness: {e}"));
-                }
-            }
-            Some(pair)
-        }
-        Ok(None) => Some(pair),
-        Err(e) => {
+    if let Some(app) = kernel_end(fd, &pair)? {
+        put_pair(&sock, &app, c.nonblock.load(Ordering::Relaxed));
+    }
+    Some(pair)
+}
+
+/// `pair`'s kernel socketpair, made now: its application end (`Ok(None)`: made before);
+/// `None` if it could not be made (logged).
+fn kernel_end(fd: i32, pair: &Pair) -> Option<Option<OwnedFd>> {
+    pair.kernel_end()
+        .map_err(|e| {
             log::line(format_args!(
                 "fd {fd}: no socketpair for the kernel's view of the connection: {e}"
-            ));
-            None
+            ))
+        })
+        .ok()
+}
+
+/// Puts `app`, the application's end of a connection's new kernel pair, at every number
+/// showing `sock` (dup'd numbers share it), with the application's O_NONBLOCK; how many show
+/// it now.
+fn put_pair(sock: &Arc<Sock>, app: &OwnedFd, nonblock: bool) -> usize {
+    crate::fds::set_nonblocking(app.as_raw_fd(), nonblock);
+    let mut shown = 0;
+    for n in table::numbers_of(sock) {
+        match replace(n, app.as_raw_fd(), sock, || {}) {
+            Ok(()) => shown += 1,
+            Err(e) => log::line(format_args!("fd {n}: could not show readiness: {e}")),
         }
     }
+    shown
 }
 
 /// [`show_kernel`] for a connection not settled yet (an accepted one starts negotiating now):
@@ -688,46 +701,13 @@ fn show_settling(fd: i32, sock: &Arc<Sock>, a: &Arc<Settling>) -> Option<Arc<Pai
     // Taken while the number surely is the TCP socket (the settling lock keeps the outcome
     // from swapping it meanwhile).
     let tcp = crate::fds::hide(fd).ok()?;
-    let app = match a.pair.kernel_end() {
-        Ok(Some(app)) => app,
-        Ok(None) => return None,
-        Err(e) => {
-            log::line(format_args!(
-                "fd {fd}: no socketpair for the kernel's view of the connection: {e}"
-            ));
-            return None;
-        }
-    };
-    set_nonblocking(app.as_raw_fd(), a.nonblock.load(Ordering::Relaxed));
-    let mut shown = false;
-    for n in table::numbers_of(sock) {
-        match replace(n, app.as_raw_fd(), sock, || {}) {
-            Ok(()) => shown = true,
-            Err(e) => log::line(format_args!("fd {n}: could not show readiness: {e}")),
-        }
-    }
-    if !shown {
+    let app = kernel_end(fd, &a.pair)??;
+    if put_pair(sock, &app, a.nonblock.load(Ordering::Relaxed)) == 0 {
         return None;
     }
     st.shown = Some(Arc::new(tcp));
     a.shows_pair.store(true, Ordering::Release);
     Some(a.pair.clone())
-}
-
-/// Sets or clears O_NONBLOCK on `fd` (the application's flag on the file now at its number).
-pub(crate) fn set_nonblocking(fd: i32, on: bool) {
-    // SAFETY: reading and setting file status flags of a descriptor we hold.
-    unsafe {
-        let fl = real::fcntl()(fd, libc::F_GETFL, 0);
-        if fl >= 0 {
-            let fl = if on {
-                fl | libc::O_NONBLOCK
-            } else {
-                fl & !libc::O_NONBLOCK
-            };
-            real::fcntl()(fd, libc::F_SETFL, fl as libc::c_ulong);
-        }
-    }
 }
 
 /// Puts `file` at the application's number `fd`, moving the epoll registrations the

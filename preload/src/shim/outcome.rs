@@ -211,7 +211,7 @@ impl Outcome {
 /// The numbers showing the pair of a connection that settled as TCP get the TCP socket `tcp`
 /// back (with the application's registrations, close-on-exec view and O_NONBLOCK).
 fn show_tcp(numbers: &[i32], pair: &Arc<Pair>, tcp: i32, nonblock: bool) {
-    crate::epoll::set_nonblocking(tcp, nonblock);
+    crate::fds::set_nonblocking(tcp, nonblock);
     for &n in numbers {
         let flags = if table::cloexec_view(n) {
             libc::O_CLOEXEC

@@ -13,6 +13,8 @@ Prints one line per check and exits 1 at the first failure; on success the last 
 """
 
 import errno
+import fcntl
+import os
 import select
 import socket
 import sys
@@ -800,6 +802,10 @@ def g_sets():
         fail("poll() on the set", "not readable")
     ok("poll() on the set: readable")
     level(ep, s, IN, "the set itself still reports the socket")
+    # The kernel answers for the socket now (what shows at its number): still non-blocking.
+    if not fcntl.fcntl(s.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK:
+        fail("F_GETFL", "O_NONBLOCK lost")
+    ok("F_GETFL: still O_NONBLOCK")
     recv_exact(s, 1, "read")
     quiet(outer, "read: the outer set sees nothing")
     outer.close()
