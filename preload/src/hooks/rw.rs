@@ -64,13 +64,6 @@ fn write_to(
                 if b.is_empty() {
                     return 0;
                 }
-                // The kernel may have told the application that its connect is done (a poll
-                // of its own on the TCP socket at the number) before the worker saw it: the
-                // stage takes bytes once TCP is connected, whoever saw it first.
-                if !a.tcp_connected() && !a.shows_pair.load(Ordering::Acquire) && tcp_connected(fd)
-                {
-                    a.connected();
-                }
                 // A blocking write waits for the connection to settle when the stage is full
                 // (SO_SNDTIMEO bounds it, else as long as it takes).
                 let wait = (flags & libc::MSG_DONTWAIT == 0 && !a.nonblock.load(Ordering::Relaxed))
@@ -664,21 +657,6 @@ pub unsafe extern "C" fn __recvfrom_chk(
         },
         real,
     )
-}
-
-/// Whether the TCP socket at `fd` (a connect being settled shows it) is connected: writable,
-/// no error.
-fn tcp_connected(fd: c_int) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: polling the application's descriptor once, without waiting.
-    let n = unsafe { crate::real::poll()(&mut p, 1, 0) };
-    n == 1
-        && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) == 0
-        && p.revents & libc::POLLOUT != 0
 }
 
 #[cfg(test)]
