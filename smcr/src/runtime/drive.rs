@@ -171,54 +171,33 @@ impl LinkGroup {
         }
         let mut h = self.drive.hold.lock();
         h.sleeping = h.sleeping.saturating_sub(1);
-        let now = Instant::now();
-        h.last = now;
-        self.poller_watches(&mut h, now);
+        self.poller_watches(&mut h, Instant::now());
     }
 
     /// Kicks the poller if it sleeps past `hold_for` from `now`: it looks at the hold again
     /// (`check_hold`). Under the hold lock (`h`), which `check_hold` sets `poller_until` under.
     fn poller_watches(&self, h: &mut Hold, now: Instant) {
-        if h.poller_until
-            .is_some_and(|t| t > now + self.drive.hold_for)
-        {
-            h.poller_until = None;
+        if h.seen(now, self.drive.hold_for) {
             self.drive.sched.kick();
         }
     }
 
-    /// The poller's look at the hold before it sleeps for at most `wait`: takes the group back
-    /// from holders away longer than `hold_for`; returns how long to sleep (shorter while
-    /// holders are awake; while they sleep they are signalled themselves, and the first to wake
-    /// kicks the poller, see `hold_woke`).
+    /// The poller's look at the hold before it sleeps for at most `wait` (`Hold::look`): takes
+    /// the group back from holders away longer than `hold_for`; returns how long to sleep.
     pub(super) fn check_hold(&self, wait: Duration) -> Duration {
         if self.drive.hold_for.is_zero() {
             return wait;
         }
         let mut h = self.drive.hold.lock();
-        let now = Instant::now();
-        let since = now.saturating_duration_since(h.last);
-        let wait = if !h.held {
-            wait
-        } else if h.sleeping > 0 {
-            if since >= HOLD_IDLE {
-                wait
-            } else {
-                wait.min(HOLD_IDLE - since)
-            }
-        } else if since >= self.drive.hold_for {
-            h.held = false;
-            if std::mem::take(&mut h.rx) {
+        let look = h.look(Instant::now(), wait, self.drive.hold_for);
+        if look.taken_back {
+            if look.rx_back {
                 self.drive.sched.delegate_rx(false);
             }
             // What arrived meanwhile is signalled to the poller (us) now.
             self.drive.sched.end_drive();
-            wait
-        } else {
-            wait.min(self.drive.hold_for - since)
-        };
-        h.poller_until = Some(now + wait);
-        wait
+        }
+        look.wait
     }
 
     /// A thread blocked in a read or write (until `deadline`) waits for the group's next

@@ -38,6 +38,7 @@ use crate::handshake;
 use crate::lgr::{LgrCore, Route, Slot};
 use crate::link::{self, LinkParams};
 use crate::option::OptionRecords;
+use hold::Hold;
 
 mod api;
 mod clock;
@@ -45,6 +46,7 @@ mod config;
 mod connection;
 mod drive;
 mod events;
+mod hold;
 mod inner;
 mod lgroup;
 mod post;
@@ -328,37 +330,12 @@ thread_local! {
     static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The drive event-loop threads keep between two `epoll_wait`s: what arrives while the loop
-/// works waits in the rings for its next wait (no wake-up for anyone) instead of going to the
-/// poller. The poller takes the group back when no loop came by for `hold_for` (a loop busy
-/// elsewhere, blocked in another call, or gone), so nothing waits longer than that (plus
-/// [`HOLD_IDLE`] right after a long sleep).
-struct Hold {
-    /// The hold's own drive is on.
-    held: bool,
-    /// The holders watch the device's socket themselves (their epoll sets hold it): the
-    /// engine thread does not, so a packet wakes the holder directly instead of the engine
-    /// thread, which would then signal the holder (two wake-ups).
-    rx: bool,
-    /// Threads between `sleep_begin` and `sleep_end`.
-    sleeping: u32,
-    /// When a loop last went to sleep or woke.
-    last: Instant,
-    /// When the poller looks at the hold next (set as it goes to sleep): a holder that wakes
-    /// earlier than that minus `hold_for` kicks it, so that nothing waits past `hold_for` after
-    /// the holders stop coming, whenever the hold began.
-    poller_until: Option<Instant>,
-}
-
 /// How long a deleted group's poller waits for the peer to acknowledge what was posted
 /// before the DELETE LINK: the transport's retries (7 × ~134 ms) fit.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// The longest a link group's poller sleeps when no timer is due.
 const IDLE_WAIT: Duration = Duration::from_secs(30);
-
-/// Holders asleep this long leave the poller on its long timer (they kick it when they wake).
-const HOLD_IDLE: Duration = Duration::from_millis(5);
 
 /// A refused post, as the connection sees it.
 /// The TCP socket has bytes, EOF or an error to report (without waiting).
