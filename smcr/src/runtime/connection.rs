@@ -83,6 +83,9 @@ pub(crate) struct StatRef {
     pub(crate) slot: usize,
     /// When negotiation began (stage times are offsets from it).
     pub(crate) start: Instant,
+    /// The first write's time is recorded (later writes need no clock read and no atomic
+    /// read-modify-write on the shared record).
+    pub(crate) wrote: bool,
 }
 
 impl ConnState {
@@ -249,7 +252,8 @@ impl ConnShared {
         let (pieces, n) = nonempty(plan.pieces, !written);
         s.stats.bytes_sent += u64::from(staged);
         s.stats.data_cdcs += 1;
-        if let Some(st) = &s.stat {
+        if let Some(st) = s.stat.as_mut().filter(|st| !st.wrote) {
+            st.wrote = true;
             let at = st.start.elapsed().as_nanos().max(1) as u64;
             st.area
                 .set_live_once(st.slot, crate::stats::conn::live::FIRST_WRITE, at);

@@ -125,6 +125,7 @@ pub(super) fn record_row_counted(
             area: area.clone(),
             slot,
             start: timeline.start,
+            wrote: false,
         });
         s.publish();
     }
