@@ -172,10 +172,10 @@ impl EngineQp {
                 }
             }
         }
-        // (The `now` of the posting: the requests took microseconds at most, and a clock read
-        // is a measurable part of a small write.)
-        // A corked thread's requests over UDP leave when it uncorks (crate::cork); the engine
-        // sends them if it does not come back in time.
+        // `now` from before the posting serves here too (the requests took microseconds; a
+        // clock read is a measurable part of a small write). A corked thread's requests over
+        // UDP leave when it uncorks (crate::cork); the engine sends them if it does not come
+        // back in time.
         let deferred = (!same_host && res.is_ok() && crate::cork::corked())
             .then(|| crate::cork::defer(&self.guard, &self.qp))
             .flatten();
