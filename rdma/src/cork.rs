@@ -14,6 +14,13 @@
 //! covered by the engine: a deferred queue pair gets a timer [`CORK_MAX`] ahead, and the
 //! engine transmits it then (up to `TIMER_GRACE` later while a thread keeps the timers).
 //! Same-host links and verbs devices are never deferred.
+//!
+//! The same call points send the thread's *held ACKs*: a message this thread received whose
+//! ACK waits for its answer ([`QpCaps::ack_delay`](crate::QpCaps::ack_delay)). A thread that
+//! calls into us for anything else (a `connect`, its next wait) is not answering now; left to
+//! the timers, the ACK would leave when the engine thread runs them, up to `TIMER_GRACE` late,
+//! after the peer had probed and resent (a client reading each echo and then connecting
+//! again: 505 of the echo server's 1 910 packets resent, every one a duplicate).
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -33,6 +40,11 @@ thread_local! {
     static CORKED: Cell<bool> = const { Cell::new(false) };
     static DEFERRED: RefCell<Vec<(Arc<EngineGuard>, Arc<QpShared>)>> =
         const { RefCell::new(Vec::new()) };
+    /// The thread calls [`begin`] or [`end`]: it is an application's (the engine thread and
+    /// the pollers never do, and would keep what they noted for ever).
+    static CALLS: Cell<bool> = const { Cell::new(false) };
+    /// Queue pairs on which this thread received a message whose ACK is held.
+    static HELD: RefCell<Vec<Arc<QpShared>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Allows or forbids corking in this process (forbidden: [`begin`] does nothing).
@@ -48,6 +60,7 @@ pub fn enabled() -> bool {
 /// Corks the calling thread: its posts on engine queue pairs over UDP wait for [`end`] (or
 /// the engine's timer).
 pub fn begin() {
+    let _ = CALLS.try_with(|c| c.set(true));
     if enabled() {
         let _ = CORKED.try_with(|c| c.set(true));
     }
@@ -75,17 +88,49 @@ pub(crate) fn defer(g: &Arc<EngineGuard>, qp: &Arc<QpShared>) -> Option<bool> {
         .ok()
 }
 
-/// Uncorks the calling thread: what it deferred is transmitted now. Cheap when nothing was.
+/// Uncorks the calling thread: what it deferred is transmitted now, and the ACKs it holds
+/// leave. Cheap when there is neither.
 pub fn end() {
-    if !corked() {
+    let _ = CALLS.try_with(|c| c.set(true));
+    if corked() {
+        let _ = CORKED.try_with(|c| c.set(false));
+        let list = DEFERRED
+            .try_with(|d| std::mem::take(&mut *d.borrow_mut()))
+            .unwrap_or_default();
+        for (g, qp) in list {
+            let mut core = qp.core.lock();
+            g.shared.drive(&mut core, std::time::Instant::now());
+        }
+    }
+    let held = HELD
+        .try_with(|h| {
+            let mut h = h.borrow_mut();
+            (!h.is_empty()).then(|| std::mem::take(&mut *h))
+        })
+        .ok()
+        .flatten();
+    for qp in held.into_iter().flatten() {
+        let Some(dev) = qp.dev.upgrade() else {
+            continue;
+        };
+        let mut core = qp.core.lock();
+        // (Answered meanwhile: the ACK went with the answer and nothing is held.)
+        if core.rc.end_ack_hold() {
+            dev.drive(&mut core, std::time::Instant::now());
+        }
+    }
+}
+
+/// The calling thread received a message on `qp` whose ACK is now held (the receive path,
+/// under the QP's lock): [`end`] sends it, if this thread calls it before the hold is over.
+pub(crate) fn note_held(qp: &Arc<QpShared>) {
+    if !CALLS.try_with(Cell::get).unwrap_or(false) {
         return;
     }
-    let _ = CORKED.try_with(|c| c.set(false));
-    let list = DEFERRED
-        .try_with(|d| std::mem::take(&mut *d.borrow_mut()))
-        .unwrap_or_default();
-    for (g, qp) in list {
-        let mut core = qp.core.lock();
-        g.shared.drive(&mut core, std::time::Instant::now());
-    }
+    let _ = HELD.try_with(|h| {
+        let mut h = h.borrow_mut();
+        if !h.iter().any(|q| Arc::ptr_eq(q, qp)) {
+            h.push(qp.clone());
+        }
+    });
 }

@@ -482,8 +482,13 @@ fn a_multi_homed_device_runs_queue_pairs_from_each_of_its_addresses() {
 
 /// A side whose QP holds the ACK of a SEND for 300 µs (`QpCaps::ack_delay`).
 fn side_holding_acks() -> Side {
+    side_holding_acks_for(Duration::from_micros(300))
+}
+
+/// A side whose QP holds the ACK of a SEND for `delay`.
+fn side_holding_acks_for(delay: Duration) -> Side {
     let caps = QpCaps {
-        ack_delay: Some(Duration::from_micros(300)),
+        ack_delay: Some(delay),
         ..QpCaps::default()
     };
     let dev = Device::open(DeviceConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
@@ -535,6 +540,50 @@ fn a_held_ack_leaves_with_the_answer_in_one_system_call() {
         "B never answered within the 300 µs hold in 40 exchanges"
     );
     assert_eq!(a.dev.stats().rc_probes + b.dev.stats().rc_probes, 0);
+}
+
+/// A thread that received a message whose ACK it holds and then calls into us for anything
+/// else (`cork::end`: the preload calls it at `connect`, `socket`, the next wait…) is not
+/// answering now: the ACK leaves in that call. Left to the timers it would leave when the
+/// engine thread runs them (here: after a 30 s hold), and a peer would probe and resend.
+#[test]
+fn a_thread_that_moves_on_sends_the_ack_it_holds() {
+    // This thread is an application's: it calls into the cork.
+    cork::end();
+    let (a, b) = (
+        side_holding_acks(),
+        side_holding_acks_for(Duration::from_secs(30)),
+    );
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    let ma = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let mb = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    // B's packets are received by this thread only (as by a blocked reader).
+    let sched = b.cq.scheduler();
+    sched.delegate_rx(true);
+    post_recv(&b, &mb, 1);
+    post_send(&a, &ma, 2, 44, SendFlags::SIGNALED);
+    let mut wc = [WorkCompletion::EMPTY];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while b.cq.poll(&mut wc) == 0 {
+        assert!(std::time::Instant::now() < deadline, "A's SEND never came");
+        if sched.receive() == 0 {
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(wc[0].wr_id, 1);
+    let sent = b.dev.stats().tx_packets;
+    cork::end();
+    assert_eq!(
+        b.dev.stats().tx_packets,
+        sent + 1,
+        "the held ACK did not leave when the thread moved on"
+    );
+    assert_eq!(wait_one(&a.cq).wr_id, 2, "A's SEND is acknowledged");
+    assert_eq!(a.dev.stats().rc_probes, 0);
+    // Nothing more is held: a second call sends nothing.
+    cork::end();
+    assert_eq!(b.dev.stats().tx_packets, sent + 1);
+    sched.delegate_rx(false);
 }
 
 /// `DeviceConfig::rx_hold`: after a thread's wait returns, the socket stays with it for its

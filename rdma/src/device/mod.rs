@@ -185,16 +185,20 @@ pub(crate) struct QpShared {
     /// Set (under `core`'s lock) once requests were seen going through shared memory; it stays
     /// so. Lets a hot path ask without the lock ([`crate::QueuePair::same_host_seen`]).
     pub(crate) same_host: std::sync::atomic::AtomicBool,
+    /// Its device (a thread sending the QP's held ACK on its own, `crate::cork`).
+    pub(crate) dev: std::sync::Weak<Shared>,
 }
 
 impl QpShared {
     pub(crate) fn new(
+        dev: &Arc<Shared>,
         rc: RcQp,
         send_cq: Arc<CqShared>,
         recv_cq: Arc<CqShared>,
         shm: Option<crate::samehost::ShmQp>,
     ) -> Self {
         Self {
+            dev: Arc::downgrade(dev),
             qpn: rc.qp_num(),
             same_host: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(QpCore {

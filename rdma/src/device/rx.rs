@@ -438,6 +438,9 @@ fn receive(
         core.peer_no_icrc = wire::has_flag(bytes, wire::TAKES_NO_ICRC);
     }
     core.rc.handle_packet(now, &repr, &shared.mrs);
+    if core.rc.holds_ack() {
+        crate::cork::note_held(qp);
+    }
     if !dirty.iter().any(|d| Arc::ptr_eq(d, qp)) {
         dirty.push(qp.clone());
     }

@@ -511,6 +511,11 @@ impl RcQp {
         self.ack_hold.take().is_some()
     }
 
+    /// Whether an ACK is held for the answer (see [`QpCaps::ack_delay`]), whatever its time.
+    pub fn holds_ack(&self) -> bool {
+        self.ack_hold.is_some()
+    }
+
     /// Whether the responder's pending ACK waits (see [`QpCaps::ack_delay`]).
     fn ack_held(&self, now: Instant) -> bool {
         !self.ack_ride && self.ack_hold.is_some_and(|t| now < t)

@@ -415,7 +415,13 @@ impl ProtectionDomain {
             None => None,
         };
         let same_host = shm.is_some();
-        let qp = Arc::new(QpShared::new(rc, send_cq.clone(), recv_cq.clone(), shm));
+        let qp = Arc::new(QpShared::new(
+            shared,
+            rc,
+            send_cq.clone(),
+            recv_cq.clone(),
+            shm,
+        ));
         shared.qps.write().insert(qpn, qp.clone());
         if same_host {
             let mut list = recv_cq.shm_qps.lock();
