@@ -64,6 +64,10 @@ static ON_LOAD: extern "C" fn() = {
     /// engine's last (the runtime's creation takes them).
     extern "C" fn before_fork() {
         guard::guarded((), || {
+            // What this thread corked and the ACKs it holds leave now (it is not answering
+            // while it forks), so that no child inherits a list of the parent's queue pairs
+            // and sends on them at its first call into us. Before the fork's locks.
+            smcr::cork::end();
             table::hold_for_fork();
             shim::hold_for_fork();
             workers::hold_for_fork();

@@ -40,11 +40,6 @@ thread_local! {
     static CORKED: Cell<bool> = const { Cell::new(false) };
     static DEFERRED: RefCell<Vec<(Arc<EngineGuard>, Arc<QpShared>)>> =
         const { RefCell::new(Vec::new()) };
-    /// The thread calls [`begin`] or [`end`]: it is an application's (the engine thread and
-    /// the pollers never do, and would keep what they noted for ever).
-    static CALLS: Cell<bool> = const { Cell::new(false) };
-    /// Queue pairs on which this thread received a message whose ACK is held.
-    static HELD: RefCell<Vec<Arc<QpShared>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Allows or forbids corking in this process (forbidden: [`begin`] does nothing).
@@ -60,7 +55,7 @@ pub fn enabled() -> bool {
 /// Corks the calling thread: its posts on engine queue pairs over UDP wait for [`end`] (or
 /// the engine's timer).
 pub fn begin() {
-    let _ = CALLS.try_with(|c| c.set(true));
+    crate::device::held::calls_in();
     if enabled() {
         let _ = CORKED.try_with(|c| c.set(true));
     }
@@ -91,7 +86,7 @@ pub(crate) fn defer(g: &Arc<EngineGuard>, qp: &Arc<QpShared>) -> Option<bool> {
 /// Uncorks the calling thread: what it deferred is transmitted now, and the ACKs it holds
 /// leave. Cheap when there is neither.
 pub fn end() {
-    let _ = CALLS.try_with(|c| c.set(true));
+    crate::device::held::calls_in();
     if corked() {
         let _ = CORKED.try_with(|c| c.set(false));
         let list = DEFERRED
@@ -102,35 +97,5 @@ pub fn end() {
             g.shared.drive(&mut core, std::time::Instant::now());
         }
     }
-    let held = HELD
-        .try_with(|h| {
-            let mut h = h.borrow_mut();
-            (!h.is_empty()).then(|| std::mem::take(&mut *h))
-        })
-        .ok()
-        .flatten();
-    for qp in held.into_iter().flatten() {
-        let Some(dev) = qp.dev.upgrade() else {
-            continue;
-        };
-        let mut core = qp.core.lock();
-        // (Answered meanwhile: the ACK went with the answer and nothing is held.)
-        if core.rc.end_ack_hold() {
-            dev.drive(&mut core, std::time::Instant::now());
-        }
-    }
-}
-
-/// The calling thread received a message on `qp` whose ACK is now held (the receive path,
-/// under the QP's lock): [`end`] sends it, if this thread calls it before the hold is over.
-pub(crate) fn note_held(qp: &Arc<QpShared>) {
-    if !CALLS.try_with(Cell::get).unwrap_or(false) {
-        return;
-    }
-    let _ = HELD.try_with(|h| {
-        let mut h = h.borrow_mut();
-        if !h.iter().any(|q| Arc::ptr_eq(q, qp)) {
-            h.push(qp.clone());
-        }
-    });
+    crate::device::held::send();
 }

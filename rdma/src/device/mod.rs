@@ -13,6 +13,7 @@
 mod counters;
 mod cq;
 mod engine;
+pub(crate) mod held;
 mod ids;
 mod rx;
 mod samehost;

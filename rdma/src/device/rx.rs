@@ -439,7 +439,7 @@ fn receive(
     }
     core.rc.handle_packet(now, &repr, &shared.mrs);
     if core.rc.holds_ack() {
-        crate::cork::note_held(qp);
+        super::held::note(qp);
     }
     if !dirty.iter().any(|d| Arc::ptr_eq(d, qp)) {
         dirty.push(qp.clone());
