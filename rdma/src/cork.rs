@@ -89,13 +89,21 @@ pub fn end() {
     crate::device::held::calls_in();
     if corked() {
         let _ = CORKED.try_with(|c| c.set(false));
-        let list = DEFERRED
+        // Taken out so that no borrow is held while a QP is driven, and put back emptied:
+        // the list keeps its capacity (a corked pass allocates nothing, smcr/tests/alloc.rs).
+        let mut list = DEFERRED
             .try_with(|d| std::mem::take(&mut *d.borrow_mut()))
             .unwrap_or_default();
-        for (g, qp) in list {
+        for (g, qp) in list.drain(..) {
             let mut core = qp.core.lock();
             g.shared.drive(&mut core, std::time::Instant::now());
         }
+        let _ = DEFERRED.try_with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_empty() {
+                *d = list;
+            }
+        });
     }
     crate::device::held::send();
 }

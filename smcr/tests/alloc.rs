@@ -1,6 +1,7 @@
 //! Hot-path hygiene: a `write()` on an established SMC-R connection over UDP allocates
 //! nothing on the writing thread (scatter lists and work requests live on the stack), and
-//! neither does a `read()`. Counted by a global allocator that counts per thread; not timed.
+//! neither does a `read()`, nor a write corked as an event loop's answers are and sent when
+//! the thread uncorks. Counted by a global allocator that counts per thread; not timed.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -43,9 +44,21 @@ fn allocs() -> u64 {
 
 #[test]
 fn writes_and_reads_on_a_udp_link_do_not_allocate() {
+    round_trips(false);
+}
+
+/// As an event loop answers: the server corks before its write and uncorks after it, so each
+/// answer is deferred and sent by `cork::end`.
+#[test]
+fn corked_writes_on_a_udp_link_do_not_allocate() {
+    round_trips(true);
+}
+
+fn round_trips(cork: bool) {
     let mut cfg = RuntimeConfig::new();
     cfg.negotiation = Negotiation::Assume;
-    cfg.roce_port = 21000 + (std::process::id() % 4000) as u16;
+    // (The two tests run at once, each with its own port.)
+    cfg.roce_port = 21000 + (std::process::id() % 4000) as u16 + if cork { 4000 } else { 0 };
     // Over UDP (RoCE v2), not the same-host shared-memory transport.
     cfg.same_host = false;
     let rt = Runtime::new(cfg);
@@ -63,7 +76,13 @@ fn writes_and_reads_on_a_udp_link_do_not_allocate() {
             let before = allocs();
             for _ in 0..N / 2 {
                 s.read_exact(&mut buf).unwrap();
+                if cork {
+                    smcr::cork::begin();
+                }
                 s.write_all(&buf).unwrap();
+                if cork {
+                    smcr::cork::end();
+                }
             }
             if half == 1 {
                 n = allocs() - before;
@@ -87,7 +106,7 @@ fn writes_and_reads_on_a_udp_link_do_not_allocate() {
     }
     let server = server.join().unwrap();
     println!(
-        "allocations in {} round trips (write + read each side): client {client}, server {server}",
+        "allocations in {} round trips (write + read each side, cork {cork}): client {client}, server {server}",
         N / 2
     );
     // A few are allowed (a buffer that grows once); none per message.
