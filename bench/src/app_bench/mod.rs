@@ -352,12 +352,15 @@ pub fn run(opt: &Options) -> Result<(Vec<Metric>, Vec<Engine>)> {
     // before a test ends: a client that exits while one of its connections is still
     // negotiating leaves that connection declined (ERR_REGBUF) on the server, which the
     // check below (rightly) counts as not SMC-R.
-    let (n, secs) = if opt.smoke {
-        (10_000, 1)
+    // `-P 16` moves 16 requests per round trip: 20 times the requests make its runs last
+    // about as long as `-P 1`'s (2–3 s in full runs), so that a run measures the steady state
+    // rather than a few hundred milliseconds of the machine's weather.
+    let (n, n16, secs) = if opt.smoke {
+        (10_000, 40_000, 1)
     } else if opt.quick {
-        (20_000, 2)
+        (20_000, 80_000, 2)
     } else {
-        (200_000, 5)
+        (200_000, 4_000_000, 5)
     };
     // Workloads outermost, setups interleaved within each repetition: a slow spell of the
     // machine then hits every setup of a figure alike; the median of the repetitions is kept.
@@ -378,7 +381,7 @@ pub fn run(opt: &Options) -> Result<(Vec<Metric>, Vec<Engine>)> {
         } else {
             format!("-d {d}")
         };
-        let count = if p == 16 { n * 4 } else { n };
+        let count = if p == 16 { n16 } else { n };
         workloads.push((
             "redis",
             Box::new(move |env: &Env, s: Setup| {
